@@ -1,0 +1,317 @@
+//! The validated region table: guest (or IOVA) addresses and the peer's user addresses to
+//! host pointers, with every access checked against the region's validated length.
+//!
+//! The table holds raw pointers into mappings it does not own. Whoever builds it promises
+//! (in the `unsafe` constructor) that the mappings outlive the table; the vhost-user glue
+//! does that by keeping the mappings and the table in one reference-counted object.
+//!
+//! Nothing here builds a `&[u8]` over shared memory: the peer may write it at any time.
+//! Data moves with `ptr::copy` into or out of memory we own, through [`Seg`].
+
+use crate::error::{Error, Result};
+use std::ptr::NonNull;
+
+/// One region as the peer described it and as we mapped it.
+#[derive(Debug, Clone, Copy)]
+pub struct RegionSpec {
+    /// Guest physical (or IOVA) start address.
+    pub gpa: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The peer's own virtual address of the start (vhost-user ring addresses use it).
+    pub uaddr: u64,
+    /// Where the region is mapped in this process.
+    pub host: NonNull<u8>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    gpa: u64,
+    /// `gpa + len`, checked not to overflow.
+    gpa_end: u64,
+    uaddr: u64,
+    uaddr_end: u64,
+    host: NonNull<u8>,
+}
+
+/// Address space of an address the peer gave us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddrSpace {
+    /// Guest physical address (descriptor addresses; IOVA when a vIOMMU is on).
+    Guest,
+    /// The frontend's own virtual address (vhost-user `SET_VRING_ADDR`).
+    User,
+}
+
+/// A sorted, non-overlapping table of mapped regions, owning (optionally) what keeps the
+/// mappings alive.
+pub struct MemTable {
+    regions: Box<[Region]>,
+    _owner: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for MemTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemTable")
+            .field("regions", &self.regions)
+            .finish()
+    }
+}
+
+// SAFETY: the table only holds pointers into shared mappings whose lifetime the constructor's
+// caller guarantees; it has no interior mutability and no thread affinity.
+unsafe impl Send for MemTable {}
+// SAFETY: as above; `&MemTable` only translates addresses.
+unsafe impl Sync for MemTable {}
+
+impl MemTable {
+    /// Builds a table, rejecting regions that wrap or overlap (in either address space).
+    /// `owner` is whatever keeps the mappings alive (the mmaps); it is dropped with the table.
+    ///
+    /// # Safety
+    /// Every `host .. host + len` must be mapped, readable and writable, for as long as
+    /// `owner` lives (pointers translated through the table are used only while it lives).
+    pub unsafe fn new(
+        specs: &[RegionSpec],
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Self> {
+        let mut regions = Vec::with_capacity(specs.len());
+        for (index, s) in specs.iter().enumerate() {
+            let bad = |why| Error::BadRegion { index, why };
+            if s.len == 0 {
+                return Err(bad("empty"));
+            }
+            let gpa_end = s.gpa.checked_add(s.len).ok_or(bad("guest range wraps"))?;
+            let uaddr_end = s.uaddr.checked_add(s.len).ok_or(bad("user range wraps"))?;
+            (s.host.as_ptr() as usize)
+                .checked_add(usize::try_from(s.len).map_err(|_| bad("too large"))?)
+                .ok_or(bad("host range wraps"))?;
+            regions.push(Region {
+                gpa: s.gpa,
+                gpa_end,
+                uaddr: s.uaddr,
+                uaddr_end,
+                host: s.host,
+            });
+        }
+        regions.sort_by_key(|r| r.gpa);
+        for (i, w) in regions.windows(2).enumerate() {
+            if w[0].gpa_end > w[1].gpa {
+                return Err(Error::BadRegion {
+                    index: i + 1,
+                    why: "overlaps another region",
+                });
+            }
+        }
+        let mut by_uaddr: Vec<_> = regions.iter().map(|r| (r.uaddr, r.uaddr_end)).collect();
+        by_uaddr.sort_unstable();
+        for (i, w) in by_uaddr.windows(2).enumerate() {
+            if w[0].1 > w[1].0 {
+                return Err(Error::BadRegion {
+                    index: i + 1,
+                    why: "user range overlaps another region",
+                });
+            }
+        }
+        Ok(Self {
+            regions: regions.into_boxed_slice(),
+            _owner: owner,
+        })
+    }
+
+    /// Number of regions.
+    pub fn len(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// True if the table has no regions.
+    pub fn is_empty(&self) -> bool {
+        self.regions.is_empty()
+    }
+
+    /// Translates the start of a guest range: the host pointer and how many bytes stay
+    /// contiguous in that region. `hint` is the caller's last-hit region index (per queue),
+    /// tried first; a miss falls back to a binary search, never a linear scan.
+    #[inline]
+    pub fn translate(&self, gpa: u64, hint: &mut usize) -> Option<(NonNull<u8>, u64)> {
+        if let Some(r) = self.regions.get(*hint) {
+            if gpa >= r.gpa && gpa < r.gpa_end {
+                return Some(Self::host_at(r, gpa - r.gpa));
+            }
+        }
+        let i = self.regions.partition_point(|r| r.gpa <= gpa);
+        let r = self.regions.get(i.checked_sub(1)?)?;
+        if gpa < r.gpa_end {
+            *hint = i - 1;
+            Some(Self::host_at(r, gpa - r.gpa))
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn host_at(r: &Region, off: u64) -> (NonNull<u8>, u64) {
+        #[allow(clippy::cast_possible_truncation)]
+        // off < region len, which fit usize at construction
+        // SAFETY: off < len and host..host+len is one mapping (constructor contract).
+        let p = unsafe { r.host.add(off as usize) };
+        (p, r.gpa_end - r.gpa - off)
+    }
+
+    /// Translates a range that must lie inside one region (rings, indirect tables).
+    pub fn translate_range(&self, space: AddrSpace, addr: u64, len: u64) -> Result<NonNull<u8>> {
+        let miss = Error::AddrNotMapped { addr, len };
+        let end = addr.checked_add(len).ok_or(miss)?;
+        let r = match space {
+            AddrSpace::Guest => self
+                .regions
+                .iter()
+                .find(|r| addr >= r.gpa && end <= r.gpa_end)
+                .map(|r| (r, addr - r.gpa)),
+            AddrSpace::User => self
+                .regions
+                .iter()
+                .find(|r| addr >= r.uaddr && end <= r.uaddr_end)
+                .map(|r| (r, addr - r.uaddr)),
+        };
+        let (r, off) = r.ok_or(miss)?;
+        Ok(Self::host_at(r, off).0)
+    }
+
+    /// Converts a peer user address to the guest address of the same byte.
+    pub fn uaddr_to_gpa(&self, uaddr: u64) -> Option<u64> {
+        self.regions
+            .iter()
+            .find(|r| uaddr >= r.uaddr && uaddr < r.uaddr_end)
+            .map(|r| r.gpa + (uaddr - r.uaddr))
+    }
+}
+
+/// A validated piece of a buffer: a host pointer good for `len` bytes while the table lives.
+#[derive(Debug, Clone, Copy)]
+pub struct Seg {
+    ptr: NonNull<u8>,
+    len: u32,
+}
+
+impl Seg {
+    /// Built only by the queue parsers, after translation through a [`MemTable`].
+    pub(crate) fn new(ptr: NonNull<u8>, len: u32) -> Self {
+        Self { ptr, len }
+    }
+
+    /// Length in bytes.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// True if the segment is empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `dst.len()` bytes from offset `off`; returns how many were copied (short at the end).
+    #[inline]
+    pub fn read(&self, off: u32, dst: &mut [u8]) -> usize {
+        let avail = self.len.saturating_sub(off) as usize;
+        let n = dst.len().min(avail);
+        // SAFETY: off + n <= len, and the segment was validated to lie in a mapped region.
+        // `dst` is memory we own; it cannot overlap the peer's mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off as usize), dst.as_mut_ptr(), n);
+        }
+        n
+    }
+
+    /// Copies `src` to offset `off`; returns how many bytes were copied (short at the end).
+    #[inline]
+    pub fn write(&self, off: u32, src: &[u8]) -> usize {
+        let avail = self.len.saturating_sub(off) as usize;
+        let n = src.len().min(avail);
+        // SAFETY: off + n <= len, the segment lies in a mapped region, `src` is ours.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off as usize), n);
+        }
+        n
+    }
+}
+
+/// Copies bytes from one chain's segments to another's: the one copy of a hop between two
+/// peers' memories. Returns the number of bytes copied: `min(len, what both sides hold)`.
+///
+/// The two chains may be in the same peer's memory and may even overlap (a hostile peer can
+/// arrange that), so this uses `ptr::copy` (memmove), never a non-overlapping copy.
+pub fn copy_segs(src: &[Seg], mut src_off: u32, dst: &[Seg], mut dst_off: u32, len: u32) -> u32 {
+    let (mut si, mut di) = (0usize, 0usize);
+    // Skip to the starting offsets.
+    while si < src.len() && src_off >= src[si].len {
+        src_off -= src[si].len;
+        si += 1;
+    }
+    while di < dst.len() && dst_off >= dst[di].len {
+        dst_off -= dst[di].len;
+        di += 1;
+    }
+    let mut left = len;
+    while left > 0 && si < src.len() && di < dst.len() {
+        let (s, d) = (src[si], dst[di]);
+        let n = left.min(s.len - src_off).min(d.len - dst_off);
+        // SAFETY: src_off + n <= s.len and dst_off + n <= d.len; both segments lie in mapped
+        // regions. `ptr::copy` tolerates overlap.
+        unsafe {
+            std::ptr::copy(
+                s.ptr.as_ptr().add(src_off as usize),
+                d.ptr.as_ptr().add(dst_off as usize),
+                n as usize,
+            );
+        }
+        left -= n;
+        src_off += n;
+        dst_off += n;
+        if src_off == s.len {
+            si += 1;
+            src_off = 0;
+        }
+        if dst_off == d.len {
+            di += 1;
+            dst_off = 0;
+        }
+    }
+    len - left
+}
+
+/// Reads from a chain at `off` into `dst`; returns the number of bytes read.
+pub fn read_segs(segs: &[Seg], mut off: u32, dst: &mut [u8]) -> usize {
+    let mut done = 0;
+    for s in segs {
+        if off >= s.len {
+            off -= s.len;
+            continue;
+        }
+        done += s.read(off, &mut dst[done..]);
+        off = 0;
+        if done == dst.len() {
+            break;
+        }
+    }
+    done
+}
+
+/// Writes `src` into a chain at `off`; returns the number of bytes written.
+pub fn write_segs(segs: &[Seg], mut off: u32, src: &[u8]) -> usize {
+    let mut done = 0;
+    for s in segs {
+        if off >= s.len {
+            off -= s.len;
+            continue;
+        }
+        done += s.write(off, &src[done..]);
+        off = 0;
+        if done == src.len() {
+            break;
+        }
+    }
+    done
+}

@@ -1,0 +1,440 @@
+//! Device side of a split virtqueue: the backend's view.
+//!
+//! Batch discipline: [`DeviceQueue::available`] loads `avail->idx` once per batch; [`pop`]
+//! parses chains up to that index without touching the index again; [`push_used`] writes used
+//! entries straight into the ring's unpublished slots (the ring is its own shadow); [`publish`]
+//! makes them visible with one release store of `used->idx` and takes the one notification
+//! decision of the batch.
+//!
+//! [`pop`]: DeviceQueue::pop
+//! [`push_used`]: DeviceQueue::push_used
+//! [`publish`]: DeviceQueue::publish
+
+use super::{
+    store_load_fence, Desc, Direction, Mapped, QueueConfig, AVAIL_F_NO_INTERRUPT, DESC_F_INDIRECT,
+    DESC_F_NEXT, DESC_F_WRITE, USED_F_NO_NOTIFY,
+};
+use crate::error::{Error, Result};
+use crate::event::{need_event, Armed};
+use crate::mem::{MemTable, Seg};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// One parsed, validated descriptor chain. Its segments are in the queue's scratch space
+/// until the next call to [`DeviceQueue::available`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chain {
+    /// Head descriptor index: the id to return in the used ring.
+    pub head: u16,
+    /// Total device-readable bytes.
+    pub readable: u32,
+    /// Total device-writable bytes.
+    pub writable: u32,
+    start: u32,
+    nread: u32,
+    nsegs: u32,
+    saw_write: bool,
+}
+
+/// The device side of one split virtqueue.
+#[derive(Debug)]
+pub struct DeviceQueue {
+    m: Mapped,
+    size: u16,
+    dir: Direction,
+    event_idx: bool,
+    indirect: bool,
+    /// Next avail slot to consume.
+    last_avail: u16,
+    /// `avail->idx` as last loaded.
+    avail_idx: u16,
+    /// Next used slot to write.
+    used_idx: u16,
+    /// `used->idx` as last stored.
+    published: u16,
+    /// Used index at the last notification decision (event-idx "old").
+    signalled_used: u16,
+    signalled_valid: bool,
+    /// Whether we last asked the driver for kicks.
+    notify_on: bool,
+    /// Last-hit region for address translation.
+    hint: usize,
+    segs: Vec<Seg>,
+}
+
+impl DeviceQueue {
+    /// Starts the device side of a queue. The ring addresses are validated and translated once;
+    /// `mem` stays referenced for as long as the queue lives.
+    pub fn new(mem: Arc<MemTable>, cfg: &QueueConfig) -> Result<Self> {
+        let m = Mapped::new(mem, cfg)?;
+        // Scratch for one batch of segments: a chain may hold `size` descriptors and a
+        // descriptor may span two regions, and we want at least one whole chain per batch.
+        let cap = 4 * usize::from(cfg.size);
+        Ok(Self {
+            m,
+            size: cfg.size,
+            dir: cfg.direction,
+            event_idx: cfg.event_idx,
+            indirect: cfg.indirect,
+            last_avail: cfg.base,
+            avail_idx: cfg.base,
+            used_idx: cfg.base,
+            published: cfg.base,
+            signalled_used: cfg.base,
+            signalled_valid: false,
+            notify_on: true,
+            hint: 0,
+            segs: Vec::with_capacity(cap),
+        })
+    }
+
+    /// Queue size.
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// Next avail index to consume (what `GET_VRING_BASE` returns).
+    pub fn last_avail(&self) -> u16 {
+        self.last_avail
+    }
+
+    /// Next used index to write.
+    pub fn used_idx(&self) -> u16 {
+        self.used_idx
+    }
+
+    /// The memory table the queue translates through.
+    pub fn mem(&self) -> &Arc<MemTable> {
+        &self.m.mem
+    }
+
+    /// Switches to a new memory table (after `SET_MEM_TABLE`), re-translating the rings.
+    pub fn set_mem(&mut self, mem: Arc<MemTable>) -> Result<()> {
+        self.segs.clear();
+        self.m.remap(mem)
+    }
+
+    /// Starts a batch: loads `avail->idx` once and returns how many chains are available.
+    /// Clears the segment scratch, so chains from the previous batch must be finished.
+    #[inline]
+    pub fn available(&mut self) -> Result<u16> {
+        self.segs.clear();
+        // Acquire: the avail ring entries and descriptors the driver wrote before its release
+        // store of avail->idx are visible to the reads that follow.
+        let idx = self.m.ring.avail_idx().load(Ordering::Acquire);
+        let n = idx.wrapping_sub(self.last_avail);
+        if n > self.size {
+            return Err(Error::AvailIdxJump {
+                last: self.last_avail,
+                idx,
+                size: self.size,
+            });
+        }
+        self.avail_idx = idx;
+        Ok(n)
+    }
+
+    /// Chains left in the current batch (no memory access).
+    #[inline]
+    pub fn pending(&self) -> u16 {
+        self.avail_idx.wrapping_sub(self.last_avail)
+    }
+
+    /// Parses the next chain of the batch. `Ok(None)` when the batch is exhausted, or when the
+    /// segment scratch is full (finish the batch and call `available` again).
+    #[inline]
+    pub fn pop(&mut self) -> Result<Option<Chain>> {
+        if self.avail_idx == self.last_avail {
+            return Ok(None);
+        }
+        let head = self.m.ring.avail_entry(self.last_avail);
+        let start = self.segs.len();
+        match self.parse(head) {
+            Ok(mut c) => {
+                self.last_avail = self.last_avail.wrapping_add(1);
+                c.start = u32::try_from(start).unwrap_or(u32::MAX);
+                Ok(Some(c))
+            }
+            Err(Error::ChainTooLong { .. })
+                if start > 0 && self.segs.len() == self.segs.capacity() =>
+            {
+                // Scratch full mid-batch: roll back, the chain is retried in the next batch.
+                self.segs.truncate(start);
+                self.avail_idx = self.last_avail;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes back the last `n` chains popped, unconsumed: they are popped again next batch.
+    /// For a consumer that found no room for them downstream (backpressure).
+    pub fn unpop(&mut self, n: u16) {
+        self.last_avail = self.last_avail.wrapping_sub(n);
+        self.avail_idx = self.last_avail;
+    }
+
+    /// All segments of a chain: readable ones first, then writable ones.
+    #[inline]
+    pub fn segs(&self, c: &Chain) -> &[Seg] {
+        let s = c.start as usize;
+        self.segs.get(s..s + c.nsegs as usize).unwrap_or(&[])
+    }
+
+    /// The device-readable segments of a chain.
+    #[inline]
+    pub fn readable(&self, c: &Chain) -> &[Seg] {
+        let s = c.start as usize;
+        self.segs.get(s..s + c.nread as usize).unwrap_or(&[])
+    }
+
+    /// The device-writable segments of a chain.
+    #[inline]
+    pub fn writable(&self, c: &Chain) -> &[Seg] {
+        let s = (c.start + c.nread) as usize;
+        self.segs
+            .get(s..(c.start + c.nsegs) as usize)
+            .unwrap_or(&[])
+    }
+
+    fn parse(&mut self, head: u16) -> Result<Chain> {
+        let size = self.size;
+        if head >= size {
+            return Err(Error::DescIndexOutOfRange { index: head, size });
+        }
+        let mut c = Chain {
+            head,
+            readable: 0,
+            writable: 0,
+            start: 0,
+            nread: 0,
+            nsegs: 0,
+            saw_write: false,
+        };
+        // Spec 2.7.5.2: a chain is at most `size` descriptors, indirect ones included.
+        let max = u32::from(size);
+        let mut count = 0u32;
+        let mut i = head;
+        loop {
+            let d = self.m.ring.desc(i);
+            count += 1;
+            if count > max {
+                return Err(Error::ChainTooLong { max });
+            }
+            if d.flags & DESC_F_INDIRECT != 0 {
+                if !self.indirect {
+                    return Err(Error::IndirectNotNegotiated);
+                }
+                if d.flags & DESC_F_NEXT != 0 {
+                    return Err(Error::IndirectNested);
+                }
+                self.parse_indirect(&d, &mut c, &mut count)?;
+                break;
+            }
+            self.add_desc(&d, &mut c)?;
+            if d.flags & DESC_F_NEXT == 0 {
+                break;
+            }
+            if d.next >= size {
+                return Err(Error::DescIndexOutOfRange {
+                    index: d.next,
+                    size,
+                });
+            }
+            i = d.next;
+        }
+        Ok(c)
+    }
+
+    /// Walks an indirect table (2.7.5.3): one region, read once per entry, bounded.
+    fn parse_indirect(&mut self, d: &Desc, c: &mut Chain, count: &mut u32) -> Result<()> {
+        let len = d.len;
+        if len == 0 || !len.is_multiple_of(16) {
+            return Err(Error::IndirectBadLen { len });
+        }
+        let n = len / 16;
+        if n > u32::from(self.size) {
+            return Err(Error::IndirectBadLen { len });
+        }
+        let table =
+            self.m
+                .mem
+                .translate_range(crate::mem::AddrSpace::Guest, d.addr, u64::from(len))?;
+        let mut i = 0u32;
+        loop {
+            // SAFETY: i < n and the table of n*16 bytes was validated inside one region;
+            // read_unaligned because the spec does not force the table's alignment.
+            let e: Desc = unsafe {
+                table
+                    .as_ptr()
+                    .add(i as usize * 16)
+                    .cast::<Desc>()
+                    .read_unaligned()
+            };
+            *count += 1;
+            if *count > u32::from(self.size) + 1 {
+                return Err(Error::ChainTooLong {
+                    max: u32::from(self.size),
+                });
+            }
+            if e.flags & DESC_F_INDIRECT != 0 {
+                return Err(Error::IndirectNested);
+            }
+            self.add_desc(&e, c)?;
+            if e.flags & DESC_F_NEXT == 0 {
+                return Ok(());
+            }
+            if u32::from(e.next) >= n {
+                return Err(Error::DescIndexOutOfRange {
+                    index: e.next,
+                    size: u16::try_from(n).unwrap_or(u16::MAX),
+                });
+            }
+            i = u32::from(e.next);
+        }
+    }
+
+    /// Validates one (local copy of a) descriptor and appends its translated segments.
+    #[inline]
+    fn add_desc(&mut self, d: &Desc, c: &mut Chain) -> Result<()> {
+        let write = d.flags & DESC_F_WRITE != 0;
+        match (self.dir, write) {
+            (Direction::DeviceReads, true) => {
+                return Err(Error::DirectionMismatch {
+                    found: "writable",
+                    queue: "device-reads",
+                })
+            }
+            (Direction::DeviceWrites, false) => {
+                return Err(Error::DirectionMismatch {
+                    found: "readable",
+                    queue: "device-writes",
+                })
+            }
+            (Direction::Mixed, false) if c.saw_write => return Err(Error::ReadableAfterWritable),
+            _ => {}
+        }
+        if write {
+            c.saw_write = true;
+            c.writable = c.writable.checked_add(d.len).ok_or(Error::LenOverflow)?;
+        } else {
+            c.readable = c.readable.checked_add(d.len).ok_or(Error::LenOverflow)?;
+        }
+        c.readable
+            .checked_add(c.writable)
+            .ok_or(Error::LenOverflow)?;
+        let mut addr = d.addr;
+        let mut left = d.len;
+        while left > 0 {
+            let (p, contig) =
+                self.m
+                    .mem
+                    .translate(addr, &mut self.hint)
+                    .ok_or(Error::AddrNotMapped {
+                        addr: d.addr,
+                        len: u64::from(d.len),
+                    })?;
+            let n = u32::try_from(contig.min(u64::from(left))).unwrap_or(left);
+            if self.segs.len() == self.segs.capacity() {
+                return Err(Error::ChainTooLong {
+                    max: u32::from(self.size),
+                });
+            }
+            self.segs.push(Seg::new(p, n));
+            c.nsegs += 1;
+            if !write {
+                c.nread += 1;
+            }
+            left -= n;
+            // Cannot overflow: translate() found addr..addr+n inside one region.
+            addr += u64::from(n);
+        }
+        Ok(())
+    }
+
+    /// Writes a used entry into the next unpublished slot. Nothing is visible to the driver
+    /// until [`publish`](Self::publish).
+    #[inline]
+    pub fn push_used(&mut self, head: u16, len: u32) {
+        self.m
+            .ring
+            .set_used_entry(self.used_idx, u32::from(head), len);
+        self.used_idx = self.used_idx.wrapping_add(1);
+    }
+
+    /// Publishes every pushed used entry with one release store of `used->idx`, then takes the
+    /// batch's one notification decision. Returns true if the driver must be notified (a call).
+    #[inline]
+    pub fn publish(&mut self) -> bool {
+        if self.used_idx == self.published {
+            return false;
+        }
+        // Release: the used entries and the data the device wrote into the buffers are visible
+        // before the new used->idx (pairs with the driver's acquire load of used->idx).
+        self.m
+            .ring
+            .used_idx()
+            .store(self.used_idx, Ordering::Release);
+        self.published = self.used_idx;
+        // StoreLoad: the used->idx store is globally visible before we read the driver's
+        // used_event / flags (pairs with the fence in the driver's arm; else a lost interrupt).
+        store_load_fence();
+        self.need_call()
+    }
+
+    fn need_call(&mut self) -> bool {
+        if self.event_idx {
+            let event = self.m.ring.used_event().load(Ordering::Relaxed);
+            let old = self.signalled_used;
+            self.signalled_used = self.published;
+            if !self.signalled_valid {
+                self.signalled_valid = true;
+                return true;
+            }
+            need_event(event, self.published, old)
+        } else {
+            self.m.ring.avail_flags().load(Ordering::Relaxed) & AVAIL_F_NO_INTERRUPT == 0
+        }
+    }
+
+    /// Stops asking for kicks (we are polling). With EVENT_IDX nothing is written: the old
+    /// `avail_event` stays behind and the driver will not pass it again for 2^16 entries.
+    #[inline]
+    pub fn disable_notify(&mut self) {
+        if !self.notify_on {
+            return;
+        }
+        self.notify_on = false;
+        if !self.event_idx {
+            // Relaxed: a hint; being late only costs a spurious kick.
+            self.m
+                .ring
+                .used_flags()
+                .store(USED_F_NO_NOTIFY, Ordering::Relaxed);
+        }
+    }
+
+    /// Arm, fence, re-check: asks for a kick at the next avail entry, then re-reads
+    /// `avail->idx`. `Armed::Empty` means it is safe to sleep until a kick;
+    /// `Armed::NotEmpty` means work arrived in between and a new batch is ready.
+    #[inline]
+    pub fn arm_notify(&mut self) -> Result<Armed> {
+        self.notify_on = true;
+        if self.event_idx {
+            self.m
+                .ring
+                .avail_event()
+                .store(self.last_avail, Ordering::Relaxed);
+        } else {
+            self.m.ring.used_flags().store(0, Ordering::Relaxed);
+        }
+        // StoreLoad: the arming store above is visible before we re-read avail->idx (pairs
+        // with the driver's fence between its avail->idx store and its read of avail_event).
+        store_load_fence();
+        Ok(if self.available()? > 0 {
+            Armed::NotEmpty
+        } else {
+            Armed::Empty
+        })
+    }
+}
