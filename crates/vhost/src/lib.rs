@@ -1,1 +1,16 @@
-//! placeholder
+//! vhost-user glue: everything between a Unix socket and a running [`virtq`] queue.
+//!
+//! * [`backend`]: one control session per connected frontend. It answers the vhost-user
+//!   messages (through the rust-vmm `vhost` crate), maps the frontend's memory, and hands
+//!   started queues to the dataplane through [`backend::DeviceHooks`]. The session never
+//!   touches a running ring: the dataplane owns it.
+//! * [`frontend`]: pvnet's own virtio-net driver over vhost-user: memfd memory, eventfds,
+//!   negotiation, and a burst send / burst receive API.
+//! * [`mmap`]: shared mappings of the peer's fds, owned by the memory table.
+//! * [`eventfd`]: kick/call/err notifiers with counters.
+
+pub mod backend;
+pub mod eventfd;
+pub mod features;
+pub mod frontend;
+pub mod mmap;

@@ -163,7 +163,12 @@ impl DeviceQueue {
                 self.avail_idx = self.last_avail;
                 Ok(None)
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                // Drop the failed chain's partial segments: left in the scratch they would
+                // fill it on retries and turn the error into the rollback's `Ok(None)`.
+                self.segs.truncate(start);
+                Err(e)
+            }
         }
     }
 

@@ -26,14 +26,55 @@ pub struct Buf {
 
 const NONE: u16 = u16::MAX;
 
+/// Free descriptor ids, first in first out: when the device completes in order, ids (and
+/// the buffers a driver ties to them) cycle through the table in order, so descriptor lines
+/// and buffers are touched sequentially and hardware prefetchers can follow.
+#[derive(Debug)]
+struct IdFifo {
+    ids: Box<[u16]>,
+    head: usize,
+    len: usize,
+}
+
+impl IdFifo {
+    fn full(size: u16) -> Self {
+        Self {
+            ids: (0..size).collect(),
+            head: 0,
+            len: usize::from(size),
+        }
+    }
+
+    #[inline]
+    fn front(&self) -> Option<u16> {
+        (self.len > 0).then(|| self.ids[self.head])
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<u16> {
+        let id = self.front()?;
+        self.head = (self.head + 1) & (self.ids.len() - 1);
+        self.len -= 1;
+        Some(id)
+    }
+
+    /// Never overflows: only ids that were popped are pushed back (validated in-flight).
+    #[inline]
+    fn push(&mut self, id: u16) {
+        let tail = (self.head + self.len) & (self.ids.len() - 1);
+        self.ids[tail] = id;
+        self.len += 1;
+    }
+}
+
 /// The driver side of one split virtqueue.
 #[derive(Debug)]
 pub struct DriverQueue {
     m: Mapped,
     size: u16,
     event_idx: bool,
-    /// Free descriptor stack.
-    free: Vec<u16>,
+    /// Free descriptor ids.
+    free: IdFifo,
     /// Private shadow of chain links (`NONE` ends a chain).
     next: Vec<u16>,
     /// Writable capacity of each in-flight head; `None` when not in flight.
@@ -69,7 +110,7 @@ impl DriverQueue {
             m,
             size,
             event_idx: cfg.event_idx,
-            free: (0..size).rev().collect(),
+            free: IdFifo::full(size),
             next: vec![NONE; usize::from(size)],
             cap: vec![None; usize::from(size)],
             in_flight: 0,
@@ -88,7 +129,14 @@ impl DriverQueue {
 
     /// Free descriptors.
     pub fn free_count(&self) -> usize {
-        self.free.len()
+        self.free.len
+    }
+
+    /// The id the next [`add_one`](Self::add_one) will use, if any is free. A driver with a
+    /// persistent buffer per descriptor fills buffer `id` first, then adds it.
+    #[inline]
+    pub fn next_free(&self) -> Option<u16> {
+        self.free.front()
     }
 
     /// Buffers the device holds.
@@ -125,13 +173,18 @@ impl DriverQueue {
 
     /// Adds a chain (readable buffers before writable ones). Returns the head id.
     pub fn add_chain(&mut self, bufs: &[Buf]) -> Result<u16> {
-        if bufs.is_empty() || bufs.len() > self.free.len() {
+        if bufs.is_empty() || bufs.len() > self.free.len {
             return Err(Error::NoFreeDescriptors);
         }
-        let ids: Vec<u16> = (0..bufs.len()).filter_map(|_| self.free.pop()).collect();
+        let head = self.free.pop().ok_or(Error::NoFreeDescriptors)?;
+        let mut cur = head;
         let mut cap = 0u32;
-        for (k, (b, &id)) in bufs.iter().zip(&ids).enumerate() {
-            let nxt = ids.get(k + 1).copied();
+        for (k, b) in bufs.iter().enumerate() {
+            let nxt = if k + 1 < bufs.len() {
+                self.free.pop()
+            } else {
+                None
+            };
             let mut flags = if b.write { DESC_F_WRITE } else { 0 };
             if nxt.is_some() {
                 flags |= DESC_F_NEXT;
@@ -140,7 +193,7 @@ impl DriverQueue {
                 cap = cap.saturating_add(b.len);
             }
             self.m.ring.set_desc(
-                id,
+                cur,
                 Desc {
                     addr: b.addr,
                     len: b.len,
@@ -148,9 +201,11 @@ impl DriverQueue {
                     next: nxt.unwrap_or(0),
                 },
             );
-            self.next[usize::from(id)] = nxt.unwrap_or(NONE);
+            self.next[usize::from(cur)] = nxt.unwrap_or(NONE);
+            if let Some(n) = nxt {
+                cur = n;
+            }
         }
-        let head = ids[0];
         self.cap[usize::from(head)] = Some(cap);
         self.m.ring.set_avail_entry(self.avail_idx, head);
         self.avail_idx = self.avail_idx.wrapping_add(1);

@@ -105,6 +105,11 @@ pub(crate) struct Ring {
     size: u16,
 }
 
+// SAFETY: the pointers point into a mapping kept alive by the `Arc<MemTable>` stored next to
+// the ring (in `Mapped`); moving the queue to its owner thread moves both together. A ring is
+// not `Sync`: exactly one thread drives a queue.
+unsafe impl Send for Ring {}
+
 impl Ring {
     pub(crate) fn new(mem: &MemTable, space: AddrSpace, a: RingAddrs, size: u16) -> Result<Self> {
         if size == 0 || !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
@@ -308,7 +313,7 @@ mod tests {
         let mq = MockQueue::new(8, 256);
         let (mut drv, mut dev) = mq.pair(Direction::DeviceReads, true).unwrap();
         for i in 0..3u16 {
-            mq.poke(mq.buf(i), &[i as u8 + 1; 4]);
+            mq.poke(mq.buf(i), &[u8::try_from(i).unwrap() + 1; 4]);
             drv.add_one(Buf {
                 addr: mq.buf(i),
                 len: 4,

@@ -1,0 +1,547 @@
+//! A vhost-user port: its two queues, what it does with packets, and its counters.
+//!
+//! Per batch: one `available()` load per ring, chains parsed once, used entries written into
+//! the ring and published with one store, one call decision per ring. Packets move between
+//! two frontends' memories with exactly one copy ([`virtq::mem::copy_segs`]), never through
+//! an intermediate buffer.
+
+use crate::frame::{self, SeqCheck};
+use crate::stats::{bump, DropReason, PortStats};
+use pvnet_vhost::backend::{PortId, StartedQueue};
+use pvnet_vhost::eventfd::Notifier;
+use pvnet_vhost::features::NET_HDR_LEN;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::error;
+use virtq::mem::{copy_segs, read_segs, write_segs};
+use virtq::split::{Chain, DeviceQueue};
+use virtq::Seg;
+
+/// `NET_HDR_LEN` as the u32 ring lengths use.
+const HDR: u32 = 12;
+/// Offset of `num_buffers` in `virtio_net_hdr_v1`.
+const NUM_BUFFERS: usize = 10;
+/// Most receive chains one packet may span (64 KiB over the smallest sane buffers).
+const MAX_MERGE: usize = 64;
+
+/// What a port does with what its frontend sends and what it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Consume every frame (read every byte, check bench sequence numbers).
+    Sink,
+    /// Consume like `Sink`, and fill the frontend's receive ring with bench frames.
+    Gen(GenConfig),
+    /// Send to the peer port (ports pair up in connection order: 0-1, 2-3, ...).
+    Forward,
+}
+
+/// Generator settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenConfig {
+    /// Ethernet frame length (virtio-net header excluded).
+    pub frame_len: usize,
+    /// How long to generate after the receive queue starts; then the end marker goes out.
+    pub duration: Duration,
+}
+
+/// A running queue and its notifiers.
+#[derive(Debug)]
+pub struct QueueSlot {
+    /// The ring.
+    pub q: DeviceQueue,
+    /// Kick fd (None: the frontend polls).
+    pub kick: Option<Notifier>,
+    call: Option<Notifier>,
+    err: Option<Notifier>,
+    /// Stopped for a violation: no longer processed.
+    pub broken: bool,
+    /// vhost-user index.
+    pub index: u16,
+}
+
+impl QueueSlot {
+    /// Wraps a started queue.
+    pub fn new(s: StartedQueue) -> Self {
+        Self {
+            q: s.queue,
+            kick: s.kick,
+            call: s.call,
+            err: s.err,
+            broken: false,
+            index: s.index,
+        }
+    }
+
+    /// Stops the queue for a violation: logged, counted, reported on the err fd. The process
+    /// and every other queue go on.
+    pub fn fail(&mut self, port: PortId, stats: &PortStats, e: virtq::Error) {
+        if !self.broken {
+            error!(port, queue = self.index, "queue stopped: {e}");
+            self.broken = true;
+            bump(&stats.queue_errors, 1);
+            if let Some(err) = &self.err {
+                let _ = err.signal();
+            }
+        }
+    }
+
+    /// Publishes used entries; calls the frontend if it asked.
+    #[inline]
+    pub fn publish(&mut self, stats: &PortStats) {
+        if self.q.publish() {
+            if let Some(c) = &self.call {
+                if c.signal().is_ok() {
+                    bump(&stats.calls, 1);
+                }
+            }
+        }
+    }
+
+    fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
+        s.as_mut().filter(|s| !s.broken)
+    }
+}
+
+#[derive(Debug)]
+struct GenState {
+    cfg: GenConfig,
+    started: Option<Instant>,
+    seq: u64,
+    done: bool,
+    template: Vec<u8>,
+}
+
+/// One frontend connection.
+#[derive(Debug)]
+pub struct Port {
+    /// Port id.
+    pub id: PortId,
+    /// Receive queue (device writes), index 0.
+    pub rx: Option<QueueSlot>,
+    /// Transmit queue (device reads), index 1.
+    pub tx: Option<QueueSlot>,
+    /// Counters.
+    pub stats: Arc<PortStats>,
+    /// The frontend's receive ring ran dry while we had packets for it.
+    pub rx_blocked: bool,
+    check: SeqCheck,
+    gen: Option<GenState>,
+    scratch: Vec<u8>,
+    rxb: RxBatch,
+    chains: Vec<Chain>,
+}
+
+impl Port {
+    /// A port with no queues yet.
+    pub fn new(id: PortId, role: Role, stats: Arc<PortStats>) -> Self {
+        let gen = match role {
+            Role::Gen(cfg) => {
+                let mut template = vec![0u8; NET_HDR_LEN + cfg.frame_len.max(frame::MIN_FRAME)];
+                frame::write_template(
+                    &mut template[NET_HDR_LEN..],
+                    cfg.frame_len,
+                    [2, 0, 0, 0, 0, 1],
+                    [2, 0, 0, 0, 0, 2],
+                );
+                template[NUM_BUFFERS..NET_HDR_LEN].copy_from_slice(&1u16.to_le_bytes());
+                Some(GenState {
+                    cfg,
+                    started: None,
+                    seq: 0,
+                    done: false,
+                    template,
+                })
+            }
+            _ => None,
+        };
+        Self {
+            id,
+            rx: None,
+            tx: None,
+            stats,
+            rx_blocked: false,
+            check: SeqCheck::default(),
+            gen,
+            scratch: vec![0u8; 65536 + NET_HDR_LEN],
+            rxb: RxBatch {
+                chains: Vec::with_capacity(256),
+                next: 0,
+            },
+            chains: Vec::with_capacity(256),
+        }
+    }
+
+    /// Installs a started queue.
+    pub fn start(&mut self, q: StartedQueue, now: Instant) {
+        let slot = QueueSlot::new(q);
+        if slot.index.is_multiple_of(2) {
+            if let Some(g) = &mut self.gen {
+                g.started.get_or_insert(now);
+            }
+            self.rx = Some(slot);
+        } else {
+            self.tx = Some(slot);
+        }
+    }
+
+    /// True while a generator still has frames to send.
+    pub fn gen_active(&self) -> bool {
+        self.gen
+            .as_ref()
+            .is_some_and(|g| g.started.is_some() && !g.done)
+    }
+
+    /// Consumes up to `batch` frames from the frontend: reads every byte, checks bench
+    /// sequence numbers, returns the buffers. Returns the frames processed.
+    pub fn sink(&mut self, batch: u16) -> usize {
+        let (id, stats) = (self.id, self.stats.clone());
+        let Some(tx) = QueueSlot::usable(&mut self.tx) else {
+            return 0;
+        };
+        match tx.q.available() {
+            Ok(0) => return 0,
+            Ok(_) => {}
+            Err(e) => {
+                tx.fail(id, &stats, e);
+                return 0;
+            }
+        }
+        let (mut pkts, mut bytes, mut bad) = (0u64, 0u64, 0u64);
+        let mut end = None;
+        // Parse the batch first and start loading every packet, then read them: the cache
+        // misses of the whole batch overlap.
+        self.chains.clear();
+        while self.chains.len() < usize::from(batch) {
+            match tx.q.pop() {
+                Ok(Some(c)) => {
+                    if let Some(s) = tx.q.readable(&c).first() {
+                        s.prefetch(2);
+                    }
+                    self.chains.push(c);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tx.fail(id, &stats, e);
+                    break;
+                }
+            }
+        }
+        for c in &self.chains {
+            let len = (c.readable as usize).min(self.scratch.len());
+            if len < NET_HDR_LEN {
+                bad += 1;
+            } else {
+                let n = read_segs(tx.q.readable(c), 0, &mut self.scratch[..len]);
+                if self.check.feed(frame::parse(&self.scratch[NET_HDR_LEN..n])) {
+                    end = self.check.end;
+                }
+                pkts += 1;
+                bytes += (n - NET_HDR_LEN) as u64;
+            }
+            tx.q.push_used(c.head, 0);
+        }
+        tx.publish(&stats);
+        bump(&stats.rx_packets, pkts + bad);
+        bump(&stats.rx_bytes, bytes);
+        bump(&stats.drops[DropReason::Invalid as usize], bad);
+        if let Some(e) = end {
+            stats
+                .end_marker
+                .store(e + 1, std::sync::atomic::Ordering::Relaxed);
+            stats
+                .seq_errors
+                .store(self.check.seq_errors, std::sync::atomic::Ordering::Relaxed);
+        }
+        usize::try_from(pkts + bad).unwrap_or(usize::MAX)
+    }
+
+    /// Fills the frontend's receive ring with bench frames while the generator runs.
+    pub fn generate(&mut self, batch: u16, now: Instant) -> usize {
+        let (id, stats) = (self.id, self.stats.clone());
+        let Some(g) = self.gen.as_mut() else { return 0 };
+        let Some(start) = g.started else { return 0 };
+        if g.done {
+            return 0;
+        }
+        let Some(rx) = QueueSlot::usable(&mut self.rx) else {
+            return 0;
+        };
+        let finishing = now.duration_since(start) >= g.cfg.duration;
+        match self.rxb.fill(&mut rx.q, usize::from(batch)) {
+            Ok(0) => {
+                self.rx_blocked = true;
+                return 0;
+            }
+            Ok(_) => self.rx_blocked = false,
+            Err(e) => {
+                rx.fail(id, &stats, e);
+                return 0;
+            }
+        }
+        let len = u32::try_from(g.template.len()).unwrap_or(u32::MAX) - HDR;
+        let mut sent = 0u64;
+        let todo = if finishing { 1 } else { batch };
+        for _ in 0..todo {
+            if finishing {
+                frame::set_end(&mut g.template[NET_HDR_LEN..], g.seq);
+            } else {
+                frame::set_seq(&mut g.template[NET_HDR_LEN..], g.seq);
+            }
+            let tpl = &g.template;
+            let copy = |segs: &[Seg], dst_off, src_off: u32, n: u32| {
+                let s = (HDR + src_off) as usize;
+                u32::try_from(write_segs(segs, dst_off, &tpl[s..s + n as usize])).unwrap_or(0)
+            };
+            match deliver(&mut rx.q, &mut self.rxb, &tpl[..NET_HDR_LEN], len, copy) {
+                Ok(Delivered::Done) => {}
+                Ok(Delivered::NoRoom) => {
+                    self.rx_blocked = true;
+                    break;
+                }
+                Ok(Delivered::TooBig) => {
+                    bump(&stats.drops[DropReason::Invalid as usize], 1);
+                    g.done = true;
+                    break;
+                }
+                Err(e) => {
+                    rx.fail(id, &stats, e);
+                    break;
+                }
+            }
+            if finishing {
+                g.done = true;
+                break;
+            }
+            g.seq += 1;
+            sent += 1;
+        }
+        self.rxb.finish(&mut rx.q);
+        rx.publish(&stats);
+        bump(&stats.tx_packets, sent);
+        bump(&stats.tx_bytes, sent * u64::from(len));
+        usize::try_from(sent).unwrap_or(usize::MAX) + usize::from(finishing)
+    }
+}
+
+/// Outcome of delivering one packet into a receive ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivered {
+    /// Written and its used entries pushed.
+    Done,
+    /// Not enough receive chains in this batch: nothing consumed.
+    NoRoom,
+    /// Larger than the whole ring can hold: drop it.
+    TooBig,
+}
+
+/// Receive chains popped for one batch, each already being loaded for writing, consumed in
+/// order; what is left goes back to the ring at [`finish`](RxBatch::finish).
+#[derive(Debug, Default)]
+pub struct RxBatch {
+    chains: Vec<Chain>,
+    next: usize,
+}
+
+impl RxBatch {
+    /// Starts a batch: one `available()` load, then pops up to `max` chains and prefetches
+    /// the first lines of each for writing. Returns the chains taken.
+    pub fn fill(&mut self, q: &mut DeviceQueue, max: usize) -> Result<usize, virtq::Error> {
+        self.chains.clear();
+        self.next = 0;
+        q.available()?;
+        while self.chains.len() < max {
+            match q.pop()? {
+                Some(c) => {
+                    if let Some(s) = q.writable(&c).first() {
+                        s.prefetch_write(2);
+                    }
+                    self.chains.push(c);
+                }
+                None => break,
+            }
+        }
+        Ok(self.chains.len())
+    }
+
+    /// Chains not consumed yet.
+    pub fn remaining(&self) -> usize {
+        self.chains.len() - self.next
+    }
+
+    /// Gives the unconsumed chains back (they are the last ones popped).
+    pub fn finish(&mut self, q: &mut DeviceQueue) {
+        q.unpop(u16::try_from(self.remaining()).unwrap_or(0));
+        self.chains.clear();
+        self.next = 0;
+    }
+}
+
+/// Writes one packet (virtio-net header `hdr` plus `len` payload bytes produced by `copy`)
+/// into as many of the batch's receive chains as it needs (`VIRTIO_NET_F_MRG_RXBUF`), sets
+/// `num_buffers`, and pushes the used entries. On `NoRoom` nothing is consumed.
+pub fn deliver(
+    rx: &mut DeviceQueue,
+    b: &mut RxBatch,
+    hdr: &[u8],
+    len: u32,
+    mut copy: impl FnMut(&[Seg], u32, u32, u32) -> u32,
+) -> Result<Delivered, virtq::Error> {
+    let need = u64::from(len) + u64::from(HDR);
+    let mut have = 0u64;
+    let mut k = b.next;
+    while have < need {
+        if k - b.next == MAX_MERGE {
+            return Ok(Delivered::TooBig);
+        }
+        let Some(c) = b.chains.get(k) else {
+            let whole_ring = b.next == 0 && b.chains.len() >= usize::from(rx.size());
+            return Ok(if whole_ring {
+                Delivered::TooBig
+            } else {
+                Delivered::NoRoom
+            });
+        };
+        have += u64::from(c.writable);
+        k += 1;
+    }
+    let mut h = [0u8; NET_HDR_LEN];
+    h.copy_from_slice(&hdr[..NET_HDR_LEN]);
+    let nbufs = u16::try_from(k - b.next).unwrap_or(1);
+    h[NUM_BUFFERS..].copy_from_slice(&nbufs.to_le_bytes());
+    let mut src_off = 0u32;
+    for (i, c) in b.chains[b.next..k].iter().enumerate() {
+        let segs = rx.writable(c);
+        let mut off = 0u32;
+        if i == 0 {
+            off = u32::try_from(write_segs(segs, 0, &h)).unwrap_or(0);
+            if off < HDR {
+                // A first buffer too small for the header breaks virtio 1.x 5.1.6.3.1.
+                return Err(virtq::Error::LenOverflow);
+            }
+        }
+        let n = (len - src_off).min(c.writable - off);
+        src_off += copy(segs, off, src_off, n);
+        rx.push_used(c.head, off + n);
+    }
+    b.next = k;
+    Ok(Delivered::Done)
+}
+
+/// Moves up to `batch` packets from `src`'s frontend to `dst`'s frontend, one copy each.
+/// If `dst` has no receive buffers the packets wait in `src`'s ring (backpressure, nothing
+/// lost); if `dst` is not running they are dropped as `port_down`.
+pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
+    let (sid, sstats) = (src.id, src.stats.clone());
+    let Some(tx) = QueueSlot::usable(&mut src.tx) else {
+        return 0;
+    };
+    match tx.q.available() {
+        Ok(0) => return 0,
+        Ok(_) => {}
+        Err(e) => {
+            tx.fail(sid, &sstats, e);
+            return 0;
+        }
+    }
+    // Parse the source batch and start loading every packet.
+    let chains = &mut src.chains;
+    chains.clear();
+    while chains.len() < usize::from(batch) {
+        match tx.q.pop() {
+            Ok(Some(c)) => {
+                if let Some(s) = tx.q.readable(&c).first() {
+                    s.prefetch(2);
+                }
+                chains.push(c);
+            }
+            Ok(None) => break,
+            Err(e) => {
+                tx.fail(sid, &sstats, e);
+                break;
+            }
+        }
+    }
+    let dst_q = dst.and_then(|d| {
+        let (did, dstats) = (d.id, d.stats.clone());
+        QueueSlot::usable(&mut d.rx).map(|rx| (did, dstats, rx, &mut d.rx_blocked, &mut d.rxb))
+    });
+    let Some((did, dstats, rx, blocked, rxb)) = dst_q else {
+        // No receiver: consume and count.
+        for c in chains.iter() {
+            tx.q.push_used(c.head, 0);
+        }
+        tx.publish(&sstats);
+        let n = chains.len() as u64;
+        bump(&sstats.rx_packets, n);
+        bump(&sstats.drops[DropReason::PortDown as usize], n);
+        return chains.len();
+    };
+    let (mut pkts, mut bytes, mut bad) = (0u64, 0u64, 0u64);
+    // Room for every packet of the batch, and for one that spans MAX_MERGE buffers.
+    let want = chains.len().max(MAX_MERGE);
+    let mut rx_err = rxb.fill(&mut rx.q, want).err();
+    let mut refreshed = false;
+    let mut taken = 0;
+    for c in chains.iter() {
+        if rx_err.is_some() {
+            break;
+        }
+        if (c.readable as usize) < NET_HDR_LEN {
+            bad += 1;
+            tx.q.push_used(c.head, 0);
+            taken += 1;
+            continue;
+        }
+        let tsegs = tx.q.readable(c);
+        let mut hdr = [0u8; NET_HDR_LEN];
+        read_segs(tsegs, 0, &mut hdr);
+        let len = c.readable - HDR;
+        let copy =
+            |segs: &[Seg], dst_off, src_off, n| copy_segs(tsegs, HDR + src_off, segs, dst_off, n);
+        let mut r = deliver(&mut rx.q, rxb, &hdr, len, copy);
+        if matches!(r, Ok(Delivered::NoRoom)) && !refreshed {
+            // Publish what this batch delivered, then look once for more buffers.
+            refreshed = true;
+            rxb.finish(&mut rx.q);
+            rx.publish(&dstats);
+            r = rxb
+                .fill(&mut rx.q, want)
+                .and_then(|_| deliver(&mut rx.q, rxb, &hdr, len, copy));
+        }
+        match r {
+            Ok(Delivered::Done) => {
+                pkts += 1;
+                bytes += u64::from(len);
+                tx.q.push_used(c.head, 0);
+                *blocked = false;
+            }
+            Ok(Delivered::NoRoom) => {
+                *blocked = true;
+                break;
+            }
+            Ok(Delivered::TooBig) => {
+                bad += 1;
+                tx.q.push_used(c.head, 0);
+            }
+            Err(e) => {
+                rx_err = Some(e);
+                break;
+            }
+        }
+        taken += 1;
+    }
+    // Chains not forwarded wait in the source ring for the next round.
+    tx.q.unpop(u16::try_from(chains.len() - taken).unwrap_or(0));
+    rxb.finish(&mut rx.q);
+    if let Some(e) = rx_err {
+        rx.fail(did, &dstats, e);
+    }
+    rx.publish(&dstats);
+    tx.publish(&sstats);
+    bump(&sstats.rx_packets, pkts + bad);
+    bump(&sstats.rx_bytes, bytes);
+    bump(&sstats.drops[DropReason::Invalid as usize], bad);
+    bump(&dstats.tx_packets, pkts);
+    bump(&dstats.tx_bytes, bytes);
+    taken
+}

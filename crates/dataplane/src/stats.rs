@@ -1,0 +1,131 @@
+//! Per-port counters. The worker is the only writer; it adds once per batch (never per
+//! packet) with relaxed stores; readers (progress, the final report) read relaxed snapshots.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a packet was dropped. Every packet that enters is delivered or counted here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The destination had no receive buffer and the packet could not wait.
+    NoBuffer = 0,
+    /// The destination port is not connected (or its queue is not running).
+    PortDown = 1,
+    /// Malformed: shorter than the virtio-net header, or larger than any buffer chain.
+    Invalid = 2,
+}
+
+impl DropReason {
+    /// All reasons, in counter order.
+    pub const ALL: [DropReason; 3] = [
+        DropReason::NoBuffer,
+        DropReason::PortDown,
+        DropReason::Invalid,
+    ];
+
+    /// Stable name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::NoBuffer => "no_buffer",
+            DropReason::PortDown => "port_down",
+            DropReason::Invalid => "invalid",
+        }
+    }
+}
+
+/// Counters of one port. "rx" is what the port received from its frontend (the frontend's
+/// TX queue), "tx" what it delivered to the frontend (its RX queue).
+#[derive(Debug, Default)]
+pub struct PortStats {
+    /// Packets taken from the frontend.
+    pub rx_packets: AtomicU64,
+    /// Bytes taken from the frontend (virtio-net header excluded).
+    pub rx_bytes: AtomicU64,
+    /// Packets delivered to the frontend.
+    pub tx_packets: AtomicU64,
+    /// Bytes delivered to the frontend.
+    pub tx_bytes: AtomicU64,
+    /// Drops of packets that entered at this port, by reason.
+    pub drops: [AtomicU64; 3],
+    /// Kicks received (eventfd counts drained).
+    pub kicks: AtomicU64,
+    /// Calls (interrupts) sent.
+    pub calls: AtomicU64,
+    /// Times the worker slept with this port armed.
+    pub sleeps: AtomicU64,
+    /// Queues stopped for a virtqueue violation.
+    pub queue_errors: AtomicU64,
+    /// Sink: data frames out of order or missing.
+    pub seq_errors: AtomicU64,
+    /// Sink: count carried by the end marker + 1 (0 = none seen yet).
+    pub end_marker: AtomicU64,
+}
+
+/// Adds `n` to a counter only the caller writes.
+#[inline]
+pub fn bump(c: &AtomicU64, n: u64) {
+    if n != 0 {
+        // Relaxed: a statistic; single writer, so load+store cannot lose an update.
+        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+}
+
+/// A plain copy of [`PortStats`] for reports.
+#[derive(Debug, Default, Clone, serde::Serialize, PartialEq, Eq)]
+pub struct PortSnapshot {
+    /// Port id.
+    pub port: u32,
+    /// See [`PortStats`].
+    pub rx_packets: u64,
+    /// See [`PortStats`].
+    pub rx_bytes: u64,
+    /// See [`PortStats`].
+    pub tx_packets: u64,
+    /// See [`PortStats`].
+    pub tx_bytes: u64,
+    /// Drops by reason name.
+    pub drops: std::collections::BTreeMap<&'static str, u64>,
+    /// See [`PortStats`].
+    pub kicks: u64,
+    /// See [`PortStats`].
+    pub calls: u64,
+    /// See [`PortStats`].
+    pub sleeps: u64,
+    /// See [`PortStats`].
+    pub queue_errors: u64,
+    /// See [`PortStats`].
+    pub seq_errors: u64,
+    /// End marker count, if one arrived.
+    pub end_marker: Option<u64>,
+}
+
+impl PortStats {
+    /// Snapshot for port `port`.
+    pub fn snapshot(&self, port: u32) -> PortSnapshot {
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let end = r(&self.end_marker);
+        PortSnapshot {
+            port,
+            rx_packets: r(&self.rx_packets),
+            rx_bytes: r(&self.rx_bytes),
+            tx_packets: r(&self.tx_packets),
+            tx_bytes: r(&self.tx_bytes),
+            drops: DropReason::ALL
+                .iter()
+                .map(|&d| (d.name(), r(&self.drops[d as usize])))
+                .collect(),
+            kicks: r(&self.kicks),
+            calls: r(&self.calls),
+            sleeps: r(&self.sleeps),
+            queue_errors: r(&self.queue_errors),
+            seq_errors: r(&self.seq_errors),
+            end_marker: end.checked_sub(1),
+        }
+    }
+}
+
+impl PortSnapshot {
+    /// Total drops.
+    pub fn total_drops(&self) -> u64 {
+        self.drops.values().sum()
+    }
+}

@@ -1,0 +1,462 @@
+//! The worker thread: owns every running ring, polls them, sleeps only after arming.
+//!
+//! Control-plane threads talk to it through [`Dataplane`], which implements
+//! [`DeviceHooks`]: commands go down a channel, a flag says "look at the channel" (checked
+//! once per loop round, one relaxed load) and an eventfd wakes the worker if it sleeps.
+//! `stop_queue` and `port_gone` wait for the worker's answer, so when they return the ring
+//! is no longer touched and the memory may be unmapped.
+
+use crate::poll::{Clock, MonoClock, PollWindow, DEFAULT_WINDOW};
+use crate::port::{forward, Port, Role};
+use crate::stats::{bump, PortSnapshot, PortStats};
+use pvnet_vhost::backend::{DeviceHooks, PortId, StartedQueue};
+use pvnet_vhost::eventfd::Notifier;
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+use virtq::event::Armed;
+use virtq::MemTable;
+
+/// Worker settings.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerConfig {
+    /// What ports do with packets.
+    pub role: Role,
+    /// How long to keep polling after the rings go empty before arming and sleeping.
+    pub window: Duration,
+    /// Most chains per ring per round.
+    pub batch: u16,
+    /// CPU to pin the worker to.
+    pub cpu: Option<usize>,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            role: Role::Sink,
+            window: DEFAULT_WINDOW,
+            batch: 64,
+            cpu: None,
+        }
+    }
+}
+
+enum Cmd {
+    AddPort(PortId),
+    Start(PortId, StartedQueue),
+    Stop(PortId, u16, SyncSender<Option<u16>>),
+    Mem(PortId, Arc<MemTable>),
+    RemovePort(PortId, SyncSender<()>),
+    Shutdown,
+}
+
+/// Handle to the worker; the control plane's [`DeviceHooks`].
+pub struct Dataplane {
+    tx: Sender<Cmd>,
+    pending: Arc<AtomicBool>,
+    wake: Notifier,
+    registry: Arc<Mutex<BTreeMap<PortId, Arc<PortStats>>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Dataplane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataplane").finish_non_exhaustive()
+    }
+}
+
+impl Dataplane {
+    /// Starts the worker thread.
+    pub fn start(cfg: WorkerConfig) -> io::Result<Arc<Self>> {
+        let (tx, rx) = channel();
+        let pending = Arc::new(AtomicBool::new(false));
+        let wake = Notifier::new()?;
+        let registry = Arc::new(Mutex::new(BTreeMap::new()));
+        let mut w = Worker::new(
+            cfg,
+            rx,
+            pending.clone(),
+            wake.try_clone()?,
+            registry.clone(),
+        )?;
+        let thread = std::thread::Builder::new()
+            .name("pvnet-worker".into())
+            .spawn(move || {
+                if let Some(cpu) = cfg.cpu {
+                    if !pin_current_thread(cpu) {
+                        warn!(cpu, "could not pin the worker");
+                    }
+                }
+                w.run(&MonoClock);
+            })?;
+        Ok(Arc::new(Self {
+            tx,
+            pending,
+            wake,
+            registry,
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    fn send(&self, c: Cmd) {
+        if self.tx.send(c).is_ok() {
+            // Release: the command is in the channel before the worker sees the flag.
+            self.pending.store(true, Ordering::Release);
+            let _ = self.wake.signal();
+        }
+    }
+
+    /// Snapshots of every port ever connected, current or gone.
+    pub fn snapshots(&self) -> Vec<PortSnapshot> {
+        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        r.iter().map(|(&id, s)| s.snapshot(id)).collect()
+    }
+
+    /// Stops the worker and waits for it.
+    pub fn shutdown(&self) {
+        self.send(Cmd::Shutdown);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl DeviceHooks for Dataplane {
+    fn port_connected(&self, port: PortId) {
+        self.send(Cmd::AddPort(port));
+    }
+    fn start_queue(&self, port: PortId, q: StartedQueue) {
+        self.send(Cmd::Start(port, q));
+    }
+    fn stop_queue(&self, port: PortId, index: u16) -> Option<u16> {
+        let (tx, rx) = sync_channel(1);
+        self.send(Cmd::Stop(port, index, tx));
+        rx.recv().ok().flatten()
+    }
+    fn set_mem(&self, port: PortId, mem: Arc<MemTable>) {
+        self.send(Cmd::Mem(port, mem));
+    }
+    fn port_gone(&self, port: PortId) {
+        let (tx, rx) = sync_channel(1);
+        self.send(Cmd::RemovePort(port, tx));
+        let _ = rx.recv();
+    }
+}
+
+/// Pin the calling thread to one CPU (`sched_setaffinity`). Returns false if it failed (e.g. a 1-CPU machine); never panics.
+#[cfg(target_os = "linux")]
+pub fn pin_current_thread(cpu: usize) -> bool {
+    let Ok(setsize) = usize::try_from(libc::CPU_SETSIZE) else {
+        return false;
+    };
+    if cpu >= setsize {
+        return false;
+    }
+    // SAFETY: cpu_set_t is a plain array of integers; all-zero bytes is the valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu < CPU_SETSIZE` (checked above), so CPU_SET stays inside `set`'s bit array.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 names the calling thread; `set` is an initialised cpu_set_t that lives
+    // across the call and the size passed is exactly its size. The kernel only reads it.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    rc == 0
+}
+
+/// Pin the calling thread to one CPU (`sched_setaffinity`). Returns false if it failed (e.g. a 1-CPU machine); never panics.
+///
+/// Not supported on this OS: always returns false.
+#[cfg(not(target_os = "linux"))]
+pub fn pin_current_thread(cpu: usize) -> bool {
+    let _ = cpu;
+    false
+}
+
+const WAKE_TOKEN: u64 = u64::MAX;
+
+fn token(port: PortId, index: u16) -> u64 {
+    (u64::from(port) << 16) | u64::from(index)
+}
+
+struct Epoll(std::os::fd::OwnedFd);
+
+impl Epoll {
+    fn new() -> io::Result<Self> {
+        // SAFETY: plain syscall; the fd is checked, then owned.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh fd owned by nobody else.
+        Ok(Self(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: i32, tok: u64) {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: tok,
+        };
+        // SAFETY: valid epoll fd and event struct; failure is only logged.
+        let r = unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) };
+        if r < 0 {
+            debug!("epoll_ctl({op}, {fd}): {}", io::Error::last_os_error());
+        }
+    }
+
+    fn wait(&self, evs: &mut [libc::epoll_event], timeout_ms: i32) -> usize {
+        let max = i32::try_from(evs.len()).unwrap_or(i32::MAX);
+        // SAFETY: `evs` is a valid writable buffer of `max` events.
+        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), max, timeout_ms) };
+        usize::try_from(n).unwrap_or(0)
+    }
+}
+
+struct Worker {
+    cfg: WorkerConfig,
+    rx: Receiver<Cmd>,
+    pending: Arc<AtomicBool>,
+    wake: Notifier,
+    registry: Arc<Mutex<BTreeMap<PortId, Arc<PortStats>>>>,
+    ports: Vec<Port>,
+    epoll: Epoll,
+    quit: bool,
+}
+
+impl Worker {
+    fn new(
+        cfg: WorkerConfig,
+        rx: Receiver<Cmd>,
+        pending: Arc<AtomicBool>,
+        wake: Notifier,
+        registry: Arc<Mutex<BTreeMap<PortId, Arc<PortStats>>>>,
+    ) -> io::Result<Self> {
+        let epoll = Epoll::new()?;
+        epoll.ctl(libc::EPOLL_CTL_ADD, wake.as_raw_fd(), WAKE_TOKEN);
+        Ok(Self {
+            cfg,
+            rx,
+            pending,
+            wake,
+            registry,
+            ports: Vec::new(),
+            epoll,
+            quit: false,
+        })
+    }
+
+    fn port_mut(&mut self, id: PortId) -> Option<&mut Port> {
+        self.ports.iter_mut().find(|p| p.id == id)
+    }
+
+    fn commands(&mut self, now: Instant) {
+        while let Ok(c) = self.rx.try_recv() {
+            match c {
+                Cmd::AddPort(id) => {
+                    let stats = Arc::new(PortStats::default());
+                    self.registry
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id, stats.clone());
+                    self.ports.push(Port::new(id, self.cfg.role, stats));
+                    self.ports.sort_by_key(|p| p.id);
+                }
+                Cmd::Start(id, q) => {
+                    let index = q.index;
+                    if let Some(fd) = q.kick.as_ref().map(AsRawFd::as_raw_fd) {
+                        self.epoll.ctl(libc::EPOLL_CTL_ADD, fd, token(id, index));
+                    }
+                    match self.port_mut(id) {
+                        Some(p) => p.start(q, now),
+                        None => warn!(port = id, "queue for unknown port"),
+                    }
+                }
+                Cmd::Stop(id, index, reply) => {
+                    let base = self.stop_queue(id, index);
+                    let _ = reply.send(base);
+                }
+                Cmd::Mem(id, mem) => {
+                    if let Some(p) = self.port_mut(id) {
+                        let stats = p.stats.clone();
+                        for s in [&mut p.rx, &mut p.tx].into_iter().flatten() {
+                            if let Err(e) = s.q.set_mem(mem.clone()) {
+                                s.fail(id, &stats, e);
+                            }
+                        }
+                    }
+                }
+                Cmd::RemovePort(id, reply) => {
+                    self.stop_queue(id, 0);
+                    self.stop_queue(id, 1);
+                    if let Some(i) = self.ports.iter().position(|p| p.id == id) {
+                        let p = self.ports.remove(i);
+                        info!(port = id, stats = ?p.stats.snapshot(id), "port removed");
+                    }
+                    let _ = reply.send(());
+                }
+                Cmd::Shutdown => self.quit = true,
+            }
+        }
+    }
+
+    fn stop_queue(&mut self, id: PortId, index: u16) -> Option<u16> {
+        let p = self.port_mut(id)?;
+        let slot = if index.is_multiple_of(2) {
+            p.rx.take()
+        } else {
+            p.tx.take()
+        }?;
+        if let Some(k) = &slot.kick {
+            let fd = k.as_raw_fd();
+            self.epoll.ctl(libc::EPOLL_CTL_DEL, fd, 0);
+        }
+        Some(slot.q.last_avail())
+    }
+
+    /// One round over every port. Returns the packets moved.
+    fn poll_once(&mut self, now: Instant) -> usize {
+        let batch = self.cfg.batch;
+        let mut work = 0;
+        match self.cfg.role {
+            Role::Sink => {
+                for p in &mut self.ports {
+                    work += p.sink(batch);
+                }
+            }
+            Role::Gen(_) => {
+                for p in &mut self.ports {
+                    work += p.sink(batch);
+                    work += p.generate(batch, now);
+                }
+            }
+            Role::Forward => {
+                for i in 0..self.ports.len() {
+                    let peer = self.ports[i].id ^ 1;
+                    let j = self.ports.iter().position(|p| p.id == peer);
+                    work += match j {
+                        Some(j) => {
+                            let (a, b) = pair_mut(&mut self.ports, i, j);
+                            forward(a, Some(b), batch)
+                        }
+                        None => forward(&mut self.ports[i], None, batch),
+                    };
+                }
+            }
+        }
+        work
+    }
+
+    /// Arms every ring we would wait on, fence and re-check included (in `arm_notify`).
+    fn arm(&mut self) -> Armed {
+        let gen = matches!(self.cfg.role, Role::Gen(_));
+        let mut state = Armed::Empty;
+        for p in &mut self.ports {
+            let (id, stats) = (p.id, p.stats.clone());
+            let want_rx = p.rx_blocked && (!gen || p.gen_active());
+            let slots = [(p.tx.as_mut(), true), (p.rx.as_mut(), want_rx)];
+            for (s, want) in slots {
+                let Some(s) = s.filter(|s| want && !s.broken) else {
+                    continue;
+                };
+                match s.q.arm_notify() {
+                    Ok(Armed::Empty) => {}
+                    Ok(Armed::NotEmpty) => state = Armed::NotEmpty,
+                    Err(e) => s.fail(id, &stats, e),
+                }
+            }
+        }
+        state
+    }
+
+    fn disarm(&mut self) {
+        for p in &mut self.ports {
+            for s in [p.tx.as_mut(), p.rx.as_mut()].into_iter().flatten() {
+                s.q.disable_notify();
+            }
+        }
+    }
+
+    fn sleep(&mut self) {
+        for p in &self.ports {
+            bump(&p.stats.sleeps, 1);
+        }
+        // A generator that is waiting for buffers still has a deadline to keep.
+        let timeout = if self.ports.iter().any(Port::gen_active) {
+            10
+        } else {
+            -1
+        };
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
+        let n = self.epoll.wait(&mut evs, timeout);
+        for ev in &evs[..n] {
+            let tok = ev.u64;
+            if tok == WAKE_TOKEN {
+                self.wake.drain();
+                continue;
+            }
+            let (port, index) = (
+                u32::try_from(tok >> 16).unwrap_or(u32::MAX),
+                (tok & 0xffff) as u16,
+            );
+            if let Some(p) = self.port_mut(port) {
+                let slot = if index.is_multiple_of(2) {
+                    p.rx.as_ref()
+                } else {
+                    p.tx.as_ref()
+                };
+                if let Some(k) = slot.and_then(|s| s.kick.as_ref()) {
+                    bump(&p.stats.kicks, k.drain());
+                }
+            }
+        }
+    }
+
+    fn run(&mut self, clock: &impl Clock) {
+        let mut window = PollWindow::new(self.cfg.window);
+        info!(role = ?self.cfg.role, window_us = self.cfg.window.as_micros(), batch = self.cfg.batch, "worker running");
+        while !self.quit {
+            // Acquire: pairs with the release in `Dataplane::send`; the command is visible.
+            if self.pending.load(Ordering::Relaxed) && self.pending.swap(false, Ordering::Acquire) {
+                self.commands(clock.now());
+                continue;
+            }
+            let now = if self.ports.iter().any(Port::gen_active) {
+                clock.now()
+            } else {
+                Instant::now()
+            };
+            if self.poll_once(now) > 0 {
+                window.work();
+                continue;
+            }
+            if window.keep_polling(clock) {
+                std::hint::spin_loop();
+                continue;
+            }
+            if self.arm() == Armed::NotEmpty || self.pending.load(Ordering::Acquire) {
+                self.disarm();
+                window.work();
+                continue;
+            }
+            self.sleep();
+            self.disarm();
+            window.work();
+        }
+        info!("worker stopped");
+    }
+}
+
+fn pair_mut<T>(v: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
+    assert!(i != j);
+    if i < j {
+        let (a, b) = v.split_at_mut(j);
+        (&mut a[i], &mut b[0])
+    } else {
+        let (a, b) = v.split_at_mut(i);
+        (&mut b[0], &mut a[j])
+    }
+}

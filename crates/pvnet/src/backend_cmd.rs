@@ -1,0 +1,131 @@
+//! `pvnet backend`: a vhost-user net backend whose ports sink, generate or forward.
+
+use crate::proc;
+use clap::{Args, ValueEnum};
+use pvnet_dataplane::port::{GenConfig, Role};
+use pvnet_dataplane::worker::{Dataplane, WorkerConfig};
+use pvnet_vhost::backend::{connect_loop, serve, BackendConfig, DeviceHooks};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the backend's ports do.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum RoleArg {
+    /// Consume every frame a frontend sends (reads every byte, checks sequence numbers).
+    Sink,
+    /// Sink, and fill each frontend's receive ring with numbered frames for --gen-secs.
+    Gen,
+    /// Pass frames between port pairs (0<->1, 2<->3, ... in connection order), one copy each.
+    Forward,
+}
+
+/// `pvnet backend` arguments.
+#[derive(Args, Debug, Clone)]
+pub struct BackendArgs {
+    /// vhost-user socket path.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Connect to the socket as a client (the frontend listens, e.g. QEMU server=on) and
+    /// reconnect when it goes away, instead of listening.
+    #[arg(long)]
+    pub client: bool,
+    /// What ports do with packets.
+    #[arg(long, value_enum, default_value_t = RoleArg::Sink)]
+    pub role: RoleArg,
+    /// Generator frame length in bytes (virtio-net header not included).
+    #[arg(long, default_value_t = 64)]
+    pub frame_len: usize,
+    /// Generator: seconds to send after a frontend's receive queue starts.
+    #[arg(long, default_value_t = 2.0)]
+    pub gen_secs: f64,
+    /// Exit after this many frontend sessions have connected and gone (0: run until signalled).
+    #[arg(long, default_value_t = 0)]
+    pub sessions: u32,
+    /// Pin the dataplane worker to this CPU.
+    #[arg(long)]
+    pub cpu: Option<usize>,
+    /// Microseconds to keep polling an empty ring before arming notifications and sleeping.
+    #[arg(long, default_value_t = 100)]
+    pub window_us: u64,
+    /// Most chains per ring per round.
+    #[arg(long, default_value_t = 64)]
+    pub batch: u16,
+    /// Queue pairs offered to each frontend.
+    #[arg(long, default_value_t = 1)]
+    pub queue_pairs: u16,
+}
+
+/// Runs the backend; prints the final per-port counters as one JSON line on stdout.
+pub fn run(a: &BackendArgs) -> anyhow_lite::Result<()> {
+    proc::install_stop_handler();
+    if a.batch == 0 {
+        return Err("--batch must be at least 1".into());
+    }
+    if !(a.gen_secs.is_finite() && a.gen_secs >= 0.0) {
+        return Err("--gen-secs must be a non-negative number".into());
+    }
+    let role = match a.role {
+        RoleArg::Sink => Role::Sink,
+        RoleArg::Forward => Role::Forward,
+        RoleArg::Gen => Role::Gen(GenConfig {
+            frame_len: a
+                .frame_len
+                .clamp(pvnet_dataplane::frame::MIN_FRAME, 65536 - 12),
+            duration: Duration::from_secs_f64(a.gen_secs),
+        }),
+    };
+    let cfg = WorkerConfig {
+        role,
+        window: Duration::from_micros(a.window_us),
+        batch: a.batch,
+        cpu: a.cpu,
+    };
+    let dp = Dataplane::start(cfg)?;
+    let hooks: Arc<dyn DeviceHooks> = dp.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if proc::stopping() {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let bcfg = BackendConfig {
+        queue_pairs: a.queue_pairs.max(1),
+        ..BackendConfig::default()
+    };
+    let sessions = (a.sessions > 0).then_some(a.sessions);
+    let r = if a.client {
+        connect_loop(
+            &a.socket,
+            bcfg,
+            hooks,
+            stop.clone(),
+            Duration::from_millis(200),
+        );
+        Ok(())
+    } else {
+        serve(&a.socket, bcfg, hooks, stop.clone(), sessions)
+    };
+    stop.store(true, Ordering::Relaxed);
+    let _ = watcher.join();
+    let ports = dp.snapshots();
+    dp.shutdown();
+    r?;
+    println!("{}", serde_json::json!({ "final": { "ports": ports } }));
+    Ok(())
+}
+
+/// A tiny boxed-error alias (no extra dependency).
+pub mod anyhow_lite {
+    /// Any error, with its message.
+    pub type Error = Box<dyn std::error::Error + Send + Sync>;
+    /// Result with [`Error`].
+    pub type Result<T> = std::result::Result<T, Error>;
+}

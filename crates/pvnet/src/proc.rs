@@ -1,0 +1,72 @@
+//! Process helpers: signals, per-process CPU time from the OS.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Installs SIGINT/SIGTERM handlers that set a flag [`stopping`] reads.
+pub fn install_stop_handler() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+/// True once SIGINT or SIGTERM arrived.
+pub fn stopping() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+/// user + system CPU time of a process so far, from `/proc/<pid>/stat`.
+pub fn cpu_time_of(pid: u32) -> Option<Duration> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&h| h > 0)?;
+    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+}
+
+/// Waits for child `pid` (killing it after `timeout`) and returns (exit success, user+sys CPU
+/// time) from `wait4`.
+pub fn wait_child(pid: u32, timeout: Duration) -> std::io::Result<(bool, Duration)> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut status = 0;
+    // SAFETY: rusage is plain data, zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = libc::pid_t::try_from(pid).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+    loop {
+        // SAFETY: valid pointers to locals; waits only for our own child.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
+        if r == pid {
+            break;
+        }
+        if r == 0 {
+            if std::time::Instant::now() > deadline {
+                // SAFETY: signals our own child, which has not been reaped yet.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    Ok((ok, tv(ru.ru_utime) + tv(ru.ru_stime)))
+}

@@ -1,0 +1,620 @@
+//! Backend side: one control session per frontend connection.
+//!
+//! The session answers vhost-user messages on its own thread and owns the vring *configuration*
+//! (sizes, addresses, fds, the memory table). When a ring becomes runnable (kick fd received
+//! and, with `VHOST_USER_F_PROTOCOL_FEATURES`, enabled) it builds a validated
+//! [`DeviceQueue`] and hands it to the dataplane through [`DeviceHooks::start_queue`]; from then
+//! on the dataplane thread alone touches the ring. `GET_VRING_BASE` and disable take the ring
+//! back synchronously ([`DeviceHooks::stop_queue`]) and report where it stopped.
+//!
+//! A frontend that disconnects or dies only ends its own session: its queues are stopped, its
+//! port is removed and its memory unmapped once the dataplane lets go of the table.
+
+use crate::eventfd::Notifier;
+use crate::features::{
+    DEVICE_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
+};
+use crate::mmap::{map_regions, PeerRegion};
+use std::fs::File;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::{debug, error, info, warn};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserShMemConfig, VhostUserSharedMsg,
+    VhostUserSingleMemoryRegion, VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{
+    BackendReqHandler, Error as VuError, GpuBackend, Result as VuResult,
+    VhostUserBackendReqHandlerMut, VhostUserProtocolFeatures,
+};
+use virtq::mem::AddrSpace;
+use virtq::split::{DeviceQueue, Direction, QueueConfig, RingAddrs};
+use virtq::MemTable;
+
+/// Identifies a frontend connection (a switch port) for the life of the backend process.
+pub type PortId = u32;
+
+/// A queue ready to run, handed to the dataplane.
+#[derive(Debug)]
+pub struct StartedQueue {
+    /// vhost-user queue index (even: receive, odd: transmit).
+    pub index: u16,
+    /// The validated ring.
+    pub queue: DeviceQueue,
+    /// Kick eventfd; `None` when the frontend polls (`VHOST_USER_VRING_NOFD_MASK`).
+    pub kick: Option<Notifier>,
+    /// Call eventfd; `None` when the frontend polls.
+    pub call: Option<Notifier>,
+    /// Error eventfd, signalled when the queue is stopped for a violation.
+    pub err: Option<Notifier>,
+}
+
+/// What the dataplane provides to the control plane. Called from session threads.
+pub trait DeviceHooks: Send + Sync + 'static {
+    /// A frontend connected and was given `port`.
+    fn port_connected(&self, port: PortId);
+    /// A queue is runnable: the dataplane takes ownership.
+    fn start_queue(&self, port: PortId, q: StartedQueue);
+    /// Stops a running queue and returns its next avail index (None if it was not running).
+    /// Must not return before the dataplane has let go of the ring.
+    fn stop_queue(&self, port: PortId, index: u16) -> Option<u16>;
+    /// The memory table changed while queues may be running.
+    fn set_mem(&self, port: PortId, mem: Arc<MemTable>);
+    /// The frontend is gone: every queue of the port is already stopped.
+    fn port_gone(&self, port: PortId);
+}
+
+/// Backend configuration shared by every session.
+#[derive(Debug, Clone, Copy)]
+pub struct BackendConfig {
+    /// Queue pairs offered (`GET_QUEUE_NUM`).
+    pub queue_pairs: u16,
+    /// Largest queue size accepted.
+    pub max_queue_size: u16,
+    /// Memory slots offered (`GET_MAX_MEM_SLOTS`).
+    pub mem_slots: u64,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        Self {
+            queue_pairs: 1,
+            max_queue_size: 32768,
+            mem_slots: 32,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Vring {
+    num: u16,
+    addrs: Option<RingAddrs>,
+    base: u16,
+    kick: Option<Option<File>>,
+    call: Option<File>,
+    err: Option<File>,
+    enabled: bool,
+    running: bool,
+}
+
+#[derive(Debug)]
+struct Region {
+    gpa: u64,
+    len: u64,
+    uaddr: u64,
+    mmap_offset: u64,
+    file: File,
+}
+
+/// The vhost-user state of one frontend connection.
+pub struct Session {
+    port: PortId,
+    cfg: BackendConfig,
+    hooks: Arc<dyn DeviceHooks>,
+    acked: u64,
+    protocol: u64,
+    vrings: Vec<Vring>,
+    regions: Vec<Region>,
+    mem: Option<Arc<MemTable>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("port", &self.port)
+            .field("acked", &self.acked)
+            .finish()
+    }
+}
+
+fn invalid(what: &'static str) -> VuError {
+    VuError::InvalidOperation(what)
+}
+
+fn io_err(e: std::io::Error) -> VuError {
+    VuError::ReqHandlerError(e)
+}
+
+impl Session {
+    /// A fresh session for `port`.
+    pub fn new(port: PortId, cfg: BackendConfig, hooks: Arc<dyn DeviceHooks>) -> Self {
+        let n = usize::from(cfg.queue_pairs) * 2;
+        Self {
+            port,
+            cfg,
+            hooks,
+            acked: 0,
+            protocol: 0,
+            vrings: (0..n).map(|_| Vring::default()).collect(),
+            regions: Vec::new(),
+            mem: None,
+        }
+    }
+
+    fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {
+        self.vrings
+            .get_mut(index as usize)
+            .ok_or(VuError::InvalidParam)
+    }
+
+    fn remap(&mut self) -> VuResult<()> {
+        let regions = self
+            .regions
+            .iter()
+            .map(|r| {
+                Ok(PeerRegion {
+                    gpa: r.gpa,
+                    len: r.len,
+                    uaddr: r.uaddr,
+                    mmap_offset: r.mmap_offset,
+                    file: r.file.try_clone()?,
+                })
+            })
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(io_err)?;
+        let mem = map_regions(regions).map_err(|e| {
+            warn!(port = self.port, "memory table rejected: {e}");
+            io_err(e)
+        })?;
+        info!(port = self.port, regions = mem.len(), "memory table mapped");
+        if self.vrings.iter().any(|v| v.running) {
+            self.hooks.set_mem(self.port, mem.clone());
+        }
+        self.mem = Some(mem);
+        Ok(())
+    }
+
+    /// Starts the ring if it has everything it needs (spec: kick received, and enabled when
+    /// protocol features were negotiated).
+    fn maybe_start(&mut self, index: u16) -> VuResult<()> {
+        let proto = self.acked & VHOST_USER_F_PROTOCOL_FEATURES != 0;
+        let event_idx = self.acked & VIRTIO_F_EVENT_IDX != 0;
+        let indirect = self.acked & VIRTIO_F_INDIRECT_DESC != 0;
+        let port = self.port;
+        let Some(mem) = self.mem.clone() else {
+            return Ok(());
+        };
+        let v = self.vring(u32::from(index))?;
+        if v.running || v.kick.is_none() || (proto && !v.enabled) {
+            return Ok(());
+        }
+        let Some(addrs) = v.addrs else { return Ok(()) };
+        let cfg = QueueConfig {
+            size: v.num,
+            addrs,
+            space: AddrSpace::User,
+            base: v.base,
+            event_idx,
+            indirect,
+            direction: if index.is_multiple_of(2) {
+                Direction::DeviceWrites
+            } else {
+                Direction::DeviceReads
+            },
+        };
+        let queue = DeviceQueue::new(mem, &cfg).map_err(|e| {
+            error!(port, queue = index, "cannot start queue: {e}");
+            VuError::InvalidParam
+        })?;
+        let dup = |f: &Option<File>| -> VuResult<Option<Notifier>> {
+            f.as_ref()
+                .map(|f| {
+                    let n = Notifier::from_file(f.try_clone()?);
+                    n.set_nonblocking()?;
+                    Ok(n)
+                })
+                .transpose()
+                .map_err(io_err)
+        };
+        let kick = dup(v.kick.as_ref().unwrap_or(&None))?;
+        let call = dup(&v.call)?;
+        let err = dup(&v.err)?;
+        v.running = true;
+        info!(
+            port,
+            queue = index,
+            size = cfg.size,
+            base = cfg.base,
+            event_idx,
+            "queue started"
+        );
+        self.hooks.start_queue(
+            port,
+            StartedQueue {
+                index,
+                queue,
+                kick,
+                call,
+                err,
+            },
+        );
+        Ok(())
+    }
+
+    fn stop(&mut self, index: u16) -> VuResult<u16> {
+        let port = self.port;
+        let v = self.vring(u32::from(index))?;
+        if v.running {
+            v.running = false;
+            if let Some(base) = self.hooks.stop_queue(port, index) {
+                let v = self.vring(u32::from(index))?;
+                v.base = base;
+                debug!(port, queue = index, base, "queue stopped");
+            }
+        }
+        Ok(self.vring(u32::from(index))?.base)
+    }
+
+    fn stop_all(&mut self) {
+        for i in 0..self.vrings.len() {
+            let _ = self.stop(u16::try_from(i).unwrap_or(u16::MAX));
+        }
+    }
+}
+
+impl VhostUserBackendReqHandlerMut for Session {
+    fn set_owner(&mut self) -> VuResult<()> {
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> VuResult<()> {
+        self.stop_all();
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> VuResult<()> {
+        self.stop_all();
+        for v in &mut self.vrings {
+            *v = Vring::default();
+        }
+        self.acked = 0;
+        Ok(())
+    }
+
+    fn get_features(&mut self) -> VuResult<u64> {
+        Ok(DEVICE_FEATURES)
+    }
+
+    fn set_features(&mut self, features: u64) -> VuResult<()> {
+        if features & !DEVICE_FEATURES != 0 {
+            warn!(
+                port = self.port,
+                features, "frontend acked features we did not offer"
+            );
+            return Err(VuError::InvalidParam);
+        }
+        self.acked = features;
+        info!(
+            port = self.port,
+            features = format_args!("{features:#x}"),
+            "features acked"
+        );
+        Ok(())
+    }
+
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy: Option<bool>,
+    ) -> VuResult<Option<Vec<u64>>> {
+        self.regions = ctx
+            .iter()
+            .zip(files)
+            .map(|(r, file)| Region {
+                gpa: r.guest_phys_addr,
+                len: r.memory_size,
+                uaddr: r.user_addr,
+                mmap_offset: r.mmap_offset,
+                file,
+            })
+            .collect();
+        self.remap()?;
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> VuResult<()> {
+        let max = u32::from(self.cfg.max_queue_size);
+        let v = self.vring(index)?;
+        if num == 0 || num > max || !num.is_power_of_two() {
+            return Err(VuError::InvalidParam);
+        }
+        v.num = u16::try_from(num).map_err(|_| VuError::InvalidParam)?;
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> VuResult<()> {
+        let v = self.vring(index)?;
+        v.addrs = Some(RingAddrs {
+            desc: descriptor,
+            avail: available,
+            used,
+        });
+        Ok(())
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> VuResult<()> {
+        let v = self.vring(index)?;
+        v.base = u16::try_from(base).map_err(|_| VuError::InvalidParam)?;
+        Ok(())
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> VuResult<VhostUserVringState> {
+        let i = u16::try_from(index).map_err(|_| VuError::InvalidParam)?;
+        let base = self.stop(i)?;
+        // The ring is stopped; a new SET_VRING_KICK starts it again.
+        self.vring(index)?.kick = None;
+        Ok(VhostUserVringState::new(index, u32::from(base)))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        let i = u16::from(index);
+        self.stop(i)?;
+        self.vring(u32::from(index))?.kick = Some(fd);
+        self.maybe_start(i)
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        let i = u16::from(index);
+        let was_running = self.vring(u32::from(index))?.running;
+        // Swap the fd with the ring stopped, then resume where it was.
+        self.stop(i)?;
+        self.vring(u32::from(index))?.call = fd;
+        if was_running {
+            self.maybe_start(i)?;
+        }
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        self.vring(u32::from(index))?.err = fd;
+        Ok(())
+    }
+
+    fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
+        Ok(VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
+        self.protocol = features;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> VuResult<u64> {
+        Ok(u64::from(self.cfg.queue_pairs))
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> VuResult<()> {
+        let i = u16::try_from(index).map_err(|_| VuError::InvalidParam)?;
+        if enable {
+            self.vring(index)?.enabled = true;
+            self.maybe_start(i)
+        } else {
+            self.stop(i)?;
+            self.vring(index)?.enabled = false;
+            Ok(())
+        }
+    }
+
+    fn get_config(&mut self, _o: u32, _s: u32, _f: VhostUserConfigFlags) -> VuResult<Vec<u8>> {
+        Err(invalid("GET_CONFIG not offered"))
+    }
+
+    fn set_config(&mut self, _o: u32, _b: &[u8], _f: VhostUserConfigFlags) -> VuResult<()> {
+        Err(invalid("SET_CONFIG not offered"))
+    }
+
+    fn set_gpu_socket(&mut self, _g: GpuBackend) -> VuResult<()> {
+        Err(invalid("not a GPU device"))
+    }
+
+    fn get_shared_object(&mut self, _u: VhostUserSharedMsg) -> VuResult<File> {
+        Err(invalid("shared objects not offered"))
+    }
+
+    fn get_inflight_fd(&mut self, _i: &VhostUserInflight) -> VuResult<(VhostUserInflight, File)> {
+        Err(invalid("inflight fd not offered"))
+    }
+
+    fn set_inflight_fd(&mut self, _i: &VhostUserInflight, _f: File) -> VuResult<()> {
+        Err(invalid("inflight fd not offered"))
+    }
+
+    fn get_max_mem_slots(&mut self) -> VuResult<u64> {
+        Ok(self.cfg.mem_slots)
+    }
+
+    fn add_mem_region(
+        &mut self,
+        r: &VhostUserSingleMemoryRegion,
+        file: File,
+        _postcopy: Option<bool>,
+    ) -> VuResult<Option<u64>> {
+        if self.regions.len() as u64 >= self.cfg.mem_slots {
+            return Err(VuError::InvalidParam);
+        }
+        self.regions.push(Region {
+            gpa: r.guest_phys_addr,
+            len: r.memory_size,
+            uaddr: r.user_addr,
+            mmap_offset: r.mmap_offset,
+            file,
+        });
+        if let Err(e) = self.remap() {
+            self.regions.pop();
+            return Err(e);
+        }
+        Ok(None)
+    }
+
+    fn remove_mem_region(&mut self, r: &VhostUserSingleMemoryRegion) -> VuResult<()> {
+        let before = self.regions.len();
+        self.regions
+            .retain(|x| !(x.gpa == r.guest_phys_addr && x.len == r.memory_size));
+        if self.regions.len() == before {
+            return Err(VuError::InvalidParam);
+        }
+        if self.regions.is_empty() {
+            self.mem = None;
+            return Ok(());
+        }
+        self.remap()
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _d: VhostTransferStateDirection,
+        _p: VhostTransferStatePhase,
+        _f: File,
+    ) -> VuResult<Option<File>> {
+        Err(invalid("device state transfer not offered"))
+    }
+
+    fn check_device_state(&mut self) -> VuResult<()> {
+        Err(invalid("device state transfer not offered"))
+    }
+
+    fn get_shmem_config(&mut self) -> VuResult<VhostUserShMemConfig> {
+        Err(invalid("shared memory regions not offered"))
+    }
+
+    fn set_log_base(&mut self, _l: &VhostUserLog, _f: File) -> VuResult<()> {
+        Err(invalid("dirty logging not offered"))
+    }
+}
+
+/// Runs one session to its end on the calling thread: answers messages until the frontend
+/// disconnects or breaks the protocol, then stops the port's queues and tells the dataplane.
+pub fn run_session(
+    stream: UnixStream,
+    port: PortId,
+    cfg: BackendConfig,
+    hooks: Arc<dyn DeviceHooks>,
+) {
+    hooks.port_connected(port);
+    let session = Arc::new(Mutex::new(Session::new(port, cfg, hooks.clone())));
+    let mut handler = BackendReqHandler::from_stream(stream, session.clone());
+    loop {
+        match handler.handle_request() {
+            Ok(()) => {}
+            Err(VuError::Disconnected | VuError::PartialMessage | VuError::SocketBroken(_)) => {
+                info!(port, "frontend disconnected");
+                break;
+            }
+            Err(e) => {
+                error!(port, "closing session: {e}");
+                break;
+            }
+        }
+    }
+    if let Ok(mut s) = session.lock() {
+        s.stop_all();
+        s.mem = None;
+    }
+    hooks.port_gone(port);
+}
+
+/// Accepts frontends on a listening socket (server mode) until `stop` is set, one session
+/// thread each. Returns after `max_sessions` sessions have come and gone, if given.
+pub fn serve(
+    path: &Path,
+    cfg: BackendConfig,
+    hooks: Arc<dyn DeviceHooks>,
+    stop: Arc<AtomicBool>,
+    max_sessions: Option<u32>,
+) -> std::io::Result<()> {
+    if path.exists() {
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    listener.set_nonblocking(true)?;
+    info!(socket = %path.display(), "listening for vhost-user frontends");
+    let next = AtomicU32::new(0);
+    let mut threads = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        if max_sessions.is_some_and(|m| next.load(Ordering::Relaxed) >= m) {
+            break;
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false)?;
+                let port = next.fetch_add(1, Ordering::Relaxed);
+                let hooks = hooks.clone();
+                info!(port, "frontend connected");
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("vu-ctl-{port}"))
+                        .spawn(move || run_session(stream, port, cfg, hooks))?,
+                );
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+/// Client mode: connects to a frontend's listening socket (QEMU `server=on`), retrying every
+/// `retry` until it answers, and runs the session; then reconnects, until `stop` is set.
+pub fn connect_loop(
+    path: &Path,
+    cfg: BackendConfig,
+    hooks: Arc<dyn DeviceHooks>,
+    stop: Arc<AtomicBool>,
+    retry: Duration,
+) {
+    let mut port = 0;
+    while !stop.load(Ordering::Relaxed) {
+        match UnixStream::connect(path) {
+            Ok(stream) => {
+                info!(socket = %path.display(), port, "connected to frontend");
+                run_session(stream, port, cfg, hooks.clone());
+                port += 1;
+            }
+            Err(e) => {
+                debug!(socket = %path.display(), "connect failed ({e}), retrying");
+                std::thread::sleep(retry);
+            }
+        }
+    }
+}

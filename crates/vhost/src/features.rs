@@ -1,0 +1,31 @@
+//! Feature bits pvnet's virtio-net device and driver use (virtio 1.x, 5.1.3 and 6).
+
+/// Device handles packets with partial checksum.
+pub const VIRTIO_NET_F_CSUM: u64 = 1 << 0;
+/// Driver can merge receive buffers.
+pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
+/// Device has a MAC in config space.
+pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
+/// Indirect descriptors.
+pub const VIRTIO_F_INDIRECT_DESC: u64 = 1 << 28;
+/// used_event / avail_event.
+pub const VIRTIO_F_EVENT_IDX: u64 = 1 << 29;
+/// vhost-user: protocol features are negotiated.
+pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// Virtio 1.x (modern) device.
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+
+/// What pvnet's device offers.
+pub const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1
+    | VIRTIO_F_EVENT_IDX
+    | VIRTIO_NET_F_MRG_RXBUF
+    | VIRTIO_F_INDIRECT_DESC
+    | VHOST_USER_F_PROTOCOL_FEATURES;
+
+/// Length of `struct virtio_net_hdr_v1` (VERSION_1: always 12 bytes, `num_buffers` included).
+pub const NET_HDR_LEN: usize = 12;
+
+/// Queue index of the first receive queue (device writes) in a virtio-net device.
+pub const RX_QUEUE: usize = 0;
+/// Queue index of the first transmit queue (device reads).
+pub const TX_QUEUE: usize = 1;

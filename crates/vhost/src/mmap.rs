@@ -1,0 +1,107 @@
+//! Shared mappings of a peer's memory fds, and the memory table built over them.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use virtq::{MemTable, RegionSpec};
+
+/// One `mmap(MAP_SHARED)` of a peer's fd; unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    base: NonNull<u8>,
+    map_len: usize,
+    /// Offset of the region's first byte inside the mapping (mmap_offset % page size).
+    lead: usize,
+    _file: File,
+}
+
+// SAFETY: a mapping is just address space; who may touch it is governed by the MemTable.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `file` starting at `offset` (any alignment), read-write, shared.
+    pub fn new(file: File, offset: u64, len: u64) -> io::Result<Self> {
+        let page = 4096u64;
+        let lead = offset % page;
+        let map_len = usize::try_from(len.checked_add(lead).ok_or(io::ErrorKind::InvalidInput)?)
+            .map_err(|_| io::ErrorKind::InvalidInput)?;
+        let off = libc::off_t::try_from(offset - lead).map_err(|_| io::ErrorKind::InvalidInput)?;
+        if len == 0 {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        // SAFETY: a fresh mapping chosen by the kernel; the result is checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(p.cast::<u8>()).ok_or(io::ErrorKind::Other)?;
+        Ok(Self {
+            base,
+            map_len,
+            lead: usize::try_from(lead).unwrap_or(0),
+            _file: file,
+        })
+    }
+
+    /// Host address of the region's first byte.
+    pub fn start(&self) -> NonNull<u8> {
+        // SAFETY: lead < page size <= map_len.
+        unsafe { self.base.add(self.lead) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: exactly the range mmap returned; nothing uses it after the table drops.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.map_len) };
+    }
+}
+
+/// A region as the peer describes it, with its fd.
+#[derive(Debug)]
+pub struct PeerRegion {
+    /// Guest physical address.
+    pub gpa: u64,
+    /// Size.
+    pub len: u64,
+    /// Peer's user address.
+    pub uaddr: u64,
+    /// Offset into the fd.
+    pub mmap_offset: u64,
+    /// The fd.
+    pub file: File,
+}
+
+/// Maps all regions and builds the table that owns the mappings.
+pub fn map_regions(regions: Vec<PeerRegion>) -> io::Result<Arc<MemTable>> {
+    let mut specs = Vec::with_capacity(regions.len());
+    let mut maps = Vec::with_capacity(regions.len());
+    for r in regions {
+        let m = Mapping::new(r.file, r.mmap_offset, r.len)?;
+        specs.push(RegionSpec {
+            gpa: r.gpa,
+            len: r.len,
+            uaddr: r.uaddr,
+            host: m.start(),
+        });
+        maps.push(m);
+    }
+    // SAFETY: each spec covers exactly its mapping's region bytes, and the mappings move into
+    // the table, which keeps them until it drops.
+    let t = unsafe { MemTable::new(&specs, Box::new(maps)) }
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    Ok(Arc::new(t))
+}
