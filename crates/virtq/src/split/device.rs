@@ -202,11 +202,48 @@ impl DeviceQueue {
             .unwrap_or(&[])
     }
 
+    #[inline]
     fn parse(&mut self, head: u16) -> Result<Chain> {
         let size = self.size;
         if head >= size {
             return Err(Error::DescIndexOutOfRange { index: head, size });
         }
+        // Fast path: one descriptor, inside one region, in the queue's direction (almost every
+        // network buffer). Same checks as the general walk, without its loop.
+        let d = self.m.ring.desc(head);
+        if d.flags & (DESC_F_NEXT | DESC_F_INDIRECT) == 0 && self.segs.len() < self.segs.capacity()
+        {
+            let write = d.flags & DESC_F_WRITE != 0;
+            let dir_ok = match self.dir {
+                Direction::DeviceReads => !write,
+                Direction::DeviceWrites => write,
+                Direction::Mixed => true,
+            };
+            if dir_ok {
+                if let Some((p, contig)) = self.m.mem.translate(d.addr, &mut self.hint) {
+                    if u64::from(d.len) <= contig {
+                        self.segs.push(Seg::new(p, d.len));
+                        let (readable, writable) = if write { (0, d.len) } else { (d.len, 0) };
+                        return Ok(Chain {
+                            head,
+                            readable,
+                            writable,
+                            start: 0,
+                            nread: u32::from(!write),
+                            nsegs: 1,
+                            saw_write: write,
+                        });
+                    }
+                }
+            }
+        }
+        self.parse_slow(head)
+    }
+
+    /// The general walk: chained, indirect, region-crossing or invalid descriptors.
+    #[cold]
+    fn parse_slow(&mut self, head: u16) -> Result<Chain> {
+        let size = self.size;
         let mut c = Chain {
             head,
             readable: 0,

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls exactly this). On a fresh Debian machine
+# it installs what it needs first. Ends with one summary line: "N passed, N failed".
+#
+#   scripts/test.sh            # everything: fmt, clippy, unit/property/integration/e2e tests, fuzz
+#   FUZZ_SECS=5 scripts/test.sh   # shorter fuzz runs (default 20 s per target)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+FUZZ_SECS="${FUZZ_SECS:-20}"
+log() { echo "== $*"; }
+
+# --- set-up (idempotent) -------------------------------------------------------------------
+need_apt=()
+command -v cc >/dev/null || need_apt+=(gcc libc6-dev)
+command -v valgrind >/dev/null || need_apt+=(valgrind)
+if ((${#need_apt[@]})); then
+  log "installing ${need_apt[*]}"
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+for c in rustfmt clippy; do
+  rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >/dev/null 2>&1 || true
+done
+
+passed=0; failed=0; failures=()
+step() { # step NAME CMD...: runs a step that is one test of its own
+  local name="$1"; shift
+  log "$name"
+  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("$name"); fi
+}
+
+# --- static checks ---------------------------------------------------------------------------
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --features virtq/mock -q -- -D warnings
+
+# --- cargo tests: unit, property, concurrency, malformed-ring, end-to-end, hostile frontend ----
+log "cargo test (release: the end-to-end and stress tests move real traffic)"
+out=$(mktemp)
+cargo test --release --workspace --features virtq/mock 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+read -r p f < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } } END { print p + 0, f + 0 }' "$out")
+passed=$((passed + p)); failed=$((failed + f))
+if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); failures+=("cargo test (exit $rc)"); fi
+[ "$f" -gt 0 ] && failures+=("cargo test: $f failed")
+[ "$p" -eq 0 ] && { failed=$((failed + 1)); failures+=("cargo test ran no test"); }
+rm -f "$out"
+
+# --- fuzzing (stable Rust, libFuzzer via SanitizerCoverage), bounded ---------------------------
+step "fuzz targets, ${FUZZ_SECS}s each" fuzz/run.sh "$FUZZ_SECS"
+
+# --- the main job on its default, briefly: counts must add up ---------------------------------
+step "pvnet bench smoke (counts add up)" ./target/release/pvnet bench --secs 0.5 --json
+
+echo
+((${#failures[@]})) && printf 'FAILED: %s\n' "${failures[@]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
