@@ -57,6 +57,8 @@ pub struct QueueSlot {
     pub broken: bool,
     /// vhost-user index.
     pub index: u16,
+    /// Mergeable receive buffers negotiated.
+    pub mergeable: bool,
 }
 
 impl QueueSlot {
@@ -69,6 +71,7 @@ impl QueueSlot {
             err: s.err,
             broken: false,
             index: s.index,
+            mergeable: s.mergeable,
         }
     }
 
@@ -166,6 +169,7 @@ impl Port {
             rxb: RxBatch {
                 chains: Vec::with_capacity(256),
                 next: 0,
+                max_merge: MAX_MERGE,
             },
             chains: Vec::with_capacity(256),
         }
@@ -267,7 +271,7 @@ impl Port {
             return 0;
         };
         let finishing = now.duration_since(start) >= g.cfg.duration;
-        match self.rxb.fill(&mut rx.q, usize::from(batch)) {
+        match self.rxb.fill(&mut rx.q, usize::from(batch), rx.mergeable) {
             Ok(0) => {
                 self.rx_blocked = true;
                 return 0;
@@ -299,7 +303,7 @@ impl Port {
                     break;
                 }
                 Ok(Delivered::TooBig) => {
-                    bump(&stats.drops[DropReason::Invalid as usize], 1);
+                    bump(&stats.drops[DropReason::TooBig as usize], 1);
                     g.done = true;
                     break;
                 }
@@ -340,14 +344,22 @@ pub enum Delivered {
 pub struct RxBatch {
     chains: Vec<Chain>,
     next: usize,
+    /// Most chains one packet may take: 1 without `VIRTIO_NET_F_MRG_RXBUF`.
+    max_merge: usize,
 }
 
 impl RxBatch {
     /// Starts a batch: one `available()` load, then pops up to `max` chains and prefetches
     /// the first lines of each for writing. Returns the chains taken.
-    pub fn fill(&mut self, q: &mut DeviceQueue, max: usize) -> Result<usize, virtq::Error> {
+    pub fn fill(
+        &mut self,
+        q: &mut DeviceQueue,
+        max: usize,
+        mergeable: bool,
+    ) -> Result<usize, virtq::Error> {
         self.chains.clear();
         self.next = 0;
+        self.max_merge = if mergeable { MAX_MERGE } else { 1 };
         q.available()?;
         while self.chains.len() < max {
             match q.pop()? {
@@ -390,7 +402,7 @@ pub fn deliver(
     let mut have = 0u64;
     let mut k = b.next;
     while have < need {
-        if k - b.next == MAX_MERGE {
+        if k - b.next == b.max_merge {
             return Ok(Delivered::TooBig);
         }
         let Some(c) = b.chains.get(k) else {
@@ -416,7 +428,10 @@ pub fn deliver(
             off = u32::try_from(write_segs(segs, 0, &h)).unwrap_or(0);
             if off < HDR {
                 // A first buffer too small for the header breaks virtio 1.x 5.1.6.3.1.
-                return Err(virtq::Error::LenOverflow);
+                return Err(virtq::Error::BufferTooSmall {
+                    len: c.writable,
+                    need: HDR,
+                });
             }
         }
         let n = (len - src_off).min(c.writable - off);
@@ -476,10 +491,11 @@ pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
         bump(&sstats.drops[DropReason::PortDown as usize], n);
         return chains.len();
     };
-    let (mut pkts, mut bytes, mut bad) = (0u64, 0u64, 0u64);
+    let (mut pkts, mut bytes, mut bad, mut too_big) = (0u64, 0u64, 0u64, 0u64);
     // Room for every packet of the batch, and for one that spans MAX_MERGE buffers.
     let want = chains.len().max(MAX_MERGE);
-    let mut rx_err = rxb.fill(&mut rx.q, want).err();
+    let mergeable = rx.mergeable;
+    let mut rx_err = rxb.fill(&mut rx.q, want, mergeable).err();
     let mut refreshed = false;
     let mut taken = 0;
     for c in chains.iter() {
@@ -505,7 +521,7 @@ pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
             rxb.finish(&mut rx.q);
             rx.publish(&dstats);
             r = rxb
-                .fill(&mut rx.q, want)
+                .fill(&mut rx.q, want, mergeable)
                 .and_then(|_| deliver(&mut rx.q, rxb, &hdr, len, copy));
         }
         match r {
@@ -520,7 +536,7 @@ pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
                 break;
             }
             Ok(Delivered::TooBig) => {
-                bad += 1;
+                too_big += 1;
                 tx.q.push_used(c.head, 0);
             }
             Err(e) => {
@@ -538,9 +554,10 @@ pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
     }
     rx.publish(&dstats);
     tx.publish(&sstats);
-    bump(&sstats.rx_packets, pkts + bad);
+    bump(&sstats.rx_packets, pkts + bad + too_big);
     bump(&sstats.rx_bytes, bytes);
     bump(&sstats.drops[DropReason::Invalid as usize], bad);
+    bump(&sstats.drops[DropReason::TooBig as usize], too_big);
     bump(&dstats.tx_packets, pkts);
     bump(&dstats.tx_bytes, bytes);
     taken

@@ -10,16 +10,19 @@ pub enum DropReason {
     NoBuffer = 0,
     /// The destination port is not connected (or its queue is not running).
     PortDown = 1,
-    /// Malformed: shorter than the virtio-net header, or larger than any buffer chain.
+    /// Malformed: shorter than the virtio-net header.
     Invalid = 2,
+    /// Larger than the receiver's buffers can take (without mergeable buffers: one chain).
+    TooBig = 3,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [DropReason; 3] = [
+    pub const ALL: [DropReason; 4] = [
         DropReason::NoBuffer,
         DropReason::PortDown,
         DropReason::Invalid,
+        DropReason::TooBig,
     ];
 
     /// Stable name for reports.
@@ -28,6 +31,7 @@ impl DropReason {
             DropReason::NoBuffer => "no_buffer",
             DropReason::PortDown => "port_down",
             DropReason::Invalid => "invalid",
+            DropReason::TooBig => "too_big",
         }
     }
 }
@@ -45,7 +49,7 @@ pub struct PortStats {
     /// Bytes delivered to the frontend.
     pub tx_bytes: AtomicU64,
     /// Drops of packets that entered at this port, by reason.
-    pub drops: [AtomicU64; 3],
+    pub drops: [AtomicU64; 4],
     /// Kicks received (eventfd counts drained).
     pub kicks: AtomicU64,
     /// Calls (interrupts) sent.

@@ -225,6 +225,8 @@ struct Worker {
     ports: Vec<Port>,
     epoll: Epoll,
     quit: bool,
+    /// Last seen SIGBUS-guard generation (see `pvnet_vhost::fault`).
+    faults: u64,
 }
 
 impl Worker {
@@ -246,6 +248,7 @@ impl Worker {
             ports: Vec::new(),
             epoll,
             quit: false,
+            faults: 0,
         })
     }
 
@@ -299,6 +302,24 @@ impl Worker {
                     let _ = reply.send(());
                 }
                 Cmd::Shutdown => self.quit = true,
+            }
+        }
+    }
+
+    /// A peer shrank memory it shared and an access faulted: stop every queue whose memory
+    /// table holds a faulted mapping. Everything else goes on.
+    fn check_faults(&mut self) {
+        let g = pvnet_vhost::fault::generation();
+        if g == self.faults {
+            return;
+        }
+        self.faults = g;
+        for p in &mut self.ports {
+            let (id, stats) = (p.id, p.stats.clone());
+            for s in [p.rx.as_mut(), p.tx.as_mut()].into_iter().flatten() {
+                if pvnet_vhost::mmap::table_faulted(s.q.mem()) {
+                    s.fail(id, &stats, virtq::Error::MemoryFault);
+                }
             }
         }
     }
@@ -429,7 +450,9 @@ impl Worker {
             } else {
                 Instant::now()
             };
-            if self.poll_once(now) > 0 {
+            let work = self.poll_once(now);
+            self.check_faults();
+            if work > 0 {
                 window.work();
                 continue;
             }

@@ -13,6 +13,7 @@
 use crate::eventfd::Notifier;
 use crate::features::{
     DEVICE_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
+    VIRTIO_NET_F_MRG_RXBUF,
 };
 use crate::mmap::{map_regions, PeerRegion};
 use std::fs::File;
@@ -51,6 +52,8 @@ pub struct StartedQueue {
     pub call: Option<Notifier>,
     /// Error eventfd, signalled when the queue is stopped for a violation.
     pub err: Option<Notifier>,
+    /// `VIRTIO_NET_F_MRG_RXBUF` negotiated: a received packet may span several chains.
+    pub mergeable: bool,
 }
 
 /// What the dataplane provides to the control plane. Called from session threads.
@@ -194,6 +197,7 @@ impl Session {
         let proto = self.acked & VHOST_USER_F_PROTOCOL_FEATURES != 0;
         let event_idx = self.acked & VIRTIO_F_EVENT_IDX != 0;
         let indirect = self.acked & VIRTIO_F_INDIRECT_DESC != 0;
+        let mergeable = self.acked & VIRTIO_NET_F_MRG_RXBUF != 0;
         let port = self.port;
         let Some(mem) = self.mem.clone() else {
             return Ok(());
@@ -250,6 +254,7 @@ impl Session {
                 kick,
                 call,
                 err,
+                mergeable,
             },
         );
         Ok(())
@@ -564,22 +569,32 @@ pub fn serve(
     listener.set_nonblocking(true)?;
     info!(socket = %path.display(), "listening for vhost-user frontends");
     let next = AtomicU32::new(0);
-    let mut threads = Vec::new();
+    let mut sessions: Vec<(std::thread::JoinHandle<()>, UnixStream)> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        if max_sessions.is_some_and(|m| next.load(Ordering::Relaxed) >= m) {
+        sessions.retain(|(t, _)| !t.is_finished());
+        if max_sessions.is_some_and(|m| next.load(Ordering::Relaxed) >= m) && sessions.is_empty() {
             break;
         }
         match listener.accept() {
+            Ok((stream, _)) if max_sessions.is_some_and(|m| next.load(Ordering::Relaxed) >= m) => {
+                warn!(
+                    "refusing a frontend: this backend serves {} session(s)",
+                    max_sessions.unwrap_or(0)
+                );
+                drop(stream);
+            }
             Ok((stream, _)) => {
                 stream.set_nonblocking(false)?;
                 let port = next.fetch_add(1, Ordering::Relaxed);
                 let hooks = hooks.clone();
                 info!(port, "frontend connected");
-                threads.push(
-                    std::thread::Builder::new()
-                        .name(format!("vu-ctl-{port}"))
-                        .spawn(move || run_session(stream, port, cfg, hooks))?,
-                );
+                // A clone to shut the socket down from here, which ends a session blocked
+                // reading a silent frontend.
+                let handle = stream.try_clone()?;
+                let t = std::thread::Builder::new()
+                    .name(format!("vu-ctl-{port}"))
+                    .spawn(move || run_session(stream, port, cfg, hooks))?;
+                sessions.push((t, handle));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20));
@@ -587,7 +602,10 @@ pub fn serve(
             Err(e) => return Err(e),
         }
     }
-    for t in threads {
+    for (_, s) in &sessions {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+    for (t, _) in sessions {
         let _ = t.join();
     }
     let _ = std::fs::remove_file(path);

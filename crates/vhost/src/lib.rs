@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod eventfd;
+pub mod fault;
 pub mod features;
 pub mod frontend;
 pub mod mmap;

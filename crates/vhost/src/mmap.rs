@@ -14,6 +14,8 @@ pub struct Mapping {
     map_len: usize,
     /// Offset of the region's first byte inside the mapping (mmap_offset % page size).
     lead: usize,
+    /// SIGBUS guard slot (see [`crate::fault`]).
+    slot: Option<usize>,
     _file: File,
 }
 
@@ -33,6 +35,15 @@ impl Mapping {
         if len == 0 {
             return Err(io::ErrorKind::InvalidInput.into());
         }
+        // A region past the end of its file would fault (SIGBUS) on first touch.
+        let meta = file.metadata()?;
+        if meta.file_type().is_file() && offset.checked_add(len).is_none_or(|end| end > meta.len())
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("region of {len:#x} bytes at offset {offset:#x} runs past the end of its {:#x}-byte file", meta.len()),
+            ));
+        }
         // SAFETY: a fresh mapping chosen by the kernel; the result is checked below.
         let p = unsafe {
             libc::mmap(
@@ -48,12 +59,19 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(p.cast::<u8>()).ok_or(io::ErrorKind::Other)?;
+        let slot = crate::fault::register(base.as_ptr() as usize, map_len);
         Ok(Self {
             base,
             map_len,
             lead: usize::try_from(lead).unwrap_or(0),
+            slot,
             _file: file,
         })
+    }
+
+    /// True once the peer shrank the file and an access faulted (see [`crate::fault`]).
+    pub fn faulted(&self) -> bool {
+        self.slot.is_some_and(crate::fault::faulted)
     }
 
     /// Host address of the region's first byte.
@@ -65,6 +83,9 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if let Some(s) = self.slot {
+            crate::fault::unregister(s);
+        }
         // SAFETY: exactly the range mmap returned; nothing uses it after the table drops.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.map_len) };
     }
@@ -104,4 +125,11 @@ pub fn map_regions(regions: Vec<PeerRegion>) -> io::Result<Arc<MemTable>> {
     let t = unsafe { MemTable::new(&specs, Box::new(maps)) }
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     Ok(Arc::new(t))
+}
+
+/// True if any mapping behind `mem` faulted (the peer shrank its file).
+pub fn table_faulted(mem: &MemTable) -> bool {
+    mem.owner()
+        .downcast_ref::<Vec<Mapping>>()
+        .is_some_and(|maps| maps.iter().any(Mapping::faulted))
 }

@@ -56,6 +56,12 @@ pub enum Error {
     /// Memory regions overlap or wrap the address space.
     #[error("memory region {index} invalid: {why}")]
     BadRegion { index: usize, why: &'static str },
+    /// A receive buffer too small for what must go first in it (the virtio-net header).
+    #[error("receive buffer of {len} bytes cannot hold the {need}-byte header")]
+    BufferTooSmall { len: u32, need: u32 },
+    /// The shared memory behind the queue became inaccessible (the peer truncated its file).
+    #[error("shared memory fault: the peer shrank or revoked the memory it shared")]
+    MemoryFault,
     /// The driver has no free descriptors for this buffer.
     #[error("no free descriptors")]
     NoFreeDescriptors,

@@ -47,7 +47,7 @@ pub enum AddrSpace {
 /// mappings alive.
 pub struct MemTable {
     regions: Box<[Region]>,
-    _owner: Box<dyn std::any::Any + Send + Sync>,
+    owner: Box<dyn std::any::Any + Send + Sync>,
 }
 
 impl std::fmt::Debug for MemTable {
@@ -115,8 +115,13 @@ impl MemTable {
         }
         Ok(Self {
             regions: regions.into_boxed_slice(),
-            _owner: owner,
+            owner,
         })
+    }
+
+    /// Whatever keeps the mappings alive (as given to [`MemTable::new`]).
+    pub fn owner(&self) -> &(dyn std::any::Any + Send + Sync) {
+        &*self.owner
     }
 
     /// Number of regions.

@@ -211,7 +211,10 @@ impl DeviceQueue {
         // Fast path: one descriptor, inside one region, in the queue's direction (almost every
         // network buffer). Same checks as the general walk, without its loop.
         let d = self.m.ring.desc(head);
-        if d.flags & (DESC_F_NEXT | DESC_F_INDIRECT) == 0 && self.segs.len() < self.segs.capacity()
+        // A zero-length descriptor takes the general walk, which gives it no segment.
+        if d.flags & (DESC_F_NEXT | DESC_F_INDIRECT) == 0
+            && d.len != 0
+            && self.segs.len() < self.segs.capacity()
         {
             let write = d.flags & DESC_F_WRITE != 0;
             let dir_ok = match self.dir {

@@ -1,0 +1,284 @@
+//! End-to-end tests: the real `pvnet` binary as separate backend and frontend processes over
+//! a vhost-user socket, with exact packet accounting on both sides.
+
+mod common;
+
+use common::{
+    assert_tx_to_sink_exact, backend, drops, frontend, port, ports, run_frontend, u, Proc, TestDir,
+    EVENT, RUN, START,
+};
+use serde_json::Value;
+
+/// frontend TX -> backend sink, one session; returns (frontend final, backend port 0).
+fn f2b(extra_fe: &[&str], frame_len: u64) -> (Value, Value) {
+    let dir = TestDir::new("f2b");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink", "--sessions", "1"]);
+    let mut args = vec!["--role", "tx", "--secs", "0.3"];
+    args.extend_from_slice(extra_fe);
+    let fe = run_frontend("frontend tx", &sock, &args);
+    let fin = b.finish(RUN);
+    assert_eq!(ports(&fin).len(), 1, "{fin}");
+    let p = port(&fin, 0);
+    assert_tx_to_sink_exact(&fe, &p, frame_len);
+    (fe, p)
+}
+
+#[test]
+fn frontend_to_backend_exact_counts() {
+    let (fe, p) = f2b(&[], 64);
+    assert_eq!(u(&fe, "/rx_errors"), 0, "{fe}");
+    assert_eq!(u(&p, "/tx_packets"), 0, "a sink sends nothing: {p}");
+}
+
+/// backend generator -> frontend RX, one session.
+fn b2f(extra_fe: &[&str]) {
+    let dir = TestDir::new("b2f");
+    let (mut b, sock) = backend(
+        &dir,
+        "b",
+        &["--role", "gen", "--gen-secs", "0.3", "--sessions", "1"],
+    );
+    let mut args = vec!["--role", "rx"];
+    args.extend_from_slice(extra_fe);
+    let fe = run_frontend("frontend rx", &sock, &args);
+    let fin = b.finish(RUN);
+    let p = port(&fin, 0);
+    let sent = u(&p, "/tx_packets");
+    assert!(sent > 0, "generator sent nothing: {p}");
+    assert_eq!(u(&fe, "/data_received"), sent, "frontend {fe}\nport {p}");
+    assert_eq!(u(&fe, "/end_count"), sent, "frontend {fe}\nport {p}");
+    assert_eq!(fe["complete"], Value::Bool(true), "{fe}");
+    assert_eq!(u(&fe, "/seq_errors"), 0, "{fe}");
+    assert_eq!(u(&fe, "/rx_errors"), 0, "{fe}");
+    assert_eq!(u(&fe, "/rx_packets"), sent + 1, "data + end marker: {fe}");
+    assert_eq!(u(&p, "/tx_bytes"), sent * 64, "{p}");
+    assert_eq!(u(&p, "/queue_errors"), 0, "{p}");
+    assert_eq!(drops(&p), 0, "{p}");
+}
+
+#[test]
+fn backend_to_frontend_exact_counts() {
+    b2f(&[]);
+}
+
+/// frontend A TX -> backend forward -> frontend B RX.
+fn f2f(frame_len: u64) {
+    let dir = TestDir::new("f2f");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "forward", "--sessions", "2"]);
+    let len = frame_len.to_string();
+    // Ports pair up in connection order: the receiver connects first (port 0), and is fully
+    // running before the sender (port 1) connects.
+    let mut rx = frontend("frontend rx", &sock, &["--role", "rx", "--frame-len", &len]);
+    rx.wait_json("ready", START);
+    let tf = run_frontend(
+        "frontend tx",
+        &sock,
+        &["--role", "tx", "--secs", "0.3", "--frame-len", &len],
+    );
+    let rf = rx.finish(RUN);
+    let fin = b.finish(RUN);
+    let (pa, pb) = (port(&fin, 1), port(&fin, 0));
+
+    let sent = u(&tf, "/data_sent");
+    assert!(sent > 0, "{tf}");
+    assert_eq!(u(&tf, "/tx_packets"), sent + 1, "{tf}");
+    assert_eq!(u(&rf, "/data_received"), sent, "tx {tf}\nrx {rf}");
+    assert_eq!(u(&rf, "/end_count"), sent, "{rf}");
+    assert_eq!(rf["complete"], Value::Bool(true), "{rf}");
+    assert_eq!(u(&rf, "/seq_errors"), 0, "{rf}");
+    assert_eq!(u(&rf, "/rx_errors"), 0, "{rf}");
+    assert_eq!(u(&rf, "/rx_packets"), sent + 1, "{rf}");
+
+    // The backend's per-port counters add up: what entered at A left at B or was dropped.
+    let all_drops: u64 = ports(&fin).iter().map(drops).sum();
+    assert_eq!(all_drops, 0, "{fin}");
+    assert_eq!(u(&pa, "/rx_packets"), u(&tf, "/tx_packets"), "{fin}");
+    assert_eq!(
+        u(&pa, "/rx_packets"),
+        u(&pb, "/tx_packets") + drops(&pa),
+        "{fin}"
+    );
+    assert_eq!(u(&pa, "/rx_bytes"), u(&pb, "/tx_bytes"), "{fin}");
+    assert_eq!(u(&pa, "/rx_bytes"), (sent + 1) * frame_len, "{fin}");
+    assert_eq!(u(&pb, "/rx_packets"), 0, "{fin}");
+    assert_eq!(u(&pa, "/tx_packets"), 0, "{fin}");
+    for p in [&pa, &pb] {
+        assert_eq!(u(p, "/queue_errors"), 0, "{p}");
+    }
+}
+
+#[test]
+fn frontend_to_frontend_through_forward() {
+    f2f(64);
+}
+
+#[test]
+fn frames_1500_bytes_to_sink() {
+    f2b(&["--frame-len", "1500"], 1500);
+}
+
+#[test]
+fn frames_1500_bytes_through_forward() {
+    f2f(1500);
+}
+
+#[test]
+fn dying_frontend_does_not_disturb_others() {
+    let dir = TestDir::new("dying");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+
+    // X sends for a long time; once it has shown progress it dies without a word.
+    let mut x = frontend("frontend X", &sock, &["--role", "tx", "--secs", "5"]);
+    x.wait_json("progress", START);
+    x.signal(libc::SIGKILL);
+    let st = x.wait_exit(EVENT);
+    assert!(!st.success(), "X was killed: {st}");
+    // The backend noticed X's session end, and is still running.
+    b.wait_stderr("frontend disconnected", EVENT);
+    b.wait_stderr("port removed", EVENT);
+    assert!(b.alive(), "backend died with X\n{}", b.stderr());
+
+    // Y runs normally and exactly.
+    let y = run_frontend("frontend Y", &sock, &["--role", "tx", "--secs", "0.3"]);
+    assert!(b.alive(), "backend died after Y\n{}", b.stderr());
+
+    b.signal(libc::SIGTERM);
+    let st = b.wait_exit(RUN);
+    assert!(
+        st.success(),
+        "backend exit after SIGTERM: {st}\n{}",
+        b.stderr()
+    );
+    let fin = b.final_json();
+    assert_eq!(ports(&fin).len(), 2, "one entry per session: {fin}");
+    assert_tx_to_sink_exact(&y, &port(&fin, 1), 64);
+    let px = port(&fin, 0);
+    assert!(u(&px, "/rx_packets") > 0, "X's traffic was counted: {px}");
+    assert_eq!(u(&px, "/queue_errors"), 0, "{px}");
+    assert_eq!(drops(&px), 0, "{px}");
+}
+
+#[test]
+fn event_idx_off() {
+    // Flag-based suppression (VRING_AVAIL_F_NO_INTERRUPT / VRING_USED_F_NO_NOTIFY) both ways.
+    f2b(&["--no-event-idx"], 64);
+    b2f(&["--no-event-idx"]);
+}
+
+#[test]
+fn event_idx_off_negotiated() {
+    // The `ready` line shows the negotiated features: bit 29 (EVENT_IDX) must be off.
+    let dir = TestDir::new("noei");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink", "--sessions", "2"]);
+    let feats = |extra: &[&str]| -> u64 {
+        let mut args = vec!["--role", "tx", "--secs", "0"];
+        args.extend_from_slice(extra);
+        let mut f = frontend("frontend", &sock, &args);
+        let r = f.wait_json("ready", START);
+        f.finish(RUN);
+        let s = r["features"].as_str().expect("features string").to_string();
+        u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("hex features")
+    };
+    let on = feats(&[]);
+    let off = feats(&["--no-event-idx"]);
+    assert_ne!(
+        on & (1 << 29),
+        0,
+        "EVENT_IDX negotiated by default: {on:#x}"
+    );
+    assert_eq!(
+        off & (1 << 29),
+        0,
+        "EVENT_IDX off with --no-event-idx: {off:#x}"
+    );
+    b.finish(RUN);
+}
+
+fn bench(args: &[&str]) -> Value {
+    let mut a = vec!["bench"];
+    a.extend_from_slice(args);
+    let mut p = Proc::spawn("bench", &a, &[]);
+    let st = p.wait_exit(RUN);
+    assert!(
+        st.success(),
+        "bench {args:?}: {st}\n{}\n{}",
+        p.stdout(),
+        p.stderr()
+    );
+    p.last_json()
+}
+
+#[test]
+fn bench_json_smoke() {
+    let v = bench(&[
+        "--json",
+        "--secs",
+        "0.3",
+        "--scenarios",
+        "f2b,idle",
+        "--no-limits",
+    ]);
+    for k in [
+        "mpps",
+        "packets_sent",
+        "packets_received",
+        "drops",
+        "cpu_ns_per_packet",
+        "kicks_per_kpkt",
+        "calls_per_kpkt",
+        "counts_add_up",
+    ] {
+        assert!(v.get(k).is_some_and(|x| !x.is_null()), "missing {k}: {v}");
+    }
+    assert_eq!(v["counts_add_up"], Value::Bool(true), "{v}");
+    assert!(v["mpps"].as_f64().is_some_and(|m| m > 0.0), "{v}");
+    assert!(u(&v, "/packets_sent") > 0, "{v}");
+    assert_eq!(u(&v, "/packets_sent"), u(&v, "/packets_received"), "{v}");
+    let names: Vec<&str> = v["scenarios"]
+        .as_array()
+        .expect("scenarios")
+        .iter()
+        .filter_map(|s| s["scenario"].as_str())
+        .collect();
+    assert_eq!(names, ["f2b", "idle"], "{v}");
+    assert!(v.get("idle_cpu_percent").is_some(), "{v}");
+
+    let v = bench(&["--json", "--secs", "0.3", "--scenarios", "f2b"]);
+    assert!(
+        v["limit_fraction"].as_f64().is_some_and(|f| f > 0.0),
+        "limit_fraction with limits on: {v}"
+    );
+    assert_eq!(v["counts_add_up"], Value::Bool(true), "{v}");
+}
+
+fn cli(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let mut p = Proc::spawn("pvnet", args, &[]);
+    let st = p.wait_exit(EVENT);
+    (st, p.stdout(), p.stderr())
+}
+
+#[test]
+fn cli_errors() {
+    let (st, _, err) = cli(&["bench", "--size", "5"]);
+    assert!(!st.success(), "bench --size 5 must fail");
+    assert!(err.contains("--size"), "stderr names the bad option: {err}");
+    assert!(err.contains("error"), "{err}");
+
+    let (st, _, err) = cli(&["bench", "--scenarios", "nope"]);
+    assert!(!st.success(), "bench --scenarios nope must fail");
+    assert!(err.contains("nope") && err.contains("scenario"), "{err}");
+
+    let (st, out, _) = cli(&["--help"]);
+    assert!(st.success(), "--help exits 0");
+    assert!(out.contains("bench"), "{out}");
+
+    let (st, _, err) = cli(&[
+        "frontend",
+        "--socket",
+        "/nonexistent/pvnet.sock",
+        "--frame-len",
+        "5",
+    ]);
+    assert!(!st.success());
+    assert!(err.contains("--frame-len"), "{err}");
+}

@@ -1,0 +1,681 @@
+//! Hostile frontends against a real `pvnet backend` process.
+//!
+//! The frontend is untrusted: a malformed ring must stop that queue with a clear error
+//! (logged, counted, signalled on the queue's err eventfd), the backend process must survive,
+//! and other ports must keep working with exact counts. The hostile frontend lives here: it
+//! speaks vhost-user through the `vhost` crate's `Frontend`, shares a memfd it maps itself,
+//! lays out split rings by hand and writes raw bytes into them.
+
+mod common;
+
+use common::{assert_tx_to_sink_exact, backend, port, ports, run_frontend, u, Proc, EVENT, RUN};
+use serde_json::Value;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+use vhost::vhost_user::message::VhostUserHeaderFlag;
+use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// Guest address of the memfd's first byte.
+const GPA: u64 = 0x10_0000;
+/// Size of the memfd.
+const MEM_LEN: u64 = 64 << 10;
+/// Descriptors per queue.
+const QSZ: u16 = 16;
+/// Ring offsets in the memfd, per queue (desc, avail, used).
+const RINGS: [(u64, u64, u64); 2] = [(0, 256, 4096), (8192, 8192 + 256, 12288)];
+/// Buffers: `QSZ` of `BUF` bytes from here.
+const BUFS: u64 = 16384;
+const BUF: u64 = 2048;
+
+const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
+const DESC_F_NEXT: u16 = 1;
+const DESC_F_WRITE: u16 = 2;
+const RX: usize = 0;
+const TX: usize = 1;
+
+/// A memfd mapped shared into this process; unmapped on drop.
+struct Shm {
+    file: File,
+    base: NonNull<u8>,
+    len: usize,
+}
+
+impl Shm {
+    fn new(len: u64) -> Self {
+        // SAFETY: a valid C string; the returned fd is checked, then owned by the File.
+        let fd = unsafe { libc::memfd_create(c"pvnet-hostile".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: fd is fresh and owned by nobody else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(len).expect("ftruncate memfd");
+        let len = usize::try_from(len).expect("length fits usize");
+        // SAFETY: a new shared mapping of our own memfd chosen by the kernel; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(
+            p,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        let base = NonNull::new(p.cast::<u8>()).expect("mmap returned null");
+        Self { file, base, len }
+    }
+
+    fn ptr(&self, off: u64, n: usize) -> *mut u8 {
+        let off = usize::try_from(off).expect("offset fits usize");
+        assert!(off + n <= self.len, "write outside our mapping");
+        // SAFETY: off + n <= len (checked above): inside the mapping.
+        unsafe { self.base.as_ptr().add(off) }
+    }
+
+    fn write<const N: usize>(&self, off: u64, bytes: [u8; N]) {
+        let p = self.ptr(off, N);
+        for (i, b) in bytes.into_iter().enumerate() {
+            // SAFETY: p..p+N is inside our live mapping (checked in `ptr`); volatile because
+            // the backend process reads this memory concurrently.
+            unsafe { p.add(i).write_volatile(b) };
+        }
+    }
+
+    fn read16(&self, off: u64) -> u16 {
+        let p = self.ptr(off, 2);
+        let mut b = [0u8; 2];
+        for (i, x) in b.iter_mut().enumerate() {
+            // SAFETY: p..p+2 is inside our live mapping (checked in `ptr`); volatile because
+            // the backend process writes this memory concurrently.
+            *x = unsafe { p.add(i).read_volatile() };
+        }
+        u16::from_le_bytes(b)
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        // SAFETY: exactly the mapping made in `new`; nothing refers to it any more.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A frontend that negotiates like `NetClient::connect` and then writes whatever it likes.
+struct Hostile {
+    fe: Frontend,
+    shm: Shm,
+    kick: [EventFd; 2],
+    call: [EventFd; 2],
+    err: [EventFd; 2],
+}
+
+impl Hostile {
+    /// Connects and brings both queues up; `declared` is the region size announced in
+    /// SET_MEM_TABLE (normally `MEM_LEN`). Returns the error if SET_MEM_TABLE is refused.
+    fn connect(sock: &Path, declared: u64) -> Result<Self, vhost::Error> {
+        Self::connect_with(sock, declared, 0)
+    }
+
+    /// As [`connect`](Self::connect), also acking the feature bits `extra`.
+    fn connect_with(sock: &Path, declared: u64, extra: u64) -> Result<Self, vhost::Error> {
+        let mut fe = Frontend::connect(sock, 2)?;
+        fe.set_owner()?;
+        let offered = fe.get_features()?;
+        assert_ne!(offered & VIRTIO_F_VERSION_1, 0, "VERSION_1 offered");
+        assert_ne!(
+            offered & VHOST_USER_F_PROTOCOL_FEATURES,
+            0,
+            "protocol features offered"
+        );
+        assert_eq!(offered & extra, extra, "extra features offered");
+        fe.set_features(VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES | extra)?;
+        let p = fe.get_protocol_features()?;
+        assert!(
+            p.contains(VhostUserProtocolFeatures::REPLY_ACK),
+            "REPLY_ACK offered: {p:?}"
+        );
+        fe.set_protocol_features(
+            p & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK),
+        )?;
+        // Every request from here on is acknowledged: when a call returns, the backend has
+        // handled it (and a refusal comes back as an error).
+        fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+
+        let shm = Shm::new(MEM_LEN);
+        let uaddr = shm.base.as_ptr() as u64;
+        fe.set_mem_table(&[VhostUserMemoryRegionInfo {
+            guest_phys_addr: GPA,
+            memory_size: declared,
+            userspace_addr: uaddr,
+            mmap_offset: 0,
+            mmap_handle: shm.file.as_raw_fd(),
+        }])?;
+        let ev = || EventFd::new(EFD_NONBLOCK).expect("eventfd");
+        let h = Self {
+            fe,
+            shm,
+            kick: [ev(), ev()],
+            call: [ev(), ev()],
+            err: [ev(), ev()],
+        };
+        for (q, &(desc, avail, used)) in RINGS.iter().enumerate() {
+            h.fe.set_vring_num(q, QSZ)?;
+            h.fe.set_vring_base(q, 0)?;
+            h.fe.set_vring_addr(
+                q,
+                &VringConfigData {
+                    queue_max_size: QSZ,
+                    queue_size: QSZ,
+                    flags: 0,
+                    desc_table_addr: uaddr + desc,
+                    used_ring_addr: uaddr + used,
+                    avail_ring_addr: uaddr + avail,
+                    log_addr: None,
+                },
+            )?;
+            h.fe.set_vring_call(q, &h.call[q])?;
+            h.fe.set_vring_err(q, &h.err[q])?;
+            h.fe.set_vring_kick(q, &h.kick[q])?;
+        }
+        let mut h = h;
+        h.fe.set_vring_enable(RX, true)?;
+        h.fe.set_vring_enable(TX, true)?;
+        Ok(h)
+    }
+
+    /// Guest address of buffer `i`.
+    fn buf(i: u64) -> u64 {
+        GPA + BUFS + i * BUF
+    }
+
+    fn set_desc(&self, q: usize, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let off = RINGS[q].0 + 16 * u64::from(i);
+        self.shm.write(off, addr.to_le_bytes());
+        self.shm.write(off + 8, len.to_le_bytes());
+        self.shm.write(off + 12, flags.to_le_bytes());
+        self.shm.write(off + 14, next.to_le_bytes());
+    }
+
+    /// Writes avail ring slot `slot` (no wrap: the tests stay in the first lap).
+    fn set_avail_entry(&self, q: usize, slot: u16, head: u16) {
+        self.shm
+            .write(RINGS[q].1 + 4 + 2 * u64::from(slot), head.to_le_bytes());
+    }
+
+    /// Publishes `avail->idx = idx` (after the entries and descriptors) and kicks.
+    fn publish_and_kick(&self, q: usize, idx: u16) {
+        // Release: entries and descriptors above are written before the index.
+        fence(Ordering::Release);
+        self.shm.write(RINGS[q].1 + 2, idx.to_le_bytes());
+        fence(Ordering::SeqCst);
+        self.kick[q].write(1).expect("kick");
+    }
+
+    fn used_idx(&self, q: usize) -> u16 {
+        self.shm.read16(RINGS[q].2 + 2)
+    }
+
+    /// Waits until queue `q`'s err eventfd is readable; returns its counter.
+    fn wait_err(&self, q: usize, timeout: Duration) -> u64 {
+        assert!(
+            poll_readable(self.err[q].as_raw_fd(), timeout),
+            "err eventfd of queue {q} not signalled within {timeout:?}"
+        );
+        self.err[q].read().expect("read err eventfd")
+    }
+
+    /// The err eventfd's counter if signalled, without waiting.
+    fn err_now(&self, q: usize) -> Option<u64> {
+        self.err[q].read().ok()
+    }
+}
+
+/// poll(2) for POLLIN on one fd, bounded.
+fn poll_readable(fd: i32, timeout: Duration) -> bool {
+    let until = Instant::now() + timeout;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd on a live fd.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r > 0 {
+            return p.revents & libc::POLLIN != 0;
+        }
+        if r == 0 || Instant::now() >= until {
+            return false;
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "poll: {e}");
+    }
+}
+
+/// Runs a normal frontend (`--role tx --secs 0.3`) against the backend and returns its
+/// `final` object; the caller checks it against the backend's port entry.
+fn good_tx(sock: &Path) -> Value {
+    run_frontend("good frontend", sock, &["--role", "tx", "--secs", "0.3"])
+}
+
+/// SIGTERM, clean exit, `final` JSON.
+fn stop_backend(b: &mut Proc) -> Value {
+    assert!(b.alive(), "backend died\n{}", b.stderr());
+    b.signal(libc::SIGTERM);
+    let st = b.wait_exit(RUN);
+    assert!(
+        st.success(),
+        "backend exit after SIGTERM: {st}\n{}",
+        b.stderr()
+    );
+    b.final_json()
+}
+
+/// One malformed-TX-ring case against `pvnet backend --role sink`: `corrupt` writes the bad
+/// ring state; the backend must log `queue stopped: <...expect...>`, signal the TX err fd,
+/// survive, keep serving a good frontend exactly, and count one queue error on the port.
+fn sink_case(tag: &str, corrupt: impl FnOnce(&Hostile), expect: &[&str]) {
+    let dir = common::TestDir::new(tag);
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+    let h = Hostile::connect(&sock, MEM_LEN).expect("hostile frontend connects");
+    corrupt(&h);
+
+    let line = b.wait_stderr("queue stopped:", EVENT);
+    eprintln!("{tag}: {line}");
+    for e in expect {
+        assert!(
+            line.contains(e),
+            "queue-stopped message should mention {e:?}: {line}"
+        );
+    }
+    assert!(line.contains("port=0"), "names the port: {line}");
+    assert!(line.contains("queue=1"), "names the queue: {line}");
+    let v = h.wait_err(TX, EVENT);
+    assert!(v >= 1, "err eventfd counter {v}");
+    assert_eq!(h.err_now(RX), None, "the RX queue was not failed");
+    assert_eq!(h.used_idx(TX), 0, "nothing of the bad ring was completed");
+    assert!(b.alive(), "backend died\n{}", b.stderr());
+
+    // The backend keeps serving other ports while the hostile connection stays open.
+    let good = good_tx(&sock);
+    assert!(b.alive(), "backend died\n{}", b.stderr());
+    drop(h);
+
+    let fin = stop_backend(&mut b);
+    assert_eq!(ports(&fin).len(), 2, "{fin}");
+    let hp = port(&fin, 0);
+    assert_eq!(u(&hp, "/queue_errors"), 1, "hostile port: {hp}");
+    assert_eq!(u(&hp, "/rx_packets"), 0, "hostile port: {hp}");
+    assert_tx_to_sink_exact(&good, &port(&fin, 1), 64);
+    assert_eq!(b.stderr_lines("queue stopped:").len(), 1, "{}", b.stderr());
+}
+
+#[test]
+fn descriptor_index_out_of_range() {
+    sink_case(
+        "didx",
+        |h| {
+            h.set_avail_entry(TX, 0, QSZ + 3);
+            h.publish_and_kick(TX, 1);
+        },
+        &["descriptor index 19 out of range", "16"],
+    );
+}
+
+#[test]
+fn descriptor_address_outside_shared_memory() {
+    let addr = GPA + (16 << 20);
+    sink_case(
+        "daddr",
+        |h| {
+            h.set_desc(TX, 0, addr, 64, 0, 0);
+            h.set_avail_entry(TX, 0, 0);
+            h.publish_and_kick(TX, 1);
+        },
+        &["not in any shared memory region", &format!("{addr:#x}")],
+    );
+}
+
+#[test]
+fn descriptor_straddles_end_of_shared_memory() {
+    // Starts inside the region, ends 56 bytes past it: a start-only check would miss it.
+    let addr = GPA + MEM_LEN - 8;
+    sink_case(
+        "dstrad",
+        |h| {
+            h.set_desc(TX, 0, addr, 64, 0, 0);
+            h.set_avail_entry(TX, 0, 0);
+            h.publish_and_kick(TX, 1);
+        },
+        &["not in any shared memory region", &format!("{addr:#x}")],
+    );
+}
+
+#[test]
+fn descriptor_chain_loop() {
+    sink_case(
+        "loop",
+        |h| {
+            h.set_desc(TX, 0, Hostile::buf(0), 64, DESC_F_NEXT, 0);
+            h.set_avail_entry(TX, 0, 0);
+            h.publish_and_kick(TX, 1);
+        },
+        &["chain longer than 16", "loop"],
+    );
+}
+
+#[test]
+fn avail_idx_jump() {
+    sink_case(
+        "ajump",
+        |h| {
+            for i in 0..QSZ {
+                h.set_desc(TX, i, Hostile::buf(u64::from(i)), 64, 0, 0);
+                h.set_avail_entry(TX, i, i);
+            }
+            h.publish_and_kick(TX, QSZ + 5);
+        },
+        &["avail index jumped from 0 to 21", "queue size 16"],
+    );
+}
+
+#[test]
+fn writable_descriptor_on_tx_queue() {
+    sink_case(
+        "wrtx",
+        |h| {
+            h.set_desc(TX, 0, Hostile::buf(0), 64, DESC_F_WRITE, 0);
+            h.set_avail_entry(TX, 0, 0);
+            h.publish_and_kick(TX, 1);
+        },
+        &["direction mismatch", "writable descriptor", "device-reads"],
+    );
+}
+
+#[test]
+fn readable_descriptor_on_rx_queue_of_generator() {
+    // The device-writes side: a generator backend fills the frontend's RX ring.
+    let dir = common::TestDir::new("rdrx");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--gen-secs", "0.3"]);
+    let h = Hostile::connect(&sock, MEM_LEN).expect("hostile frontend connects");
+    h.set_desc(RX, 0, Hostile::buf(0), 2048, 0, 0);
+    h.set_avail_entry(RX, 0, 0);
+    h.publish_and_kick(RX, 1);
+    let line = b.wait_stderr("queue stopped:", EVENT);
+    assert!(
+        line.contains("readable descriptor") && line.contains("device-writes"),
+        "{line}"
+    );
+    assert!(line.contains("queue=0"), "{line}");
+    assert!(h.wait_err(RX, EVENT) >= 1);
+    assert_eq!(h.err_now(TX), None, "the TX queue was not failed");
+    assert_eq!(h.used_idx(RX), 0);
+
+    let good = run_frontend("good frontend", &sock, &["--role", "rx"]);
+    drop(h);
+    let fin = stop_backend(&mut b);
+    let hp = port(&fin, 0);
+    assert_eq!(u(&hp, "/queue_errors"), 1, "{hp}");
+    assert_eq!(u(&hp, "/tx_packets"), 0, "{hp}");
+    let gp = port(&fin, 1);
+    let sent = u(&gp, "/tx_packets");
+    assert!(sent > 0, "{gp}");
+    assert_eq!(u(&good, "/data_received"), sent, "{good}\n{gp}");
+    assert_eq!(u(&good, "/end_count"), sent, "{good}");
+    assert_eq!(good["complete"], Value::Bool(true), "{good}");
+    assert_eq!(u(&gp, "/queue_errors"), 0, "{gp}");
+}
+
+#[test]
+fn garbage_on_the_socket() {
+    let dir = common::TestDir::new("garbage");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+
+    let header = |code: u32, flags: u32, size: u32| -> Vec<u8> {
+        [code, flags, size]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect()
+    };
+    // 1. Bytes that are no vhost-user message at all.
+    let junk: Vec<u8> = (0..512u32)
+        .map(|i| (i.wrapping_mul(151) ^ 0xa5).to_le_bytes()[0])
+        .collect();
+    // 2. A header claiming a body far larger than any message (SET_MEM_TABLE, 256 MiB).
+    let huge = header(5, 1, 256 << 20);
+    // 3. SET_FEATURES with a truncated body, then the writer goes away.
+    let mut short = header(2, 1, 8);
+    short.extend_from_slice(&[0, 0, 0, 0]);
+    // 4. A reply flag and a request code that does not exist.
+    let mut bogus = header(0xdead, 0x5, 8);
+    bogus.extend_from_slice(&[1; 8]);
+
+    for (i, msg) in [junk, huge, short, bogus].iter().enumerate() {
+        let mut s = UnixStream::connect(&sock).expect("connect");
+        s.write_all(msg).expect("write garbage");
+        s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        // The backend ends the session: we see end of file (or a reset), never a hang.
+        s.set_read_timeout(Some(EVENT)).expect("timeout");
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(0) => {}
+            Ok(n) => panic!("case {i}: backend answered garbage with {n} bytes"),
+            Err(e) => assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset,
+                "case {i}: waiting for the backend to close: {e}"
+            ),
+        }
+        // The session is torn down completely: queues stopped, port removed.
+        b.wait_stderr_count(&["port removed", &format!("port={i} ")], 1, EVENT);
+        assert!(
+            b.alive(),
+            "backend died on garbage case {i}\n{}",
+            b.stderr()
+        );
+    }
+
+    let good = good_tx(&sock);
+    let fin = stop_backend(&mut b);
+    assert_tx_to_sink_exact(&good, &port(&fin, 4), 64);
+}
+
+/// Waits until the backend completed TX entry 0, stopped the queue, or died.
+fn wait_consumed_or_stopped(h: &Hostile, b: &mut Proc) {
+    let until = Instant::now() + EVENT;
+    while h.used_idx(TX) == 0 && b.stderr_lines("queue stopped:").is_empty() && b.alive() {
+        assert!(
+            Instant::now() < until,
+            "backend neither used nor rejected the buffer"
+        );
+        // Bounded poll of shared memory and the child: no single fd covers all three.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Panics with the backend's exit status and log if it is gone.
+fn assert_alive(b: &mut Proc, what: &str) {
+    if !b.alive() {
+        let st = b.wait_exit(EVENT);
+        panic!("backend died {what}: {st}\n{}", b.stderr());
+    }
+}
+
+#[test]
+fn mem_table_region_larger_than_memfd() {
+    let dir = common::TestDir::new("bigreg");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+    // Announce 1 MiB over a 64 KiB memfd. Accepting this maps pages past the file's end;
+    // touching them raises SIGBUS in the backend unless it checked the file size.
+    let declared = 1 << 20;
+    match Hostile::connect(&sock, declared) {
+        Err(e) => {
+            // Refused: the session ends, the backend goes on.
+            eprintln!("SET_MEM_TABLE refused: {e}");
+        }
+        Ok(h) => {
+            // Accepted: aim a TX buffer past the memfd's end (inside the announced region).
+            h.set_desc(TX, 0, GPA + MEM_LEN + 4096, 64, 0, 0);
+            h.set_avail_entry(TX, 0, 0);
+            h.publish_and_kick(TX, 1);
+            wait_consumed_or_stopped(&h, &mut b);
+            assert_alive(
+                &mut b,
+                &format!(
+                    "on a buffer beyond the end of the frontend's memfd (SET_MEM_TABLE region of \
+                     {declared} bytes over a {MEM_LEN}-byte memfd was accepted)"
+                ),
+            );
+            drop(h);
+        }
+    }
+    assert!(b.alive(), "backend died\n{}", b.stderr());
+    let good = good_tx(&sock);
+    let fin = stop_backend(&mut b);
+    assert_tx_to_sink_exact(&good, &port(&fin, 1), 64);
+}
+
+#[test]
+fn memfd_shrunk_after_mem_table() {
+    // The frontend truncates its memfd after the backend mapped it: the access faults
+    // (SIGBUS). pvnet must stop only that port's queue, with an error that says why.
+    let dir = common::TestDir::new("shrink");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+    let h = Hostile::connect(&sock, MEM_LEN).expect("hostile frontend connects");
+    // The rings stay inside the first 16 KiB; the buffers are cut away under the backend
+    // after it mapped them.
+    h.shm.file.set_len(BUFS).expect("shrink memfd");
+    h.set_desc(TX, 0, Hostile::buf(0), 64, 0, 0);
+    h.set_avail_entry(TX, 0, 0);
+    h.publish_and_kick(TX, 1);
+    let line = b.wait_stderr("shared memory fault", EVENT);
+    assert!(line.contains("queue stopped"), "{line}");
+    assert_alive(
+        &mut b,
+        "reading a buffer the frontend truncated away after SET_MEM_TABLE",
+    );
+    let good = good_tx(&sock);
+    drop(h);
+    let fin = stop_backend(&mut b);
+    // Both queues of the port share the memory that went away: both stop.
+    assert_eq!(port(&fin, 0)["queue_errors"], 2, "{fin}");
+    assert_tx_to_sink_exact(&good, &port(&fin, 1), 64);
+}
+
+#[test]
+fn sigterm_with_a_silent_frontend_connected() {
+    // A frontend that connects and then says nothing must not keep the backend from
+    // stopping when it is told to.
+    let dir = common::TestDir::new("silent");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+    let s = UnixStream::connect(&sock).expect("connect");
+    b.wait_stderr("frontend connected", EVENT);
+    b.signal(libc::SIGTERM);
+    let until = Instant::now() + Duration::from_secs(5);
+    while b.alive() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let alive = b.alive();
+    drop(s);
+    assert!(
+        !alive,
+        "backend still running 5 s after SIGTERM while a frontend holds its connection open"
+    );
+    let st = b.wait_exit(EVENT);
+    assert!(st.success(), "{st}\n{}", b.stderr());
+    let fin = b.final_json();
+    assert_eq!(ports(&fin).len(), 1, "{fin}");
+}
+
+#[test]
+fn rx_buffer_shorter_than_net_header() {
+    // With VIRTIO_NET_F_MRG_RXBUF every receive buffer must hold the 12-byte virtio-net
+    // header (virtio 1.x 5.1.6.3.1). One that cannot must stop the queue with a message that
+    // says so.
+    let dir = common::TestDir::new("shorthdr");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--gen-secs", "0.3"]);
+    let h = Hostile::connect_with(&sock, MEM_LEN, VIRTIO_NET_F_MRG_RXBUF)
+        .expect("hostile frontend connects");
+    h.set_desc(RX, 0, Hostile::buf(0), 8, DESC_F_WRITE, 0);
+    h.set_avail_entry(RX, 0, 0);
+    for i in 1..QSZ {
+        h.set_desc(RX, i, Hostile::buf(u64::from(i)), 2048, DESC_F_WRITE, 0);
+        h.set_avail_entry(RX, i, i);
+    }
+    h.publish_and_kick(RX, QSZ);
+    let line = b.wait_stderr("queue stopped:", EVENT);
+    assert!(h.wait_err(RX, EVENT) >= 1);
+    assert_alive(&mut b, "on a short receive buffer");
+    drop(h);
+    let _ = stop_backend(&mut b);
+    let l = line.to_lowercase();
+    assert!(
+        l.contains("header") || l.contains("too small") || l.contains("short"),
+        "the message should name the problem (a receive buffer smaller than the 12-byte \
+         virtio-net header): {line}"
+    );
+}
+
+#[test]
+fn without_mrg_rxbuf_one_chain_per_packet() {
+    // Conformance: when VIRTIO_NET_F_MRG_RXBUF is not negotiated the device must put each
+    // packet in a single descriptor chain and set num_buffers to 1 (virtio 1.x 5.1.6.4.1; the
+    // same fix in Linux vhost-net: "vhost/net: Set num_buffers for virtio 1.0"). A packet
+    // that does not fit one chain is dropped, not spread over several.
+    let dir = common::TestDir::new("nomrg");
+    let (mut b, sock) = backend(
+        &dir,
+        "b",
+        &["--role", "gen", "--gen-secs", "0.2", "--frame-len", "200"],
+    );
+    let h = Hostile::connect(&sock, MEM_LEN).expect("hostile frontend connects");
+    // 128-byte buffers: a 212-byte packet (header included) fits none of them.
+    for i in 0..QSZ {
+        h.set_desc(RX, i, Hostile::buf(u64::from(i)), 128, DESC_F_WRITE, 0);
+        h.set_avail_entry(RX, i, i);
+    }
+    h.publish_and_kick(RX, QSZ);
+    // A conforming device never uses these buffers, so this bound is the passing path; a
+    // merging device uses them within milliseconds.
+    let until = Instant::now() + Duration::from_secs(1);
+    while h.used_idx(RX) == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_alive(&mut b, "");
+    // End the session (queues stopped synchronously), then read what the device wrote.
+    let Hostile { fe, shm, .. } = h;
+    drop(fe);
+    b.wait_stderr("port removed", EVENT);
+    let used = shm.read16(RINGS[RX].2 + 2);
+    let mut report = Vec::new();
+    for slot in 0..used {
+        let off = RINGS[RX].2 + 4 + 8 * u64::from(slot % QSZ);
+        let id = u64::from(shm.read16(off));
+        let len = shm.read16(off + 4);
+        let nb = shm.read16(BUFS + id * BUF + 10);
+        report.push((id, len, nb));
+    }
+    let _ = stop_backend(&mut b);
+    assert!(
+        report.iter().all(|&(_, len, nb)| nb == 1 && len <= 128),
+        "without MRG_RXBUF every used entry must be a whole packet with num_buffers == 1; \
+         got (id, len, num_buffers) = {report:?}"
+    );
+}
