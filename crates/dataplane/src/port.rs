@@ -20,7 +20,7 @@ use virtq::Seg;
 /// `NET_HDR_LEN` as the u32 ring lengths use.
 const HDR: u32 = 12;
 /// Offset of `num_buffers` in `virtio_net_hdr_v1`.
-const NUM_BUFFERS: usize = 10;
+const NUM_BUFFERS: u32 = 10;
 /// Most receive chains one packet may span (64 KiB over the smallest sane buffers).
 const MAX_MERGE: usize = 64;
 
@@ -146,7 +146,7 @@ impl Port {
                     [2, 0, 0, 0, 0, 1],
                     [2, 0, 0, 0, 0, 2],
                 );
-                template[NUM_BUFFERS..NET_HDR_LEN].copy_from_slice(&1u16.to_le_bytes());
+                template[NUM_BUFFERS as usize..NET_HDR_LEN].copy_from_slice(&1u16.to_le_bytes());
                 Some(GenState {
                     cfg,
                     started: None,
@@ -215,20 +215,16 @@ impl Port {
         // Parse the batch first and start loading every packet, then read them: the cache
         // misses of the whole batch overlap.
         self.chains.clear();
-        while self.chains.len() < usize::from(batch) {
-            match tx.q.pop() {
-                Ok(Some(c)) => {
-                    if let Some(s) = tx.q.readable(&c).first() {
-                        s.prefetch(2);
-                    }
-                    self.chains.push(c);
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    tx.fail(id, &stats, e);
-                    break;
-                }
+        let prefetch = |segs: &[Seg]| {
+            if let Some(s) = segs.first() {
+                s.prefetch(2);
             }
+        };
+        if let Err(e) =
+            tx.q.pop_batch(&mut self.chains, usize::from(batch), prefetch)
+        {
+            // Chains popped before the bad one are still completed below.
+            tx.fail(id, &stats, e);
         }
         for c in &self.chains {
             let len = (c.readable as usize).min(self.scratch.len());
@@ -293,10 +289,10 @@ impl Port {
             }
             let tpl = &g.template;
             let copy = |segs: &[Seg], dst_off, src_off: u32, n: u32| {
-                let s = (HDR + src_off) as usize;
+                let s = src_off as usize;
                 u32::try_from(write_segs(segs, dst_off, &tpl[s..s + n as usize])).unwrap_or(0)
             };
-            match deliver(&mut rx.q, &mut self.rxb, &tpl[..NET_HDR_LEN], len, copy) {
+            match deliver(&mut rx.q, &mut self.rxb, len + HDR, copy) {
                 Ok(Delivered::Done) => {}
                 Ok(Delivered::NoRoom) => {
                     self.rx_blocked = true;
@@ -361,17 +357,11 @@ impl RxBatch {
         self.next = 0;
         self.max_merge = if mergeable { MAX_MERGE } else { 1 };
         q.available()?;
-        while self.chains.len() < max {
-            match q.pop()? {
-                Some(c) => {
-                    if let Some(s) = q.writable(&c).first() {
-                        s.prefetch_write(2);
-                    }
-                    self.chains.push(c);
-                }
-                None => break,
+        q.pop_batch(&mut self.chains, max, |segs| {
+            if let Some(s) = segs.first() {
+                s.prefetch_write(2);
             }
-        }
+        })?;
         Ok(self.chains.len())
     }
 
@@ -388,17 +378,17 @@ impl RxBatch {
     }
 }
 
-/// Writes one packet (virtio-net header `hdr` plus `len` payload bytes produced by `copy`)
-/// into as many of the batch's receive chains as it needs (`VIRTIO_NET_F_MRG_RXBUF`), sets
-/// `num_buffers`, and pushes the used entries. On `NoRoom` nothing is consumed.
+/// Writes one packet of `len` bytes, virtio-net header included, produced by
+/// `copy(dst_segs, dst_off, src_off, n)`, into as many of the batch's receive chains as it
+/// needs (`VIRTIO_NET_F_MRG_RXBUF`), then sets `num_buffers` in the header it wrote and pushes
+/// the used entries. One copy call per chain. On `NoRoom` nothing is consumed.
 pub fn deliver(
     rx: &mut DeviceQueue,
     b: &mut RxBatch,
-    hdr: &[u8],
     len: u32,
     mut copy: impl FnMut(&[Seg], u32, u32, u32) -> u32,
 ) -> Result<Delivered, virtq::Error> {
-    let need = u64::from(len) + u64::from(HDR);
+    let need = u64::from(len);
     let mut have = 0u64;
     let mut k = b.next;
     while have < need {
@@ -416,28 +406,22 @@ pub fn deliver(
         have += u64::from(c.writable);
         k += 1;
     }
-    let mut h = [0u8; NET_HDR_LEN];
-    h.copy_from_slice(&hdr[..NET_HDR_LEN]);
-    let nbufs = u16::try_from(k - b.next).unwrap_or(1);
-    h[NUM_BUFFERS..].copy_from_slice(&nbufs.to_le_bytes());
-    let mut src_off = 0u32;
-    for (i, c) in b.chains[b.next..k].iter().enumerate() {
-        let segs = rx.writable(c);
-        let mut off = 0u32;
-        if i == 0 {
-            off = u32::try_from(write_segs(segs, 0, &h)).unwrap_or(0);
-            if off < HDR {
-                // A first buffer too small for the header breaks virtio 1.x 5.1.6.3.1.
-                return Err(virtq::Error::BufferTooSmall {
-                    len: c.writable,
-                    need: HDR,
-                });
-            }
-        }
-        let n = (len - src_off).min(c.writable - off);
-        src_off += copy(segs, off, src_off, n);
-        rx.push_used(c.head, off + n);
+    let first = b.chains[b.next];
+    if first.writable < HDR {
+        // Every receive buffer must hold the header (virtio 1.x 5.1.6.3.1).
+        return Err(virtq::Error::BufferTooSmall {
+            len: first.writable,
+            need: HDR,
+        });
     }
+    let mut src_off = 0u32;
+    for c in &b.chains[b.next..k] {
+        let n = (len - src_off).min(c.writable);
+        src_off += copy(rx.writable(c), 0, src_off, n);
+        rx.push_used(c.head, n);
+    }
+    let nbufs = u16::try_from(k - b.next).unwrap_or(1);
+    write_segs(rx.writable(&first), NUM_BUFFERS, &nbufs.to_le_bytes());
     b.next = k;
     Ok(Delivered::Done)
 }
@@ -461,20 +445,14 @@ pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
     // Parse the source batch and start loading every packet.
     let chains = &mut src.chains;
     chains.clear();
-    while chains.len() < usize::from(batch) {
-        match tx.q.pop() {
-            Ok(Some(c)) => {
-                if let Some(s) = tx.q.readable(&c).first() {
-                    s.prefetch(2);
-                }
-                chains.push(c);
-            }
-            Ok(None) => break,
-            Err(e) => {
-                tx.fail(sid, &sstats, e);
-                break;
-            }
+    let prefetch = |segs: &[Seg]| {
+        if let Some(s) = segs.first() {
+            s.prefetch(2);
         }
+    };
+    if let Err(e) = tx.q.pop_batch(chains, usize::from(batch), prefetch) {
+        // Chains popped before the bad one are still forwarded below.
+        tx.fail(sid, &sstats, e);
     }
     let dst_q = dst.and_then(|d| {
         let (did, dstats) = (d.id, d.stats.clone());
@@ -509,12 +487,9 @@ pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
             continue;
         }
         let tsegs = tx.q.readable(c);
-        let mut hdr = [0u8; NET_HDR_LEN];
-        read_segs(tsegs, 0, &mut hdr);
         let len = c.readable - HDR;
-        let copy =
-            |segs: &[Seg], dst_off, src_off, n| copy_segs(tsegs, HDR + src_off, segs, dst_off, n);
-        let mut r = deliver(&mut rx.q, rxb, &hdr, len, copy);
+        let copy = |segs: &[Seg], dst_off, src_off, n| copy_segs(tsegs, src_off, segs, dst_off, n);
+        let mut r = deliver(&mut rx.q, rxb, c.readable, copy);
         if matches!(r, Ok(Delivered::NoRoom)) && !refreshed {
             // Publish what this batch delivered, then look once for more buffers.
             refreshed = true;
@@ -522,7 +497,7 @@ pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
             rx.publish(&dstats);
             r = rxb
                 .fill(&mut rx.q, want, mergeable)
-                .and_then(|_| deliver(&mut rx.q, rxb, &hdr, len, copy));
+                .and_then(|_| deliver(&mut rx.q, rxb, c.readable, copy));
         }
         match r {
             Ok(Delivered::Done) => {
