@@ -1,11 +1,28 @@
-//! The clock and the polling window.
+//! Polling and notification policies: when to keep polling an empty ring, when to arm its
+//! notifications and sleep.
 //!
-//! After a batch finds no work the worker keeps polling for a window bounded in time before
-//! it arms notifications and sleeps. A sleep/wake through an eventfd costs tens of
-//! microseconds on these machines, a poll of an empty ring a cache miss: polling a little
-//! while is far cheaper than a kick per packet when the peer is slower than us (the "backend
-//! too fast" regime). The window is fixed here; time is injected so the policy can be tested.
+//! The consumer of a virtqueue that is faster than its producer drains the ring; if it then
+//! arms notifications at once, every packet pays a kick and a wake-up (the "backend too fast"
+//! regime: throughput collapses and oscillates). Polling forever (DPDK) avoids that for 100%
+//! of a core. [`Policy::Adaptive`] polls only while polling pays:
+//!
+//! * Per queue it keeps the gap between "the ring went empty" and "work arrived again" as a
+//!   smoothed mean and deviation, the way TCP keeps round-trip times (RFC 6298: gains 1/8 and
+//!   1/4). The polling window is `mean + max(4 * deviation, mean)`, the RTO formula with the
+//!   mean as its floor: wide enough for almost every gap of the current arrival pattern.
+//! * A gap that ended in a sleep is shortened by one wake-up: the consumer saw the work that
+//!   much late, and that latency is its own, not the producer's.
+//! * Polling through a gap costs the gap in CPU; sleeping costs one sleep/wake cycle
+//!   ([`WakeCost`], measured on this machine at start-up) plus a kick from the producer. So
+//!   when the typical gap is longer than one wake-up, the window is zero (sleep at once), and
+//!   the window is never longer than two wake-ups: those are the only bounds, and both come
+//!   from the measured cost, not from a tunable.
+//! * A queue idle longer than its window is never spun on: it is armed and the worker sleeps.
+//!
+//! Time is injected ([`Clock`]) so the policy is tested deterministically.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 /// A source of time (injected, so polling policies are testable).
@@ -25,42 +42,393 @@ impl Clock for MonoClock {
     }
 }
 
-/// Default window: a few times the measured cost of one eventfd wake-up here (~30 us),
-/// short enough that an idle port stops spinning at once on the human scale.
-pub const DEFAULT_WINDOW: Duration = Duration::from_micros(100);
-
-/// Decides, after each empty poll, whether to keep polling or to arm and sleep.
-#[derive(Debug, Clone, Copy)]
-pub struct PollWindow {
-    window: Duration,
-    idle_since: Option<Instant>,
+/// How a queue is polled and when its notifications are armed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Arm as soon as the ring is empty (QEMU's bottom-half behaviour).
+    Notify,
+    /// Notifications off; drain the ring every period (QEMU `tx=timer`).
+    Timer(Duration),
+    /// Arm after this many consecutive empty polls (the original patch's fixed retry budget).
+    Spin(u32),
+    /// Never sleep (DPDK): 100% of a core, idle or not.
+    Busy,
+    /// Poll for a learned, time-bounded window (module docs).
+    #[default]
+    Adaptive,
 }
 
-impl PollWindow {
-    /// A window of `window` (zero: arm as soon as the rings are empty).
-    pub fn new(window: Duration) -> Self {
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::Notify => write!(f, "notify"),
+            Policy::Timer(d) => write!(f, "timer:{}", d.as_micros()),
+            Policy::Spin(n) => write!(f, "spin:{n}"),
+            Policy::Busy => write!(f, "busy"),
+            Policy::Adaptive => write!(f, "adaptive"),
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, arg) = s.split_once(':').map_or((s, None), |(a, b)| (a, Some(b)));
+        let num = |what: &str| -> Result<u64, String> {
+            arg.ok_or(format!("'{name}' needs a value: {name}:<{what}>"))?
+                .parse::<u64>()
+                .map_err(|e| format!("bad {what} in '{s}': {e}"))
+        };
+        match name {
+            "notify" => Ok(Policy::Notify),
+            "busy" => Ok(Policy::Busy),
+            "adaptive" => Ok(Policy::Adaptive),
+            "timer" => match num("microseconds")? {
+                0 => Err("timer period must be at least 1 us".into()),
+                us => Ok(Policy::Timer(Duration::from_micros(us))),
+            },
+            "spin" => Ok(Policy::Spin(
+                u32::try_from(num("polls")?).map_err(|e| e.to_string())?,
+            )),
+            _ => Err(format!(
+                "unknown policy '{s}' (notify, timer:<us>, spin:<n>, busy, adaptive)"
+            )),
+        }
+    }
+}
+
+/// The measured cost of one sleep/wake cycle through an eventfd and epoll on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WakeCost {
+    /// Median one-way wake-up latency: what a sleep typically costs (bounds the window).
+    pub typical: Duration,
+    /// Smallest one seen: what a sleep costs at least (corrects gaps that ended in a sleep
+    /// without ever removing more than the wake-up can have added).
+    pub floor: Duration,
+}
+
+impl WakeCost {
+    /// Measures it: the calling thread sleeps in `epoll_wait` on an eventfd and is woken
+    /// `rounds` times by a thread on another CPU; one-way latency from the write to the return
+    /// from `epoll_wait`. Call it from the thread that will sleep, after pinning it.
+    /// Falls back to 30/10 us (what these machines measure) if the measurement cannot run.
+    pub fn measure(rounds: u32) -> Self {
+        measure_wake(rounds).unwrap_or(WakeCost {
+            typical: Duration::from_micros(30),
+            floor: Duration::from_micros(10),
+        })
+    }
+}
+
+fn measure_wake(rounds: u32) -> Option<WakeCost> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let mk = || -> Option<OwnedFd> {
+        // SAFETY: plain syscall; the result is checked and then owned.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        // SAFETY: a fresh fd nobody else owns.
+        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    let (ping, pong) = (Arc::new(mk()?), Arc::new(mk()?));
+    let sent_at = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let (p2, q2, s2) = (ping.clone(), pong.clone(), sent_at.clone());
+    // The wake that matters is a producer on another core waking this (pinned) thread: put
+    // the waker on a different CPU than ours.
+    // SAFETY: sched_getcpu has no preconditions.
+    let here = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let ncpu = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
+        .unwrap_or(1)
+        .max(1);
+    let other = (here + 1) % ncpu;
+    let waker = std::thread::spawn(move || {
+        if ncpu > 1 {
+            crate::worker::pin_current_thread(other);
+        }
+        let mut v = 0u64;
+        for _ in 0..rounds {
+            // Let the sleeper block first.
+            std::thread::sleep(Duration::from_micros(200));
+            #[allow(clippy::cast_possible_truncation)] // nanoseconds of a sub-minute run
+            s2.store(t0.elapsed().as_nanos() as u64, Ordering::Release);
+            let one = 1u64;
+            // SAFETY: 8-byte write from a local to our eventfd.
+            unsafe { libc::write(p2.as_raw_fd(), (&raw const one).cast(), 8) };
+            // SAFETY: 8-byte read into a local from our eventfd (blocks until the ack).
+            unsafe { libc::read(q2.as_raw_fd(), (&raw mut v).cast(), 8) };
+        }
+    });
+    // SAFETY: plain syscall; checked, then owned.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return None;
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 0,
+    };
+    // SAFETY: valid epoll fd, eventfd and event.
+    unsafe {
+        libc::epoll_ctl(
+            ep.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            ping.as_raw_fd(),
+            &mut ev,
+        )
+    };
+    let mut samples = Vec::with_capacity(rounds as usize);
+    for _ in 0..rounds {
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }];
+        // SAFETY: one writable event slot; 1 s timeout bounds a lost wake-up.
+        let n = unsafe { libc::epoll_wait(ep.as_raw_fd(), out.as_mut_ptr(), 1, 1000) };
+        #[allow(clippy::cast_possible_truncation)]
+        let now = t0.elapsed().as_nanos() as u64;
+        if n == 1 {
+            samples.push(now.saturating_sub(sent_at.load(Ordering::Acquire)));
+        }
+        let mut v = 0u64;
+        // SAFETY: drain our eventfd into a local, then ack on the other.
+        unsafe { libc::read(ping.as_raw_fd(), (&raw mut v).cast(), 8) };
+        let one = 1u64;
+        // SAFETY: 8-byte write from a local to our eventfd.
+        unsafe { libc::write(pong.as_raw_fd(), (&raw const one).cast(), 8) };
+    }
+    let _ = waker.join();
+    samples.sort_unstable();
+    let typical = Duration::from_nanos(*samples.get(samples.len() / 2)?);
+    let floor = Duration::from_nanos(*samples.first()?);
+    Some(WakeCost { typical, floor })
+}
+
+/// What a queue wants after a round in which it found no work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idle {
+    /// Keep polling it.
+    Poll,
+    /// It may sleep with notifications armed.
+    Arm,
+    /// It may sleep, notifications stay off; wake by this deadline to drain it.
+    Until(Instant),
+}
+
+/// Per-queue polling state.
+#[derive(Debug, Clone)]
+pub struct Poller {
+    policy: Policy,
+    wake: Duration,
+    wake_floor: Duration,
+    /// When the ring went empty (None while work is flowing).
+    empty_since: Option<Instant>,
+    empty_polls: u32,
+    /// Smoothed idle gap and its deviation, in ns (adaptive).
+    srtt: f64,
+    rttvar: f64,
+    seeded: bool,
+    /// Last drain of a timer queue.
+    last_drain: Option<Instant>,
+    /// Gaps that ended inside the window / after it (for reports and tests).
+    hits: u64,
+    misses: u64,
+    /// The current gap ended in a sleep: work was seen one wake-up after it arrived.
+    slept: bool,
+    /// Exploration while the window is closed (see `on_empty`).
+    probe_every: u32,
+    since_probe: u32,
+    probing: bool,
+}
+
+/// Longest back-off between probes of a closed window, in idle periods: bounds the CPU a
+/// long-gap queue spends probing to one probe window per this many gaps.
+const PROBE_BACKOFF_MAX: u32 = 64;
+
+impl Poller {
+    /// A poller for one queue; `wake` is the measured sleep/wake cost.
+    pub fn new(policy: Policy, wake: WakeCost) -> Self {
         Self {
-            window,
-            idle_since: None,
+            policy,
+            wake: wake.typical,
+            wake_floor: wake.floor.min(wake.typical),
+            empty_since: None,
+            empty_polls: 0,
+            srtt: 0.0,
+            rttvar: 0.0,
+            seeded: false,
+            last_drain: None,
+            hits: 0,
+            misses: 0,
+            slept: false,
+            probe_every: 1,
+            since_probe: 0,
+            probing: false,
         }
     }
 
-    /// Work was found: the window starts again at the next empty poll.
-    #[inline]
-    pub fn work(&mut self) {
-        self.idle_since = None;
+    /// The policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
     }
 
-    /// No work this round: true to keep polling, false to arm and sleep.
+    /// The current polling window (what `Adaptive` would spin for now).
+    pub fn window(&self) -> Duration {
+        match self.policy {
+            Policy::Adaptive => self.adaptive_window(),
+            Policy::Busy => Duration::MAX,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Smoothed gap and deviation (adaptive), and the probe back-off, for logs.
+    pub fn estimate(&self) -> (Duration, Duration, u32) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let d = |x: f64| Duration::from_nanos(x.max(0.0) as u64);
+        (d(self.srtt), d(self.rttvar), self.probe_every)
+    }
+
+    /// Gaps that ended while polling / after the window (adaptive bookkeeping).
+    pub fn hits_misses(&self) -> (u64, u64) {
+        (self.hits, self.misses)
+    }
+
+    fn adaptive_window(&self) -> Duration {
+        if !self.seeded {
+            // Nothing learned yet: poll for one wake-up, the break-even point.
+            return self.wake;
+        }
+        let wake = self.wake.as_nanos() as f64;
+        if self.srtt > wake {
+            // Typical gap longer than a wake-up: sleeping is cheaper than spinning through it.
+            return Duration::ZERO;
+        }
+        // RFC 6298's RTO is srtt + max(G, 4 * rttvar) with G the clock granularity; here the
+        // floor under the deviation term is the mean itself, so a perfectly regular stream
+        // still gets twice its period: jitter does not turn every gap into a sleep.
+        let w = (self.srtt + (4.0 * self.rttvar).max(self.srtt)).min(2.0 * wake);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 0 <= w <= 2 * wake
+        Duration::from_nanos(w as u64)
+    }
+
+    fn learn(&mut self, gap: Duration) {
+        // Gaps far beyond the bound only need to say "long": clamp so one idle minute does
+        // not take minutes of arrivals to forget.
+        let cap = 8.0 * self.wake.as_nanos() as f64;
+        let g = (gap.as_nanos() as f64).min(cap);
+        if self.seeded {
+            self.rttvar = 0.75 * self.rttvar + 0.25 * (self.srtt - g).abs();
+            self.srtt = 0.875 * self.srtt + 0.125 * g;
+        } else {
+            self.srtt = g;
+            self.rttvar = g / 2.0;
+            self.seeded = true;
+        }
+    }
+
+    /// The queue found work this round.
     #[inline]
-    pub fn keep_polling(&mut self, clock: &impl Clock) -> bool {
-        let now = clock.now();
-        match self.idle_since {
-            None => {
-                self.idle_since = Some(now);
-                !self.window.is_zero()
+    pub fn on_work(&mut self, now: Instant) {
+        if let Some(t) = self.empty_since.take() {
+            let mut gap = now.saturating_duration_since(t);
+            if std::mem::take(&mut self.probing) && !self.slept {
+                // A probe caught work: the gap is exact. It shows polling pays only if it was
+                // shorter than a wake-up; then the estimate starts over from it and the
+                // back-off resets. A longer one is a failed probe: back off, learn it as usual.
+                self.empty_polls = 0;
+                if gap <= self.wake {
+                    self.srtt = gap.as_nanos() as f64;
+                    self.rttvar = self.srtt / 2.0;
+                    self.seeded = true;
+                    self.probe_every = 1;
+                    self.hits += 1;
+                    return;
+                }
+                self.probe_every = (self.probe_every * 2).min(PROBE_BACKOFF_MAX);
+                self.misses += 1;
+                self.learn(gap);
+                return;
             }
-            Some(t) => now.duration_since(t) < self.window,
+            if std::mem::take(&mut self.slept) {
+                // We saw the work one wake-up after it arrived: that latency is ours, not the
+                // producer's. Without this correction a sleeping consumer would measure every
+                // gap as longer than a wake-up and never learn that polling pays (a
+                // request/response peer answers in microseconds once we poll).
+                gap = gap.saturating_sub(self.wake_floor);
+            }
+            if gap <= self.window() {
+                self.hits += 1;
+            } else {
+                self.misses += 1;
+            }
+            if self.policy == Policy::Adaptive {
+                self.learn(gap);
+            }
+        }
+        self.empty_polls = 0;
+        if matches!(self.policy, Policy::Timer(_)) {
+            self.last_drain = Some(now);
+        }
+    }
+
+    /// The queue found no work this round: keep polling it, or may the worker sleep?
+    #[inline]
+    pub fn on_empty(&mut self, now: Instant) -> Idle {
+        let since = *self.empty_since.get_or_insert(now);
+        self.empty_polls = self.empty_polls.saturating_add(1);
+        match self.policy {
+            Policy::Busy => Idle::Poll,
+            Policy::Notify => Idle::Arm,
+            Policy::Spin(n) => {
+                if self.empty_polls < n {
+                    Idle::Poll
+                } else {
+                    Idle::Arm
+                }
+            }
+            Policy::Timer(p) => {
+                let last = *self.last_drain.get_or_insert(now);
+                if now >= last + p {
+                    // Drained (found empty) at its deadline: next drain one period on.
+                    self.last_drain = Some(now);
+                    Idle::Until(now + p)
+                } else {
+                    Idle::Until(last + p)
+                }
+            }
+            Policy::Adaptive => {
+                let mut w = self.adaptive_window();
+                if self.empty_polls == 1 && w.is_zero() {
+                    // A closed window never sees a short gap again (the consumer sleeps and
+                    // every gap looks a wake-up long). So every `probe_every`-th idle period
+                    // polls for a full window anyway; a probe that catches nothing doubles the
+                    // interval (up to PROBE_BACKOFF_MAX), one that does reopens the window.
+                    self.since_probe += 1;
+                    if self.since_probe >= self.probe_every {
+                        self.since_probe = 0;
+                        self.probing = true;
+                    }
+                }
+                if self.probing {
+                    w = 2 * self.wake;
+                }
+                if now.saturating_duration_since(since) < w {
+                    Idle::Poll
+                } else {
+                    if std::mem::take(&mut self.probing) {
+                        self.probe_every = (self.probe_every * 2).min(PROBE_BACKOFF_MAX);
+                    }
+                    Idle::Arm
+                }
+            }
+        }
+    }
+
+    /// The worker slept and woke: a gap that ends now was not covered by polling.
+    pub fn woke(&mut self) {
+        self.empty_polls = 0;
+        if self.empty_since.is_some() {
+            self.slept = true;
         }
     }
 }
@@ -68,27 +436,229 @@ impl PollWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::Cell;
 
-    struct Fake(Cell<Instant>);
-    impl Clock for Fake {
-        fn now(&self) -> Instant {
-            self.0.get()
+    const WAKE: WakeCost = WakeCost {
+        typical: Duration::from_micros(30),
+        floor: Duration::from_micros(10),
+    };
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    /// Drives a poller with arrivals every `gap` (work found) for `n` gaps, polling every
+    /// `step` in between, and returns how often it wanted to sleep.
+    fn drive(p: &mut Poller, t: &mut Instant, gap: Duration, n: u32, step: Duration) -> u32 {
+        let mut sleeps = 0;
+        for _ in 0..n {
+            p.on_work(*t);
+            let end = *t + gap;
+            let mut now = *t + step;
+            while now < end {
+                if p.on_empty(now) != Idle::Poll {
+                    sleeps += 1;
+                    break;
+                }
+                now += step;
+            }
+            *t = end;
+        }
+        sleeps
+    }
+
+    #[test]
+    fn parses_every_policy() {
+        assert_eq!("notify".parse(), Ok(Policy::Notify));
+        assert_eq!("busy".parse(), Ok(Policy::Busy));
+        assert_eq!("adaptive".parse(), Ok(Policy::Adaptive));
+        assert_eq!("timer:150".parse(), Ok(Policy::Timer(us(150))));
+        assert_eq!("spin:64".parse(), Ok(Policy::Spin(64)));
+        assert!("timer".parse::<Policy>().is_err());
+        assert!("timer:0".parse::<Policy>().is_err());
+        assert!("spin:x".parse::<Policy>().is_err());
+        assert!("fast".parse::<Policy>().is_err());
+        for p in [
+            Policy::Notify,
+            Policy::Busy,
+            Policy::Adaptive,
+            Policy::Timer(us(7)),
+            Policy::Spin(3),
+        ] {
+            assert_eq!(p.to_string().parse(), Ok(p));
         }
     }
 
     #[test]
-    fn window_is_bounded_in_time_and_restarts_on_work() {
-        let c = Fake(Cell::new(Instant::now()));
-        let mut w = PollWindow::new(Duration::from_micros(50));
-        assert!(w.keep_polling(&c));
-        c.0.set(c.0.get() + Duration::from_micros(49));
-        assert!(w.keep_polling(&c));
-        c.0.set(c.0.get() + Duration::from_micros(1));
-        assert!(!w.keep_polling(&c), "window over: arm and sleep");
-        w.work();
-        assert!(w.keep_polling(&c), "work restarts the window");
-        let mut z = PollWindow::new(Duration::ZERO);
-        assert!(!z.keep_polling(&c), "zero window arms at once");
+    fn window_widens_under_steady_arrivals() {
+        let mut p = Poller::new(Policy::Adaptive, WAKE);
+        let mut t = Instant::now();
+        // Arrivals every 10 us (shorter than a 30 us wake-up): polling pays.
+        let sleeps = drive(&mut p, &mut t, us(10), 200, us(1));
+        let w = p.window();
+        assert!(w >= us(9) && w <= us(60), "window {w:?}");
+        assert!(sleeps <= 2, "slept {sleeps} times on a steady 10 us stream");
+    }
+
+    #[test]
+    fn window_collapses_when_gaps_are_long_and_when_idle() {
+        let mut p = Poller::new(Policy::Adaptive, WAKE);
+        let mut t = Instant::now();
+        drive(&mut p, &mut t, us(10), 100, us(1));
+        assert!(p.window() > Duration::ZERO);
+        // Now 10 Kpps: 100 us gaps, longer than a wake-up: sleeping is cheaper.
+        drive(&mut p, &mut t, us(100), 50, us(1));
+        assert_eq!(p.window(), Duration::ZERO);
+        // And a long idle period keeps it at zero.
+        p.on_work(t);
+        t += Duration::from_secs(5);
+        p.on_work(t);
+        assert_eq!(p.window(), Duration::ZERO);
+        assert_eq!(
+            p.on_empty(t + us(1)),
+            Idle::Arm,
+            "never spins on an idle queue"
+        );
+    }
+
+    #[test]
+    fn window_is_bounded_by_two_wake_ups() {
+        let mut p = Poller::new(Policy::Adaptive, WAKE);
+        let mut t = Instant::now();
+        // Very irregular gaps just under one wake-up: deviation is large, window capped.
+        for i in 0..400u64 {
+            drive(
+                &mut p,
+                &mut t,
+                us(if i % 2 == 0 { 1 } else { 29 }),
+                1,
+                us(1),
+            );
+        }
+        assert!(p.window() <= us(60), "window {:?}", p.window());
+        assert!(p.window() > Duration::ZERO);
+    }
+
+    #[test]
+    fn window_recovers_after_the_pattern_changes_back() {
+        let mut p = Poller::new(Policy::Adaptive, WAKE);
+        let mut t = Instant::now();
+        drive(&mut p, &mut t, us(500), 50, us(5));
+        assert_eq!(p.window(), Duration::ZERO);
+        // Dense traffic again: the gaps it sleeps through are short, so it learns to poll.
+        drive(&mut p, &mut t, us(5), 100, us(1));
+        assert!(p.window() > Duration::ZERO, "window {:?}", p.window());
+    }
+
+    #[test]
+    fn learns_to_poll_for_a_fast_responder_even_after_sleeping() {
+        // Request/response: the peer answers 3 us after our response, but only once we are
+        // awake; while we sleep every gap is seen one 30 us wake-up late. The estimator must
+        // not take that latency for the peer's.
+        let mut p = Poller::new(Policy::Adaptive, WAKE);
+        let mut t = Instant::now();
+        for _ in 0..20 {
+            p.on_work(t);
+            // The ring empties; the policy decides.
+            if p.on_empty(t + us(1)) == Idle::Arm {
+                p.woke();
+                t += us(3) + WAKE.typical;
+            } else {
+                t += us(3);
+            }
+        }
+        assert!(p.window() >= us(3), "window {:?}", p.window());
+        assert_eq!(p.on_empty(t + us(1)), Idle::Poll);
+    }
+
+    #[test]
+    fn probing_reopens_a_closed_window_and_backs_off_when_it_fails() {
+        let mut p = Poller::new(Policy::Adaptive, WAKE);
+        let mut t = Instant::now();
+        // Long gaps close the window.
+        drive(&mut p, &mut t, us(200), 40, us(1));
+        assert_eq!(p.window(), Duration::ZERO);
+        // While gaps stay long, probes fail and back off: few idle periods poll at all.
+        let mut polled = 0;
+        for _ in 0..200 {
+            p.on_work(t);
+            if p.on_empty(t + us(1)) == Idle::Poll {
+                polled += 1;
+                assert_eq!(
+                    p.on_empty(t + us(61)),
+                    Idle::Arm,
+                    "a probe lasts two wake-ups at most"
+                );
+            }
+            p.woke();
+            t += us(200);
+        }
+        assert!(polled <= 12, "probed {polled} of 200 long gaps");
+        // Gaps become short (8 us): the next probe catches one and the window reopens.
+        for _ in 0..(2 * PROBE_BACKOFF_MAX) {
+            p.on_work(t);
+            let mut now = t + us(1);
+            let mut slept = false;
+            while now < t + us(8) {
+                if p.on_empty(now) != Idle::Poll {
+                    slept = true;
+                    break;
+                }
+                now += us(1);
+            }
+            if slept {
+                p.woke();
+            }
+            t += us(8);
+        }
+        assert!(p.window() >= us(8), "window {:?}", p.window());
+    }
+
+    #[test]
+    fn a_probe_that_catches_a_long_gap_still_backs_off() {
+        // Wake-ups here cost 30 us, so a probe polls 60 us; gaps of 50 us are caught by every
+        // probe but are longer than a wake-up: polling through them does not pay.
+        let mut p = Poller::new(Policy::Adaptive, WAKE);
+        let mut t = Instant::now();
+        let sleeps = drive(&mut p, &mut t, us(50), 400, us(1));
+        assert_eq!(p.window(), Duration::ZERO);
+        assert!(p.estimate().2 >= 32, "probe back-off {}", p.estimate().2);
+        assert!(
+            sleeps >= 350,
+            "polled through {} of 400 long gaps",
+            400 - sleeps
+        );
+    }
+
+    #[test]
+    fn fixed_policies_behave_as_named() {
+        let t = Instant::now();
+        assert_eq!(Poller::new(Policy::Notify, WAKE).on_empty(t), Idle::Arm);
+        assert_eq!(
+            Poller::new(Policy::Busy, WAKE).on_empty(t + Duration::from_secs(9)),
+            Idle::Poll
+        );
+        let mut s = Poller::new(Policy::Spin(3), WAKE);
+        assert_eq!(
+            [s.on_empty(t), s.on_empty(t), s.on_empty(t)],
+            [Idle::Poll, Idle::Poll, Idle::Arm]
+        );
+        s.on_work(t);
+        assert_eq!(s.on_empty(t), Idle::Poll, "work resets the budget");
+        let mut tm = Poller::new(Policy::Timer(us(150)), WAKE);
+        tm.on_work(t);
+        assert_eq!(tm.on_empty(t + us(1)), Idle::Until(t + us(150)));
+        // Found empty at the deadline: the next drain is one period later.
+        assert_eq!(tm.on_empty(t + us(150)), Idle::Until(t + us(300)));
+        assert_eq!(tm.on_empty(t + us(151)), Idle::Until(t + us(300)));
+    }
+
+    #[test]
+    fn wake_cost_is_measured() {
+        let w = WakeCost::measure(20);
+        assert!(
+            w.typical > Duration::ZERO && w.typical < Duration::from_millis(50),
+            "{w:?}"
+        );
+        assert!(w.floor <= w.typical);
     }
 }

@@ -6,6 +6,7 @@
 //! an intermediate buffer.
 
 use crate::frame::{self, SeqCheck};
+use crate::poll::{Policy, Poller, WakeCost};
 use crate::stats::{bump, DropReason, PortStats};
 use pvnet_vhost::backend::{PortId, StartedQueue};
 use pvnet_vhost::eventfd::Notifier;
@@ -33,6 +34,8 @@ pub enum Role {
     Gen(GenConfig),
     /// Send to the peer port (ports pair up in connection order: 0-1, 2-3, ...).
     Forward,
+    /// Send back to the same frontend (request/response measurements).
+    Echo,
 }
 
 /// Generator settings.
@@ -59,11 +62,15 @@ pub struct QueueSlot {
     pub index: u16,
     /// Mergeable receive buffers negotiated.
     pub mergeable: bool,
+    /// When to poll it and when to arm it.
+    pub poll: Poller,
+    /// It had work in the current round.
+    pub worked: bool,
 }
 
 impl QueueSlot {
-    /// Wraps a started queue.
-    pub fn new(s: StartedQueue) -> Self {
+    /// Wraps a started queue, polled by `policy`.
+    pub fn new(s: StartedQueue, policy: Policy, wake: WakeCost) -> Self {
         Self {
             q: s.queue,
             kick: s.kick,
@@ -72,6 +79,8 @@ impl QueueSlot {
             broken: false,
             index: s.index,
             mergeable: s.mergeable,
+            poll: Poller::new(policy, wake),
+            worked: false,
         }
     }
 
@@ -176,8 +185,8 @@ impl Port {
     }
 
     /// Installs a started queue.
-    pub fn start(&mut self, q: StartedQueue, now: Instant) {
-        let slot = QueueSlot::new(q);
+    pub fn start(&mut self, q: StartedQueue, policy: Policy, wake: WakeCost, now: Instant) {
+        let slot = QueueSlot::new(q, policy, wake);
         if slot.index.is_multiple_of(2) {
             if let Some(g) = &mut self.gen {
                 g.started.get_or_insert(now);
@@ -204,7 +213,7 @@ impl Port {
         };
         match tx.q.available() {
             Ok(0) => return 0,
-            Ok(_) => {}
+            Ok(_) => tx.worked = true,
             Err(e) => {
                 tx.fail(id, &stats, e);
                 return 0;
@@ -272,7 +281,10 @@ impl Port {
                 self.rx_blocked = true;
                 return 0;
             }
-            Ok(_) => self.rx_blocked = false,
+            Ok(_) => {
+                self.rx_blocked = false;
+                rx.worked = true;
+            }
             Err(e) => {
                 rx.fail(id, &stats, e);
                 return 0;
@@ -426,24 +438,80 @@ pub fn deliver(
     Ok(Delivered::Done)
 }
 
+/// The receiving side of a move: a port's receive queue and its batch state.
+struct Dst<'a> {
+    id: PortId,
+    stats: Arc<PortStats>,
+    rx: &'a mut QueueSlot,
+    blocked: &'a mut bool,
+    rxb: &'a mut RxBatch,
+}
+
+impl<'a> Dst<'a> {
+    fn of(
+        id: PortId,
+        stats: &Arc<PortStats>,
+        rx: &'a mut Option<QueueSlot>,
+        blocked: &'a mut bool,
+        rxb: &'a mut RxBatch,
+    ) -> Option<Self> {
+        QueueSlot::usable(rx).map(|rx| Dst {
+            id,
+            stats: stats.clone(),
+            rx,
+            blocked,
+            rxb,
+        })
+    }
+}
+
 /// Moves up to `batch` packets from `src`'s frontend to `dst`'s frontend, one copy each.
 /// If `dst` has no receive buffers the packets wait in `src`'s ring (backpressure, nothing
 /// lost); if `dst` is not running they are dropped as `port_down`.
 pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
-    let (sid, sstats) = (src.id, src.stats.clone());
     let Some(tx) = QueueSlot::usable(&mut src.tx) else {
         return 0;
     };
+    let d = dst.and_then(|d| Dst::of(d.id, &d.stats, &mut d.rx, &mut d.rx_blocked, &mut d.rxb));
+    move_batch(src.id, &src.stats, tx, &mut src.chains, d, batch)
+}
+
+impl Port {
+    /// Reflects what the frontend sends back into its own receive ring (request/response
+    /// tests): the same one-copy path as [`forward`].
+    pub fn echo(&mut self, batch: u16) -> usize {
+        let Some(tx) = QueueSlot::usable(&mut self.tx) else {
+            return 0;
+        };
+        let d = Dst::of(
+            self.id,
+            &self.stats,
+            &mut self.rx,
+            &mut self.rx_blocked,
+            &mut self.rxb,
+        );
+        move_batch(self.id, &self.stats, tx, &mut self.chains, d, batch)
+    }
+}
+
+fn move_batch(
+    sid: PortId,
+    sstats: &Arc<PortStats>,
+    tx: &mut QueueSlot,
+    chains: &mut Vec<Chain>,
+    dst: Option<Dst<'_>>,
+    batch: u16,
+) -> usize {
+    let sstats = sstats.clone();
     match tx.q.available() {
         Ok(0) => return 0,
-        Ok(_) => {}
+        Ok(_) => tx.worked = true,
         Err(e) => {
             tx.fail(sid, &sstats, e);
             return 0;
         }
     }
     // Parse the source batch and start loading every packet.
-    let chains = &mut src.chains;
     chains.clear();
     let prefetch = |segs: &[Seg]| {
         if let Some(s) = segs.first() {
@@ -454,11 +522,14 @@ pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
         // Chains popped before the bad one are still forwarded below.
         tx.fail(sid, &sstats, e);
     }
-    let dst_q = dst.and_then(|d| {
-        let (did, dstats) = (d.id, d.stats.clone());
-        QueueSlot::usable(&mut d.rx).map(|rx| (did, dstats, rx, &mut d.rx_blocked, &mut d.rxb))
-    });
-    let Some((did, dstats, rx, blocked, rxb)) = dst_q else {
+    let Some(Dst {
+        id: did,
+        stats: dstats,
+        rx,
+        blocked,
+        rxb,
+    }) = dst
+    else {
         // No receiver: consume and count.
         for c in chains.iter() {
             tx.q.push_used(c.head, 0);
@@ -527,6 +598,7 @@ pub fn forward(src: &mut Port, dst: Option<&mut Port>, batch: u16) -> usize {
     if let Some(e) = rx_err {
         rx.fail(did, &dstats, e);
     }
+    rx.worked |= pkts > 0;
     rx.publish(&dstats);
     tx.publish(&sstats);
     bump(&sstats.rx_packets, pkts + bad + too_big);

@@ -6,7 +6,7 @@
 //! `stop_queue` and `port_gone` wait for the worker's answer, so when they return the ring
 //! is no longer touched and the memory may be unmapped.
 
-use crate::poll::{Clock, MonoClock, PollWindow, DEFAULT_WINDOW};
+use crate::poll::{Clock, Idle, MonoClock, Policy, WakeCost};
 use crate::port::{forward, Port, Role};
 use crate::stats::{bump, PortSnapshot, PortStats};
 use pvnet_vhost::backend::{DeviceHooks, PortId, StartedQueue};
@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tracing::{debug, info, warn};
 use virtq::event::Armed;
 use virtq::MemTable;
@@ -28,8 +28,10 @@ use virtq::MemTable;
 pub struct WorkerConfig {
     /// What ports do with packets.
     pub role: Role,
-    /// How long to keep polling after the rings go empty before arming and sleeping.
-    pub window: Duration,
+    /// Polling/notification policy of the queues the frontend fills (its transmit queues).
+    pub policy: Policy,
+    /// Policy of the receive queues, while the worker waits for the frontend's buffers.
+    pub rx_policy: Policy,
     /// Most chains per ring per round.
     pub batch: u16,
     /// CPU to pin the worker to.
@@ -40,7 +42,8 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
             role: Role::Sink,
-            window: DEFAULT_WINDOW,
+            policy: Policy::Adaptive,
+            rx_policy: Policy::Adaptive,
             batch: 64,
             cpu: None,
         }
@@ -85,6 +88,7 @@ impl Dataplane {
             wake.try_clone()?,
             registry.clone(),
         )?;
+        let (measured_tx, measured_rx) = sync_channel::<()>(1);
         let thread = std::thread::Builder::new()
             .name("pvnet-worker".into())
             .spawn(move || {
@@ -93,8 +97,13 @@ impl Dataplane {
                         warn!(cpu, "could not pin the worker");
                     }
                 }
+                // Measured here, pinned, as the worker will actually be woken; before any
+                // frontend can connect (the caller waits), so nothing else disturbs it.
+                w.wake = WakeCost::measure(50);
+                let _ = measured_tx.send(());
                 w.run(&MonoClock);
             })?;
+        let _ = measured_rx.recv_timeout(std::time::Duration::from_secs(5));
         Ok(Arc::new(Self {
             tx,
             pending,
@@ -178,6 +187,50 @@ pub fn pin_current_thread(cpu: usize) -> bool {
 }
 
 const WAKE_TOKEN: u64 = u64::MAX;
+const TIMER_TOKEN: u64 = u64::MAX - 1;
+
+/// A one-shot monotonic timer in the epoll set: epoll's own timeout has millisecond
+/// resolution, too coarse for `timer:<us>` periods.
+struct Timer(std::os::fd::OwnedFd);
+
+impl Timer {
+    fn new() -> io::Result<Self> {
+        // SAFETY: plain syscall; checked, then owned.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd owned by nobody else.
+        Ok(Self(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+    }
+
+    /// Fires once after `d` (zero disarms).
+    fn set(&self, d: std::time::Duration) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: libc::time_t::try_from(d.as_secs()).unwrap_or(libc::time_t::MAX),
+                tv_nsec: libc::c_long::from(d.subsec_nanos()),
+            },
+        };
+        // SAFETY: valid timerfd and itimerspec; failure only means a late wake.
+        unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+
+    fn drain(&self) {
+        let mut v = 0u64;
+        // SAFETY: reads at most 8 bytes into a local from our non-blocking timerfd.
+        unsafe { libc::read(self.0.as_raw_fd(), (&raw mut v).cast(), 8) };
+    }
+}
 
 fn token(port: PortId, index: u16) -> u64 {
     (u64::from(port) << 16) | u64::from(index)
@@ -220,13 +273,16 @@ struct Worker {
     cfg: WorkerConfig,
     rx: Receiver<Cmd>,
     pending: Arc<AtomicBool>,
-    wake: Notifier,
+    wake_fd: Notifier,
     registry: Arc<Mutex<BTreeMap<PortId, Arc<PortStats>>>>,
     ports: Vec<Port>,
     epoll: Epoll,
     quit: bool,
     /// Last seen SIGBUS-guard generation (see `pvnet_vhost::fault`).
     faults: u64,
+    /// Measured sleep/wake cost (bounds the adaptive window).
+    wake: WakeCost,
+    timer: Timer,
 }
 
 impl Worker {
@@ -234,21 +290,28 @@ impl Worker {
         cfg: WorkerConfig,
         rx: Receiver<Cmd>,
         pending: Arc<AtomicBool>,
-        wake: Notifier,
+        wake_fd: Notifier,
         registry: Arc<Mutex<BTreeMap<PortId, Arc<PortStats>>>>,
     ) -> io::Result<Self> {
         let epoll = Epoll::new()?;
-        epoll.ctl(libc::EPOLL_CTL_ADD, wake.as_raw_fd(), WAKE_TOKEN);
+        epoll.ctl(libc::EPOLL_CTL_ADD, wake_fd.as_raw_fd(), WAKE_TOKEN);
+        let timer = Timer::new()?;
+        epoll.ctl(libc::EPOLL_CTL_ADD, timer.0.as_raw_fd(), TIMER_TOKEN);
         Ok(Self {
             cfg,
             rx,
             pending,
-            wake,
+            wake_fd,
             registry,
             ports: Vec::new(),
             epoll,
             quit: false,
             faults: 0,
+            wake: WakeCost {
+                typical: std::time::Duration::from_micros(30),
+                floor: std::time::Duration::from_micros(10),
+            },
+            timer,
         })
     }
 
@@ -273,8 +336,14 @@ impl Worker {
                     if let Some(fd) = q.kick.as_ref().map(AsRawFd::as_raw_fd) {
                         self.epoll.ctl(libc::EPOLL_CTL_ADD, fd, token(id, index));
                     }
+                    let policy = if index.is_multiple_of(2) {
+                        self.cfg.rx_policy
+                    } else {
+                        self.cfg.policy
+                    };
+                    let wake = self.wake;
                     match self.port_mut(id) {
-                        Some(p) => p.start(q, now),
+                        Some(p) => p.start(q, policy, wake, now),
                         None => warn!(port = id, "queue for unknown port"),
                     }
                 }
@@ -331,6 +400,12 @@ impl Worker {
         } else {
             p.tx.take()
         }?;
+        let (srtt, var, probe) = slot.poll.estimate();
+        let (hits, misses) = slot.poll.hits_misses();
+        info!(
+            port = id, queue = index, policy = %slot.poll.policy(), window = ?slot.poll.window(),
+            gap = ?srtt, gap_dev = ?var, probe_every = probe, hits, misses, "queue polling summary"
+        );
         if let Some(k) = &slot.kick {
             let fd = k.as_raw_fd();
             self.epoll.ctl(libc::EPOLL_CTL_DEL, fd, 0);
@@ -354,6 +429,11 @@ impl Worker {
                     work += p.generate(batch, now);
                 }
             }
+            Role::Echo => {
+                for p in &mut self.ports {
+                    work += p.echo(batch);
+                }
+            }
             Role::Forward => {
                 for i in 0..self.ports.len() {
                     let peer = self.ports[i].id ^ 1;
@@ -371,52 +451,113 @@ impl Worker {
         work
     }
 
-    /// Arms every ring we would wait on, fence and re-check included (in `arm_notify`).
-    fn arm(&mut self) -> Armed {
+    /// Asks every queue the worker would wait on what it wants after this round, and arms
+    /// (arm, fence, re-check) those that may sleep with notifications on. Returns `None` if a
+    /// queue wants polling or work arrived while arming; otherwise when to wake at the latest.
+    fn settle(&mut self, now: Instant) -> Option<Option<Instant>> {
         let gen = matches!(self.cfg.role, Role::Gen(_));
-        let mut state = Armed::Empty;
+        let mut poll = false;
+        let mut deadline: Option<Instant> = None;
+        for p in &mut self.ports {
+            // A receive queue matters only while we wait for the frontend's buffers.
+            let want_rx = p.rx_blocked && (!gen || p.gen_active());
+            for (s, wanted) in [(p.tx.as_mut(), true), (p.rx.as_mut(), want_rx)] {
+                let Some(s) = s.filter(|s| !s.broken) else {
+                    continue;
+                };
+                if std::mem::take(&mut s.worked) {
+                    s.poll.on_work(now);
+                    poll = true;
+                    continue;
+                }
+                if !wanted {
+                    continue;
+                }
+                match s.poll.on_empty(now) {
+                    Idle::Poll => poll = true,
+                    Idle::Arm => {}
+                    Idle::Until(t) => deadline = Some(deadline.map_or(t, |d: Instant| d.min(t))),
+                }
+            }
+        }
+        if poll {
+            return None;
+        }
+        // Everyone may sleep: arm those that sleep with notifications on.
+        let mut armed = Armed::Empty;
         for p in &mut self.ports {
             let (id, stats) = (p.id, p.stats.clone());
             let want_rx = p.rx_blocked && (!gen || p.gen_active());
-            let slots = [(p.tx.as_mut(), true), (p.rx.as_mut(), want_rx)];
-            for (s, want) in slots {
-                let Some(s) = s.filter(|s| want && !s.broken) else {
+            for (s, wanted) in [(p.tx.as_mut(), true), (p.rx.as_mut(), want_rx)] {
+                let Some(s) = s.filter(|s| wanted && !s.broken) else {
                     continue;
                 };
+                if matches!(s.poll.policy(), Policy::Timer(_)) {
+                    continue;
+                }
                 match s.q.arm_notify() {
                     Ok(Armed::Empty) => {}
-                    Ok(Armed::NotEmpty) => state = Armed::NotEmpty,
+                    Ok(Armed::NotEmpty) => armed = Armed::NotEmpty,
                     Err(e) => s.fail(id, &stats, e),
                 }
             }
         }
-        state
+        if armed == Armed::NotEmpty || self.pending.load(Ordering::Acquire) {
+            self.disarm(false);
+            return None;
+        }
+        Some(deadline)
     }
 
-    fn disarm(&mut self) {
+    /// Back to polling: notifications off. `slept` says whether the worker actually slept
+    /// (the gaps that end next were seen one wake-up late) or only armed and found work.
+    fn disarm(&mut self, slept: bool) {
         for p in &mut self.ports {
             for s in [p.tx.as_mut(), p.rx.as_mut()].into_iter().flatten() {
                 s.q.disable_notify();
+                if slept {
+                    s.poll.woke();
+                }
             }
         }
     }
 
-    fn sleep(&mut self) {
+    fn sleep(&mut self, deadline: Option<Instant>, now: Instant) {
         for p in &self.ports {
             bump(&p.stats.sleeps, 1);
         }
-        // A generator that is waiting for buffers still has a deadline to keep.
-        let timeout = if self.ports.iter().any(Port::gen_active) {
-            10
-        } else {
-            -1
+        // A generator waiting for buffers still has an end to keep.
+        let gen_cap = self
+            .ports
+            .iter()
+            .any(Port::gen_active)
+            .then(|| now + std::time::Duration::from_millis(10));
+        let wake_at = match (deadline, gen_cap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
+        let timed = wake_at.map(|t| {
+            t.saturating_duration_since(now)
+                .max(std::time::Duration::from_micros(1))
+        });
+        if let Some(d) = timed {
+            self.timer.set(d);
+        }
+        let timeout_ms = -1;
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
-        let n = self.epoll.wait(&mut evs, timeout);
+        let n = self.epoll.wait(&mut evs, timeout_ms);
+        if timed.is_some() {
+            self.timer.set(std::time::Duration::ZERO);
+            self.timer.drain();
+        }
         for ev in &evs[..n] {
             let tok = ev.u64;
             if tok == WAKE_TOKEN {
-                self.wake.drain();
+                self.wake_fd.drain();
+                continue;
+            }
+            if tok == TIMER_TOKEN {
+                self.timer.drain();
                 continue;
             }
             let (port, index) = (
@@ -437,37 +578,26 @@ impl Worker {
     }
 
     fn run(&mut self, clock: &impl Clock) {
-        let mut window = PollWindow::new(self.cfg.window);
-        info!(role = ?self.cfg.role, window_us = self.cfg.window.as_micros(), batch = self.cfg.batch, "worker running");
+        info!(
+            role = ?self.cfg.role, policy = %self.cfg.policy, rx_policy = %self.cfg.rx_policy,
+            wake_us = self.wake.typical.as_secs_f64() * 1e6, wake_floor_us = self.wake.floor.as_secs_f64() * 1e6, batch = self.cfg.batch, "worker running"
+        );
         while !self.quit {
             // Acquire: pairs with the release in `Dataplane::send`; the command is visible.
             if self.pending.load(Ordering::Relaxed) && self.pending.swap(false, Ordering::Acquire) {
                 self.commands(clock.now());
                 continue;
             }
-            let now = if self.ports.iter().any(Port::gen_active) {
-                clock.now()
-            } else {
-                Instant::now()
-            };
-            let work = self.poll_once(now);
+            // One clock read per round (per batch of every queue), not per packet.
+            let now = clock.now();
+            self.poll_once(now);
             self.check_faults();
-            if work > 0 {
-                window.work();
-                continue;
-            }
-            if window.keep_polling(clock) {
+            let Some(deadline) = self.settle(now) else {
                 std::hint::spin_loop();
                 continue;
-            }
-            if self.arm() == Armed::NotEmpty || self.pending.load(Ordering::Acquire) {
-                self.disarm();
-                window.work();
-                continue;
-            }
-            self.sleep();
-            self.disarm();
-            window.work();
+            };
+            self.sleep(deadline, now);
+            self.disarm(true);
         }
         info!("worker stopped");
     }

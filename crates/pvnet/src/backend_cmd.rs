@@ -2,6 +2,7 @@
 
 use crate::proc;
 use clap::{Args, ValueEnum};
+use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::port::{GenConfig, Role};
 use pvnet_dataplane::worker::{Dataplane, WorkerConfig};
 use pvnet_vhost::backend::{connect_loop, serve, BackendConfig, DeviceHooks};
@@ -19,6 +20,8 @@ pub enum RoleArg {
     Gen,
     /// Pass frames between port pairs (0<->1, 2<->3, ... in connection order), one copy each.
     Forward,
+    /// Send every frame back to the frontend that sent it (request/response tests).
+    Echo,
 }
 
 /// `pvnet backend` arguments.
@@ -46,9 +49,15 @@ pub struct BackendArgs {
     /// Pin the dataplane worker to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
-    /// Microseconds to keep polling an empty ring before arming notifications and sleeping.
-    #[arg(long, default_value_t = 100)]
-    pub window_us: u64,
+    /// When to poll an empty transmit ring and when to arm its notifications and sleep:
+    /// adaptive (learned, time-bounded polling window), notify (arm at once), timer:<us>
+    /// (never armed, drained every period), spin:<n> (arm after n empty polls), busy (never
+    /// sleep).
+    #[arg(long, default_value = "adaptive")]
+    pub policy: Policy,
+    /// The same, for receive rings while the backend waits for the frontend's buffers.
+    #[arg(long, default_value = "adaptive")]
+    pub rx_policy: Policy,
     /// Most chains per ring per round.
     #[arg(long, default_value_t = 64)]
     pub batch: u16,
@@ -69,6 +78,7 @@ pub fn run(a: &BackendArgs) -> anyhow_lite::Result<()> {
     let role = match a.role {
         RoleArg::Sink => Role::Sink,
         RoleArg::Forward => Role::Forward,
+        RoleArg::Echo => Role::Echo,
         RoleArg::Gen => Role::Gen(GenConfig {
             frame_len: a
                 .frame_len
@@ -78,7 +88,8 @@ pub fn run(a: &BackendArgs) -> anyhow_lite::Result<()> {
     };
     let cfg = WorkerConfig {
         role,
-        window: Duration::from_micros(a.window_us),
+        policy: a.policy,
+        rx_policy: a.rx_policy,
         batch: a.batch,
         cpu: a.cpu,
     };

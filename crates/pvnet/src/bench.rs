@@ -8,6 +8,7 @@ use crate::limits::{self, Limits};
 use crate::proc;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use pvnet_dataplane::poll::Policy;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -38,9 +39,20 @@ pub struct BenchArgs {
     /// Skip the machine-limit probes.
     #[arg(long)]
     pub no_limits: bool,
-    /// Microseconds each side polls an empty ring before arming and sleeping.
-    #[arg(long, default_value_t = 100)]
-    pub window_us: u64,
+    /// The backend's polling/notification policy (adaptive, notify, timer:<us>, spin:<n>, busy).
+    #[arg(long, default_value = "adaptive")]
+    pub policy: Policy,
+    #[command(subcommand)]
+    pub sub: Option<BenchSub>,
+}
+
+/// `pvnet bench` subcommands.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum BenchSub {
+    /// Offered load from 10 Kpps to saturation and request/response at 1, 10 and 100 flows,
+    /// for each backend policy: rate, stability, CPU, kicks/calls, latency. Writes CSV, PNG
+    /// plots and a summary under --out.
+    Sweep(crate::sweep::SweepArgs),
 }
 
 impl Default for BenchArgs {
@@ -52,22 +64,23 @@ impl Default for BenchArgs {
             scenarios: ["f2b", "b2f", "f2f", "idle"].map(String::from).to_vec(),
             json: false,
             no_limits: false,
-            window_us: 100,
+            policy: Policy::Adaptive,
+            sub: None,
         }
     }
 }
 
 /// A child process whose stdout JSON lines we follow.
-struct Proc {
+pub(crate) struct Proc {
     name: &'static str,
-    child: Child,
+    pub(crate) child: Child,
     lines: Arc<Mutex<Vec<Value>>>,
-    progress: Arc<AtomicU64>,
+    pub(crate) progress: Arc<AtomicU64>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Proc {
-    fn spawn(name: &'static str, args: &[String]) -> Result<Self> {
+    pub(crate) fn spawn(name: &'static str, args: &[String]) -> Result<Self> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .args(args)
@@ -100,7 +113,7 @@ impl Proc {
         })
     }
 
-    fn has(&self, key: &str) -> bool {
+    pub(crate) fn has(&self, key: &str) -> bool {
         self.lines
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -108,7 +121,7 @@ impl Proc {
             .any(|v| v.get(key).is_some())
     }
 
-    fn wait_for(&mut self, key: &str, timeout: Duration) -> Result<()> {
+    pub(crate) fn wait_for(&mut self, key: &str, timeout: Duration) -> Result<()> {
         let until = Instant::now() + timeout;
         while !self.has(key) {
             if let Some(st) = self.child.try_wait()? {
@@ -123,7 +136,7 @@ impl Proc {
     }
 
     /// Waits for exit; returns the `final` object and the process's CPU time.
-    fn finish(mut self) -> Result<(Value, Duration)> {
+    pub(crate) fn finish(mut self) -> Result<(Value, Duration)> {
         let (ok, cpu) = proc::wait_child(self.child.id(), Duration::from_secs(60))?;
         if let Some(r) = self.reader.take() {
             let _ = r.join();
@@ -154,7 +167,7 @@ impl Drop for Proc {
     }
 }
 
-fn wait_socket(p: &Path, backend: &mut Proc) -> Result<()> {
+pub(crate) fn wait_socket(p: &Path, backend: &mut Proc) -> Result<()> {
     let until = Instant::now() + Duration::from_secs(10);
     while !p.exists() {
         if let Some(st) = backend.child.try_wait()? {
@@ -217,8 +230,8 @@ impl Ctx<'_> {
             &self.a.size.to_string(),
             "--gen-secs",
             &self.a.secs.to_string(),
-            "--window-us",
-            &self.a.window_us.to_string(),
+            "--policy",
+            &self.a.policy.to_string(),
         ]
         .map(String::from);
         let mut b = Proc::spawn("backend", &args)?;
@@ -239,8 +252,6 @@ impl Ctx<'_> {
             &self.a.secs.to_string(),
             "--queue-size",
             &self.a.queue_size.to_string(),
-            "--window-us",
-            &self.a.window_us.to_string(),
         ]
         .map(String::from)
         .to_vec();
@@ -251,11 +262,11 @@ impl Ctx<'_> {
     }
 }
 
-fn u(v: &Value, p: &str) -> u64 {
+pub(crate) fn u(v: &Value, p: &str) -> u64 {
     v.pointer(p).and_then(Value::as_u64).unwrap_or(0)
 }
 
-fn f(v: &Value, p: &str) -> f64 {
+pub(crate) fn f(v: &Value, p: &str) -> f64 {
     v.pointer(p).and_then(Value::as_f64).unwrap_or(0.0)
 }
 
@@ -524,6 +535,9 @@ fn print_table(out: &Value) {
 
 /// Runs the benchmark.
 pub fn run(a: &BenchArgs) -> Result<()> {
+    if let Some(BenchSub::Sweep(s)) = &a.sub {
+        return crate::sweep::run(s);
+    }
     if !(a.secs.is_finite() && a.secs > 0.0) {
         return Err("--secs must be positive".into());
     }

@@ -1,14 +1,21 @@
-//! `pvnet frontend`: pvnet's virtio-net driver as a traffic source or sink.
+//! `pvnet frontend`: pvnet's virtio-net driver as a traffic source, sink or request/response
+//! client.
 //!
 //! Output on stdout is JSON lines: `{"ready":..}` once the queues run, `{"progress":..}` about
 //! four times a second, and `{"final":..}` at the end (the bench reads them).
+//!
+//! Idle handling uses the same per-queue [`Poller`] as the backend: poll an empty ring while
+//! the policy says so, then arm, fence, re-check, and only then sleep on the call eventfd.
 
 use crate::backend_cmd::anyhow_lite::Result;
 use crate::limits::pin_current_thread;
 use crate::proc;
 use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
 use pvnet_dataplane::frame::{self, SeqCheck};
-use pvnet_vhost::frontend::{ClientConfig, NetClient};
+use pvnet_dataplane::poll::{Idle, Policy, Poller, WakeCost};
+use pvnet_vhost::frontend::{ClientConfig, NetClient, TxMode};
+use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -17,12 +24,29 @@ use virtq::event::Armed;
 /// What the frontend does.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum FrontRole {
-    /// Send numbered frames as fast as the ring allows for --secs, then an end marker.
+    /// Send numbered frames for --secs (as fast as the ring allows, or at --rate), then an
+    /// end marker.
     Tx,
     /// Receive and check numbered frames until the end marker.
     Rx,
+    /// Request/response against `pvnet backend --role echo`: --flows requests in flight,
+    /// each answered one starts the next; latency percentiles from a histogram.
+    Rr,
     /// Connect, post receive buffers, and sleep for --secs (idle CPU check).
     Idle,
+}
+
+/// TX completion mode (see `pvnet_vhost::frontend::TxMode`).
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum TxModeArg {
+    /// TX interrupts off, reclaim from the send path, arm only when the ring is full.
+    Napi,
+    /// Reclaim only on transmit, never a TX interrupt (a full ring is polled).
+    Xmit,
+    /// TX interrupts always on.
+    Irq,
+    /// Reclaim TX completions from the RX poll; arm TX only when full.
+    Rx,
 }
 
 /// `pvnet frontend` arguments.
@@ -37,9 +61,15 @@ pub struct FrontendArgs {
     /// Ethernet frame length in bytes (virtio-net header not included).
     #[arg(long, default_value_t = 64)]
     pub frame_len: usize,
-    /// Seconds to send (tx) or stay idle (idle).
+    /// Seconds to send (tx), to run (rr) or to stay idle (idle).
     #[arg(long, default_value_t = 2.0)]
     pub secs: f64,
+    /// tx: frames per second to offer, evenly paced (0: as fast as the ring allows).
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// rr: requests in flight (one per flow).
+    #[arg(long, default_value_t = 1)]
+    pub flows: u16,
     /// Descriptors per queue (power of two).
     #[arg(long, default_value_t = 256)]
     pub queue_size: u16,
@@ -51,9 +81,13 @@ pub struct FrontendArgs {
     /// Pin to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
-    /// Microseconds to keep polling before arming and sleeping.
-    #[arg(long, default_value_t = 100)]
-    pub window_us: u64,
+    /// Polling policy while waiting for the backend (received frames, or room in a full TX
+    /// ring): adaptive, notify, timer:<us>, spin:<n>, busy.
+    #[arg(long, default_value = "adaptive")]
+    pub poll: Policy,
+    /// How transmitted buffers are reclaimed.
+    #[arg(long, value_enum, default_value_t = TxModeArg::Napi)]
+    pub tx_mode: TxModeArg,
     /// rx: give up if no frame arrives for this many seconds.
     #[arg(long, default_value_t = 30.0)]
     pub idle_timeout: f64,
@@ -68,6 +102,43 @@ fn emit(v: &serde_json::Value) {
     let _ = o.flush();
 }
 
+/// Which ring the frontend is waiting on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ring {
+    Rx,
+    Tx,
+}
+
+/// One empty poll under `poller`: keep polling, or arm + re-check + sleep (bounded).
+fn idle(c: &mut NetClient, p: &mut Poller, ring: Ring, now: Instant) -> Result<()> {
+    let decision = match (ring, c.tx_mode()) {
+        // Reclaim-on-xmit never takes a TX interrupt: a full ring is polled.
+        (Ring::Tx, TxMode::Xmit) => Idle::Poll,
+        _ => p.on_empty(now),
+    };
+    match decision {
+        Idle::Poll => std::hint::spin_loop(),
+        Idle::Until(t) => {
+            c.wait(t.saturating_duration_since(now))?;
+        }
+        Idle::Arm => {
+            let armed = match ring {
+                Ring::Rx => c.arm_rx()?,
+                Ring::Tx => c.arm_tx()?,
+            };
+            if armed == Armed::Empty {
+                c.wait(Duration::from_millis(100))?;
+            }
+            match ring {
+                Ring::Rx => c.disarm_rx(),
+                Ring::Tx => c.disarm_tx(),
+            }
+            p.woke();
+        }
+    }
+    Ok(())
+}
+
 /// Runs the frontend.
 pub fn run(a: &FrontendArgs) -> Result<()> {
     proc::install_stop_handler();
@@ -77,26 +148,37 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
     if !(a.secs.is_finite() && a.secs >= 0.0) {
         return Err("--secs must be a non-negative number".into());
     }
-    let cfg = ClientConfig {
-        queue_size: a.queue_size,
-        buf_size: 2048,
-        event_idx: !a.no_event_idx,
-    };
-    let frame_len = a.frame_len.clamp(frame::MIN_FRAME, 2048 - 12);
+    let frame_len = a.frame_len.clamp(frame::MIN_FRAME.max(RR_MIN), 2048 - 12);
     if frame_len != a.frame_len {
         return Err(format!(
             "--frame-len must be within {}..={}",
-            frame::MIN_FRAME,
+            frame::MIN_FRAME.max(RR_MIN),
             2048 - 12
         )
         .into());
     }
+    if a.flows == 0 || usize::from(a.flows) > usize::from(a.queue_size) {
+        return Err("--flows must be within 1..=queue size".into());
+    }
+    let tx_mode = match a.tx_mode {
+        TxModeArg::Napi => TxMode::Napi,
+        TxModeArg::Xmit => TxMode::Xmit,
+        TxModeArg::Irq => TxMode::Irq,
+        TxModeArg::Rx => TxMode::RxPoll,
+    };
+    let cfg = ClientConfig {
+        queue_size: a.queue_size,
+        buf_size: 2048,
+        event_idx: !a.no_event_idx,
+        tx_mode,
+    };
+    let wake = WakeCost::measure(30);
     let mut c = NetClient::connect(&a.socket, cfg)?;
-    emit(&serde_json::json!({ "ready": { "features": format!("{:#x}", c.features()) } }));
-    let window = Duration::from_micros(a.window_us);
+    emit(&json!({ "ready": { "features": format!("{:#x}", c.features()) } }));
     let r = match a.role {
-        FrontRole::Tx => tx(&mut c, a, frame_len, window)?,
-        FrontRole::Rx => rx(&mut c, a, window)?,
+        FrontRole::Tx => tx(&mut c, a, frame_len, Poller::new(a.poll, wake))?,
+        FrontRole::Rx => rx(&mut c, a, Poller::new(a.poll, wake))?,
+        FrontRole::Rr => rr(&mut c, a, frame_len, Poller::new(a.poll, wake))?,
         FrontRole::Idle => {
             let until = Instant::now() + Duration::from_secs_f64(a.secs);
             while Instant::now() < until && !proc::stopping() {
@@ -105,29 +187,53 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
                 }
                 c.recv_burst(usize::MAX, |_| {})?;
             }
-            serde_json::json!({})
+            json!({})
         }
     };
     c.stop()?;
     let s = c.stats;
-    let mut out = serde_json::json!({
+    let mut out = json!({
         "tx_packets": s.tx_packets, "rx_packets": s.rx_packets, "rx_errors": s.rx_errors,
         "kicks": s.kicks, "calls": s.calls, "sleeps": s.sleeps,
     });
     if let (Some(o), Some(r)) = (out.as_object_mut(), r.as_object()) {
         o.extend(r.clone());
     }
-    emit(&serde_json::json!({ "final": out }));
+    emit(&json!({ "final": out }));
     Ok(())
 }
 
-/// Sends numbered frames for `secs`, then the end marker, then waits until the backend has
-/// consumed everything. Reports the data frames sent and the interval they took.
+/// Frames sent per whole second of the run, for the stability (CoV) figure.
+struct Intervals {
+    start: Instant,
+    counts: Vec<u64>,
+    last: u64,
+}
+
+impl Intervals {
+    fn new(start: Instant) -> Self {
+        Self {
+            start,
+            counts: Vec::new(),
+            last: 0,
+        }
+    }
+    fn tick(&mut self, now: Instant, total: u64) {
+        let sec = now.duration_since(self.start).as_secs();
+        while (self.counts.len() as u64) < sec {
+            self.counts.push(total - self.last);
+            self.last = total;
+        }
+    }
+}
+
+/// Sends numbered frames for `secs` (paced at `--rate` if given), then the end marker, then
+/// waits until the backend has consumed everything.
 fn tx(
     c: &mut NetClient,
     a: &FrontendArgs,
     frame_len: usize,
-    window: Duration,
+    mut p: Poller,
 ) -> Result<serde_json::Value> {
     let mut scratch = vec![0u8; 2048];
     frame::write_template(
@@ -138,22 +244,48 @@ fn tx(
     );
     let tpl: Vec<u8> = scratch[12..12 + frame_len].to_vec();
     let dur = Duration::from_secs_f64(a.secs);
+    if a.rate > 0 {
+        // Precise sleeps for pacing (the default 50 us timer slack would bunch packets).
+        // SAFETY: prctl with an integer argument; affects only this thread.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+    }
     let start = Instant::now();
+    let mut iv = Intervals::new(start);
     let mut seq = 0u64;
     let mut next_report = start + Duration::from_millis(250);
-    let mut idle_since: Option<Instant> = None;
     let burst = a.burst.max(1);
     loop {
         let now = Instant::now();
         if now.duration_since(start) >= dur || proc::stopping() {
             break;
         }
+        iv.tick(now, seq);
         if now >= next_report {
-            emit(&serde_json::json!({ "progress": { "packets": seq } }));
+            emit(&json!({ "progress": { "packets": seq } }));
             next_report = now + Duration::from_millis(250);
         }
+        let want = if a.rate == 0 {
+            burst
+        } else {
+            // Frames due by now at the offered rate.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let due = (now.duration_since(start).as_secs_f64() * a.rate as f64) as u64;
+            let owe = usize::try_from(due.saturating_sub(seq))
+                .unwrap_or(usize::MAX)
+                .min(burst);
+            if owe == 0 {
+                // Sleep until the next frame is due (never across a whole interval tick).
+                let next = start + Duration::from_secs_f64((seq + 1) as f64 / a.rate as f64);
+                let gap = next.saturating_duration_since(Instant::now());
+                if gap > Duration::from_micros(20) {
+                    std::thread::sleep(gap - Duration::from_micros(10));
+                }
+                continue;
+            }
+            owe
+        };
         let mut k = 0u64;
-        let n = c.send_burst(burst, &mut scratch, |_, buf| {
+        let n = c.send_burst(want, &mut scratch, |_, buf| {
             buf[..frame_len].copy_from_slice(&tpl);
             frame::set_seq(buf, seq + k);
             k += 1;
@@ -161,21 +293,13 @@ fn tx(
         })?;
         seq += n as u64;
         if n > 0 {
-            idle_since = None;
-            continue;
+            p.on_work(now);
+        } else {
+            // Ring full: poll for completions while the policy says so, then arm and sleep.
+            idle(c, &mut p, Ring::Tx, now)?;
         }
-        // Ring full: poll for completions for the window, then arm the TX interrupt and sleep.
-        let t = *idle_since.get_or_insert(now);
-        if now.duration_since(t) < window {
-            std::hint::spin_loop();
-            continue;
-        }
-        if c.arm_tx()? == Armed::Empty {
-            c.wait(Duration::from_millis(100))?;
-        }
-        c.disarm_tx();
-        idle_since = None;
     }
+    iv.tick(start + Duration::from_secs(dur.as_secs()), seq);
     // End marker: retried until the ring takes it.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -190,10 +314,7 @@ fn tx(
         if Instant::now() > deadline {
             return Err("backend stopped taking frames (end marker not queued)".into());
         }
-        if c.arm_tx()? == Armed::Empty {
-            c.wait(Duration::from_millis(50))?;
-        }
-        c.disarm_tx();
+        idle(c, &mut p, Ring::Tx, Instant::now())?;
     }
     // Wait for the backend to consume everything (completions), so the interval covers it.
     while c.tx_in_flight() > 0 {
@@ -210,17 +331,16 @@ fn tx(
         c.disarm_tx();
     }
     let secs = start.elapsed().as_secs_f64();
-    Ok(serde_json::json!({ "data_sent": seq, "secs": secs }))
+    Ok(json!({ "data_sent": seq, "secs": secs, "intervals": iv.counts }))
 }
 
 /// Receives until the end marker; checks order and count. The interval runs from the first
 /// frame to the end marker.
-fn rx(c: &mut NetClient, a: &FrontendArgs, window: Duration) -> Result<serde_json::Value> {
+fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::Value> {
     let mut check = SeqCheck::default();
     let mut first: Option<Instant> = None;
     let mut last = Instant::now();
     let mut next_report = Instant::now() + Duration::from_millis(250);
-    let mut idle_since: Option<Instant> = None;
     let mut body = vec![0u8; 2048];
     let idle_timeout = Duration::from_secs_f64(a.idle_timeout);
     let mut last_frame = Instant::now();
@@ -236,12 +356,12 @@ fn rx(c: &mut NetClient, a: &FrontendArgs, window: Duration) -> Result<serde_jso
         })?;
         let now = Instant::now();
         if n > 0 {
+            p.on_work(now);
             first.get_or_insert(now);
             last = now;
             last_frame = now;
-            idle_since = None;
             if now >= next_report {
-                emit(&serde_json::json!({ "progress": { "packets": check.data } }));
+                emit(&json!({ "progress": { "packets": check.data } }));
                 next_report = now + Duration::from_millis(250);
             }
             if done {
@@ -257,20 +377,99 @@ fn rx(c: &mut NetClient, a: &FrontendArgs, window: Duration) -> Result<serde_jso
             )
             .into());
         }
-        let t = *idle_since.get_or_insert(now);
-        if now.duration_since(t) < window {
-            std::hint::spin_loop();
-            continue;
-        }
-        if c.arm_rx()? == Armed::Empty {
-            c.wait(Duration::from_millis(100))?;
-        }
-        c.disarm_rx();
-        idle_since = None;
+        idle(c, &mut p, Ring::Rx, now)?;
     }
     let secs = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
-    Ok(serde_json::json!({
+    Ok(json!({
         "data_received": check.data, "seq_errors": check.seq_errors,
         "end_count": check.end, "complete": check.complete(), "secs": secs,
+    }))
+}
+
+/// Bytes an RR frame needs: the bench header, then flow id (u32) and send time (u64 ns).
+const RR_MIN: usize = 64;
+const RR_FLOW: usize = 30;
+const RR_TS: usize = 34;
+
+/// Request/response: `--flows` requests in flight through `pvnet backend --role echo`.
+fn rr(
+    c: &mut NetClient,
+    a: &FrontendArgs,
+    frame_len: usize,
+    mut p: Poller,
+) -> Result<serde_json::Value> {
+    let mut scratch = vec![0u8; 2048];
+    frame::write_template(
+        &mut scratch[12..],
+        frame_len,
+        [2, 0, 0, 0, 0, 5],
+        [2, 0, 0, 0, 0, 5],
+    );
+    let tpl: Vec<u8> = scratch[12..12 + frame_len].to_vec();
+    let mut hist =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    let dur = Duration::from_secs_f64(a.secs);
+    // Warm-up: the first 10% of the run is not recorded.
+    let record_from = t0 + dur / 10;
+    let mut pending: Vec<u32> = (0..u32::from(a.flows)).collect();
+    let mut body = vec![0u8; 2048];
+    let (mut seq, mut done, mut next_report) = (0u64, 0u64, t0 + Duration::from_millis(250));
+    let mut recorded = 0u64;
+    c.disarm_rx();
+    loop {
+        let now = Instant::now();
+        let running = now.duration_since(t0) < dur && !proc::stopping();
+        if !pending.is_empty() && running {
+            let mut k = 0usize;
+            let n = c.send_burst(pending.len(), &mut scratch, |_, buf| {
+                buf[..frame_len].copy_from_slice(&tpl);
+                frame::set_seq(buf, seq + k as u64);
+                buf[RR_FLOW..RR_FLOW + 4].copy_from_slice(&pending[k].to_le_bytes());
+                #[allow(clippy::cast_possible_truncation)] // ns since start of a bounded run
+                let ts = t0.elapsed().as_nanos() as u64;
+                buf[RR_TS..RR_TS + 8].copy_from_slice(&ts.to_le_bytes());
+                k += 1;
+                frame_len
+            })?;
+            seq += n as u64;
+            pending.drain(..n);
+        }
+        if !running && pending.len() == usize::from(a.flows) {
+            break;
+        }
+        if now >= next_report {
+            emit(&json!({ "progress": { "packets": done } }));
+            next_report = now + Duration::from_millis(250);
+        }
+        let got = c.recv_burst(usize::MAX, |f| {
+            let n = f.read(0, &mut body);
+            if n < RR_MIN {
+                return;
+            }
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&body[RR_TS..RR_TS + 8]);
+            #[allow(clippy::cast_possible_truncation)]
+            let lat = (t0.elapsed().as_nanos() as u64).saturating_sub(u64::from_le_bytes(w));
+            if Instant::now() >= record_from {
+                let _ = hist.record(lat.max(1));
+                recorded += 1;
+            }
+            let mut fl = [0u8; 4];
+            fl.copy_from_slice(&body[RR_FLOW..RR_FLOW + 4]);
+            pending.push(u32::from_le_bytes(fl));
+            done += 1;
+        })?;
+        if got > 0 {
+            p.on_work(now);
+        } else if pending.len() < usize::from(a.flows) {
+            idle(c, &mut p, Ring::Rx, now)?;
+        }
+    }
+    let measured = dur.as_secs_f64() * 0.9;
+    let q = |x: f64| hist.value_at_quantile(x) as f64 / 1000.0;
+    Ok(json!({
+        "flows": a.flows, "transactions": done, "rr_per_sec": recorded as f64 / measured,
+        "p50_us": q(0.50), "p99_us": q(0.99), "p999_us": q(0.999), "mean_us": hist.mean() / 1000.0,
     }))
 }

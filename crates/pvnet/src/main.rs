@@ -6,6 +6,7 @@ mod bench;
 mod frontend_cmd;
 mod limits;
 mod proc;
+mod sweep;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

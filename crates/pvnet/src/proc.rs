@@ -36,6 +36,18 @@ pub fn cpu_time_of(pid: u32) -> Option<Duration> {
     Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
 }
 
+/// On-CPU time of every thread of a process, exact (scheduler nanoseconds from
+/// `/proc/<pid>/task/*/schedstat`), unlike tick-sampled user+sys: what a process that sleeps
+/// thousands of times a second really used.
+pub fn sched_time_of(pid: u32) -> Option<Duration> {
+    let mut ns = 0u64;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let s = std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()?;
+        ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(ns))
+}
+
 /// Waits for child `pid` (killing it after `timeout`) and returns (exit success, user+sys CPU
 /// time) from `wait4`.
 pub fn wait_child(pid: u32, timeout: Duration) -> std::io::Result<(bool, Duration)> {

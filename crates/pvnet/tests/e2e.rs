@@ -243,7 +243,18 @@ fn bench_json_smoke() {
     assert_eq!(names, ["f2b", "idle"], "{v}");
     assert!(v.get("idle_cpu_percent").is_some(), "{v}");
 
-    let v = bench(&["--json", "--secs", "0.3", "--scenarios", "f2b"]);
+    // The limit probes pin two threads to the two CPUs; while other tests load both CPUs a
+    // probe can give up (it reports null rather than a made-up rate). Retry only that case.
+    let mut v = Value::Null;
+    for _ in 0..3 {
+        v = bench(&["--json", "--secs", "0.3", "--scenarios", "f2b"]);
+        if v.pointer("/limits/ring_mpps")
+            .and_then(Value::as_f64)
+            .is_some()
+        {
+            break;
+        }
+    }
     assert!(
         v["limit_fraction"].as_f64().is_some_and(|f| f > 0.0),
         "limit_fraction with limits on: {v}"

@@ -207,6 +207,10 @@ impl Session {
             return Ok(());
         }
         let Some(addrs) = v.addrs else { return Ok(()) };
+        if v.num == 0 {
+            debug!(port, queue = index, "size 0: ring left stopped");
+            return Ok(());
+        }
         let cfg = QueueConfig {
             size: v.num,
             addrs,
@@ -345,7 +349,11 @@ impl VhostUserBackendReqHandlerMut for Session {
     fn set_vring_num(&mut self, index: u32, num: u32) -> VuResult<()> {
         let max = u32::from(self.cfg.max_queue_size);
         let v = self.vring(index)?;
-        if num == 0 || num > max || !num.is_power_of_two() {
+        // 0 is accepted and leaves the ring unable to start: DPDK virtio-user sends
+        // SET_VRING_NUM 0 (then its address and kick) for queues of its device that the
+        // application did not set up (e.g. `queues=2` with one testpmd queue); DPDK's vhost
+        // library accepts that (0 passes its power-of-two check), refusing it ends the session.
+        if num > max || (num != 0 && !num.is_power_of_two()) {
             return Err(VuError::InvalidParam);
         }
         v.num = u16::try_from(num).map_err(|_| VuError::InvalidParam)?;
@@ -416,6 +424,11 @@ impl VhostUserBackendReqHandlerMut for Session {
 
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
         self.protocol = features;
+        info!(
+            port = self.port,
+            protocol = format_args!("{features:#x}"),
+            "protocol features acked"
+        );
         Ok(())
     }
 
@@ -532,8 +545,19 @@ pub fn run_session(
 ) {
     hooks.port_connected(port);
     let session = Arc::new(Mutex::new(Session::new(port, cfg, hooks.clone())));
+    let peek = stream.try_clone().ok();
     let mut handler = BackendReqHandler::from_stream(stream, session.clone());
     loop {
+        if let Some(sock) = &peek {
+            match take_early_vring_enable(sock, &session) {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
+                    error!(port, "closing session: SET_VRING_ENABLE: {e}");
+                    break;
+                }
+            }
+        }
         match handler.handle_request() {
             Ok(()) => {}
             Err(VuError::Disconnected | VuError::PartialMessage | VuError::SocketBroken(_)) => {
@@ -553,6 +577,99 @@ pub fn run_session(
     hooks.port_gone(port);
 }
 
+/// `VHOST_USER_SET_VRING_ENABLE` (request 18) on the wire: a 12-byte header (request, flags,
+/// size) and a `vhost_vring_state` body (index, num), no fds.
+const SET_VRING_ENABLE: u32 = 18;
+const MSG_HDR_LEN: usize = 12;
+const VRING_STATE_LEN: usize = 8;
+/// Header flags: protocol version 1, reply, need-reply (vhost-user spec, "Header").
+const HDR_VERSION: u32 = 0x1;
+const HDR_REPLY: u32 = 0x4;
+const HDR_NEED_REPLY: u32 = 0x8;
+
+/// Handles a `SET_VRING_ENABLE` that arrives before `SET_FEATURES` acked
+/// `VHOST_USER_F_PROTOCOL_FEATURES`, which the `vhost` crate refuses (`InactiveFeature`, which
+/// ends the session) before our handler sees it.
+///
+/// QEMU's vhost-user-net sends exactly that: it checks the *offered* features
+/// (`vhost_user_set_vring_enable`: `virtio_has_feature(dev->features, PROTOCOL_FEATURES)`), and
+/// sends `SET_VRING_ENABLE(1)` when the guest writes its features (`virtio_net_set_features` ->
+/// `peer_attach`) and again from `vhost_net_start` ("restore vring enable state"), which since
+/// QEMU 7.1 runs *before* `vhost_net_start_one` sends `SET_FEATURES`. Ignoring these would leave
+/// the rings disabled forever (with protocol features a ring starts disabled, vhost-user spec
+/// "Ring states"); DPDK's vhost library and libvhost-user accept the message at any time. So
+/// the enable state is recorded now and takes effect when the ring is otherwise ready.
+///
+/// Peeks (never consumes) the next message; only a complete `SET_VRING_ENABLE` seen while
+/// protocol features are not acked is read here, applied, and acked if the frontend asked
+/// (`NEED_REPLY` with `REPLY_ACK`). Returns `Ok(true)` if it handled a message.
+fn take_early_vring_enable(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Result<bool> {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let protocol = match session.lock() {
+        Ok(s) if s.acked & VHOST_USER_F_PROTOCOL_FEATURES == 0 => s.protocol,
+        _ => return Ok(false),
+    };
+    let mut buf = [0u8; MSG_HDR_LEN + VRING_STATE_LEN];
+    let word = |b: &[u8; MSG_HDR_LEN + VRING_STATE_LEN], i: usize| {
+        u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+    };
+    // A 20-byte message sent with one sendmsg arrives whole; still, wait a little for a body
+    // that lags its header rather than hand a half-seen message to the crate.
+    for attempt in 0..100 {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes. MSG_PEEK leaves the bytes
+        // (and any fds attached to them) queued for `handle_request`.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK,
+            )
+        };
+        // An error or EOF is for `handle_request` to report.
+        let Ok(n) = usize::try_from(n) else {
+            return Ok(false);
+        };
+        if n < MSG_HDR_LEN || word(&buf, 0) != SET_VRING_ENABLE {
+            return Ok(false);
+        }
+        if word(&buf, 8) as usize != VRING_STATE_LEN {
+            return Ok(false); // malformed: the crate rejects it
+        }
+        if n == buf.len() {
+            break;
+        }
+        if attempt == 99 {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (&*sock).read_exact(&mut buf)?;
+    let (flags, index, num) = (word(&buf, 4), word(&buf, 12), word(&buf, 16));
+    let res = match (num, session.lock()) {
+        (0 | 1, Ok(mut s)) => {
+            info!(
+                port = s.port,
+                queue = index,
+                enable = num == 1,
+                "SET_VRING_ENABLE before SET_FEATURES (QEMU vhost-user-net): recorded"
+            );
+            s.set_vring_enable(index, num == 1).is_ok()
+        }
+        _ => false,
+    };
+    if flags & HDR_NEED_REPLY != 0 && protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0 {
+        let mut reply = [0u8; MSG_HDR_LEN + 8];
+        reply[0..4].copy_from_slice(&SET_VRING_ENABLE.to_le_bytes());
+        reply[4..8].copy_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
+        reply[8..12].copy_from_slice(&8u32.to_le_bytes());
+        reply[12..20].copy_from_slice(&u64::from(!res).to_le_bytes());
+        (&*sock).write_all(&reply)?;
+    }
+    Ok(true)
+}
+
 /// Accepts frontends on a listening socket (server mode) until `stop` is set, one session
 /// thread each. Returns after `max_sessions` sessions have come and gone, if given.
 pub fn serve(
@@ -566,6 +683,11 @@ pub fn serve(
         std::fs::remove_file(path)?;
     }
     let listener = UnixListener::bind(path)?;
+    // Remember which file we bound: at exit we unlink only our own socket, never one a
+    // newer backend has since bound at the same path.
+    let ours = std::fs::metadata(path)
+        .ok()
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
     listener.set_nonblocking(true)?;
     info!(socket = %path.display(), "listening for vhost-user frontends");
     let next = AtomicU32::new(0);
@@ -608,7 +730,13 @@ pub fn serve(
     for (t, _) in sessions {
         let _ = t.join();
     }
-    let _ = std::fs::remove_file(path);
+    if std::fs::metadata(path)
+        .ok()
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        == ours
+    {
+        let _ = std::fs::remove_file(path);
+    }
     Ok(())
 }
 
@@ -634,5 +762,112 @@ pub fn connect_loop(
                 std::thread::sleep(retry);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    struct NoHooks;
+    impl DeviceHooks for NoHooks {
+        fn port_connected(&self, _: PortId) {}
+        fn start_queue(&self, _: PortId, _: StartedQueue) {}
+        fn stop_queue(&self, _: PortId, _: u16) -> Option<u16> {
+            None
+        }
+        fn set_mem(&self, _: PortId, _: Arc<MemTable>) {}
+        fn port_gone(&self, _: PortId) {}
+    }
+
+    fn session() -> Mutex<Session> {
+        Mutex::new(Session::new(0, BackendConfig::default(), Arc::new(NoHooks)))
+    }
+
+    fn msg(request: u32, flags: u32, body: &[u8]) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&request.to_le_bytes());
+        m.extend_from_slice(&flags.to_le_bytes());
+        m.extend_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    fn vring_state(index: u32, num: u32) -> Vec<u8> {
+        [index.to_le_bytes(), num.to_le_bytes()].concat()
+    }
+
+    /// QEMU 7.2 vhost-user-net: SET_VRING_ENABLE before SET_FEATURES is honoured and acked.
+    #[test]
+    fn early_vring_enable_is_recorded_and_acked() {
+        let (mut front, back) = UnixStream::pair().unwrap();
+        let s = session();
+        s.lock().unwrap().protocol = VhostUserProtocolFeatures::REPLY_ACK.bits();
+        let need_reply = HDR_VERSION | HDR_NEED_REPLY;
+        front
+            .write_all(&msg(SET_VRING_ENABLE, need_reply, &vring_state(1, 1)))
+            .unwrap();
+        assert!(take_early_vring_enable(&back, &s).unwrap());
+        assert!(s.lock().unwrap().vrings[1].enabled);
+        let mut reply = [0u8; 20];
+        front.read_exact(&mut reply).unwrap();
+        assert_eq!(
+            reply[..12],
+            msg(SET_VRING_ENABLE, HDR_VERSION | HDR_REPLY, &[0; 8])[..12]
+        );
+        assert_eq!(reply[12..], [0u8; 8]);
+    }
+
+    /// Anything else (and everything once protocol features are acked) is left to the crate.
+    #[test]
+    fn other_messages_are_not_consumed() {
+        let (mut front, back) = UnixStream::pair().unwrap();
+        let s = session();
+        let get_features = msg(1, HDR_VERSION, &[]);
+        front.write_all(&get_features).unwrap();
+        assert!(!take_early_vring_enable(&back, &s).unwrap());
+        let mut b = vec![0u8; get_features.len()];
+        (&back).read_exact(&mut b).unwrap();
+        assert_eq!(b, get_features);
+
+        s.lock().unwrap().acked = VHOST_USER_F_PROTOCOL_FEATURES;
+        let enable = msg(SET_VRING_ENABLE, HDR_VERSION, &vring_state(0, 1));
+        front.write_all(&enable).unwrap();
+        assert!(!take_early_vring_enable(&back, &s).unwrap());
+        let mut b = vec![0u8; enable.len()];
+        (&back).read_exact(&mut b).unwrap();
+        assert_eq!(b, enable);
+        assert!(!s.lock().unwrap().vrings[0].enabled);
+    }
+
+    /// DPDK virtio-user sizes queues the application did not set up as 0: accepted, and the
+    /// ring is left stopped even once it has memory, addresses and a kick.
+    #[test]
+    fn zero_size_ring_is_accepted_and_never_started() {
+        // SAFETY: a plain memfd_create call with a NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"pvnet-test".as_ptr(), 0) };
+        assert!(fd >= 0);
+        // SAFETY: fd is a fresh descriptor we own.
+        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        file.set_len(1 << 20).unwrap();
+        let s = session();
+        let mut s = s.lock().unwrap();
+        let region = VhostUserMemoryRegion::new(0, 1 << 20, 0x1000_0000, 0);
+        s.set_mem_table(&[region], vec![file], None).unwrap();
+        s.set_vring_num(1, 0).unwrap();
+        assert!(s.set_vring_num(1, 3).is_err());
+        assert!(s.set_vring_num(1, 65536).is_err());
+        s.set_vring_addr(
+            1,
+            VhostUserVringAddrFlags::empty(),
+            0x1000_0000,
+            0x1000_2000,
+            0x1000_1000,
+            0,
+        )
+        .unwrap();
+        s.set_vring_kick(1, None).unwrap();
+        assert!(!s.vrings[1].running);
     }
 }

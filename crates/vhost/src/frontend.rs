@@ -67,6 +67,26 @@ pub struct ClientConfig {
     pub buf_size: u32,
     /// Ask for `VIRTIO_F_EVENT_IDX`.
     pub event_idx: bool,
+    /// How transmitted buffers are reclaimed.
+    pub tx_mode: TxMode,
+}
+
+/// How completed TX buffers come back (the Linux virtio-net "tx napi" series and what it
+/// replaced).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TxMode {
+    /// TX interrupts off; completions reclaimed from the send path; the TX interrupt is armed
+    /// only when the ring is full and the sender must wait (the default).
+    #[default]
+    Napi,
+    /// Reclaim only on transmit: buffers are held until the next send, never an interrupt,
+    /// a full ring is polled (completion latency unbounded: packets "orphaned").
+    Xmit,
+    /// TX interrupts always on: every completion batch calls us, reclaimed in poll context.
+    Irq,
+    /// TX completions cleaned from the RX poll (the RX interrupts fire anyway); TX interrupt
+    /// armed only when the ring is full.
+    RxPoll,
 }
 
 impl Default for ClientConfig {
@@ -75,6 +95,7 @@ impl Default for ClientConfig {
             queue_size: 256,
             buf_size: 2048,
             event_idx: true,
+            tx_mode: TxMode::Napi,
         }
     }
 }
@@ -396,8 +417,12 @@ impl NetClient {
             c.fe.set_vring_enable(RX_QUEUE, true)?;
             c.fe.set_vring_enable(TX_QUEUE, true)?;
         }
-        // tx napi: TX completions are reclaimed from the send path, not by interrupt.
-        c.tx.disable_used_notify();
+        // Only `Irq` takes TX interrupts; every other mode reclaims from a poll path.
+        if cfg.tx_mode == TxMode::Irq {
+            let _ = c.tx.arm_used_notify()?;
+        } else {
+            c.tx.disable_used_notify();
+        }
         Ok(c)
     }
 
@@ -442,11 +467,27 @@ impl NetClient {
 
     /// Reclaims completed TX buffers (poll context); returns how many.
     pub fn reclaim_tx(&mut self) -> Result<usize, Error> {
-        let n = self.tx.used_available()?;
-        for _ in 0..n {
-            self.tx.pop_used()?;
+        let mut total = 0;
+        loop {
+            let n = self.tx.used_available()?;
+            for _ in 0..n {
+                self.tx.pop_used()?;
+            }
+            total += usize::from(n);
+            // In `Irq` mode the interrupt stays armed: re-arm after each reclaim, and take
+            // what arrived while arming.
+            if self.cfg.tx_mode != TxMode::Irq
+                || self.tx.in_flight() == 0
+                || self.tx.arm_used_notify()? == Armed::Empty
+            {
+                return Ok(total);
+            }
         }
-        Ok(usize::from(n))
+    }
+
+    /// The TX completion mode.
+    pub fn tx_mode(&self) -> TxMode {
+        self.cfg.tx_mode
     }
 
     /// Free TX slots.
@@ -558,6 +599,9 @@ impl NetClient {
         }
         self.stats.rx_packets += got as u64;
         self.refill_rx()?;
+        if self.cfg.tx_mode == TxMode::RxPoll {
+            self.reclaim_tx()?;
+        }
         Ok(got)
     }
 
@@ -576,9 +620,11 @@ impl NetClient {
         Ok(self.tx.arm_used_notify()?)
     }
 
-    /// Stops TX interrupts again.
+    /// Stops TX interrupts again (except in `Irq` mode, where they stay on).
     pub fn disarm_tx(&mut self) {
-        self.tx.disable_used_notify();
+        if self.cfg.tx_mode != TxMode::Irq {
+            self.tx.disable_used_notify();
+        }
     }
 
     /// Sleeps until a call arrives on either queue or `timeout` passes; drains the call fds.

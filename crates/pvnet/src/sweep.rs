@@ -1,0 +1,451 @@
+//! `pvnet bench sweep`: every backend policy under offered load from 10 Kpps to saturation,
+//! under request/response at 1, 10 and 100 flows, and at rest. The figures the adaptive
+//! policy is judged by (DESIGN.md technique 2) are ratios against the other policies
+//! measured in the same run.
+
+use crate::backend_cmd::anyhow_lite::Result;
+use crate::bench::{f, u, wait_socket, Proc};
+use crate::proc;
+use clap::Args;
+use pvnet_dataplane::poll::Policy;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// `pvnet bench sweep` arguments.
+#[derive(Args, Debug, Clone)]
+pub struct SweepArgs {
+    /// Backend policies to compare.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "notify,timer:150,spin:256,busy,adaptive"
+    )]
+    pub policies: Vec<Policy>,
+    /// Offered loads in frames per second (0 = as fast as the ring allows: saturation).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "10000,30000,100000,300000,1000000,3000000,0"
+    )]
+    pub loads: Vec<u64>,
+    /// Seconds per load point (whole seconds give the 1-second intervals of the CoV).
+    #[arg(long, default_value_t = 4.0)]
+    pub secs: f64,
+    /// Request/response concurrency levels.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    pub flows: Vec<u16>,
+    /// Seconds per request/response point.
+    #[arg(long, default_value_t = 3.0)]
+    pub rr_secs: f64,
+    /// Frame length.
+    #[arg(long, default_value_t = 64)]
+    pub size: usize,
+    /// Output directory (CSV, PNG, README.md).
+    #[arg(long, default_value = "docs/sweep")]
+    pub out: PathBuf,
+    /// Do not draw the plots (they need python3 with matplotlib, installed with pip if missing).
+    #[arg(long)]
+    pub no_plots: bool,
+}
+
+struct Run {
+    dir: PathBuf,
+    size: usize,
+    n: std::cell::Cell<u32>,
+}
+
+impl Run {
+    fn backend(&self, role: &str, policy: Policy) -> Result<(Proc, PathBuf)> {
+        // A fresh path per point: never race a previous backend's exit.
+        self.n.set(self.n.get() + 1);
+        let sock = self.dir.join(format!("sweep-{}.sock", self.n.get()));
+        let _ = std::fs::remove_file(&sock);
+        let args = [
+            "backend",
+            "--socket",
+            &sock.to_string_lossy(),
+            "--role",
+            role,
+            "--cpu",
+            "1",
+            "--policy",
+            &policy.to_string(),
+            "--frame-len",
+            &self.size.to_string(),
+        ]
+        .map(String::from);
+        let mut b = Proc::spawn("backend", &args)?;
+        wait_socket(&sock, &mut b)?;
+        Ok((b, sock))
+    }
+
+    fn frontend(&self, sock: &Path, extra: &[&str]) -> Result<Proc> {
+        let mut args: Vec<String> = [
+            "frontend",
+            "--socket",
+            &sock.to_string_lossy(),
+            "--cpu",
+            "0",
+            "--frame-len",
+            &self.size.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Proc::spawn("frontend", &args)
+    }
+}
+
+/// Exact on-CPU time of the backend so far, then stop it (SIGTERM) and collect its report.
+fn stop_backend(b: Proc, since: Duration) -> Result<(Value, Duration)> {
+    let used = proc::sched_time_of(b.child.id())
+        .unwrap_or_default()
+        .saturating_sub(since);
+    // SAFETY: signals our own child, which has not been reaped.
+    unsafe {
+        libc::kill(
+            libc::pid_t::try_from(b.child.id()).unwrap_or(0),
+            libc::SIGTERM,
+        )
+    };
+    let (fin, _) = b.finish()?;
+    Ok((fin, used))
+}
+
+fn cov(v: &[f64]) -> f64 {
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64;
+    if m > 0.0 {
+        var.sqrt() / m
+    } else {
+        0.0
+    }
+}
+
+/// One offered-load point.
+fn load_point(r: &Run, policy: Policy, rate: u64, secs: f64) -> Result<Value> {
+    let (b, sock) = r.backend("sink", policy)?;
+    let mut fe = r.frontend(
+        &sock,
+        &[
+            "--role",
+            "tx",
+            "--secs",
+            &secs.to_string(),
+            "--rate",
+            &rate.to_string(),
+        ],
+    )?;
+    fe.wait_for("ready", Duration::from_secs(10))?;
+    let b_cpu0 = proc::sched_time_of(b.child.id()).unwrap_or_default();
+    let t0 = Instant::now();
+    let (ff, fcpu) = fe.finish()?;
+    let wall = t0.elapsed().as_secs_f64();
+    let (bf, bcpu) = stop_backend(b, b_cpu0)?;
+    let port = bf["ports"].get(0).cloned().unwrap_or_default();
+    let sent = u(&ff, "/data_sent");
+    let secs_run = f(&ff, "/secs").max(1e-9);
+    // 1-second intervals, the first dropped as warm-up.
+    let iv: Vec<f64> = ff["intervals"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .skip(1)
+        .collect();
+    let exact = u(&port, "/end_marker") == sent && u(&port, "/seq_errors") == 0;
+    Ok(json!({
+        "policy": policy.to_string(), "offered_pps": rate, "achieved_pps": sent as f64 / secs_run,
+        "cov": cov(&iv), "intervals": iv,
+        "cpu_backend_pct": bcpu.as_secs_f64() / wall * 100.0,
+        "cpu_frontend_pct": fcpu.as_secs_f64() / wall * 100.0,
+        "kicks_per_pkt": u(&ff, "/kicks") as f64 / sent.max(1) as f64,
+        "calls_per_pkt": u(&port, "/calls") as f64 / sent.max(1) as f64,
+        "backend_sleeps": u(&port, "/sleeps"), "exact": exact,
+    }))
+}
+
+/// One request/response point.
+fn rr_point(r: &Run, policy: Policy, flows: u16, secs: f64) -> Result<Value> {
+    let (b, sock) = r.backend("echo", policy)?;
+    let mut fe = r.frontend(
+        &sock,
+        &[
+            "--role",
+            "rr",
+            "--secs",
+            &secs.to_string(),
+            "--flows",
+            &flows.to_string(),
+        ],
+    )?;
+    fe.wait_for("ready", Duration::from_secs(10))?;
+    let b_cpu0 = proc::sched_time_of(b.child.id()).unwrap_or_default();
+    let t0 = Instant::now();
+    let (ff, fcpu) = fe.finish()?;
+    let wall = t0.elapsed().as_secs_f64();
+    let (bf, bcpu) = stop_backend(b, b_cpu0)?;
+    let port = bf["ports"].get(0).cloned().unwrap_or_default();
+    let tr = u(&ff, "/transactions").max(1) as f64;
+    Ok(json!({
+        "policy": policy.to_string(), "flows": flows, "rr_per_sec": f(&ff, "/rr_per_sec"),
+        "p50_us": f(&ff, "/p50_us"), "p99_us": f(&ff, "/p99_us"), "p999_us": f(&ff, "/p999_us"),
+        "cpu_backend_pct": bcpu.as_secs_f64() / wall * 100.0,
+        "cpu_frontend_pct": fcpu.as_secs_f64() / wall * 100.0,
+        "kicks_per_txn": u(&ff, "/kicks") as f64 / tr, "calls_per_txn": u(&port, "/calls") as f64 / tr,
+    }))
+}
+
+/// A connected pair at rest: CPU share of the backend over one second.
+fn idle_point(r: &Run, policy: Policy) -> Result<Value> {
+    let (b, sock) = r.backend("sink", policy)?;
+    let mut fe = r.frontend(&sock, &["--role", "idle", "--secs", "2"])?;
+    fe.wait_for("ready", Duration::from_secs(10))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let (c0, t0) = (proc::sched_time_of(b.child.id()), Instant::now());
+    std::thread::sleep(Duration::from_secs(1));
+    let (c1, dt) = (proc::sched_time_of(b.child.id()), t0.elapsed());
+    fe.finish()?;
+    stop_backend(b, Duration::ZERO)?;
+    let pct = match (c0, c1) {
+        (Some(a), Some(z)) => z.saturating_sub(a).as_secs_f64() / dt.as_secs_f64() * 100.0,
+        _ => f64::NAN,
+    };
+    Ok(json!({ "policy": policy.to_string(), "idle_cpu_backend_pct": pct }))
+}
+
+fn csv(path: &Path, rows: &[Value], cols: &[&str]) -> Result<()> {
+    let mut s = cols.join(",") + "\n";
+    for r in rows {
+        let line: Vec<String> = cols
+            .iter()
+            .map(|c| match &r[*c] {
+                Value::String(x) => x.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => String::new(),
+            })
+            .collect();
+        s += &(line.join(",") + "\n");
+    }
+    std::fs::write(path, s)?;
+    Ok(())
+}
+
+fn find<'a>(rows: &'a [Value], policy: &str, key: &str, val: u64) -> Option<&'a Value> {
+    rows.iter()
+        .find(|r| r["policy"] == policy && r[key].as_u64() == Some(val))
+}
+
+/// Runs the sweep.
+pub fn run(a: &SweepArgs) -> Result<()> {
+    if a.policies.is_empty() || a.loads.is_empty() {
+        return Err("need at least one policy and one load".into());
+    }
+    let dir = std::env::temp_dir().join(format!("pvnet-sweep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let r = Run {
+        dir: dir.clone(),
+        size: a.size,
+        n: std::cell::Cell::new(0),
+    };
+    let c2c_before = crate::limits::measure_c2c(0, 1, 200_000, 5);
+    let total = a.policies.len() * (a.loads.len() + a.flows.len() + 1);
+    let bar = indicatif::ProgressBar::new(total as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let (mut loads, mut rrs, mut idles) = (Vec::new(), Vec::new(), Vec::new());
+    // Interleave policies at each point, so slow drifts of the machine hit all of them.
+    for &rate in &a.loads {
+        for &p in &a.policies {
+            bar.set_message(format!(
+                "{p} at {}",
+                if rate == 0 {
+                    "saturation".into()
+                } else {
+                    format!("{rate} pps")
+                }
+            ));
+            loads.push(
+                load_point(&r, p, rate, a.secs).map_err(|e| format!("{p} at {rate} pps: {e}"))?,
+            );
+            bar.inc(1);
+        }
+    }
+    for &fl in &a.flows {
+        for &p in &a.policies {
+            bar.set_message(format!("{p}: request/response, {fl} flows"));
+            rrs.push(
+                rr_point(&r, p, fl, a.rr_secs).map_err(|e| format!("{p} rr {fl} flows: {e}"))?,
+            );
+            bar.inc(1);
+        }
+    }
+    for &p in &a.policies {
+        bar.set_message(format!("{p}: idle"));
+        idles.push(idle_point(&r, p).map_err(|e| format!("{p} idle: {e}"))?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let c2c_after = crate::limits::measure_c2c(0, 1, 200_000, 5);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    csv(
+        &a.out.join("load.csv"),
+        &loads,
+        &[
+            "policy",
+            "offered_pps",
+            "achieved_pps",
+            "cov",
+            "cpu_backend_pct",
+            "cpu_frontend_pct",
+            "kicks_per_pkt",
+            "calls_per_pkt",
+            "backend_sleeps",
+            "exact",
+        ],
+    )?;
+    csv(
+        &a.out.join("rr.csv"),
+        &rrs,
+        &[
+            "policy",
+            "flows",
+            "rr_per_sec",
+            "p50_us",
+            "p99_us",
+            "p999_us",
+            "cpu_backend_pct",
+            "cpu_frontend_pct",
+            "kicks_per_txn",
+            "calls_per_txn",
+        ],
+    )?;
+    csv(
+        &a.out.join("idle.csv"),
+        &idles,
+        &["policy", "idle_cpu_backend_pct"],
+    )?;
+
+    // Summary table and the ratios the adaptive policy is judged by.
+    let cmd =
+        format!(
+        "pvnet bench sweep --policies {} --loads {} --secs {} --flows {} --rr-secs {} --size {}",
+        a.policies.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        a.loads.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        a.secs,
+        a.flows.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        a.rr_secs,
+        a.size
+    );
+    let mut md = String::new();
+    let _ = writeln!(md, "# Backend polling policies: sweep\n\nProduced by `{cmd}` (c2c {c2c_before:.0} ns before, {c2c_after:.0} ns after). Raw data: `load.csv`, `rr.csv`, `idle.csv`; plots: `*.png` (`scripts/plot_sweep.py`).\n");
+    let _ = writeln!(md, "| policy | saturation Mpps | CoV max | backend CPU at 10 Kpps | backend CPU idle | kicks/pkt at 100 Kpps | calls/pkt at 100 Kpps | RR 1 flow p50/p99 us | RR 100 flows tps |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    for p in &a.policies {
+        let ps = p.to_string();
+        let sat = find(&loads, &ps, "offered_pps", 0);
+        let low = find(&loads, &ps, "offered_pps", 10_000);
+        let mid = find(&loads, &ps, "offered_pps", 100_000);
+        let covmax = loads
+            .iter()
+            .filter(|r| r["policy"] == ps.as_str())
+            .map(|r| f(r, "/cov"))
+            .fold(0.0, f64::max);
+        let idle = idles
+            .iter()
+            .find(|r| r["policy"] == ps.as_str())
+            .map_or(f64::NAN, |r| f(r, "/idle_cpu_backend_pct"));
+        let rr1 = find(&rrs, &ps, "flows", 1);
+        let rr100 = find(&rrs, &ps, "flows", 100);
+        let g = |v: Option<&Value>, k: &str| v.map_or(f64::NAN, |v| f(v, k));
+        let _ = writeln!(
+            md,
+            "| {ps} | {:.2} | {:.1}% | {:.1}% | {:.1}% | {:.3} | {:.3} | {:.1} / {:.1} | {:.0} |",
+            g(sat, "/achieved_pps") / 1e6,
+            covmax * 100.0,
+            g(low, "/cpu_backend_pct"),
+            idle,
+            g(mid, "/kicks_per_pkt"),
+            g(mid, "/calls_per_pkt"),
+            g(rr1, "/p50_us"),
+            g(rr1, "/p99_us"),
+            g(rr100, "/rr_per_sec")
+        );
+    }
+    let pick =
+        |p: &str, k: &str, v: u64, col: &str| find(&loads, p, k, v).map_or(f64::NAN, |r| f(r, col));
+    let ratio_lines = [
+        format!(
+            "adaptive / busy throughput at saturation: {:.3} (target >= 0.95)",
+            pick("adaptive", "offered_pps", 0, "/achieved_pps")
+                / pick("busy", "offered_pps", 0, "/achieved_pps")
+        ),
+        format!(
+            "adaptive / notify backend CPU at 10 Kpps: {:.2} (target <= 1.5)",
+            pick("adaptive", "offered_pps", 10_000, "/cpu_backend_pct")
+                / pick("notify", "offered_pps", 10_000, "/cpu_backend_pct")
+        ),
+        format!(
+            "adaptive / busy backend CPU at 10 Kpps: {:.3} (target <= 0.20)",
+            pick("adaptive", "offered_pps", 10_000, "/cpu_backend_pct")
+                / pick("busy", "offered_pps", 10_000, "/cpu_backend_pct")
+        ),
+        format!(
+            "adaptive / busy RR p50, 1 flow: {:.2} (target <= 1.3)",
+            find(&rrs, "adaptive", "flows", 1).map_or(f64::NAN, |r| f(r, "/p50_us"))
+                / find(&rrs, "busy", "flows", 1).map_or(f64::NAN, |r| f(r, "/p50_us"))
+        ),
+        format!(
+            "adaptive CoV, worst load point: {:.1}% (target <= 5%)",
+            loads
+                .iter()
+                .filter(|r| r["policy"] == "adaptive")
+                .map(|r| f(r, "/cov"))
+                .fold(0.0, f64::max)
+                * 100.0
+        ),
+        format!(
+            "adaptive backend CPU idle: {:.2}%",
+            idles
+                .iter()
+                .find(|r| r["policy"] == "adaptive")
+                .map_or(f64::NAN, |r| f(r, "/idle_cpu_backend_pct"))
+        ),
+    ];
+    let _ = writeln!(md, "\nRatios measured in this run:\n");
+    for l in &ratio_lines {
+        let _ = writeln!(md, "* {l}");
+    }
+    let notes = a.out.join("notes.md");
+    if let Ok(n) = std::fs::read_to_string(&notes) {
+        let _ = writeln!(md, "\n{n}");
+    }
+    std::fs::write(a.out.join("README.md"), &md)?;
+    println!("{md}");
+    if !a.no_plots {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/plot_sweep.py");
+        match std::process::Command::new("python3")
+            .arg(&script)
+            .arg(&a.out)
+            .status()
+        {
+            Ok(s) if s.success() => println!("plots written to {}", a.out.display()),
+            other => eprintln!(
+                "pvnet: plots not drawn ({other:?}); run: python3 scripts/plot_sweep.py {}",
+                a.out.display()
+            ),
+        }
+    }
+    Ok(())
+}
