@@ -36,7 +36,9 @@ def load_plot(y, ylabel, name, logy=False, scale=1.0):
         xs, ys = series(load, p, "offered_pps", y, sat_x)
         ax.plot(xs, [v * scale for v in ys], marker="o", label=p)
     ax.set_xscale("log")
-    if logy:
+    if logy == "log":
+        ax.set_yscale("log")
+    elif logy:
         ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_xlabel("offered load, frames/s (rightmost point: saturation)")
     ax.set_ylabel(ylabel)
@@ -46,7 +48,7 @@ def load_plot(y, ylabel, name, logy=False, scale=1.0):
     fig.savefig(d / name, dpi=110)
     plt.close(fig)
 
-load_plot("achieved_pps", "achieved Mpps", "rate_vs_load.png", scale=1e-6)
+load_plot("achieved_pps", "achieved Mpps", "rate_vs_load.png", logy="log", scale=1e-6)
 load_plot("cpu_backend_pct", "backend CPU %", "cpu_vs_load.png")
 load_plot("kicks_per_pkt", "kicks per packet", "kicks_vs_load.png", logy=True)
 load_plot("calls_per_pkt", "calls per packet", "calls_vs_load.png", logy=True)
