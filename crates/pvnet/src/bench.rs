@@ -323,32 +323,25 @@ fn result(
     })
 }
 
-/// frontend TX -> backend sink.
-fn f2b(cx: &Ctx<'_>) -> Result<Value> {
-    let (b, sock) = cx.backend("sink", 1)?;
-    let fe = cx.frontend(&sock, "tx", Some(0))?;
-    watch(&cx.bar, "f2b", cx.a.secs, &fe.progress, || fe.has("final"));
+/// One backend and one pvnet frontend on its own CPU; `judge(frontend, port)` reads
+/// (sent, received, exact) from the two reports.
+fn one_way(
+    cx: &Ctx<'_>,
+    (name, desc): (&str, &str),
+    (backend_role, frontend_role): (&str, &str),
+    judge: impl Fn(&Value, &Value) -> (u64, u64, bool),
+) -> Result<Value> {
+    let (b, sock) = cx.backend(backend_role, 1)?;
+    let fe = cx.frontend(&sock, frontend_role, Some(0))?;
+    watch(&cx.bar, name, cx.a.secs, &fe.progress, || fe.has("final"));
     let (ff, fcpu) = fe.finish()?;
     let (bf, bcpu) = b.finish()?;
     let ports = bf["ports"].as_array().cloned().unwrap_or_default();
     let p = ports.first().cloned().unwrap_or_default();
-    let sent = u(&ff, "/data_sent");
-    let recv = u(&p, "/end_marker");
     let drops = drops_of(&ports);
-    // Every frame the frontend queued (data + end marker) reached the sink, in order.
-    let exact = u(&p, "/rx_packets") == u(&ff, "/tx_packets")
-        && recv == sent
-        && u(&p, "/seq_errors") == 0
-        && total(&drops) == 0;
-    let mut r = result(
-        "f2b",
-        "frontend -> backend (sink)",
-        cx.a.size,
-        sent,
-        recv,
-        f(&ff, "/secs"),
-        exact,
-    );
+    let (sent, recv, exact) = judge(&ff, &p);
+    let exact = exact && total(&drops) == 0;
+    let mut r = result(name, desc, cx.a.size, sent, recv, f(&ff, "/secs"), exact);
     r["drops"] = drops;
     r["cpu_ns_per_packet"] =
         json!({ "backend": ns_per(bcpu, recv), "frontend": ns_per(fcpu, recv) });
@@ -357,38 +350,38 @@ fn f2b(cx: &Ctx<'_>) -> Result<Value> {
     Ok(r)
 }
 
+/// frontend TX -> backend sink.
+fn f2b(cx: &Ctx<'_>) -> Result<Value> {
+    one_way(
+        cx,
+        ("f2b", "frontend -> backend (sink)"),
+        ("sink", "tx"),
+        |ff, p| {
+            let (sent, recv) = (u(ff, "/data_sent"), u(p, "/end_marker"));
+            // Every frame the frontend queued (data + end marker) reached the sink, in order.
+            let exact = u(p, "/rx_packets") == u(ff, "/tx_packets")
+                && recv == sent
+                && u(p, "/seq_errors") == 0;
+            (sent, recv, exact)
+        },
+    )
+}
+
 /// backend generator -> frontend RX.
 fn b2f(cx: &Ctx<'_>) -> Result<Value> {
-    let (b, sock) = cx.backend("gen", 1)?;
-    let fe = cx.frontend(&sock, "rx", Some(0))?;
-    watch(&cx.bar, "b2f", cx.a.secs, &fe.progress, || fe.has("final"));
-    let (ff, fcpu) = fe.finish()?;
-    let (bf, bcpu) = b.finish()?;
-    let ports = bf["ports"].as_array().cloned().unwrap_or_default();
-    let p = ports.first().cloned().unwrap_or_default();
-    let sent = u(&p, "/tx_packets");
-    let recv = u(&ff, "/data_received");
-    let drops = drops_of(&ports);
-    let exact = recv == sent
-        && u(&ff, "/end_count") == sent
-        && u(&ff, "/seq_errors") == 0
-        && u(&ff, "/rx_errors") == 0
-        && total(&drops) == 0;
-    let mut r = result(
-        "b2f",
-        "backend (gen) -> frontend",
-        cx.a.size,
-        sent,
-        recv,
-        f(&ff, "/secs"),
-        exact,
-    );
-    r["drops"] = drops;
-    r["cpu_ns_per_packet"] =
-        json!({ "backend": ns_per(bcpu, recv), "frontend": ns_per(fcpu, recv) });
-    r["kicks_per_kpkt"] = json!(per_k(u(&ff, "/kicks"), recv));
-    r["calls_per_kpkt"] = json!(per_k(u(&p, "/calls"), recv));
-    Ok(r)
+    one_way(
+        cx,
+        ("b2f", "backend (gen) -> frontend"),
+        ("gen", "rx"),
+        |ff, p| {
+            let (sent, recv) = (u(p, "/tx_packets"), u(ff, "/data_received"));
+            let exact = recv == sent
+                && u(ff, "/end_count") == sent
+                && u(ff, "/seq_errors") == 0
+                && u(ff, "/rx_errors") == 0;
+            (sent, recv, exact)
+        },
+    )
 }
 
 /// frontend A TX -> backend forward -> frontend B RX.

@@ -227,6 +227,13 @@ impl Intervals {
     }
 }
 
+/// A scratch buffer for bursts and the frame template every frame is copied from.
+fn template(frame_len: usize, src: [u8; 6], dst: [u8; 6]) -> (Vec<u8>, Vec<u8>) {
+    let mut tpl = vec![0u8; frame_len];
+    frame::write_template(&mut tpl, frame_len, src, dst);
+    (vec![0u8; 2048], tpl)
+}
+
 /// Sends numbered frames for `secs` (paced at `--rate` if given), then the end marker, then
 /// waits until the backend has consumed everything.
 fn tx(
@@ -235,14 +242,7 @@ fn tx(
     frame_len: usize,
     mut p: Poller,
 ) -> Result<serde_json::Value> {
-    let mut scratch = vec![0u8; 2048];
-    frame::write_template(
-        &mut scratch[12..],
-        frame_len,
-        [2, 0, 0, 0, 0, 3],
-        [2, 0, 0, 0, 0, 4],
-    );
-    let tpl: Vec<u8> = scratch[12..12 + frame_len].to_vec();
+    let (mut scratch, tpl) = template(frame_len, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 4]);
     let dur = Duration::from_secs_f64(a.secs);
     if a.rate > 0 {
         // Precise sleeps for pacing (the default 50 us timer slack would bunch packets).
@@ -398,14 +398,7 @@ fn rr(
     frame_len: usize,
     mut p: Poller,
 ) -> Result<serde_json::Value> {
-    let mut scratch = vec![0u8; 2048];
-    frame::write_template(
-        &mut scratch[12..],
-        frame_len,
-        [2, 0, 0, 0, 0, 5],
-        [2, 0, 0, 0, 0, 5],
-    );
-    let tpl: Vec<u8> = scratch[12..12 + frame_len].to_vec();
+    let (mut scratch, tpl) = template(frame_len, [2, 0, 0, 0, 0, 5], [2, 0, 0, 0, 0, 5]);
     let mut hist =
         Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
     let t0 = Instant::now();

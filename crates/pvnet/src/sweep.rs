@@ -128,29 +128,45 @@ fn cov(v: &[f64]) -> f64 {
     }
 }
 
-/// One offered-load point.
-fn load_point(r: &Run, policy: Policy, rate: u64, secs: f64) -> Result<Value> {
-    let (b, sock) = r.backend("sink", policy)?;
-    let mut fe = r.frontend(
-        &sock,
-        &[
-            "--role",
-            "tx",
-            "--secs",
-            &secs.to_string(),
-            "--rate",
-            &rate.to_string(),
-        ],
-    )?;
+/// What one measured point gives: the frontend's report, the backend port's counters, and
+/// each process's CPU share over the frontend's run (backend from schedstat).
+struct Point {
+    fe: Value,
+    port: Value,
+    cpu_backend_pct: f64,
+    cpu_frontend_pct: f64,
+}
+
+/// Runs one backend with `policy` in `role` and one frontend with `fe_args` to completion.
+fn point(r: &Run, role: &str, policy: Policy, fe_args: &[&str]) -> Result<Point> {
+    let (b, sock) = r.backend(role, policy)?;
+    let mut fe = r.frontend(&sock, fe_args)?;
     fe.wait_for("ready", Duration::from_secs(10))?;
     let b_cpu0 = proc::sched_time_of(b.child.id()).unwrap_or_default();
     let t0 = Instant::now();
     let (ff, fcpu) = fe.finish()?;
     let wall = t0.elapsed().as_secs_f64();
     let (bf, bcpu) = stop_backend(b, b_cpu0)?;
-    let port = bf["ports"].get(0).cloned().unwrap_or_default();
-    let sent = u(&ff, "/data_sent");
-    let secs_run = f(&ff, "/secs").max(1e-9);
+    Ok(Point {
+        port: bf["ports"].get(0).cloned().unwrap_or_default(),
+        fe: ff,
+        cpu_backend_pct: bcpu.as_secs_f64() / wall * 100.0,
+        cpu_frontend_pct: fcpu.as_secs_f64() / wall * 100.0,
+    })
+}
+
+/// One offered-load point.
+fn load_point(r: &Run, policy: Policy, rate: u64, secs: f64) -> Result<Value> {
+    let (secs_s, rate_s) = (secs.to_string(), rate.to_string());
+    let pt = point(
+        r,
+        "sink",
+        policy,
+        &["--role", "tx", "--secs", &secs_s, "--rate", &rate_s],
+    )?;
+    let (ff, port) = (&pt.fe, &pt.port);
+    let sent = u(ff, "/data_sent");
+    let secs_run = f(ff, "/secs").max(1e-9);
     // 1-second intervals, the first dropped as warm-up.
     let iv: Vec<f64> = ff["intervals"]
         .as_array()
@@ -159,46 +175,33 @@ fn load_point(r: &Run, policy: Policy, rate: u64, secs: f64) -> Result<Value> {
         .filter_map(Value::as_f64)
         .skip(1)
         .collect();
-    let exact = u(&port, "/end_marker") == sent && u(&port, "/seq_errors") == 0;
+    let exact = u(port, "/end_marker") == sent && u(port, "/seq_errors") == 0;
     Ok(json!({
         "policy": policy.to_string(), "offered_pps": rate, "achieved_pps": sent as f64 / secs_run,
         "cov": cov(&iv), "intervals": iv,
-        "cpu_backend_pct": bcpu.as_secs_f64() / wall * 100.0,
-        "cpu_frontend_pct": fcpu.as_secs_f64() / wall * 100.0,
-        "kicks_per_pkt": u(&ff, "/kicks") as f64 / sent.max(1) as f64,
-        "calls_per_pkt": u(&port, "/calls") as f64 / sent.max(1) as f64,
-        "backend_sleeps": u(&port, "/sleeps"), "exact": exact,
+        "cpu_backend_pct": pt.cpu_backend_pct, "cpu_frontend_pct": pt.cpu_frontend_pct,
+        "kicks_per_pkt": u(ff, "/kicks") as f64 / sent.max(1) as f64,
+        "calls_per_pkt": u(port, "/calls") as f64 / sent.max(1) as f64,
+        "backend_sleeps": u(port, "/sleeps"), "exact": exact,
     }))
 }
 
 /// One request/response point.
 fn rr_point(r: &Run, policy: Policy, flows: u16, secs: f64) -> Result<Value> {
-    let (b, sock) = r.backend("echo", policy)?;
-    let mut fe = r.frontend(
-        &sock,
-        &[
-            "--role",
-            "rr",
-            "--secs",
-            &secs.to_string(),
-            "--flows",
-            &flows.to_string(),
-        ],
+    let (secs_s, flows_s) = (secs.to_string(), flows.to_string());
+    let pt = point(
+        r,
+        "echo",
+        policy,
+        &["--role", "rr", "--secs", &secs_s, "--flows", &flows_s],
     )?;
-    fe.wait_for("ready", Duration::from_secs(10))?;
-    let b_cpu0 = proc::sched_time_of(b.child.id()).unwrap_or_default();
-    let t0 = Instant::now();
-    let (ff, fcpu) = fe.finish()?;
-    let wall = t0.elapsed().as_secs_f64();
-    let (bf, bcpu) = stop_backend(b, b_cpu0)?;
-    let port = bf["ports"].get(0).cloned().unwrap_or_default();
-    let tr = u(&ff, "/transactions").max(1) as f64;
+    let (ff, port) = (&pt.fe, &pt.port);
+    let tr = u(ff, "/transactions").max(1) as f64;
     Ok(json!({
-        "policy": policy.to_string(), "flows": flows, "rr_per_sec": f(&ff, "/rr_per_sec"),
-        "p50_us": f(&ff, "/p50_us"), "p99_us": f(&ff, "/p99_us"), "p999_us": f(&ff, "/p999_us"),
-        "cpu_backend_pct": bcpu.as_secs_f64() / wall * 100.0,
-        "cpu_frontend_pct": fcpu.as_secs_f64() / wall * 100.0,
-        "kicks_per_txn": u(&ff, "/kicks") as f64 / tr, "calls_per_txn": u(&port, "/calls") as f64 / tr,
+        "policy": policy.to_string(), "flows": flows, "rr_per_sec": f(ff, "/rr_per_sec"),
+        "p50_us": f(ff, "/p50_us"), "p99_us": f(ff, "/p99_us"), "p999_us": f(ff, "/p999_us"),
+        "cpu_backend_pct": pt.cpu_backend_pct, "cpu_frontend_pct": pt.cpu_frontend_pct,
+        "kicks_per_txn": u(ff, "/kicks") as f64 / tr, "calls_per_txn": u(port, "/calls") as f64 / tr,
     }))
 }
 

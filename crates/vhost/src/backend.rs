@@ -594,8 +594,9 @@ const HDR_NEED_REPLY: u32 = 0x8;
 /// QEMU's vhost-user-net sends exactly that: it checks the *offered* features
 /// (`vhost_user_set_vring_enable`: `virtio_has_feature(dev->features, PROTOCOL_FEATURES)`), and
 /// sends `SET_VRING_ENABLE(1)` when the guest writes its features (`virtio_net_set_features` ->
-/// `peer_attach`) and again from `vhost_net_start` ("restore vring enable state"), which since
-/// QEMU 7.1 runs *before* `vhost_net_start_one` sends `SET_FEATURES`. Ignoring these would leave
+/// `peer_attach`) and again from `vhost_net_start` ("restore vring enable state"), which in
+/// QEMU 7.2 runs *before* `vhost_net_start_one` sends `SET_FEATURES` (seen with Debian's 7.2:
+/// five enables, all before `SET_FEATURES`, none after). Ignoring these would leave
 /// the rings disabled forever (with protocol features a ring starts disabled, vhost-user spec
 /// "Ring states"); DPDK's vhost library and libvhost-user accept the message at any time. So
 /// the enable state is recorded now and takes effect when the ring is otherwise ready.
