@@ -45,6 +45,18 @@ if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); failures+=("c
 [ "$p" -eq 0 ] && { failed=$((failed + 1)); failures+=("cargo test ran no test"); }
 rm -f "$out"
 
+# --- interop with frontends pvnet did not write: DPDK testpmd virtio-user, a Linux guest ------
+# (installs DPDK, QEMU, hugepages and a guest image from Debian packages on first run)
+log "interop: DPDK testpmd and a Linux guest under QEMU against pvnet's backend"
+out=$(mktemp)
+tests/interop/run.sh 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed/ { p = $1; f = $3 } END { print p + 0, f + 0 }' "$out")
+passed=$((passed + p)); failed=$((failed + f))
+if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); failures+=("interop (exit $rc)"); fi
+[ "$f" -gt 0 ] && failures+=("interop: $f failed")
+rm -f "$out"
+
 # --- fuzzing (stable Rust, libFuzzer via SanitizerCoverage), bounded ---------------------------
 step "fuzz targets, ${FUZZ_SECS}s each" fuzz/run.sh "$FUZZ_SECS"
 

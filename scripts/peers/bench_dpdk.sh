@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# scripts/peers/bench_dpdk.sh - pvnet's vhost-user backend side by side with DPDK's, in one run.
+# A benchmark, not a test: it prints numbers and ratios, and fails only when a run breaks.
+#
+# The frontend is always DPDK 22.11 testpmd with net_virtio_user (64-byte frames, 1 queue pair,
+# ring size 256, burst 32), and the rate of every run is the one that same frontend reports
+# (median of its 1 s `show port stats` Tx-pps / Rx-pps samples after a warm-up), so both backends
+# are measured by the same tool. Per direction, interleaved A/B within every round (the order
+# alternates between rounds):
+#   v2h  frontend txonly -> (A) pvnet backend --role sink     (B) testpmd net_vhost rxonly
+#   h2v  frontend rxonly <- (A) pvnet backend --role gen      (B) testpmd net_vhost txonly
+# Each run records:
+#   * the one-way core-to-core latency before and after (`pvnet limits`): these 2-vCPU VMs flip
+#     between ~40-60 ns, ~90-120 ns and ~180-440 ns and rates follow it, so ratios are taken
+#     within one state (both samples): fast < 75 ns <= mid < 150 ns <= slow, else "mixed";
+#   * the CPU busy share just before, and what other processes took during the window (other
+#     work on the 2 cores spoils a run; such runs are redone);
+#   * the backend process's CPU ns/packet: user+sys from /proc/<pid>/stat over the measured
+#     window / packets the frontend counted in that window.
+# Pinning (2 cores): the frontend's forwarding lcore on CPU0 (-l 0,1 --main-lcore 1); the
+# backend's worker on CPU1 (pvnet --cpu 1; testpmd -l 0,1 --main-lcore 0). Main lcores only
+# sleep at their prompt.
+#
+# Usage: scripts/peers/bench_dpdk.sh        Env: ROUNDS=3 DUR=6 (measured s) WARM=2 (s)
+#        DIRS="v2h h2v"  DOC=docs/interop.md (table written between the bench markers; DOC= to
+#        skip)  QUIET_PCT=15 QUIET_WAIT=60 (wait up to 60 s for the CPUs to be <15% busy)
+#        OTHER_MAX=10 (a run during which other processes took >10% of the CPUs is redone, 3x)
+#        PVNET_ARGS="--policy busy" (extra arguments for `pvnet backend`, e.g. its poll policy)
+# Wall time: ~15 s per run, 4 runs per round: ~3.5 min for 3 rounds.
+source "$(dirname "$0")/lib.sh"
+need_root
+ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"
+DOC="${DOC-$PVNET_ROOT/docs/interop.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
+PVNET_ARGS="${PVNET_ARGS:-}"
+"$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
+build_pvnet
+B="$WORK/bench"; rm -rf "$B"; mkdir -p "$B"
+# A private copy: a rebuild of target/ during the run must not swap the binary under it.
+cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
+RES="$B/results.txt"; : > "$RES"
+SOCK="$B/vu.sock"; TCK=$(getconf CLK_TCK)
+FE_PREFIX=pvnet_bench_fe; BE_PREFIX=pvnet_bench_be
+FE_ARGS=(-l "0,1" --main-lcore 1 --socket-mem 512 --single-file-segments --file-prefix "$FE_PREFIX" --no-pci
+         --vdev "net_virtio_user0,path=$SOCK,queues=1,queue_size=256")
+BE_ARGS=(-l "0,1" --main-lcore 0 --socket-mem 512 --file-prefix "$BE_PREFIX" --no-pci
+         --vdev "net_vhost0,iface=$SOCK,queues=1")
+APP_ARGS=(--nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i)
+PV_TPID=
+cleanup() {
+  testpmd_kill_all 2>/dev/null
+  [ -n "$PV_TPID" ] && stop_pid "$PV_TPID"
+  hugepage_cleanup "$FE_PREFIX"; hugepage_cleanup "$BE_PREFIX"
+}
+trap cleanup EXIT
+trap 'exit 130' INT; trap 'exit 143' TERM   # so that cleanup runs
+
+# cpu_busy: percent of both CPUs busy over 0.5 s (everything but idle+iowait).
+cpu_busy() {
+  local a b
+  a=$(awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat); sleep 0.5
+  b=$(awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat)
+  awk -v a="$a" -v b="$b" 'BEGIN{split(a,x," "); split(b,y," "); t=y[1]-x[1]; i=y[2]-x[2]; printf "%.0f", (t > 0 ? 100*(t-i)/t : 0)}'
+}
+# wait_quiet: waits (<= QUIET_WAIT s) for the CPUs to be at most QUIET_PCT % busy; sets BUSY.
+wait_quiet() {
+  local i
+  for i in $(seq "$QUIET_WAIT"); do
+    BUSY=$(cpu_busy); [ "$BUSY" -le "$QUIET_PCT" ] && return
+    [ "$i" = 1 ] && log "CPUs ${BUSY}% busy with other work; waiting up to ${QUIET_WAIT}s"
+    sleep 0.5
+  done
+}
+# child_pid PID: the single child of a `timeout` wrapper (the process we measure).
+child_pid() { local c; c=$(cat "/proc/$1/task/$1/children" 2>/dev/null); echo "${c%% *}"; }
+ticks() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo nan; }
+machine_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }   # all CPUs, ticks
+
+run_one() {   # run_one DIR IMPL ROUND
+  local dir="$1" impl="$2" round="$3" tag="$1-$2-$3" fe_fwd be_fwd field
+  case "$dir" in
+    v2h) fe_fwd=txonly; be_fwd=rxonly; field=TX ;;
+    h2v) fe_fwd=rxonly; be_fwd=txonly; field=RX ;;
+  esac
+  local busy c2c_a c2c_b bepid fepid n=$((WARM + DUR)) fe_log="$B/$tag.fe.log" be_log="$B/$tag.be.log"
+  wait_quiet; busy=$BUSY; c2c_a=$(c2c_ns)
+  rm -f "$SOCK"
+  if [ "$impl" = pvnet ]; then
+    local role=sink; [ "$dir" = h2v ] && role=gen
+    local extra; read -ra extra <<< "$PVNET_ARGS"
+    timeout -k 5 $((n + 60)) "$PVNET_BIN" backend --socket "$SOCK" --role "$role" --gen-secs $((n + 30)) \
+      --sessions 1 --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
+    PV_TPID=$!
+    wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
+    bepid=$(child_pid "$PV_TPID")
+  else
+    testpmd_start be "$be_log" $((n + 60)) "${BE_ARGS[@]}" -- "${APP_ARGS[@]}" --forward-mode="$be_fwd"
+    wait_for 30 test -S "$SOCK" || die "testpmd net_vhost did not create $SOCK ($be_log)"
+    bepid=$(child_pid "${TP_PID[be]}")
+  fi
+  testpmd_start fe "$fe_log" $((n + 60)) "${FE_ARGS[@]}" -- "${APP_ARGS[@]}" --forward-mode="$fe_fwd"
+  wait_for 30 grep -q 'testpmd> ' "$fe_log" || die "virtio-user testpmd did not start ($fe_log)"
+  fepid=$(child_pid "${TP_PID[fe]}")
+  if [ "$impl" = dpdk ]; then
+    wait_for 10 grep -q 'testpmd> ' "$be_log" || die "net_vhost testpmd did not start ($be_log)"
+    tp be start; sleep 0.5
+  fi
+  sleep 0.5
+  tp fe start
+  : > "$B/$tag.ticks"
+  local k
+  for k in $(seq "$n"); do
+    sleep 1
+    tp fe "show port stats all"; echo "$k $(ticks "$bepid") $(ticks "$fepid") $(machine_busy)" >> "$B/$tag.ticks"
+  done
+  testpmd_quit fe 20 || log "$tag: virtio-user testpmd did not quit cleanly"
+  hugepage_cleanup "$FE_PREFIX"
+  if [ "$impl" = pvnet ]; then wait_pid "$PV_TPID" 15 || log "$tag: pvnet exit status $?"; PV_TPID=
+  else testpmd_quit be 20 || log "$tag: net_vhost testpmd did not quit cleanly"; hugepage_cleanup "$BE_PREFIX"; fi
+  c2c_b=$(c2c_ns)
+  # one RESULT line: Mpps (median of the window's samples), CPU ns/packet over the window
+  python3 - "$fe_log" "$B/$tag.ticks" "$field" "$WARM" "$DUR" "$TCK" <<PY > "$B/$tag.result"
+import re, sys, statistics
+log, tfile, field, warm, dur, tck = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+blocks = open(log, errors="replace").read().split("NIC statistics for port")[1:]
+def num(pat, b):
+    m = re.search(pat, b)
+    return int(m.group(1)) if m else None
+vals = [(num(field + r"-packets: *(\d+)", b), num(field.capitalize() + r"-pps: *(\d+)", b)) for b in blocks]
+vals = [v for v in vals if None not in v]
+cum, pps = [v[0] for v in vals], [v[1] for v in vals]
+rows = [[float(x) for x in l.split()[1:]] for l in open(tfile)]
+ticks = [r[0] for r in rows]
+n = min(len(ticks), len(cum))
+w0, w1 = warm - 1, min(warm + dur, n) - 1          # sample k (1-based) is index k-1
+win = pps[w0 + 1:w1 + 1]
+mpps = statistics.median(win) / 1e6 if win else float("nan")
+pk = cum[w1] - cum[w0] if n > w1 > w0 else 0
+ns = (ticks[w1] - ticks[w0]) * 1e9 / tck / pk if pk > 0 else float("nan")
+# CPU time of everything else on the machine during the window, in % of all CPUs: work that
+# is not ours competes for the 2 cores and spoils the run.
+other = float("nan")
+if n > w1 > w0:
+    d = [rows[w1][i] - rows[w0][i] for i in range(3)]
+    other = max(0.0, 100.0 * (d[2] - d[0] - d[1]) / (tck * (w1 - w0) * $(nproc)))
+print("RESULT dir=$dir impl=$impl round=$round c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d"
+      % (other, mpps, min(win) / 1e6 if win else 0, max(win) / 1e6 if win else 0, ns, pk))
+PY
+  cat "$B/$tag.result"
+  grep -hE 'Cannot|Failed|ERROR|panicked' "$fe_log" "$be_log" 2>/dev/null | grep -v promiscuous | sort -u | head -3 | sed 's/^/  log: /' || true
+}
+
+# measure DIR IMPL ROUND: run_one until no other work took more than OTHER_MAX % of the CPUs
+# during the window (3 attempts); spoiled attempts are kept in noisy.txt.
+measure() {
+  local a other tag="$1-$2-$3"
+  for a in 1 2 3; do
+    run_one "$@"
+    other=$(grep -o 'other_pct=[0-9nan-]*' "$B/$tag.result" | cut -d= -f2)
+    if [ "$other" != nan ] && [ "${other:-100}" -le "$OTHER_MAX" ] 2>/dev/null; then break; fi
+    if [ "$a" = 3 ]; then log "$tag: still ${other}% other CPU load after 3 attempts; kept"; break; fi
+    log "$tag: other work took ${other}% of the CPUs during the window; again"
+    sed 's/^RESULT/NOISY/' "$B/$tag.result" >> "$B/noisy.txt"
+  done
+  cat "$B/$tag.result" >> "$RES"
+}
+
+log "bench: $ROUNDS rounds x {$DIRS} x {pvnet, dpdk}, ${WARM}s warm-up + ${DUR}s measured per run"
+for r in $(seq "$ROUNDS"); do
+  for dir in $DIRS; do
+    if [ $((r % 2)) = 1 ]; then order=(pvnet dpdk); else order=(dpdk pvnet); fi
+    for impl in "${order[@]}"; do measure "$dir" "$impl" "$r"; done
+  done
+done
+
+# ---- summary: ratios pvnet/DPDK per direction and c2c state -----------------------------------
+python3 - "$RES" "$B/summary.md" <<'PY'
+import re, sys, statistics as st
+rows = []
+for l in open(sys.argv[1]):
+    d = dict(kv.split("=", 1) for kv in l.split()[1:])
+    a, b = (float(x) for x in d["c2c_ns"].split("/"))
+    bucket = lambda ns: "fast" if ns < 75 else "mid" if ns < 150 else "slow"
+    d["state"] = bucket(a) if bucket(a) == bucket(b) else "mixed"
+    d["mpps"], d["ns"] = float(d["mpps"]), float(d["cpu_ns_per_pkt"])
+    rows.append(d)
+med = lambda xs: st.median(xs) if xs else float("nan")
+out = ["| direction | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |",
+       "|---|---|---|---|---|---|---|---|---|---|"]
+for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: backend -> virtio-user rxonly")):
+    for state in ("fast", "mid", "slow", "mixed"):
+        p = [x for x in rows if x["dir"] == dr and x["impl"] == "pvnet" and x["state"] == state]
+        q = [x for x in rows if x["dir"] == dr and x["impl"] == "dpdk" and x["state"] == state]
+        if not p and not q:
+            continue
+        pm, qm = med([x["mpps"] for x in p]), med([x["mpps"] for x in q])
+        pn, qn = med([x["ns"] for x in p]), med([x["ns"] for x in q])
+        # A/B of the same round whose runs were both in this state
+        pairs = []
+        for x in p:
+            y = [z for z in q if z["round"] == x["round"]]
+            if y:
+                pairs.append("%.2f" % (x["mpps"] / y[0]["mpps"]))
+        r = lambda a, b: "%.2f" % (a / b) if p and q and b == b and b > 0 else "-"
+        f = lambda v: "%.2f" % v if v == v else "-"
+        g = lambda v: "%.1f" % v if v == v else "-"
+        out.append("| %s | %s | %d/%d | %s | %s | **%s** | %s | %s | %s | %s |" % (
+            name, state, len(p), len(q), f(pm), f(qm), r(pm, qm), g(pn), g(qn), r(pn, qn), " ".join(pairs) or "-"))
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
+
+if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q '<!-- bench_dpdk:begin -->' "$DOC"; then
+  {
+    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
+         "DPDK $(dpkg-query -W -f='${Version}' dpdk-dev), pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)," \
+         "$(nproc) CPUs, $(uname -r)."
+    echo
+    cat "$B/summary.md"
+    echo
+    echo "<details><summary>raw RESULT lines</summary>"
+    echo; echo '```'; cat "$RES"; [ -s "$B/noisy.txt" ] && cat "$B/noisy.txt"; echo '```'; echo; echo "</details>"
+  } > "$B/section.md"
+  python3 - "$DOC" "$B/section.md" <<'PY'
+import sys
+doc, sec = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+a, b = "<!-- bench_dpdk:begin -->", "<!-- bench_dpdk:end -->"
+i, j = doc.index(a) + len(a), doc.index(b)
+open(sys.argv[1], "w").write(doc[:i] + "\n" + sec + doc[j:])
+PY
+  log "table written to $DOC"
+fi
+log "results: $RES"

@@ -1,0 +1,200 @@
+# scripts/peers/lib.sh - helpers shared by pvnet's peer harness (sourced, never executed).
+#
+# Peers are programs pvnet did not write: DPDK 22.11 dpdk-testpmd (net_vhost, net_virtio_user)
+# and a Debian Linux guest (virtio_net) under QEMU 7.2. Everything runs as root on Debian 12.
+# Scratch files, logs, sockets and the guest image live in $PVNET_PEERS_WORK
+# (default /tmp/pvnet-peers). Every process is started under `timeout` and stopped by its PID.
+# shellcheck shell=bash
+
+set -euo pipefail
+PEERS_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PVNET_ROOT="$(cd "$PEERS_LIB_DIR/../.." && pwd)"
+WORK="${PVNET_PEERS_WORK:-/tmp/pvnet-peers}"
+GUEST_DIR="$WORK/guest"
+PVNET_BIN="${PVNET_BIN:-$PVNET_ROOT/target/release/pvnet}"
+HUGEPAGES="${HUGEPAGES:-1024}"          # 2 MiB pages: 2 GiB, two testpmds take 512 MiB each
+
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+die() { echo "error: $*" >&2; exit 1; }
+
+need_root() { [ "$(id -u)" = 0 ] || die "run as root (hugepages, apt-get, testpmd need it)"; }
+
+# apt_install PKG... : installs only the packages that are missing (no recommends). Refreshes the
+# package lists first when they are older than a day or an install fails on a stale list.
+apt_install() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  ((${#missing[@]})) || return 0
+  log "apt-get install ${missing[*]}"
+  if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+    timeout 300 apt-get update -q >&2
+  fi
+  DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -q --no-install-recommends "${missing[@]}" >&2 || {
+    timeout 300 apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+  }
+}
+
+# Debian's `dpdk` package holds only scripts: dpdk-testpmd is in dpdk-dev, and the PMDs the
+# harness loads are separate packages (not pulled in with --no-install-recommends).
+# shellcheck disable=SC2034  # used by the scripts that source this file
+DPDK_PKGS=(dpdk dpdk-dev librte-net-vhost23 librte-net-virtio23 librte-mempool-ring23)
+# shellcheck disable=SC2034
+QEMU_PKGS=(qemu-system-x86)
+# shellcheck disable=SC2034
+TOOL_PKGS=(iperf3 sockperf kmod cpio gzip python3 gcc libc6-dev procps util-linux coreutils iproute2)
+
+# ensure_hugepages N : reserves N 2 MiB pages and mounts hugetlbfs on /dev/hugepages.
+ensure_hugepages() {
+  local want="$1" have
+  have=$(cat /proc/sys/vm/nr_hugepages)
+  if [ "$have" -lt "$want" ]; then
+    echo "$want" > /proc/sys/vm/nr_hugepages || true
+    have=$(cat /proc/sys/vm/nr_hugepages)
+  fi
+  [ "$have" -ge "$want" ] || die "only $have of $want 2 MiB hugepages could be reserved"
+  if ! grep -qs ' /dev/hugepages hugetlbfs ' /proc/mounts; then
+    mkdir -p /dev/hugepages
+    mount -t hugetlbfs -o pagesize=2M nodev /dev/hugepages
+  fi
+}
+
+# stop_pid PID [SIG] : stops a process this harness started (by PID only): SIG (default TERM),
+# then KILL after 3 s. Returns at once if it is gone.
+stop_pid() {
+  local pid="$1" sig="${2:-TERM}"
+  [ -n "$pid" ] || return 0
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -"$sig" "$pid" 2>/dev/null || true
+  for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+# wait_pid PID SECS : waits for a child to exit, at most SECS; returns its status, or 124 after
+# stopping it when it overstays.
+wait_pid() {
+  local pid="$1" secs="$2"
+  for _ in $(seq $((secs * 10))); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then stop_pid "$pid"; wait "$pid" 2>/dev/null || true; return 124; fi
+  local rc=0; wait "$pid" 2>/dev/null || rc=$?; return "$rc"
+}
+
+# wait_for SECS CMD... : polls CMD every 0.1 s until it succeeds; fails after SECS.
+wait_for() {
+  local secs="$1"; shift
+  for _ in $(seq $((secs * 10))); do "$@" && return 0; sleep 0.1; done
+  "$@"
+}
+
+median() { sort -g | awk '{a[NR]=$1} END{if(NR==0)print "nan"; else if(NR%2)print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+# kvm_flavour: "pvm" (/dev/kvm is kvm_pvm: stock guest kernels cannot run, see docs/interop.md),
+# "hw" (VMX/SVM KVM), or "none".
+kvm_flavour() {
+  if [ ! -c /dev/kvm ]; then echo none
+  elif [ -d /sys/module/kvm_pvm ]; then echo pvm
+  else echo hw; fi
+}
+
+# guest_accel: QEMU accelerator arguments. ACCEL=auto|kvm|tcg; auto = KVM with hardware
+# virtualization, TCG when /dev/kvm is PVM (QEMU aborts on MSR 0x10a with -cpu host, the PVH
+# vmlinux dies on an emulation failure) or absent.
+guest_accel() {
+  local a="${ACCEL:-auto}"
+  if [ "$a" = auto ]; then [ "$(kvm_flavour)" = hw ] && a=kvm || a=tcg; fi
+  case "$a" in
+    kvm) echo "-accel kvm -cpu host" ;;
+    tcg) echo "-accel tcg -cpu max" ;;
+    *) die "ACCEL must be auto, kvm or tcg" ;;
+  esac
+}
+
+# c2c_ns: one-way core-to-core cache-line hand-off CPU0<->CPU1 now, in ns (pvnet limits).
+# The two vCPUs of these VMs flip between ~40-60 ns and ~180-440 ns; rates follow it ~3x.
+c2c_ns() {
+  timeout 20 "$PVNET_BIN" limits 2>/dev/null |
+    python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["c2c_ns"])' 2>/dev/null || echo nan
+}
+
+# build_pvnet: release build of the pvnet command (incremental, bounded).
+build_pvnet() {
+  if [ -z "${PVNET_NO_BUILD:-}" ]; then
+    (cd "$PVNET_ROOT" && timeout 1200 cargo build --release -q -p pvnet) >&2 || die "cargo build failed"
+  fi
+  [ -x "$PVNET_BIN" ] || die "no pvnet binary at $PVNET_BIN"
+}
+
+# json_port FILE FIELD : FIELD of port 0 in pvnet backend's final JSON line in FILE
+# (drops.<reason> for a drop counter); "missing" when there is no final line.
+json_port() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+v = "missing"
+for line in open(sys.argv[1], errors="replace"):
+    if line.startswith('{"final"'):
+        ports = json.loads(line)["final"]["ports"]
+        if ports:
+            x = ports[0]
+            for k in sys.argv[2].split("."):
+                x = x.get(k) if isinstance(x, dict) else None
+            v = "none" if x is None else str(x)
+print(v)
+PY
+}
+
+# ---- testpmd ------------------------------------------------------------------------------
+# Both testpmds run interactive (-i) with their prompt fed from a FIFO, so one script is the
+# single timeline: start, show stats, stop, quit. EAL file prefixes keep the two apart.
+#
+# testpmd_start NAME LOG SECS ARGS... : starts dpdk-testpmd with stdin from $WORK/NAME.fifo,
+# bounded by SECS (SIGINT, then KILL). Sets TP_PID[NAME]; open fd for writing is TP_FD[NAME].
+declare -gA TP_PID=() TP_FD=()
+testpmd_start() {
+  local name="$1" logf="$2" secs="$3"; shift 3
+  local fifo="$WORK/$name.fifo" fd
+  rm -f "$fifo"; mkfifo "$fifo"
+  timeout -s INT -k 5 "$secs" dpdk-testpmd "$@" < "$fifo" > "$logf" 2>&1 &
+  TP_PID[$name]=$!
+  exec {fd}> "$fifo"
+  TP_FD[$name]=$fd
+}
+tp() { local name="$1" fd; shift; fd=${TP_FD[$name]}; { echo "$*" >&"$fd"; } 2>/dev/null || true; }
+# testpmd_quit NAME SECS : stop forwarding, print the port stats, quit; wait at most SECS.
+testpmd_quit() {
+  local name="$1" secs="${2:-10}" rc=0
+  [ -n "${TP_PID[$name]:-}" ] || return 0
+  local fd=${TP_FD[$name]}
+  tp "$name" stop; tp "$name" "show port stats all"; tp "$name" quit
+  exec {fd}>&-
+  wait_pid "${TP_PID[$name]}" "$secs" || rc=$?
+  unset "TP_PID[$name]" "TP_FD[$name]"
+  return "$rc"
+}
+# hugepage_cleanup PREFIX : removes the hugetlbfs files an EAL with --file-prefix PREFIX left
+# behind (with --single-file-segments the memseg file outlives the process and keeps its
+# pages). Only our own prefixes are passed here, and only after that testpmd has exited.
+hugepage_cleanup() { rm -f /dev/hugepages/"$1"map_* /dev/hugepages/"$1"_* 2>/dev/null || true; }
+testpmd_kill_all() { local n; for n in "${!TP_PID[@]}"; do stop_pid "${TP_PID[$n]}" INT; done; }
+
+# tp_last LOG FIELD : last value of a "FIELD: N" counter in a testpmd log (port stats block).
+tp_last() { grep -o "$2: *[0-9]*" "$1" | tail -1 | awk '{print $NF}'; }
+
+# testpmd's "Accumulated forward statistics" TX/RX-packets after `stop` (the stop summary).
+tp_summary() { awk -v f="$2-packets:" '/Accumulated forward statistics/{on=1} on{for(i=1;i<NF;i++) if($i==f){print $(i+1); exit}}' "$1"; }
+
+# ---- guest --------------------------------------------------------------------------------
+# The guest image (setup.sh): $GUEST_DIR/vmlinux (PVH ELF), base.cpio.gz (busybox, iperf3,
+# sockperf, virtio_net + pktgen modules, /init). /init runs /run.sh from a second cpio that
+# make_initrd appends (the kernel unpacks both).
+make_initrd() {   # make_initrd RUN_SH OUT
+  local t; t=$(mktemp -d "$WORK/ov.XXXXXX")
+  cp "$1" "$t/run.sh"
+  (cd "$t" && echo run.sh | cpio -o -H newc --quiet | gzip -1) > "$t/ov.cpio.gz"
+  cat "$GUEST_DIR/base.cpio.gz" "$t/ov.cpio.gz" > "$2"
+  rm -rf "$t"
+}

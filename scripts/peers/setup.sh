@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# scripts/peers/setup.sh - prepares this machine for pvnet's interop tests and peer benchmarks.
+# Idempotent; ~2 min on a fresh Debian 12 (apt-get), ~1 s when everything is in place.
+#
+#   * DPDK 22.11 dpdk-testpmd and the PMDs it needs (net_vhost, net_virtio_user, mempool ring)
+#   * QEMU 7.2 (qemu-system-x86), iperf3, sockperf, kmod, cpio, python3, gcc
+#   * $HUGEPAGES (1024) 2 MiB hugepages reserved, hugetlbfs mounted on /dev/hugepages
+#   * the guest, under $PVNET_PEERS_WORK/guest (default /tmp/pvnet-peers/guest), from Debian
+#     packages only, without installing a kernel on this host:
+#       vmlinux       the Debian 6.1 kernel as an ELF (QEMU boots it through its PVH entry,
+#                     which skips the real-mode setup and in-guest decompression)
+#       base.cpio.gz  busybox (static), iperf3 + sockperf (+ their libraries), the virtio_net,
+#                     virtio_pci and pktgen modules (+ dependencies) and /init, which loads the
+#                     modules, runs /run.sh (appended per test as a second cpio) under a
+#                     timeout, prints PVG-DONE and powers off.
+# Then it prints the facts results depend on: KVM flavour and the accelerator chosen,
+# hugepages, QEMU/DPDK/kernel versions, c2c latency.
+#
+# Env: PVNET_PEERS_WORK (work dir), HUGEPAGES (2 MiB pages, 1024), REBUILD_GUEST=1, ACCEL.
+source "$(dirname "$0")/lib.sh"
+need_root
+mkdir -p "$WORK"
+
+apt_install "${DPDK_PKGS[@]}" "${QEMU_PKGS[@]}" "${TOOL_PKGS[@]}"
+command -v shellcheck >/dev/null || apt_install shellcheck || true   # lint only
+ensure_hugepages "$HUGEPAGES"
+
+# ---- guest image ----------------------------------------------------------------------------
+build_guest() {
+  local G="$GUEST_DIR" debs="$WORK/debs" kpkg kver R
+  mkdir -p "$G" "$debs"
+  # The running kernel here is not Debian's and has no modules: take Debian's kernel package
+  # (what linux-image-amd64 depends on) and busybox-static as .debs and unpack them here.
+  kpkg=$(apt-cache depends --important linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+  [ -n "$kpkg" ] || die "cannot resolve linux-image-amd64"
+  local p
+  for p in "$kpkg" busybox-static; do
+    ls "$debs/${p}_"*.deb >/dev/null 2>&1 ||
+      (cd "$debs" && timeout 600 apt-get download -q "$p" >&2) || die "apt-get download $p failed"
+  done
+  rm -rf "$G/pkg"; mkdir -p "$G/pkg"
+  local deb
+  for deb in "$debs/${kpkg}_"*.deb "$debs/busybox-static_"*.deb; do dpkg-deb -x "$deb" "$G/pkg"; done
+  kver=$(find "$G/pkg/lib/modules" -mindepth 1 -maxdepth 1 -printf '%f\n' | head -1)
+  depmod -b "$G/pkg" "$kver"
+
+  # vmlinuz is a bzImage with an xz payload; the payload is the ELF vmlinux.
+  python3 - "$G/pkg/boot/vmlinuz-$kver" "$G/vmlinux.tmp" <<'PY'
+import lzma, sys
+d = open(sys.argv[1], "rb").read()
+i = d.find(b"\xfd7zXZ\x00")
+if i < 0:
+    sys.exit("no xz payload in " + sys.argv[1])
+out = lzma.LZMADecompressor().decompress(d[i:])
+if out[:4] != b"\x7fELF":
+    sys.exit("payload is not an ELF")
+open(sys.argv[2], "wb").write(out)
+PY
+  mv "$G/vmlinux.tmp" "$G/vmlinux"
+
+  R="$G/root"; rm -rf "$R"
+  mkdir -p "$R"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,etc,lib/modules}
+  cp "$G/pkg/bin/busybox" "$R/bin/busybox"
+  local b l
+  for b in /usr/bin/iperf3 /usr/bin/sockperf; do
+    cp "$b" "$R/usr/bin/"
+    for l in $(ldd "$b" | grep -oE '/[^ ]+\.so[^ ]*'); do
+      mkdir -p "$R$(dirname "$l")"; cp -L "$l" "$R$l"
+    done
+  done
+  # Modules in dependency order (modprobe --show-depends against the unpacked tree).
+  : > "$R/modules.order"
+  local m ko base
+  for m in virtio_pci virtio_net pktgen; do
+    while read -r ko; do
+      base=$(basename "$ko"); base=${base%.xz}; base=${base%.zst}
+      grep -qx "$base" "$R/modules.order" && continue
+      case "$ko" in
+        *.xz) xz -dc "$ko" > "$R/lib/modules/$base" ;;
+        *.zst) zstd -qdc "$ko" > "$R/lib/modules/$base" ;;
+        *) cp "$ko" "$R/lib/modules/$base" ;;
+      esac
+      echo "$base" >> "$R/modules.order"
+    done < <(modprobe -d "$G/pkg" -S "$kver" --show-depends "$m" | awk '$1=="insmod"{print $2}')
+  done
+  grep -qx virtio_net.ko "$R/modules.order" || die "virtio_net module not found in $kpkg"
+
+  cat > "$R/init" <<'EOF'
+#!/bin/busybox sh
+# pvnet peer guest: load virtio_net + pktgen, run /run.sh, power off. Kernel cmdline:
+#   pvg.timeout=SECS (for /run.sh, default 120)
+/bin/busybox --install -s
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+for m in $(cat /modules.order); do insmod /lib/modules/$m || echo "PVG-WARN insmod $m failed"; done
+TMO=120
+for a in $(cat /proc/cmdline); do case "$a" in pvg.timeout=*) TMO=${a#pvg.timeout=};; esac; done
+# Nothing but the test may send: no IPv6 (router solicitations, DAD), no address (ARP).
+echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null
+echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6 2>/dev/null
+ip link set lo up
+echo "PVG-READY uptime=$(cut -d' ' -f1 /proc/uptime) kernel=$(uname -r)"
+if [ -f /run.sh ]; then timeout "$TMO" sh /run.sh; echo "PVG-DONE rc=$? uptime=$(cut -d' ' -f1 /proc/uptime)"; fi
+poweroff -f
+EOF
+  chmod +x "$R/init"
+  (cd "$R" && find . | cpio -o -H newc --quiet | gzip -1) > "$G/base.cpio.gz.tmp"
+  mv "$G/base.cpio.gz.tmp" "$G/base.cpio.gz"
+  echo "$kver" > "$G/kernel.version"
+  tr '\n' ' ' < "$R/modules.order" > "$G/modules.txt"
+  rm -rf "$G/pkg"
+  log "guest: kernel $kver, modules: $(cat "$G/modules.txt")"
+}
+
+if [ -n "${REBUILD_GUEST:-}" ] || [ ! -s "$GUEST_DIR/vmlinux" ] || [ ! -s "$GUEST_DIR/base.cpio.gz" ]; then
+  build_guest
+fi
+
+# ---- facts ----------------------------------------------------------------------------------
+ver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo missing; }
+echo "== pvnet peers: facts"
+echo "work dir:   $WORK"
+echo "cpus:       $(nproc)   host kernel: $(uname -r)"
+case "$(kvm_flavour)" in
+  pvm)  echo "kvm:        /dev/kvm is kvm_pvm (PVM): stock guest kernels cannot run on it -> guests use TCG" ;;
+  hw)   echo "kvm:        hardware KVM -> guests use KVM" ;;
+  none) echo "kvm:        /dev/kvm absent -> guests use TCG" ;;
+esac
+echo "accel:      $(guest_accel)$( [ "$(guest_accel)" = "-accel tcg -cpu max" ] && echo '  (vhost-user needs virtio-net-pci vectors=0 under TCG: QEMU 7.2 segfaults in msix_set_vector_notifiers otherwise)')"
+echo "hugepages:  $(cat /proc/sys/vm/nr_hugepages) x 2 MiB reserved, $(awk '/HugePages_Free/{print $2}' /proc/meminfo) free; hugetlbfs on /dev/hugepages: $(grep -c ' /dev/hugepages hugetlbfs ' /proc/mounts)"
+echo "qemu:       $(ver qemu-system-x86)  ($(qemu-system-x86_64 --version | head -1))"
+echo "dpdk:       $(ver dpdk-dev)  ($(command -v dpdk-testpmd))"
+echo "guest:      kernel $(cat "$GUEST_DIR/kernel.version"), modules: $(cat "$GUEST_DIR/modules.txt")"
+echo "vhost-net:  $([ -c /dev/vhost-net ] && echo present || echo 'absent (no CONFIG_VHOST_NET here)')"
+if [ -x "$PVNET_BIN" ]; then echo "c2c:        $(c2c_ns) ns one-way CPU0<->CPU1 (pvnet limits)"; fi

@@ -1,0 +1,290 @@
+#!/usr/bin/env bash
+# tests/interop/run.sh - pvnet's vhost-user backend against frontends pvnet did not write.
+#
+#   dpdk_txonly_to_sink   DPDK 22.11 testpmd net_virtio_user, txonly 64 B -> `pvnet backend
+#                         --role sink`: testpmd's TX count == pvnet's rx_packets, exactly.
+#   dpdk_rxonly_from_gen  `pvnet backend --role gen` -> testpmd net_virtio_user rxonly:
+#                         testpmd's RX count == pvnet's tx_packets + 1 (the end marker).
+#   dpdk_two_pairs_one_used  as dpdk_txonly_to_sink with virtio-user queues=2 and pvnet
+#                         --queue-pairs 2, testpmd using one pair: virtio-user sizes the unused
+#                         ring 0 (regression test for pvnet refusing SET_VRING_NUM 0).
+#   guest_pktgen_to_sink  Debian 6.1 guest (virtio_net, QEMU 7.2 virtio-net-pci, -netdev
+#                         vhost-user, memfd RAM), kernel pktgen 60 B frames -> sink: the
+#                         guest's eth0 tx_packets == pvnet's rx_packets.
+#   guest_rx_from_gen     gen -> guest: the guest's eth0 rx_packets == pvnet's tx_packets + 1.
+#
+# Each case is bounded in time, prints `PASS name` or `FAIL name: reason` (details on indented
+# lines before it), and the run ends with `N passed, N failed`; the exit status is non-zero on
+# any failure. It sets the machine up first (scripts/peers/setup.sh: apt-get, hugepages, the
+# guest image) and fails - never skips - when hugepages, QEMU, DPDK or /dev/kvm are missing
+# (without /dev/kvm set ACCEL=tcg to accept a TCG-only machine). Guests run under TCG when
+# /dev/kvm is PVM (these machines), one boot per role. 31-40 s once set up (2 cores).
+#
+# Env: PVNET_PEERS_WORK (work dir, default /tmp/pvnet-peers), PVNET_NO_BUILD=1 (use the built
+# target/release/pvnet as is), ACCEL=auto|kvm|tcg, KEEP_LOGS (logs stay in $WORK/interop).
+source "$(dirname "$0")/../../scripts/peers/lib.sh"
+set +e   # every case reports its own failure
+T_START=$(date +%s)
+D="$WORK/interop"
+passed=0; failed=0; failures=()
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); failures+=("$1"); }
+info() { echo "  $*"; }
+
+PIDS=()
+cleanup() {
+  local p
+  testpmd_kill_all 2>/dev/null
+  for p in "${PIDS[@]}"; do stop_pid "$p"; done
+  hugepage_cleanup pvnet_it_fe
+}
+trap cleanup EXIT
+trap 'exit 130' INT; trap 'exit 143' TERM   # so that cleanup runs
+
+# ---- set-up -----------------------------------------------------------------------------------
+[ "$(id -u)" = 0 ] || { fail setup "must run as root (apt-get, hugepages, testpmd)"; echo "$passed passed, $failed failed"; exit 1; }
+mkdir -p "$WORK"; rm -rf "$D"; mkdir -p "$D"
+env_ok=1
+if ! timeout 1800 "$PVNET_ROOT/scripts/peers/setup.sh" > "$D/setup.log" 2>&1; then
+  tail -5 "$D/setup.log" | sed 's/^/  setup: /'
+  fail setup "scripts/peers/setup.sh failed (log: $D/setup.log)"; env_ok=0
+fi
+grep -E '^(kvm|accel|hugepages|qemu|dpdk|guest|c2c):' "$D/setup.log" | sed 's/^/  /'
+
+# The environment: fail loudly when something the cases need is really missing.
+miss_dpdk=(); miss_guest=()
+command -v dpdk-testpmd >/dev/null || miss_dpdk+=("dpdk-testpmd")
+[ "$(cat /proc/sys/vm/nr_hugepages)" -ge 256 ] || miss_dpdk+=("2 MiB hugepages (have $(cat /proc/sys/vm/nr_hugepages))")
+grep -qs ' /dev/hugepages hugetlbfs ' /proc/mounts || miss_dpdk+=("hugetlbfs mount on /dev/hugepages")
+if [ "$(kvm_flavour)" = none ] && [ "${ACCEL:-auto}" != tcg ]; then
+  miss_guest+=("/dev/kvm (set ACCEL=tcg to run guests under TCG only)")
+fi
+command -v qemu-system-x86_64 >/dev/null || miss_guest+=("qemu-system-x86_64")
+[ -s "$GUEST_DIR/vmlinux" ] && [ -s "$GUEST_DIR/base.cpio.gz" ] || miss_guest+=("guest image in $GUEST_DIR")
+dpdk_ok=$env_ok; guest_ok=$env_ok
+((${#miss_dpdk[@]})) && { fail environment "DPDK cases cannot run, missing: $(IFS=,; echo "${miss_dpdk[*]}")"; dpdk_ok=0; }
+((${#miss_guest[@]})) && { fail environment "guest cases cannot run, missing: $(IFS=,; echo "${miss_guest[*]}")"; guest_ok=0; }
+if [ -n "${PVNET_NO_BUILD:-}" ] || (cd "$PVNET_ROOT" && timeout 1200 cargo build --release -q -p pvnet) > "$D/build.log" 2>&1; then
+  [ -x "$PVNET_BIN" ] || { fail build "no $PVNET_BIN"; dpdk_ok=0; guest_ok=0; }
+else
+  tail -5 "$D/build.log" | sed 's/^/  build: /'; fail build "cargo build --release -p pvnet failed"; dpdk_ok=0; guest_ok=0
+fi
+# A private copy: a rebuild of target/ during the run must not swap the binary under it.
+[ -x "$PVNET_BIN" ] && cp "$PVNET_BIN" "$D/pvnet" && PVNET_BIN="$D/pvnet"
+
+# ---- helpers ---------------------------------------------------------------------------------
+BE_PID=
+# backend_start TAG ARGS... : pvnet backend serving $D/TAG.sock for one session, worker on CPU1.
+backend_start() {
+  local tag="$1"; shift
+  rm -f "$D/$tag.sock"
+  PVNET_LOG=info timeout -k 5 90 "$PVNET_BIN" backend --socket "$D/$tag.sock" --sessions 1 --cpu 1 "$@" \
+    > "$D/$tag.pvnet.json" 2> "$D/$tag.pvnet.log" &
+  BE_PID=$!; PIDS+=("$BE_PID")
+  wait_for 10 test -S "$D/$tag.sock"
+}
+# backend_finish TAG : waits (<= 15 s) for the backend to print its counters and exit.
+backend_finish() {
+  wait_pid "$BE_PID" 15; local rc=$?
+  [ "$rc" = 0 ] || info "pvnet backend exit status $rc"
+  return "$rc"
+}
+plain_log() { sed 's/\x1b\[[0-9;]*m//g' "$1"; }
+# decode_features HEX : virtio-net feature bits by name.
+decode_features() {
+  python3 - "$1" <<'PY'
+import sys
+v = int(sys.argv[1], 16)
+names = {0: "CSUM", 1: "GUEST_CSUM", 2: "CTRL_GUEST_OFFLOADS", 3: "MTU", 5: "MAC",
+         7: "GUEST_TSO4", 8: "GUEST_TSO6", 10: "GUEST_UFO", 11: "HOST_TSO4", 12: "HOST_TSO6",
+         14: "HOST_UFO", 15: "MRG_RXBUF", 16: "STATUS", 17: "CTRL_VQ", 18: "CTRL_RX",
+         19: "CTRL_VLAN", 21: "GUEST_ANNOUNCE", 22: "MQ", 23: "CTRL_MAC_ADDR",
+         28: "INDIRECT_DESC", 29: "EVENT_IDX", 30: "PROTOCOL_FEATURES", 32: "VERSION_1",
+         33: "ACCESS_PLATFORM", 34: "RING_PACKED", 35: "IN_ORDER"}
+print("%s = %s" % (sys.argv[1], " ".join(names.get(b, "bit%d" % b) for b in range(64) if v >> b & 1)))
+PY
+}
+# pvnet's acked virtio features from its log, and their names.
+acked_features() {
+  local f; f=$(plain_log "$1" | grep -o 'features acked.*features=0x[0-9a-f]*' | tail -1 | grep -o '0x[0-9a-f]*$')
+  [ -n "$f" ] || { echo "none (no SET_FEATURES)"; return; }
+  decode_features "$f"
+}
+protocol_features() {
+  local f; f=$(plain_log "$1" | grep -o 'protocol=0x[0-9a-f]*' | tail -1 | cut -d= -f2)
+  [ -n "$f" ] || { echo none; return; }
+  python3 - "$f" <<'PY'
+import sys
+v = int(sys.argv[1], 16)
+names = {0: "MQ", 1: "LOG_SHMFD", 2: "RARP", 3: "REPLY_ACK", 4: "MTU", 5: "BACKEND_REQ",
+         9: "CONFIG", 15: "CONFIGURE_MEM_SLOTS", 16: "STATUS"}
+print("%s = %s" % (sys.argv[1], " ".join(names.get(b, "bit%d" % b) for b in range(64) if v >> b & 1)))
+PY
+}
+# Counters of port 0 from the backend's final JSON; fails the case when they are missing.
+port() { json_port "$D/$1.pvnet.json" "$2"; }
+backend_clean() {   # backend_clean TAG : no queue errors, no drops
+  local qe dr
+  qe=$(port "$1" queue_errors)
+  dr=$(json_port "$D/$1.pvnet.json" drops | python3 -c 'import sys,ast; print(sum(ast.literal_eval(sys.stdin.read()).values()))' 2>/dev/null)
+  [ "$qe" = 0 ] && [ "$dr" = 0 ] && return 0
+  echo "queue_errors=$qe drops=$dr"; return 1
+}
+pvnet_error() { plain_log "$D/$1.pvnet.log" | grep -m1 ' ERROR ' | sed 's/.*ERROR [^ ]* //'; }
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f s", b-a}'; }
+
+# ---- DPDK testpmd net_virtio_user against pvnet ------------------------------------------------
+# testpmd: its forwarding lcore on CPU0, its main lcore (asleep at the prompt) on CPU1 with the
+# pvnet worker. --single-file-segments keeps virtio-user's hugepage memory within its limit of
+# 8 vhost-user regions.
+DUR=3
+dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS]
+  local name="$1" role="$2" fwd="$3" qp="${4:-1}" t0 tag tplog
+  t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
+  local free; free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
+  [ "$free" -ge 256 ] || { fail "$name" "only $free free 2 MiB hugepages (testpmd needs 256; another DPDK process?)"; return; }
+  local gen=()
+  [ "$role" = gen ] && gen=(--gen-secs "$DUR")
+  backend_start "$tag" --role "$role" --queue-pairs "$qp" "${gen[@]}" || { fail "$name" "pvnet backend did not listen"; return; }
+  testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
+    --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=$qp,queue_size=256" \
+    -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i --forward-mode="$fwd"
+  if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
+    testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; backend_finish "$tag"
+    tail -5 "$tplog" | sed 's/^/  testpmd: /'
+    fail "$name" "testpmd did not reach its prompt"; return
+  fi
+  tp fe start
+  # gen: its DUR seconds started with the queue (at testpmd's init); then the end marker
+  if [ "$role" = gen ]; then sleep $((DUR + 2)); else sleep "$DUR"; fi
+  # frontend first: stop, final port stats, quit (virtio-user sends GET_VRING_BASE and leaves)
+  testpmd_quit fe 20; local tprc=$?
+  hugepage_cleanup pvnet_it_fe
+  backend_finish "$tag"; local berc=$?
+  local tp_tx tp_rx tp_sum pv_rx pv_tx bad
+  tp_tx=$(tp_last "$tplog" TX-packets); tp_rx=$(tp_last "$tplog" RX-packets)
+  pv_rx=$(port "$tag" rx_packets); pv_tx=$(port "$tag" tx_packets)
+  info "$name: features acked: $(acked_features "$D/$tag.pvnet.log"); protocol: $(protocol_features "$D/$tag.pvnet.log")"
+  if [ "$role" = sink ]; then
+    tp_sum=$(tp_summary "$tplog" TX)
+    info "$name: testpmd TX-packets port=$tp_tx fwd-summary=$tp_sum | pvnet rx_packets=$pv_rx ($(elapsed "$t0"))"
+  else
+    info "$name: testpmd RX-packets port=$tp_rx | pvnet tx_packets=$pv_tx + end marker ($(elapsed "$t0"))"
+  fi
+  plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  if [ "$tprc" != 0 ]; then fail "$name" "testpmd did not quit cleanly (status $tprc)"; return; fi
+  if [ "$berc" != 0 ] || [ "$pv_rx" = missing ]; then fail "$name" "pvnet backend did not report (status $berc)"; return; fi
+  if ! bad=$(backend_clean "$tag"); then fail "$name" "pvnet $bad"; return; fi
+  if [ "$role" = sink ]; then
+    [ "${tp_tx:-0}" -gt 0 ] || { fail "$name" "testpmd sent nothing"; return; }
+    [ "$tp_tx" = "$tp_sum" ] || { fail "$name" "testpmd port TX $tp_tx != forward summary $tp_sum"; return; }
+    [ "$tp_tx" = "$pv_rx" ] || { fail "$name" "testpmd TX $tp_tx != pvnet rx_packets $pv_rx"; return; }
+  else
+    [ "${pv_tx:-0}" -gt 0 ] || { fail "$name" "pvnet generated nothing"; return; }
+    [ "$tp_rx" = $((pv_tx + 1)) ] || { fail "$name" "testpmd RX $tp_rx != pvnet tx_packets $pv_tx + 1"; return; }
+  fi
+  pass "$name"
+}
+
+# ---- Debian guest (virtio_net) under QEMU on pvnet ---------------------------------------------
+GMAC=02:00:00:00:00:02   # the address pvnet's generator sends to
+guest_script() {   # guest_script sink|gen -> /run.sh
+  cat <<'EOF'
+S=/sys/class/net/eth0/statistics; N=/sys/class/net/eth0
+echo "GUEST_PROBE driver=$(basename "$(readlink $N/device/driver)") features=$(cat $N/device/features)"
+ip link set eth0 up
+i=0; while [ "$(cat $N/operstate)" != up ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+echo "GUEST_LINK carrier=$(cat $N/carrier) operstate=$(cat $N/operstate)"
+EOF
+  if [ "$1" = sink ]; then
+    cat <<'EOF'
+echo "add_device eth0" > /proc/net/pktgen/kpktgend_0; P=/proc/net/pktgen/eth0
+for c in "count 0" "pkt_size 60" "delay 0" "clone_skb 0" "burst 1" "dst 10.99.0.1" "dst_mac 02:00:00:00:00:09" "udp_dst_min 9" "udp_dst_max 9"; do
+  echo "$c" > $P || echo "GUEST_WARN pktgen rejected $c"; done
+echo start > /proc/net/pktgen/pgctrl & sleep 3; echo stop > /proc/net/pktgen/pgctrl; wait
+echo "GUEST_PKTGEN $(grep -oE '[0-9]+pps|OK: .*\(' $P | tr '\n' ' ')"
+# let the last completions come back (tx_packets counts reclaimed buffers), until stable
+last=-1; i=0; while [ "$(cat $S/tx_packets)" != "$last" ] && [ $i -lt 20 ]; do last=$(cat $S/tx_packets); sleep 0.5; i=$((i+1)); done
+EOF
+  else
+    cat <<'EOF'
+# wait until frames stop arriving (the generator ends with its end marker)
+last=-1; same=0; i=0
+while [ $i -lt 240 ]; do r=$(cat $S/rx_packets)
+  if [ "$r" = "$last" ] && [ "$r" != 0 ]; then same=$((same+1)); [ $same -ge 8 ] && break; else same=0; fi
+  last=$r; sleep 0.25; i=$((i+1)); done
+EOF
+  fi
+  # shellcheck disable=SC2016  # expanded in the guest
+  echo 'echo "GUEST_STATS tx_packets=$(cat $S/tx_packets) rx_packets=$(cat $S/rx_packets) tx_dropped=$(cat $S/tx_dropped) rx_dropped=$(cat $S/rx_dropped)"'
+}
+gfield() { grep -o "$2=[^ ]*" "$1" | tail -1 | cut -d= -f2; }
+
+guest_case() {   # guest_case NAME ROLE
+  local name="$1" role="$2" t0 tag glog acc vec=""
+  t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
+  acc=$(guest_accel)
+  # QEMU 7.2 + TCG + vhost-user segfaults in msix_set_vector_notifiers at DRIVER_OK: use INTx.
+  case "$acc" in *tcg*) vec=",vectors=0" ;; esac
+  guest_script "$role" > "$D/$tag.run.sh"; make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
+  local gen=()
+  [ "$role" = gen ] && gen=(--gen-secs 3)
+  backend_start "$tag" --role "$role" "${gen[@]}" || { fail "$name" "pvnet backend did not listen"; return; }
+  # shellcheck disable=SC2086  # $acc is a list of arguments
+  timeout -k 5 100 taskset -c 0 qemu-system-x86_64 $acc -m 512 -smp 1 -nodefaults -no-user-config \
+    -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$D/$tag.initrd.gz" \
+    -append "console=ttyS0 quiet panic=-1 pvg.timeout=80" \
+    -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
+    -chardev socket,id=c0,path="$D/$tag.sock" -netdev vhost-user,id=n0,chardev=c0 \
+    -device "virtio-net-pci,netdev=n0,mac=$GMAC$vec" < /dev/null > "$glog" 2>&1 &
+  local qp=$!; PIDS+=("$qp")
+  wait_pid "$qp" 110; local qrc=$?
+  backend_finish "$tag"; local berc=$?
+  tr -d '\r' < "$glog" > "$glog.txt"
+  local carrier gtx grx pv_rx pv_tx bad
+  carrier=$(gfield "$glog.txt" carrier); gtx=$(gfield "$glog.txt" tx_packets); grx=$(gfield "$glog.txt" rx_packets)
+  pv_rx=$(port "$tag" rx_packets); pv_tx=$(port "$tag" tx_packets)
+  local gf; gf=$(gfield "$glog.txt" features)
+  info "$name: guest: driver=$(gfield "$glog.txt" driver) features the guest driver sees: $( [ -n "$gf" ] && decode_features "$(python3 -c 'import sys; print(hex(int(sys.argv[1][::-1], 2)))' "$gf")")"
+  info "$name: guest: $(grep -o 'GUEST_LINK.*' "$glog.txt" | cut -c12-); ready at $(grep -o 'PVG-READY uptime=[0-9.]*' "$glog.txt" | cut -d= -f2) s guest uptime"
+  info "$name: features acked: $(acked_features "$D/$tag.pvnet.log"); protocol: $(protocol_features "$D/$tag.pvnet.log")"
+  [ "$role" = sink ] && info "$name: guest pktgen: $(grep -o 'GUEST_PKTGEN.*' "$glog.txt" | cut -c14-)"
+  info "$name: guest: $(grep -o 'GUEST_STATS.*' "$glog.txt" | cut -c13-) | pvnet rx_packets=$pv_rx tx_packets=$pv_tx ($(elapsed "$t0"))"
+  plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
+  grep -E 'qemu-system|PVG-WARN|GUEST_WARN' "$glog.txt" | head -3 | sed 's/^/  console: /'
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
+  if [ "$berc" != 0 ] || [ "$pv_rx" = missing ]; then fail "$name" "pvnet backend did not report (status $berc)"; return; fi
+  [ "$carrier" = 1 ] || { fail "$name" "guest eth0 has no carrier"; return; }
+  if ! bad=$(backend_clean "$tag"); then fail "$name" "pvnet $bad"; return; fi
+  if [ "$role" = sink ]; then
+    [ "${gtx:-0}" -gt 0 ] || { fail "$name" "guest sent nothing"; return; }
+    [ "$gtx" = "$pv_rx" ] || { fail "$name" "guest tx_packets $gtx != pvnet rx_packets $pv_rx"; return; }
+  else
+    [ "${pv_tx:-0}" -gt 0 ] || { fail "$name" "pvnet generated nothing"; return; }
+    [ "$grx" = $((pv_tx + 1)) ] || { fail "$name" "guest rx_packets $grx != pvnet tx_packets $pv_tx + 1"; return; }
+  fi
+  pass "$name"
+}
+
+# ---- run ----------------------------------------------------------------------------------------
+CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used guest_pktgen_to_sink guest_rx_from_gen)
+for c in "${CASES[@]}"; do
+  case "$c" in dpdk_*) ok=$dpdk_ok ;; *) ok=$guest_ok ;; esac
+  if [ "$ok" != 1 ]; then fail "$c" "not run: its environment is broken (see above)"; continue; fi
+  case "$c" in
+    dpdk_txonly_to_sink)  dpdk_case "$c" sink txonly ;;
+    dpdk_rxonly_from_gen) dpdk_case "$c" gen rxonly ;;
+    dpdk_two_pairs_one_used) dpdk_case "$c" sink txonly 2 ;;
+    guest_pktgen_to_sink) guest_case "$c" sink ;;
+    guest_rx_from_gen)    guest_case "$c" gen ;;
+  esac
+done
+
+echo "  logs: $D; wall time $(( $(date +%s) - T_START )) s"
+((${#failures[@]})) && echo "FAILED: ${failures[*]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
