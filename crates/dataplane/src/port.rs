@@ -186,7 +186,11 @@ impl Port {
 
     /// Installs a started queue.
     pub fn start(&mut self, q: StartedQueue, policy: Policy, wake: WakeCost, now: Instant) {
-        let slot = QueueSlot::new(q, policy, wake);
+        let mut slot = QueueSlot::new(q, policy, wake);
+        // The worker polls a new queue first: tell the driver not to kick until we arm. A
+        // ring starts with `used->flags == 0` ("kick me"); left so, a driver without
+        // EVENT_IDX (DPDK virtio-user) pays an eventfd write per burst while we poll anyway.
+        slot.q.disable_notify();
         if slot.index.is_multiple_of(2) {
             if let Some(g) = &mut self.gen {
                 g.started.get_or_insert(now);
