@@ -308,6 +308,12 @@ impl Poller {
             // the window, and a mostly idle queue closes it.
             return Duration::ZERO;
         }
+        if self.srtt < wake / 4.0 {
+            // A busy queue (typical gap under a quarter wake-up) waits out its peer's rare
+            // stalls for the whole bound: a sleep there costs a wake-up and, from a driver
+            // without EVENT_IDX, a kick per burst until we are back.
+            return self.wake * 2;
+        }
         // RFC 6298's RTO is srtt + max(G, 4 * rttvar) with G the clock granularity; here the
         // floor under the deviation term is the mean itself, so a perfectly regular stream
         // still gets twice its period: jitter does not turn every gap into a sleep.
@@ -649,6 +655,23 @@ mod tests {
         assert!(
             sleeps <= 3000 / 30 + 10,
             "slept {sleeps} times, stalls are only 100"
+        );
+    }
+
+    #[test]
+    fn a_busy_queue_waits_out_stalls_for_the_whole_bound() {
+        let mut p = Poller::new(Policy::Adaptive, WAKE);
+        let mut t = Instant::now();
+        drive(&mut p, &mut t, us(2), 200, Duration::from_nanos(500));
+        assert_eq!(p.window(), 2 * WAKE.typical);
+        // A 45 us stall is polled through, not slept (the gap starts at the first empty poll).
+        p.on_work(t);
+        assert_eq!(p.on_empty(t + us(1)), Idle::Poll);
+        assert_eq!(p.on_empty(t + us(46)), Idle::Poll);
+        assert_eq!(
+            p.on_empty(t + us(62)),
+            Idle::Arm,
+            "but never past two wake-ups"
         );
     }
 
