@@ -233,7 +233,10 @@ guest_case() {   # guest_case NAME ROLE
   [ "$role" = gen ] && gen=(--gen-secs 3)
   backend_start "$tag" --role "$role" "${gen[@]}" || { fail "$name" "pvnet backend did not listen"; return; }
   # shellcheck disable=SC2086  # $acc is a list of arguments
-  timeout -k 5 100 taskset -c 0 qemu-system-x86_64 $acc -m 512 -smp 1 -nodefaults -no-user-config \
+  # maxcpus=2 (still one vCPU): with max_cpus == 1 QEMU's TCG drops the guest's memory barriers,
+  # so its virtio barriers would not order against a backend on another host CPU (lost
+  # interrupts and kicks were seen with -smp 1; docs/guest-policies.md).
+  timeout -k 5 100 taskset -c 0 qemu-system-x86_64 $acc -m 512 -smp 1,maxcpus=2 -nodefaults -no-user-config \
     -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$D/$tag.initrd.gz" \
     -append "console=ttyS0 quiet panic=-1 pvg.timeout=80" \
     -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
