@@ -36,7 +36,7 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --feature
 # --- cargo tests: unit, property, concurrency, malformed-ring, end-to-end, hostile frontend ----
 log "cargo test (release: the end-to-end and stress tests move real traffic)"
 out=$(mktemp)
-cargo test --release --workspace --features virtq/mock 2>&1 | tee "$out"
+cargo test --release --workspace --features virtq/mock --no-fail-fast 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 read -r p f < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } } END { print p + 0, f + 0 }' "$out")
 passed=$((passed + p)); failed=$((failed + f))

@@ -683,7 +683,18 @@ pub fn serve(
     if path.exists() {
         std::fs::remove_file(path)?;
     }
-    let listener = UnixListener::bind(path)?;
+    // Bind and listen under a temporary name, then rename into place: the path only ever
+    // names a socket that is already listening (bind creates it before listen, and a frontend
+    // that connects in between, as QEMU and tests do the moment the path exists, is refused).
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .map_or_else(|| "pvnet".into(), |n| n.to_string_lossy()),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp)?;
+    std::fs::rename(&tmp, path)?;
     // Remember which file we bound: at exit we unlink only our own socket, never one a
     // newer backend has since bound at the same path.
     let ours = std::fs::metadata(path)
