@@ -133,21 +133,6 @@ for b in $BURSTS; do
 done
 
 # ---- measurement helpers -----------------------------------------------------------------------
-cpu_busy() {   # percent of all CPUs busy over 0.5 s
-  local a b
-  a=$(awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat); sleep 0.5
-  b=$(awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat)
-  awk -v a="$a" -v b="$b" 'BEGIN{split(a,x," "); split(b,y," "); t=y[1]-x[1]; i=y[2]-x[2]; printf "%.0f", (t > 0 ? 100*(t-i)/t : 0)}'
-}
-wait_quiet() {   # waits (<= QUIET_WAIT s) for the CPUs to be <= QUIET_PCT % busy; sets BUSY
-  local i
-  for i in $(seq "$QUIET_WAIT"); do
-    BUSY=$(cpu_busy); [ "$BUSY" -le "$QUIET_PCT" ] && return
-    [ "$i" = 1 ] && log "CPUs ${BUSY}% busy with other work; waiting up to ${QUIET_WAIT}s"
-    sleep 0.5
-  done
-}
-child_pid() { local c; c=$(cat "/proc/$1/task/$1/children" 2>/dev/null); echo "${c%% *}"; }
 sched_ns() {   # sched_ns PID : on-CPU ns of all its threads (0 when gone / no PID)
   [ -n "$1" ] || { echo 0; return; }
   cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s+=$1} END{printf "%.0f", s}'   # %.0f: mawk's %d stops at 2^31

@@ -198,3 +198,24 @@ make_initrd() {   # make_initrd RUN_SH OUT
   cat "$GUEST_DIR/base.cpio.gz" "$t/ov.cpio.gz" > "$2"
   rm -rf "$t"
 }
+
+# ---- shared by the benchmarks: quiet CPUs, the measured child -----------------------------------
+# (QUIET_PCT and QUIET_WAIT are set by the calling script.)
+# cpu_busy: percent of both CPUs busy over 0.5 s (everything but idle+iowait).
+cpu_busy() {
+  local a b
+  a=$(awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat); sleep 0.5
+  b=$(awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat)
+  awk -v a="$a" -v b="$b" 'BEGIN{split(a,x," "); split(b,y," "); t=y[1]-x[1]; i=y[2]-x[2]; printf "%.0f", (t > 0 ? 100*(t-i)/t : 0)}'
+}
+# wait_quiet: waits (<= QUIET_WAIT s) for the CPUs to be at most QUIET_PCT % busy; sets BUSY.
+wait_quiet() {
+  local i
+  for i in $(seq "$QUIET_WAIT"); do
+    BUSY=$(cpu_busy); [ "$BUSY" -le "$QUIET_PCT" ] && return
+    [ "$i" = 1 ] && log "CPUs ${BUSY}% busy with other work; waiting up to ${QUIET_WAIT}s"
+    sleep 0.5
+  done
+}
+# child_pid PID: the single child of a `timeout` wrapper (the process we measure).
+child_pid() { local c; c=$(cat "/proc/$1/task/$1/children" 2>/dev/null); echo "${c%% *}"; }
