@@ -66,6 +66,9 @@ pub struct QueueSlot {
     pub poll: Poller,
     /// It had work in the current round.
     pub worked: bool,
+    /// A transmit-completion call is owed (see `publish`).
+    call_owed: bool,
+    owed_since: Option<Instant>,
 }
 
 impl QueueSlot {
@@ -81,6 +84,8 @@ impl QueueSlot {
             mergeable: s.mergeable,
             poll: Poller::new(policy, wake),
             worked: false,
+            call_owed: false,
+            owed_since: None,
         }
     }
 
@@ -101,12 +106,47 @@ impl QueueSlot {
     #[inline]
     pub fn publish(&mut self, stats: &PortStats) {
         if self.q.publish() {
-            if let Some(c) = &self.call {
-                if c.signal().is_ok() {
-                    bump(&stats.calls, 1);
-                }
+            if self.index % 2 == 1 {
+                // Transmit completions only let the driver free buffers: the call is owed, and
+                // goes out when the worker is about to sleep or after a bound (`flush_call`),
+                // so a driver that keeps sending takes one interrupt per busy period instead
+                // of one per batch.
+                self.call_owed = true;
+            } else {
+                self.signal_call(stats);
             }
         }
+    }
+
+    fn signal_call(&mut self, stats: &PortStats) {
+        if let Some(c) = &self.call {
+            if c.signal().is_ok() {
+                bump(&stats.calls, 1);
+            }
+        }
+    }
+
+    /// Sends a deferred transmit-completion call if one is owed and `force` (the worker is
+    /// about to sleep) or it has been owed for `bound`. Returns true if one is still owed.
+    pub fn flush_call(
+        &mut self,
+        stats: &PortStats,
+        now: Instant,
+        bound: Duration,
+        force: bool,
+    ) -> bool {
+        if !self.call_owed {
+            self.owed_since = None;
+            return false;
+        }
+        let since = *self.owed_since.get_or_insert(now);
+        if force || now.saturating_duration_since(since) >= bound {
+            self.call_owed = false;
+            self.owed_since = None;
+            self.signal_call(stats);
+            return false;
+        }
+        true
     }
 
     fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {

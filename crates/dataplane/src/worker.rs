@@ -509,6 +509,19 @@ impl Worker {
         Some(deadline)
     }
 
+    /// Sends owed transmit-completion calls: all of them if `force`, else those owed for two
+    /// wake-ups (the same bound as the polling window: a driver with a full ring waits no
+    /// longer than that for the interrupt it asked for).
+    fn flush_calls(&mut self, now: Instant, force: bool) {
+        let bound = self.wake.typical * 2;
+        for p in &mut self.ports {
+            let stats = p.stats.clone();
+            for s in [p.tx.as_mut(), p.rx.as_mut()].into_iter().flatten() {
+                s.flush_call(&stats, now, bound, force);
+            }
+        }
+    }
+
     /// Back to polling: notifications off. `slept` says whether the worker actually slept
     /// (the gaps that end next were seen one wake-up late) or only armed and found work.
     fn disarm(&mut self, slept: bool) {
@@ -592,10 +605,14 @@ impl Worker {
             let now = clock.now();
             self.poll_once(now);
             self.check_faults();
+            self.flush_calls(now, false);
             let Some(deadline) = self.settle(now) else {
                 std::hint::spin_loop();
                 continue;
             };
+            // About to sleep: every owed call goes out first (a driver waiting for completions
+            // must not wait for our next wake-up).
+            self.flush_calls(now, true);
             self.sleep(deadline, now);
             self.disarm(true);
         }
