@@ -127,26 +127,17 @@ impl QueueSlot {
     }
 
     /// Sends a deferred transmit-completion call if one is owed and `force` (the worker is
-    /// about to sleep) or it has been owed for `bound`. Returns true if one is still owed.
-    pub fn flush_call(
-        &mut self,
-        stats: &PortStats,
-        now: Instant,
-        bound: Duration,
-        force: bool,
-    ) -> bool {
+    /// about to sleep) or it has been owed for `bound`.
+    pub fn flush_call(&mut self, stats: &PortStats, now: Instant, bound: Duration, force: bool) {
         if !self.call_owed {
-            self.owed_since = None;
-            return false;
+            return;
         }
         let since = *self.owed_since.get_or_insert(now);
         if force || now.saturating_duration_since(since) >= bound {
             self.call_owed = false;
             self.owed_since = None;
             self.signal_call(stats);
-            return false;
         }
-        true
     }
 
     fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
@@ -251,7 +242,7 @@ impl Port {
     /// Consumes up to `batch` frames from the frontend: reads every byte, checks bench
     /// sequence numbers, returns the buffers. Returns the frames processed.
     pub fn sink(&mut self, batch: u16) -> usize {
-        let (id, stats) = (self.id, self.stats.clone());
+        let (id, stats) = (self.id, &*self.stats);
         let Some(tx) = QueueSlot::usable(&mut self.tx) else {
             return 0;
         };
@@ -259,7 +250,7 @@ impl Port {
             Ok(0) => return 0,
             Ok(_) => tx.worked = true,
             Err(e) => {
-                tx.fail(id, &stats, e);
+                tx.fail(id, stats, e);
                 return 0;
             }
         }
@@ -277,7 +268,7 @@ impl Port {
             tx.q.pop_batch(&mut self.chains, usize::from(batch), prefetch)
         {
             // Chains popped before the bad one are still completed below.
-            tx.fail(id, &stats, e);
+            tx.fail(id, stats, e);
         }
         for c in &self.chains {
             let len = (c.readable as usize).min(self.scratch.len());
@@ -293,7 +284,7 @@ impl Port {
             }
             tx.q.push_used(c.head, 0);
         }
-        tx.publish(&stats);
+        tx.publish(stats);
         bump(&stats.rx_packets, pkts + bad);
         bump(&stats.rx_bytes, bytes);
         bump(&stats.drops[DropReason::Invalid as usize], bad);
@@ -310,7 +301,7 @@ impl Port {
 
     /// Fills the frontend's receive ring with bench frames while the generator runs.
     pub fn generate(&mut self, batch: u16, now: Instant) -> usize {
-        let (id, stats) = (self.id, self.stats.clone());
+        let (id, stats) = (self.id, &*self.stats);
         let Some(g) = self.gen.as_mut() else { return 0 };
         let Some(start) = g.started else { return 0 };
         if g.done {
@@ -330,7 +321,7 @@ impl Port {
                 rx.worked = true;
             }
             Err(e) => {
-                rx.fail(id, &stats, e);
+                rx.fail(id, stats, e);
                 return 0;
             }
         }
@@ -360,22 +351,27 @@ impl Port {
                     break;
                 }
                 Err(e) => {
-                    rx.fail(id, &stats, e);
+                    rx.fail(id, stats, e);
                     break;
                 }
             }
+            // Every frame delivered counts, the end marker too: tx_packets is what the
+            // frontend received.
+            sent += 1;
             if finishing {
                 g.done = true;
                 break;
             }
             g.seq += 1;
-            sent += 1;
         }
         self.rxb.finish(&mut rx.q);
-        rx.publish(&stats);
+        rx.publish(stats);
         bump(&stats.tx_packets, sent);
         bump(&stats.tx_bytes, sent * u64::from(len));
-        usize::try_from(sent).unwrap_or(usize::MAX) + usize::from(finishing)
+        // A finishing round counts as work even if the marker found no room: try again.
+        usize::try_from(sent)
+            .unwrap_or(usize::MAX)
+            .max(usize::from(finishing))
     }
 }
 
@@ -485,7 +481,7 @@ pub fn deliver(
 /// The receiving side of a move: a port's receive queue and its batch state.
 struct Dst<'a> {
     id: PortId,
-    stats: Arc<PortStats>,
+    stats: &'a PortStats,
     rx: &'a mut QueueSlot,
     blocked: &'a mut bool,
     rxb: &'a mut RxBatch,
@@ -494,14 +490,14 @@ struct Dst<'a> {
 impl<'a> Dst<'a> {
     fn of(
         id: PortId,
-        stats: &Arc<PortStats>,
+        stats: &'a PortStats,
         rx: &'a mut Option<QueueSlot>,
         blocked: &'a mut bool,
         rxb: &'a mut RxBatch,
     ) -> Option<Self> {
         QueueSlot::usable(rx).map(|rx| Dst {
             id,
-            stats: stats.clone(),
+            stats,
             rx,
             blocked,
             rxb,
@@ -540,18 +536,17 @@ impl Port {
 
 fn move_batch(
     sid: PortId,
-    sstats: &Arc<PortStats>,
+    sstats: &PortStats,
     tx: &mut QueueSlot,
     chains: &mut Vec<Chain>,
     dst: Option<Dst<'_>>,
     batch: u16,
 ) -> usize {
-    let sstats = sstats.clone();
     match tx.q.available() {
         Ok(0) => return 0,
         Ok(_) => tx.worked = true,
         Err(e) => {
-            tx.fail(sid, &sstats, e);
+            tx.fail(sid, sstats, e);
             return 0;
         }
     }
@@ -564,7 +559,7 @@ fn move_batch(
     };
     if let Err(e) = tx.q.pop_batch(chains, usize::from(batch), prefetch) {
         // Chains popped before the bad one are still forwarded below.
-        tx.fail(sid, &sstats, e);
+        tx.fail(sid, sstats, e);
     }
     let Some(Dst {
         id: did,
@@ -578,7 +573,7 @@ fn move_batch(
         for c in chains.iter() {
             tx.q.push_used(c.head, 0);
         }
-        tx.publish(&sstats);
+        tx.publish(sstats);
         let n = chains.len() as u64;
         bump(&sstats.rx_packets, n);
         bump(&sstats.drops[DropReason::PortDown as usize], n);
@@ -609,7 +604,7 @@ fn move_batch(
             // Publish what this batch delivered, then look once for more buffers.
             refreshed = true;
             rxb.finish(&mut rx.q);
-            rx.publish(&dstats);
+            rx.publish(dstats);
             r = rxb
                 .fill(&mut rx.q, want, mergeable)
                 .and_then(|_| deliver(&mut rx.q, rxb, c.readable, copy));
@@ -640,11 +635,11 @@ fn move_batch(
     tx.q.unpop(u16::try_from(chains.len() - taken).unwrap_or(0));
     rxb.finish(&mut rx.q);
     if let Some(e) = rx_err {
-        rx.fail(did, &dstats, e);
+        rx.fail(did, dstats, e);
     }
     rx.worked |= pkts > 0;
-    rx.publish(&dstats);
-    tx.publish(&sstats);
+    rx.publish(dstats);
+    tx.publish(sstats);
     bump(&sstats.rx_packets, pkts + bad + too_big);
     bump(&sstats.rx_bytes, bytes);
     bump(&sstats.drops[DropReason::Invalid as usize], bad);

@@ -126,10 +126,3 @@ impl PortStats {
         }
     }
 }
-
-impl PortSnapshot {
-    /// Total drops.
-    pub fn total_drops(&self) -> u64 {
-        self.drops.values().sum()
-    }
-}

@@ -515,9 +515,8 @@ impl Worker {
     fn flush_calls(&mut self, now: Instant, force: bool) {
         let bound = self.wake.typical * 2;
         for p in &mut self.ports {
-            let stats = p.stats.clone();
             for s in [p.tx.as_mut(), p.rx.as_mut()].into_iter().flatten() {
-                s.flush_call(&stats, now, bound, force);
+                s.flush_call(&p.stats, now, bound, force);
             }
         }
     }
@@ -556,9 +555,9 @@ impl Worker {
         if let Some(d) = timed {
             self.timer.set(d);
         }
-        let timeout_ms = -1;
+        // Deadlines come from the timerfd: epoll itself waits without a timeout.
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
-        let n = self.epoll.wait(&mut evs, timeout_ms);
+        let n = self.epoll.wait(&mut evs, -1);
         if timed.is_some() {
             self.timer.set(std::time::Duration::ZERO);
             self.timer.drain();

@@ -374,8 +374,13 @@ fn b2f(cx: &Ctx<'_>) -> Result<Value> {
         ("b2f", "backend (gen) -> frontend"),
         ("gen", "rx"),
         |ff, p| {
-            let (sent, recv) = (u(p, "/tx_packets"), u(ff, "/data_received"));
-            let exact = recv == sent
+            // The port counts every frame it delivered, the end marker too.
+            let (sent, recv) = (
+                u(p, "/tx_packets").saturating_sub(1),
+                u(ff, "/data_received"),
+            );
+            let exact = u(ff, "/rx_packets") == u(p, "/tx_packets")
+                && recv == sent
                 && u(ff, "/end_count") == sent
                 && u(ff, "/seq_errors") == 0
                 && u(ff, "/rx_errors") == 0;

@@ -435,8 +435,11 @@ fn readable_descriptor_on_rx_queue_of_generator() {
     assert_eq!(u(&hp, "/queue_errors"), 1, "{hp}");
     assert_eq!(u(&hp, "/tx_packets"), 0, "{hp}");
     let gp = port(&fin, 1);
-    let sent = u(&gp, "/tx_packets");
-    assert!(sent > 0, "{gp}");
+    // Frames delivered: data and the end marker.
+    let frames = u(&gp, "/tx_packets");
+    assert!(frames > 1, "{gp}");
+    let sent = frames - 1;
+    assert_eq!(u(&good, "/rx_packets"), frames, "{good}\n{gp}");
     assert_eq!(u(&good, "/data_received"), sent, "{good}\n{gp}");
     assert_eq!(u(&good, "/end_count"), sent, "{good}");
     assert_eq!(good["complete"], Value::Bool(true), "{good}");

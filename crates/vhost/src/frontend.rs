@@ -216,23 +216,6 @@ pub struct ClientStats {
     pub sleeps: u64,
 }
 
-/// Starts loading the first two cache lines at `pool + off` (no effect on correctness).
-#[inline]
-fn prefetch(pool: NonNull<u8>, off: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let p = pool.as_ptr().wrapping_add(off).cast::<i8>().cast_const();
-        // SAFETY: SSE is baseline on x86_64; a prefetch never faults and changes no state.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(p);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (pool, off);
-}
-
 /// A received frame: the buffers it arrived in, read through checked copies.
 #[derive(Debug)]
 pub struct RxFrame<'a> {
@@ -561,7 +544,11 @@ impl NetClient {
         self.used.clear();
         for _ in 0..n {
             let Some(e) = self.rx.pop_used()? else { break };
-            prefetch(self.rx_pool, usize::from(e.0) * bs);
+            // Start loading the buffer's first two lines (no effect on correctness).
+            if let Some(p) = NonNull::new(self.rx_pool.as_ptr().wrapping_add(usize::from(e.0) * bs))
+            {
+                virtq::mem::prefetch_range(p, 128, false);
+            }
             self.used.push(e);
         }
         let mrg = self.features & VIRTIO_NET_F_MRG_RXBUF != 0;

@@ -182,14 +182,6 @@ impl MemTable {
         let (r, off) = r.ok_or(miss)?;
         Ok(Self::host_at(r, off).0)
     }
-
-    /// Converts a peer user address to the guest address of the same byte.
-    pub fn uaddr_to_gpa(&self, uaddr: u64) -> Option<u64> {
-        self.regions
-            .iter()
-            .find(|r| uaddr >= r.uaddr && uaddr < r.uaddr_end)
-            .map(|r| r.gpa + (uaddr - r.uaddr))
-    }
 }
 
 /// A validated piece of a buffer: a host pointer good for `len` bytes while the table lives.
@@ -260,16 +252,18 @@ impl Seg {
     }
 }
 
+/// Hints the CPU to start loading `len` bytes at `p` (cache line by cache line), for
+/// writing if `write`. No effect on correctness: a prefetch never faults.
 #[inline]
-fn prefetch_range(p: NonNull<u8>, len: u32, write: bool) {
+pub fn prefetch_range(p: NonNull<u8>, len: u32, write: bool) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
         let mut off = 0usize;
         while off < len as usize {
             let a = p.as_ptr().wrapping_add(off).cast::<i8>().cast_const();
-            // SAFETY: SSE is part of the x86_64 baseline; a prefetch never faults and has no
-            // architectural effect (the address is inside a validated segment anyway).
+            // SAFETY: SSE is part of the x86_64 baseline; a prefetch of any address never
+            // faults and has no architectural effect.
             unsafe {
                 if write {
                     _mm_prefetch::<_MM_HINT_ET0>(a);
