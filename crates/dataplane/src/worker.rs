@@ -348,6 +348,9 @@ impl Worker {
                     }
                 }
                 Cmd::Stop(id, index, reply) => {
+                    if index % 2 == 1 {
+                        self.drain(id, now);
+                    }
                     let base = self.stop_queue(id, index);
                     let _ = reply.send(base);
                 }
@@ -389,6 +392,22 @@ impl Worker {
                 if pvnet_vhost::mmap::table_faulted(s.q.mem()) {
                     s.fail(id, &stats, virtq::Error::MemoryFault);
                 }
+            }
+        }
+    }
+
+    /// Runs poll rounds until nothing moves (at most one ring's worth): a frontend that stops
+    /// its transmit ring (GET_VRING_BASE) has every packet it made available before the stop
+    /// taken, even when the worker was off its CPU when the frontend stopped sending.
+    fn drain(&mut self, id: PortId, now: Instant) {
+        let size = self
+            .port_mut(id)
+            .and_then(|p| p.tx.as_ref())
+            .map_or(0, |s| s.q.size());
+        let rounds = usize::from(size / self.cfg.batch.max(1)) + 1;
+        for _ in 0..rounds {
+            if self.poll_once(now) == 0 {
+                break;
             }
         }
     }
