@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds and runs every virtq fuzz target for SECONDS each (default 20) on STABLE Rust.
+# Builds and runs every fuzz target for SECONDS each (default 20) on STABLE Rust.
 # Exits non-zero if a target crashes (panic, abort, timeout) or shows no coverage.
 #
 #   fuzz/run.sh [SECONDS]            # all targets
@@ -20,7 +20,7 @@ set -euo pipefail
 SECONDS_PER_TARGET="${1:-20}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE"
-TARGETS="${TARGETS:-desc_chain driver_used}"
+TARGETS="${TARGETS:-desc_chain driver_used gso}"
 HOST="$(rustc -vV | sed -n 's/^host: //p')"
 LOGDIR="$HERE/target/run-logs"
 mkdir -p "$LOGDIR"
