@@ -15,5 +15,6 @@ pub mod offload;
 pub mod poll;
 pub mod port;
 pub mod stats;
+pub mod switch;
 pub mod tap;
 pub mod worker;

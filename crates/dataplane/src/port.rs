@@ -19,11 +19,11 @@ use virtq::split::{Chain, DeviceQueue};
 use virtq::Seg;
 
 /// `NET_HDR_LEN` as the u32 ring lengths use.
-const HDR: u32 = 12;
+pub const HDR: u32 = 12;
 /// Offset of `num_buffers` in `virtio_net_hdr_v1`.
-const NUM_BUFFERS: u32 = 10;
+pub const NUM_BUFFERS: u32 = 10;
 /// Most receive chains one packet may span (64 KiB over the smallest sane buffers).
-const MAX_MERGE: usize = 64;
+pub const MAX_MERGE: usize = 64;
 
 /// What a port does with what its frontend sends and what it receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,8 @@ pub enum Role {
     Forward,
     /// Send back to the same frontend (request/response measurements).
     Echo,
+    /// L2 learning switch between every port, host ports included ([`crate::switch`]).
+    Switch(crate::switch::SwitchConfig),
 }
 
 /// Generator settings.
@@ -62,6 +64,8 @@ pub struct QueueSlot {
     pub index: u16,
     /// Mergeable receive buffers negotiated.
     pub mergeable: bool,
+    /// Features the frontend acked.
+    pub features: u64,
     /// When to poll it and when to arm it.
     pub poll: Poller,
     /// It had work in the current round.
@@ -82,6 +86,7 @@ impl QueueSlot {
             broken: false,
             index: s.index,
             mergeable: s.mergeable,
+            features: s.features,
             poll: Poller::new(policy, wake),
             worked: false,
             call_owed: false,
@@ -140,7 +145,8 @@ impl QueueSlot {
         }
     }
 
-    fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
+    /// The slot if it is running and not stopped for a violation.
+    pub fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
         s.as_mut().filter(|s| !s.broken)
     }
 }
@@ -167,11 +173,17 @@ pub struct Port {
     pub stats: Arc<PortStats>,
     /// The frontend's receive ring ran dry while we had packets for it.
     pub rx_blocked: bool,
+    /// Switch: since when a unicast packet has waited for this port's receive buffers.
+    pub rx_held_since: Option<Instant>,
+    /// Switch: the receive batch is open (filled this round, not yet published).
+    pub rx_open: bool,
     check: SeqCheck,
     gen: Option<GenState>,
     scratch: Vec<u8>,
-    rxb: RxBatch,
-    chains: Vec<Chain>,
+    /// Receive chains of the current batch.
+    pub rxb: RxBatch,
+    /// Transmit chains of the current batch.
+    pub chains: Vec<Chain>,
 }
 
 impl Port {
@@ -203,6 +215,8 @@ impl Port {
             tx: None,
             stats,
             rx_blocked: false,
+            rx_held_since: None,
+            rx_open: false,
             check: SeqCheck::default(),
             gen,
             scratch: vec![0u8; 65536 + NET_HDR_LEN],

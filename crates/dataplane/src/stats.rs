@@ -14,15 +14,23 @@ pub enum DropReason {
     Invalid = 2,
     /// Larger than the receiver's buffers can take (without mergeable buffers: one chain).
     TooBig = 3,
+    /// Switch: addressed to a station on the port it came from (a bridge never sends a frame
+    /// back where it came from).
+    Filtered = 4,
+    /// Switch: offload metadata the receiver cannot take and pvnet cannot resolve in software
+    /// (UFO, a malformed GSO header), or the kernel refused the frame (tap).
+    Offload = 5,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [DropReason; 4] = [
+    pub const ALL: [DropReason; 6] = [
         DropReason::NoBuffer,
         DropReason::PortDown,
         DropReason::Invalid,
         DropReason::TooBig,
+        DropReason::Filtered,
+        DropReason::Offload,
     ];
 
     /// Stable name for reports.
@@ -32,6 +40,8 @@ impl DropReason {
             DropReason::PortDown => "port_down",
             DropReason::Invalid => "invalid",
             DropReason::TooBig => "too_big",
+            DropReason::Filtered => "filtered",
+            DropReason::Offload => "offload",
         }
     }
 }
@@ -49,7 +59,7 @@ pub struct PortStats {
     /// Bytes delivered to the frontend.
     pub tx_bytes: AtomicU64,
     /// Drops of packets that entered at this port, by reason.
-    pub drops: [AtomicU64; 4],
+    pub drops: [AtomicU64; 6],
     /// Kicks received (eventfd counts drained).
     pub kicks: AtomicU64,
     /// Calls (interrupts) sent.
@@ -62,6 +72,14 @@ pub struct PortStats {
     pub seq_errors: AtomicU64,
     /// Sink: count carried by the end marker + 1 (0 = none seen yet).
     pub end_marker: AtomicU64,
+    /// Switch: packets from this port flooded (broadcast, multicast, unknown unicast).
+    pub flooded: AtomicU64,
+    /// Switch: packets segmented in software for this port (it cannot take GSO).
+    pub sw_gso: AtomicU64,
+    /// Switch: checksums completed in software for this port (it cannot take partial ones).
+    pub sw_csum: AtomicU64,
+    /// A frontend is attached (vhost-user) or the port is open (tap, sink, gen): 1, else 0.
+    pub up: AtomicU64,
 }
 
 /// Adds `n` to a counter only the caller writes.
@@ -100,6 +118,14 @@ pub struct PortSnapshot {
     pub seq_errors: u64,
     /// End marker count, if one arrived.
     pub end_marker: Option<u64>,
+    /// See [`PortStats`].
+    pub flooded: u64,
+    /// See [`PortStats`].
+    pub sw_gso: u64,
+    /// See [`PortStats`].
+    pub sw_csum: u64,
+    /// See [`PortStats`].
+    pub up: bool,
 }
 
 impl PortStats {
@@ -123,6 +149,10 @@ impl PortStats {
             queue_errors: r(&self.queue_errors),
             seq_errors: r(&self.seq_errors),
             end_marker: end.checked_sub(1),
+            flooded: r(&self.flooded),
+            sw_gso: r(&self.sw_gso),
+            sw_csum: r(&self.sw_csum),
+            up: r(&self.up) != 0,
         }
     }
 }

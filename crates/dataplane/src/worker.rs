@@ -9,6 +9,7 @@
 use crate::poll::{Clock, Idle, MonoClock, Policy, WakeCost};
 use crate::port::{forward, Port, Role};
 use crate::stats::{bump, PortSnapshot, PortStats};
+use crate::switch::{Fabric, HostPort, MacEntry};
 use pvnet_vhost::backend::{DeviceHooks, PortId, StartedQueue};
 use pvnet_vhost::eventfd::Notifier;
 use std::collections::BTreeMap;
@@ -56,6 +57,8 @@ enum Cmd {
     Stop(PortId, u16, SyncSender<Option<u16>>),
     Mem(PortId, Arc<MemTable>),
     RemovePort(PortId, SyncSender<()>),
+    AddHost(Box<HostPort>),
+    Macs(SyncSender<Vec<MacEntry>>),
     Shutdown,
 }
 
@@ -127,6 +130,23 @@ impl Dataplane {
         r.iter().map(|(&id, s)| s.snapshot(id)).collect()
     }
 
+    /// Adds a tap, sink or gen port to a switch (its id must not be used by another port).
+    pub fn add_host(&self, port: HostPort) {
+        self.registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port.id, port.stats.clone());
+        self.send(Cmd::AddHost(Box::new(port)));
+    }
+
+    /// The switch's learned addresses (empty for other roles, or if the worker is gone).
+    pub fn macs(&self) -> Vec<MacEntry> {
+        let (tx, rx) = sync_channel(1);
+        self.send(Cmd::Macs(tx));
+        rx.recv_timeout(std::time::Duration::from_secs(2))
+            .unwrap_or_default()
+    }
+
     /// Stops the worker and waits for it.
     pub fn shutdown(&self) {
         self.send(Cmd::Shutdown);
@@ -188,6 +208,8 @@ pub fn pin_current_thread(cpu: usize) -> bool {
 
 const WAKE_TOKEN: u64 = u64::MAX;
 const TIMER_TOKEN: u64 = u64::MAX - 1;
+/// Queue index in the epoll token of a host port's fd (a tap).
+const HOST_QUEUE: u16 = u16::MAX;
 
 /// A one-shot monotonic timer in the epoll set: epoll's own timeout has millisecond
 /// resolution, too coarse for `timer:<us>` periods.
@@ -283,6 +305,8 @@ struct Worker {
     /// Measured sleep/wake cost (bounds the adaptive window).
     wake: WakeCost,
     timer: Timer,
+    /// The switch (role `Switch`): learned addresses and host ports.
+    fabric: Option<Fabric>,
 }
 
 impl Worker {
@@ -312,6 +336,10 @@ impl Worker {
                 floor: std::time::Duration::from_micros(10),
             },
             timer,
+            fabric: match cfg.role {
+                Role::Switch(sc) => Some(Fabric::new(sc, cfg.batch)),
+                _ => None,
+            },
         })
     }
 
@@ -323,11 +351,15 @@ impl Worker {
         while let Ok(c) = self.rx.try_recv() {
             match c {
                 Cmd::AddPort(id) => {
-                    let stats = Arc::new(PortStats::default());
-                    self.registry
+                    // A switch port keeps its counters across reconnections.
+                    let stats = self
+                        .registry
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(id, stats.clone());
+                        .entry(id)
+                        .or_default()
+                        .clone();
+                    stats.up.store(1, Ordering::Relaxed);
                     self.ports.push(Port::new(id, self.cfg.role, stats));
                     self.ports.sort_by_key(|p| p.id);
                 }
@@ -369,9 +401,34 @@ impl Worker {
                     self.stop_queue(id, 1);
                     if let Some(i) = self.ports.iter().position(|p| p.id == id) {
                         let p = self.ports.remove(i);
+                        p.stats.up.store(0, Ordering::Relaxed);
                         info!(port = id, stats = ?p.stats.snapshot(id), "port removed");
                     }
+                    if let Some(f) = &mut self.fabric {
+                        f.port_down(id);
+                    }
                     let _ = reply.send(());
+                }
+                Cmd::AddHost(h) => {
+                    if let Some(f) = &mut self.fabric {
+                        if let Some(fd) = h.tap_fd() {
+                            self.epoll
+                                .ctl(libc::EPOLL_CTL_ADD, fd, token(h.id, HOST_QUEUE));
+                        }
+                        h.stats.up.store(1, Ordering::Relaxed);
+                        info!(port = h.id, kind = ?h.kind_name(), "host port added");
+                        f.hosts.push(*h);
+                    } else {
+                        warn!(port = h.id, "host ports need the switch role");
+                    }
+                }
+                Cmd::Macs(reply) => {
+                    let v = self
+                        .fabric
+                        .as_ref()
+                        .map(|f| f.macs.entries(now))
+                        .unwrap_or_default();
+                    let _ = reply.send(v);
                 }
                 Cmd::Shutdown => self.quit = true,
             }
@@ -453,6 +510,11 @@ impl Worker {
                     work += p.echo(batch);
                 }
             }
+            Role::Switch(_) => {
+                if let Some(f) = &mut self.fabric {
+                    work += f.round(&mut self.ports, now);
+                }
+            }
             Role::Forward => {
                 for i in 0..self.ports.len() {
                     let peer = self.ports[i].id ^ 1;
@@ -497,6 +559,13 @@ impl Worker {
                     Idle::Arm => {}
                     Idle::Until(t) => deadline = Some(deadline.map_or(t, |d: Instant| d.min(t))),
                 }
+            }
+        }
+        if let Some(f) = &self.fabric {
+            match f.idle(now) {
+                Idle::Poll => poll = true,
+                Idle::Arm => {}
+                Idle::Until(t) => deadline = Some(deadline.map_or(t, |d: Instant| d.min(t))),
             }
         }
         if poll {
@@ -633,6 +702,9 @@ impl Worker {
             self.flush_calls(now, true);
             self.sleep(deadline, now);
             self.disarm(true);
+            if let Some(f) = &mut self.fabric {
+                f.woke();
+            }
         }
         info!("worker stopped");
     }

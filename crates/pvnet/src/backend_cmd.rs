@@ -119,6 +119,7 @@ pub fn run(a: &BackendArgs) -> anyhow_lite::Result<()> {
             hooks,
             stop.clone(),
             Duration::from_millis(200),
+            None,
         );
         Ok(())
     } else {

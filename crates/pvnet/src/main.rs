@@ -3,10 +3,12 @@
 
 mod backend_cmd;
 mod bench;
+mod ctl;
 mod frontend_cmd;
 mod limits;
 mod proc;
 mod sweep;
+mod switch_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -36,6 +38,10 @@ enum Cmd {
     Frontend(frontend_cmd::FrontendArgs),
     /// Measure this machine's limits: core-to-core hand-off and a 64-byte-slot ring.
     Limits,
+    /// Query a running `pvnet switch`: ports, counters, learned MAC addresses.
+    /// Run the switch daemon: vhost-user, tap, sink and gen ports, L2 learning between them.
+    Switch(switch_cmd::SwitchArgs),
+    Ctl(ctl::CtlArgs),
 }
 
 fn init_logging() {
@@ -54,6 +60,8 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(&a),
         Cmd::Backend(a) => backend_cmd::run(&a),
         Cmd::Frontend(a) => frontend_cmd::run(&a),
+        Cmd::Switch(a) => switch_cmd::run(&a),
+        Cmd::Ctl(a) => ctl::run(&a),
         Cmd::Limits => {
             let l = limits::measure_default();
             println!("{}", serde_json::to_string(&l).unwrap_or_default());

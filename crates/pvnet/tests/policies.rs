@@ -54,10 +54,12 @@ fn paced_sender_offers_the_rate_it_is_given() {
         "sent {sent} at 20 Kpps: {fe}"
     );
     let iv = fe["intervals"].as_array().expect("intervals");
-    // The frame due exactly on the second boundary may land on either side of it.
+    // The frames due around the second boundary may land on either side of it, by as many as
+    // the sender's thread was kept off its CPU there (the suite runs tests in parallel on
+    // two cores): the total above is exact, the split within 2%.
     let first = iv.first().and_then(Value::as_u64).unwrap_or(0);
     assert!(
-        (19_998..=20_002).contains(&first),
+        (19_600..=20_400).contains(&first),
         "first second: {first}: {fe}"
     );
 }

@@ -54,6 +54,8 @@ pub struct StartedQueue {
     pub err: Option<Notifier>,
     /// `VIRTIO_NET_F_MRG_RXBUF` negotiated: a received packet may span several chains.
     pub mergeable: bool,
+    /// Every feature the frontend acked (offloads decide what it may be sent).
+    pub features: u64,
 }
 
 /// What the dataplane provides to the control plane. Called from session threads.
@@ -80,6 +82,8 @@ pub struct BackendConfig {
     pub max_queue_size: u16,
     /// Memory slots offered (`GET_MAX_MEM_SLOTS`).
     pub mem_slots: u64,
+    /// virtio features offered (`GET_FEATURES`).
+    pub features: u64,
 }
 
 impl Default for BackendConfig {
@@ -88,6 +92,7 @@ impl Default for BackendConfig {
             queue_pairs: 1,
             max_queue_size: 32768,
             mem_slots: 32,
+            features: DEVICE_FEATURES,
         }
     }
 }
@@ -259,6 +264,7 @@ impl Session {
                 call,
                 err,
                 mergeable,
+                features: self.acked,
             },
         );
         Ok(())
@@ -305,11 +311,11 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn get_features(&mut self) -> VuResult<u64> {
-        Ok(DEVICE_FEATURES)
+        Ok(self.cfg.features)
     }
 
     fn set_features(&mut self, features: u64) -> VuResult<()> {
-        if features & !DEVICE_FEATURES != 0 {
+        if features & !self.cfg.features != 0 {
             warn!(
                 port = self.port,
                 features, "frontend acked features we did not offer"
@@ -680,6 +686,29 @@ pub fn serve(
     stop: Arc<AtomicBool>,
     max_sessions: Option<u32>,
 ) -> std::io::Result<()> {
+    serve_impl(path, cfg, hooks, stop, max_sessions, None)
+}
+
+/// Like [`serve`] for one switch port: every frontend that connects gets `port`, one at a
+/// time (a second frontend is refused while one is attached), until `stop` is set.
+pub fn serve_port(
+    path: &Path,
+    port: PortId,
+    cfg: BackendConfig,
+    hooks: Arc<dyn DeviceHooks>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<()> {
+    serve_impl(path, cfg, hooks, stop, None, Some(port))
+}
+
+fn serve_impl(
+    path: &Path,
+    cfg: BackendConfig,
+    hooks: Arc<dyn DeviceHooks>,
+    stop: Arc<AtomicBool>,
+    max_sessions: Option<u32>,
+    fixed: Option<PortId>,
+) -> std::io::Result<()> {
     if path.exists() {
         std::fs::remove_file(path)?;
     }
@@ -717,9 +746,17 @@ pub fn serve(
                 );
                 drop(stream);
             }
+            Ok((stream, _)) if fixed.is_some() && !sessions.is_empty() => {
+                warn!(
+                    socket = %path.display(),
+                    "refusing a frontend: this port already has one attached"
+                );
+                drop(stream);
+            }
             Ok((stream, _)) => {
                 stream.set_nonblocking(false)?;
-                let port = next.fetch_add(1, Ordering::Relaxed);
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let port = fixed.unwrap_or(n);
                 let hooks = hooks.clone();
                 info!(port, "frontend connected");
                 // A clone to shut the socket down from here, which ends a session blocked
@@ -754,20 +791,23 @@ pub fn serve(
 
 /// Client mode: connects to a frontend's listening socket (QEMU `server=on`), retrying every
 /// `retry` until it answers, and runs the session; then reconnects, until `stop` is set.
+/// Every session gets `fixed` if given (a switch port), else 0, 1, 2, ...
 pub fn connect_loop(
     path: &Path,
     cfg: BackendConfig,
     hooks: Arc<dyn DeviceHooks>,
     stop: Arc<AtomicBool>,
     retry: Duration,
+    fixed: Option<PortId>,
 ) {
-    let mut port = 0;
+    let mut n = 0;
     while !stop.load(Ordering::Relaxed) {
         match UnixStream::connect(path) {
             Ok(stream) => {
+                let port = fixed.unwrap_or(n);
                 info!(socket = %path.display(), port, "connected to frontend");
                 run_session(stream, port, cfg, hooks.clone());
-                port += 1;
+                n += 1;
             }
             Err(e) => {
                 debug!(socket = %path.display(), "connect failed ({e}), retrying");

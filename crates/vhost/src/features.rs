@@ -4,6 +4,20 @@
 pub const VIRTIO_NET_F_CSUM: u64 = 1 << 0;
 /// Driver can merge receive buffers.
 pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
+/// Driver handles packets with partial checksum.
+pub const VIRTIO_NET_F_GUEST_CSUM: u64 = 1 << 1;
+/// Driver can receive TSOv4.
+pub const VIRTIO_NET_F_GUEST_TSO4: u64 = 1 << 7;
+/// Driver can receive TSOv6.
+pub const VIRTIO_NET_F_GUEST_TSO6: u64 = 1 << 8;
+/// Driver can receive TSO with ECN.
+pub const VIRTIO_NET_F_GUEST_ECN: u64 = 1 << 9;
+/// Device can receive TSOv4.
+pub const VIRTIO_NET_F_HOST_TSO4: u64 = 1 << 11;
+/// Device can receive TSOv6.
+pub const VIRTIO_NET_F_HOST_TSO6: u64 = 1 << 12;
+/// Device can receive TSO with ECN.
+pub const VIRTIO_NET_F_HOST_ECN: u64 = 1 << 13;
 /// Device has a MAC in config space.
 pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
 /// Indirect descriptors.
@@ -27,6 +41,17 @@ pub const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1
     | VIRTIO_NET_F_MRG_RXBUF
     | VIRTIO_F_INDIRECT_DESC
     | VHOST_USER_F_PROTOCOL_FEATURES;
+
+/// Checksum and TSO offloads in both directions (5.1.6.2, 5.1.6.4). Offered by `pvnet switch`,
+/// which completes checksums and segments in software for a receiver that did not take them.
+pub const OFFLOAD_FEATURES: u64 = VIRTIO_NET_F_CSUM
+    | VIRTIO_NET_F_GUEST_CSUM
+    | VIRTIO_NET_F_GUEST_TSO4
+    | VIRTIO_NET_F_GUEST_TSO6
+    | VIRTIO_NET_F_GUEST_ECN
+    | VIRTIO_NET_F_HOST_TSO4
+    | VIRTIO_NET_F_HOST_TSO6
+    | VIRTIO_NET_F_HOST_ECN;
 
 /// Length of `struct virtio_net_hdr_v1` (VERSION_1: always 12 bytes, `num_buffers` included).
 pub const NET_HDR_LEN: usize = 12;

@@ -201,6 +201,23 @@ impl Seg {
         Self { ptr, len }
     }
 
+    /// A segment over memory the caller owns (a staging buffer, a frame template), so that
+    /// host-made packets go through the same copy routines as the peer's.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes for as long as the segment (or
+    /// a copy of it) is used, and not be accessed through a reference meanwhile.
+    #[inline]
+    pub unsafe fn from_raw(ptr: NonNull<u8>, len: u32) -> Self {
+        Self { ptr, len }
+    }
+
+    /// The host address, for handing the bytes to the kernel (`writev`) without a copy.
+    #[inline]
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// Length in bytes.
     #[inline]
     pub fn len(&self) -> u32 {

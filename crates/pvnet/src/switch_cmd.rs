@@ -1,0 +1,631 @@
+//! `pvnet switch`: the daemon. Ports from a TOML file and/or `--port` flags: vhost-user
+//! (server socket or client with reconnect), tap (the host kernel, offloads on), sink and gen;
+//! an L2 learning switch between them (`pvnet_dataplane::switch`); `pvnet ctl` on a control
+//! socket, Prometheus metrics on an optional address; final counters as JSON on stdout.
+
+use crate::backend_cmd::anyhow_lite::Result;
+use crate::ctl;
+use crate::proc;
+use clap::Args;
+use pvnet_dataplane::poll::Policy;
+use pvnet_dataplane::port::Role;
+use pvnet_dataplane::stats::{PortSnapshot, PortStats};
+use pvnet_dataplane::switch::{
+    GenPort, GenSpec, HostKind, HostPort, SinkPort, SwitchConfig, TapPort,
+};
+use pvnet_dataplane::worker::{Dataplane, WorkerConfig};
+use pvnet_vhost::backend::{connect_loop, serve_port, BackendConfig, DeviceHooks, PortId};
+use pvnet_vhost::features::{DEVICE_FEATURES, OFFLOAD_FEATURES};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+const AFTER_HELP: &str = "\
+PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
+  vhost-user:name=vm1,socket=/tmp/vm1.sock[,client=true][,queue_pairs=1][,offloads=true]
+      a virtio-net device for QEMU (-chardev socket,path=...) or DPDK net_virtio_user;
+      client=true connects to a frontend that listens (QEMU server=on) and reconnects.
+  tap:name=host,ifname=pvtap0[,offloads=true][,mtu=1500]
+      the host kernel, IFF_VNET_HDR: checksum and TSO pass through in both directions.
+  sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
+  gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC]
+      bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),
+      starting delay seconds after a receiver appears; then an end marker.
+
+EXAMPLES:
+  pvnet switch --port vhost-user:name=vm1,socket=/tmp/vm1.sock --port tap:name=host,ifname=pvtap0
+  pvnet switch --config /etc/pvnet/switch.toml
+  pvnet ctl ports            (counters of a running switch; --json for JSON)
+
+TOML:
+  [switch]
+  cpu = 1
+  ctl_socket = \"/run/pvnet/ctl.sock\"
+  metrics = \"127.0.0.1:9464\"
+  [[port]]
+  kind = \"vhost-user\"
+  name = \"vm1\"
+  socket = \"/tmp/vm1.sock\"";
+
+/// `pvnet switch` arguments. Flags override the `[switch]` table of `--config`; `--port`
+/// adds to its `[[port]]` list.
+#[derive(Args, Debug, Clone, Default)]
+#[command(after_help = AFTER_HELP)]
+pub struct SwitchArgs {
+    /// TOML file with a [switch] table and [[port]] tables.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A port: KIND:key=value,... (see PORTS below). Repeatable.
+    #[arg(long = "port", value_name = "SPEC")]
+    pub ports: Vec<String>,
+    /// Pin the dataplane worker to this CPU.
+    #[arg(long)]
+    pub cpu: Option<usize>,
+    /// Polling policy of transmit rings (see `pvnet backend --help`). Default adaptive.
+    #[arg(long)]
+    pub policy: Option<Policy>,
+    /// Polling policy of receive rings waiting for buffers. Default adaptive.
+    #[arg(long)]
+    pub rx_policy: Option<Policy>,
+    /// Most packets per source per round. Default 64.
+    #[arg(long)]
+    pub batch: Option<u16>,
+    /// Seconds a learned MAC address lives without traffic. Default 300.
+    #[arg(long)]
+    pub mac_aging: Option<u64>,
+    /// Control socket for `pvnet ctl`. Default /run/pvnet/ctl.sock.
+    #[arg(long)]
+    pub ctl_socket: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    #[arg(long)]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Stop after this many seconds (0: run until SIGINT/SIGTERM).
+    #[arg(long, default_value_t = 0.0)]
+    pub duration: f64,
+}
+
+/// The `[switch]` table.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+struct SwitchTable {
+    cpu: Option<usize>,
+    policy: Option<String>,
+    rx_policy: Option<String>,
+    batch: Option<u16>,
+    mac_aging: Option<u64>,
+    ctl_socket: Option<PathBuf>,
+    metrics: Option<std::net::SocketAddr>,
+}
+
+/// One `[[port]]` table (or `--port` spec).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+enum PortConfig {
+    VhostUser {
+        name: String,
+        socket: PathBuf,
+        #[serde(default)]
+        client: bool,
+        #[serde(default = "one")]
+        queue_pairs: u16,
+        #[serde(default = "yes")]
+        offloads: bool,
+    },
+    Tap {
+        name: String,
+        #[serde(default)]
+        ifname: Option<String>,
+        #[serde(default = "yes")]
+        offloads: bool,
+        #[serde(default)]
+        mtu: Option<u32>,
+    },
+    Sink {
+        name: String,
+    },
+    Gen {
+        name: String,
+        #[serde(default)]
+        rate: u64,
+        #[serde(default)]
+        secs: f64,
+        #[serde(default)]
+        delay: f64,
+        #[serde(default = "frame_len")]
+        frame_len: usize,
+        #[serde(default = "gen_src")]
+        src: String,
+        #[serde(default = "gen_dst")]
+        dst: String,
+    },
+}
+
+fn one() -> u16 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn frame_len() -> usize {
+    64
+}
+fn gen_src() -> String {
+    "02:00:00:00:00:01".into()
+}
+fn gen_dst() -> String {
+    "02:00:00:00:00:02".into()
+}
+
+impl PortConfig {
+    fn name(&self) -> &str {
+        match self {
+            PortConfig::VhostUser { name, .. }
+            | PortConfig::Tap { name, .. }
+            | PortConfig::Sink { name }
+            | PortConfig::Gen { name, .. } => name,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            PortConfig::VhostUser { .. } => "vhost-user",
+            PortConfig::Tap { .. } => "tap",
+            PortConfig::Sink { .. } => "sink",
+            PortConfig::Gen { .. } => "gen",
+        }
+    }
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    switch: SwitchTable,
+    #[serde(default)]
+    port: Vec<PortConfig>,
+}
+
+/// Parses `KIND:key=value,...` into a port table. Values that read as integers, floats or
+/// booleans become those; everything else is a string (paths, names, MACs).
+fn parse_port_spec(spec: &str) -> Result<PortConfig> {
+    let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
+    let mut t = toml::Table::new();
+    t.insert("kind".into(), toml::Value::String(kind.trim().into()));
+    for kv in rest.split(',').filter(|s| !s.trim().is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--port {spec}: '{kv}' is not key=value"))?;
+        let v = v.trim();
+        let val = if let Ok(i) = v.parse::<i64>() {
+            toml::Value::Integer(i)
+        } else if let Ok(b) = v.parse::<bool>() {
+            toml::Value::Boolean(b)
+        } else if let Ok(f) = v.parse::<f64>() {
+            toml::Value::Float(f)
+        } else {
+            toml::Value::String(v.into())
+        };
+        t.insert(k.trim().into(), val);
+    }
+    PortConfig::deserialize(toml::Value::Table(t)).map_err(|e| format!("--port {spec}: {e}").into())
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6]> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let mut m = [0u8; 6];
+    if parts.len() != 6 {
+        return Err(format!("'{s}' is not a MAC address (aa:bb:cc:dd:ee:ff)").into());
+    }
+    for (b, p) in m.iter_mut().zip(parts) {
+        *b = u8::from_str_radix(p, 16).map_err(|_| format!("'{s}' is not a MAC address"))?;
+    }
+    Ok(m)
+}
+
+fn fmt_mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The whole configuration, checked.
+#[derive(Debug)]
+struct Config {
+    worker: WorkerConfig,
+    ctl_socket: PathBuf,
+    metrics: Option<std::net::SocketAddr>,
+    ports: Vec<PortConfig>,
+}
+
+fn load(a: &SwitchArgs) -> Result<Config> {
+    let file = match &a.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            toml::from_str::<FileConfig>(&text).map_err(|e| format!("{}: {e}", p.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let mut ports = file.port;
+    for s in &a.ports {
+        ports.push(parse_port_spec(s)?);
+    }
+    if ports.is_empty() {
+        return Err(
+            "no ports: give --port KIND:... or a --config file with [[port]] tables (see --help)"
+                .into(),
+        );
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &ports {
+        if p.name().is_empty() || !seen.insert(p.name().to_string()) {
+            return Err(format!("port names must be unique and non-empty ('{}')", p.name()).into());
+        }
+        match p {
+            PortConfig::VhostUser { queue_pairs, .. } if *queue_pairs == 0 => {
+                return Err(format!("port {}: queue_pairs must be at least 1", p.name()).into())
+            }
+            PortConfig::Gen {
+                secs,
+                delay,
+                src,
+                dst,
+                ..
+            } => {
+                if !(secs.is_finite() && *secs >= 0.0 && delay.is_finite() && *delay >= 0.0) {
+                    return Err(format!("port {}: secs and delay must be >= 0", p.name()).into());
+                }
+                parse_mac(src)?;
+                parse_mac(dst)?;
+            }
+            _ => {}
+        }
+    }
+    let sw = file.switch;
+    let policy = |flag: Option<Policy>, file: &Option<String>, what: &str| -> Result<Policy> {
+        match (flag, file) {
+            (Some(p), _) => Ok(p),
+            (None, Some(s)) => s
+                .parse()
+                .map_err(|e| format!("[switch] {what}: {e}").into()),
+            (None, None) => Ok(Policy::Adaptive),
+        }
+    };
+    let batch = a.batch.or(sw.batch).unwrap_or(64);
+    if batch == 0 {
+        return Err("batch must be at least 1".into());
+    }
+    let worker = WorkerConfig {
+        role: Role::Switch(SwitchConfig {
+            aging: Duration::from_secs(a.mac_aging.or(sw.mac_aging).unwrap_or(300).max(1)),
+        }),
+        policy: policy(a.policy, &sw.policy, "policy")?,
+        rx_policy: policy(a.rx_policy, &sw.rx_policy, "rx_policy")?,
+        batch,
+        cpu: a.cpu.or(sw.cpu),
+    };
+    Ok(Config {
+        worker,
+        ctl_socket: a
+            .ctl_socket
+            .clone()
+            .or(sw.ctl_socket)
+            .unwrap_or_else(|| ctl::DEFAULT_CTL_SOCKET.into()),
+        metrics: a.metrics.or(sw.metrics),
+        ports,
+    })
+}
+
+/// Counters of a snapshot as the flat map `pvnet ctl` shows.
+fn counters(s: &PortSnapshot) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    if let Ok(serde_json::Value::Object(o)) = serde_json::to_value(s) {
+        for (k, v) in o {
+            match (k.as_str(), v) {
+                ("port" | "up" | "end_marker", _) => {}
+                ("drops", serde_json::Value::Object(d)) => {
+                    for (r, n) in d {
+                        m.insert(format!("drops_{r}"), n.as_u64().unwrap_or(0));
+                    }
+                }
+                (_, v) => {
+                    if let Some(n) = v.as_u64() {
+                        m.insert(k, n);
+                    }
+                }
+            }
+        }
+    }
+    m
+}
+
+/// Runs the switch until signalled (or `--duration`); prints the final counters as JSON.
+pub fn run(a: &SwitchArgs) -> Result<()> {
+    proc::install_stop_handler();
+    if !(a.duration.is_finite() && a.duration >= 0.0) {
+        return Err("--duration must be a non-negative number".into());
+    }
+    let cfg = load(a)?;
+    let dp = Dataplane::start(cfg.worker)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut threads = Vec::new();
+    let mut details: Vec<(String, &'static str, String)> = Vec::new();
+    for (i, p) in cfg.ports.iter().enumerate() {
+        let id = PortId::try_from(i).map_err(|_| "too many ports")?;
+        let detail = match p {
+            PortConfig::VhostUser {
+                socket,
+                client,
+                queue_pairs,
+                offloads,
+                ..
+            } => {
+                let bcfg = BackendConfig {
+                    queue_pairs: *queue_pairs,
+                    features: if *offloads {
+                        DEVICE_FEATURES | OFFLOAD_FEATURES
+                    } else {
+                        DEVICE_FEATURES
+                    },
+                    ..BackendConfig::default()
+                };
+                let hooks: Arc<dyn DeviceHooks> = dp.clone();
+                let (path, stop, client) = (socket.clone(), stop.clone(), *client);
+                let name = p.name().to_string();
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("vu-{name}"))
+                        .spawn(move || {
+                            if client {
+                                connect_loop(&path, bcfg, hooks, stop, Duration::from_millis(200), Some(id));
+                            } else if let Err(e) = serve_port(&path, id, bcfg, hooks, stop.clone()) {
+                                tracing::error!(port = %name, socket = %path.display(), "cannot serve: {e}");
+                                stop.store(true, Ordering::Relaxed);
+                            }
+                        })?,
+                );
+                format!(
+                    "{}{}",
+                    socket.display(),
+                    if client { " (client)" } else { "" }
+                )
+            }
+            PortConfig::Tap {
+                ifname,
+                offloads,
+                mtu,
+                ..
+            } => {
+                let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
+                let tap = pvnet_dataplane::tap::open(&want, *offloads)
+                    .map_err(|e| format!("port {}: {e}", p.name()))?;
+                tap.link_up(*mtu)
+                    .map_err(|e| format!("port {}: {e}", p.name()))?;
+                let name = tap.name().to_string();
+                info!(port = %p.name(), ifname = %name, offloads = *offloads, "tap ready");
+                dp.add_host(HostPort {
+                    id,
+                    stats: Arc::new(PortStats::default()),
+                    kind: HostKind::Tap(TapPort::new(tap)),
+                });
+                name
+            }
+            PortConfig::Sink { .. } => {
+                dp.add_host(HostPort {
+                    id,
+                    stats: Arc::new(PortStats::default()),
+                    kind: HostKind::Sink(SinkPort::default()),
+                });
+                String::new()
+            }
+            PortConfig::Gen {
+                rate,
+                secs,
+                delay,
+                frame_len,
+                src,
+                dst,
+                ..
+            } => {
+                let spec = GenSpec {
+                    frame_len: *frame_len,
+                    rate: *rate,
+                    duration: (*secs > 0.0).then(|| Duration::from_secs_f64(*secs)),
+                    delay: Duration::from_secs_f64(*delay),
+                    src: parse_mac(src)?,
+                    dst: parse_mac(dst)?,
+                };
+                dp.add_host(HostPort {
+                    id,
+                    stats: Arc::new(PortStats::default()),
+                    kind: HostKind::Gen(GenPort::new(spec)),
+                });
+                format!(
+                    "{} -> {}, {}",
+                    src,
+                    dst,
+                    if *rate == 0 {
+                        "max rate".into()
+                    } else {
+                        format!("{rate} pps")
+                    }
+                )
+            }
+        };
+        details.push((p.name().to_string(), p.kind(), detail));
+    }
+    let names: BTreeMap<PortId, String> = details
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (PortId::try_from(i).unwrap_or(PortId::MAX), d.0.clone()))
+        .collect();
+    let status = {
+        let dp = dp.clone();
+        let details = details.clone();
+        let names = names.clone();
+        Arc::new(move || {
+            let snaps: BTreeMap<PortId, PortSnapshot> =
+                dp.snapshots().into_iter().map(|s| (s.port, s)).collect();
+            let ports = details
+                .iter()
+                .enumerate()
+                .map(|(i, (name, kind, detail))| {
+                    let s = snaps
+                        .get(&PortId::try_from(i).unwrap_or(PortId::MAX))
+                        .cloned()
+                        .unwrap_or_default();
+                    let state = if s.up {
+                        "up"
+                    } else if *kind == "vhost-user" {
+                        "waiting"
+                    } else {
+                        "down"
+                    };
+                    ctl::PortInfo {
+                        name: name.clone(),
+                        kind: (*kind).into(),
+                        state: state.into(),
+                        detail: detail.clone(),
+                        counters: counters(&s),
+                    }
+                })
+                .collect();
+            let macs = dp
+                .macs()
+                .into_iter()
+                .map(|e| ctl::MacInfo {
+                    mac: fmt_mac(e.mac),
+                    port: names
+                        .get(&e.port)
+                        .cloned()
+                        .unwrap_or_else(|| e.port.to_string()),
+                    age_secs: e.age.as_secs_f64(),
+                })
+                .collect();
+            ctl::Status {
+                uptime_secs: started.elapsed().as_secs_f64(),
+                ports,
+                macs,
+            }
+        }) as Arc<dyn Fn() -> ctl::Status + Send + Sync>
+    };
+    if let Some(dir) = cfg.ctl_socket.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let ctl_thread = ctl::serve_ctl(&cfg.ctl_socket, status.clone(), stop.clone())
+        .map_err(|e| format!("control socket {}: {e}", cfg.ctl_socket.display()))?;
+    let metrics_thread = match cfg.metrics {
+        Some(addr) => {
+            let (bound, t) = ctl::serve_metrics(addr, status.clone(), stop.clone())
+                .map_err(|e| format!("metrics on {addr}: {e}"))?;
+            info!(%bound, "Prometheus metrics at /metrics");
+            Some(t)
+        }
+        None => None,
+    };
+    info!(
+        ports = cfg.ports.len(),
+        ctl = %cfg.ctl_socket.display(),
+        "switch running"
+    );
+    let deadline = (a.duration > 0.0).then(|| started + Duration::from_secs_f64(a.duration));
+    while !stop.load(Ordering::Relaxed) {
+        if proc::stopping() || deadline.is_some_and(|d| Instant::now() >= d) {
+            stop.store(true, Ordering::Relaxed);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for t in threads {
+        if t.join().is_err() {
+            warn!("a port thread panicked");
+        }
+    }
+    let _ = ctl_thread.join();
+    if let Some(t) = metrics_thread {
+        let _ = t.join();
+    }
+    let last = status();
+    dp.shutdown();
+    println!("{}", serde_json::json!({ "final": last }));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_specs_parse_into_the_toml_model() {
+        assert_eq!(
+            parse_port_spec("vhost-user:name=vm1,socket=/tmp/a.sock,client=true").unwrap(),
+            PortConfig::VhostUser {
+                name: "vm1".into(),
+                socket: "/tmp/a.sock".into(),
+                client: true,
+                queue_pairs: 1,
+                offloads: true
+            }
+        );
+        assert_eq!(
+            parse_port_spec("gen:name=g,rate=1000,secs=2.5").unwrap(),
+            PortConfig::Gen {
+                name: "g".into(),
+                rate: 1000,
+                secs: 2.5,
+                delay: 0.0,
+                frame_len: 64,
+                src: gen_src(),
+                dst: gen_dst()
+            }
+        );
+        assert!(parse_port_spec("sink:name=s,bogus=1").is_err());
+        assert!(parse_port_spec("router:name=r").is_err());
+        assert!(parse_port_spec("sink:name").is_err());
+    }
+
+    #[test]
+    fn toml_file_and_flags_combine() {
+        let dir = std::env::temp_dir().join(format!("pvnet-sw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("s.toml");
+        std::fs::write(
+            &f,
+            "[switch]\ncpu = 1\nmac_aging = 5\n[[port]]\nkind = \"sink\"\nname = \"s\"\n",
+        )
+        .unwrap();
+        let a = SwitchArgs {
+            config: Some(f.clone()),
+            ports: vec!["gen:name=g".into()],
+            batch: Some(32),
+            ..SwitchArgs::default()
+        };
+        let c = load(&a).unwrap();
+        assert_eq!(c.ports.len(), 2);
+        assert_eq!(c.worker.cpu, Some(1));
+        assert_eq!(c.worker.batch, 32);
+        // duplicate names are refused
+        let a = SwitchArgs {
+            config: Some(f),
+            ports: vec!["sink:name=s".into()],
+            ..SwitchArgs::default()
+        };
+        assert!(load(&a).unwrap_err().to_string().contains("unique"));
+        assert!(load(&SwitchArgs::default())
+            .unwrap_err()
+            .to_string()
+            .contains("no ports"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn macs() {
+        assert_eq!(parse_mac("02:00:00:00:00:0a").unwrap(), [2, 0, 0, 0, 0, 10]);
+        assert!(parse_mac("02:00:00").is_err());
+        assert_eq!(fmt_mac([2, 0, 0, 0, 0, 10]), "02:00:00:00:00:0a");
+    }
+}
