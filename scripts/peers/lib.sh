@@ -44,7 +44,7 @@ DPDK_PKGS=(dpdk dpdk-dev librte-net-vhost23 librte-net-virtio23 librte-mempool-r
 # shellcheck disable=SC2034
 QEMU_PKGS=(qemu-system-x86)
 # shellcheck disable=SC2034
-TOOL_PKGS=(iperf3 sockperf kmod cpio gzip python3 gcc libc6-dev procps util-linux coreutils iproute2)
+TOOL_PKGS=(iperf3 sockperf iputils-ping kmod cpio gzip python3 gcc libc6-dev procps util-linux coreutils iproute2)
 
 # ensure_hugepages N : reserves N 2 MiB pages and mounts hugetlbfs on /dev/hugepages.
 ensure_hugepages() {

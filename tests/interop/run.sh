@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
-# tests/interop/run.sh - pvnet's vhost-user backend against frontends pvnet did not write.
+# tests/interop/run.sh - `pvnet switch` against frontends pvnet did not write.
 #
-#   dpdk_txonly_to_sink   DPDK 22.11 testpmd net_virtio_user, txonly 64 B -> `pvnet backend
-#                         --role sink`: testpmd's TX count == pvnet's rx_packets, exactly.
-#   dpdk_rxonly_from_gen  `pvnet backend --role gen` -> testpmd net_virtio_user rxonly:
-#                         testpmd's RX count == pvnet's tx_packets (the end marker included).
-#   dpdk_two_pairs_one_used  as dpdk_txonly_to_sink with virtio-user queues=2 and pvnet
-#                         --queue-pairs 2, testpmd using one pair: virtio-user sizes the unused
-#                         ring 0 (regression test for pvnet refusing SET_VRING_NUM 0).
+# Every case runs a `pvnet switch` (worker on CPU1, control socket for `pvnet ctl`) and checks
+# that the counters of both sides agree exactly.
+#   dpdk_txonly_to_sink   DPDK 22.11 testpmd net_virtio_user txonly 64 B -> vhost-user port
+#                         "fe" -> sink port: testpmd TX == fe rx_packets == sink's count.
+#   dpdk_rxonly_from_gen  gen port -> fe -> testpmd rxonly: testpmd RX == fe tx_packets.
+#   dpdk_two_pairs_one_used  as dpdk_txonly_to_sink with virtio-user queues=2 and the port
+#                         offering 2 pairs, testpmd using one: virtio-user sizes the unused ring
+#                         0 (regression test for pvnet refusing SET_VRING_NUM 0).
+#   dpdk_two_frontends    two frontends through the switch: pvnet's frontend (port "pv") ->
+#                         testpmd rxonly (port "fe"): sent == pv rx, testpmd RX == fe tx,
+#                         pv rx == fe tx + counted drops.
 #   guest_pktgen_to_sink  Debian 6.1 guest (virtio_net, QEMU 7.2 virtio-net-pci, -netdev
 #                         vhost-user, memfd RAM), kernel pktgen 60 B frames -> sink: the
-#                         guest's eth0 tx_packets == pvnet's rx_packets.
-#   guest_rx_from_gen     gen -> guest: the guest's eth0 rx_packets == pvnet's tx_packets (end marker included).
+#                         guest's eth0 tx_packets == fe rx_packets.
+#   guest_rx_from_gen     gen -> guest: the guest's eth0 rx_packets == fe tx_packets.
+#   guest_tap             guest <-> switch <-> tap <-> host kernel, offloads negotiated: ping
+#                         both ways, iperf3 TCP both ways, UDP 64 B both ways; the guest's
+#                         counters == the vm port's, the kernel's tap counters == the tap port's.
 #
 # Each case is bounded in time, prints `PASS name` or `FAIL name: reason` (details on indented
 # lines before it), and the run ends with `N passed, N failed`; the exit status is non-zero on
 # any failure. It sets the machine up first (scripts/peers/setup.sh: apt-get, hugepages, the
 # guest image) and fails - never skips - when hugepages, QEMU, DPDK or /dev/kvm are missing
 # (without /dev/kvm set ACCEL=tcg to accept a TCG-only machine). Guests run under TCG when
-# /dev/kvm is PVM (these machines), one boot per role. 31-40 s once set up (2 cores).
+# /dev/kvm is PVM (these machines), one boot per guest case. About 90 s once set up (2 cores).
 #
 # Env: PVNET_PEERS_WORK (work dir, default /tmp/pvnet-peers), PVNET_NO_BUILD=1 (use the built
 # target/release/pvnet as is), ACCEL=auto|kvm|tcg, KEEP_LOGS (logs stay in $WORK/interop).
@@ -73,22 +80,6 @@ fi
 [ -x "$PVNET_BIN" ] && cp "$PVNET_BIN" "$D/pvnet" && PVNET_BIN="$D/pvnet"
 
 # ---- helpers ---------------------------------------------------------------------------------
-BE_PID=
-# backend_start TAG ARGS... : pvnet backend serving $D/TAG.sock for one session, worker on CPU1.
-backend_start() {
-  local tag="$1"; shift
-  rm -f "$D/$tag.sock"
-  PVNET_LOG=info timeout -k 5 90 "$PVNET_BIN" backend --socket "$D/$tag.sock" --sessions 1 --cpu 1 "$@" \
-    > "$D/$tag.pvnet.json" 2> "$D/$tag.pvnet.log" &
-  BE_PID=$!; PIDS+=("$BE_PID")
-  wait_for 10 test -S "$D/$tag.sock"
-}
-# backend_finish TAG : waits (<= 15 s) for the backend to print its counters and exit.
-backend_finish() {
-  wait_pid "$BE_PID" 15; local rc=$?
-  [ "$rc" = 0 ] || info "pvnet backend exit status $rc"
-  return "$rc"
-}
 plain_log() { sed 's/\x1b\[[0-9;]*m//g' "$1"; }
 # decode_features HEX : virtio-net feature bits by name.
 decode_features() {
@@ -121,17 +112,74 @@ names = {0: "MQ", 1: "LOG_SHMFD", 2: "RARP", 3: "REPLY_ACK", 4: "MTU", 5: "BACKE
 print("%s = %s" % (sys.argv[1], " ".join(names.get(b, "bit%d" % b) for b in range(64) if v >> b & 1)))
 PY
 }
-# Counters of port 0 from the backend's final JSON; fails the case when they are missing.
-port() { json_port "$D/$1.pvnet.json" "$2"; }
-backend_clean() {   # backend_clean TAG : no queue errors, no drops
+pvnet_error() { plain_log "$D/$1.pvnet.log" | grep -m1 ' ERROR ' | sed 's/.*ERROR [^ ]* //'; }
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f s", b-a}'; }
+
+SW_PID=
+# switch_start TAG ARGS... : pvnet switch with its control socket at $D/TAG.ctl, worker on CPU1.
+switch_start() {
+  local tag="$1"; shift
+  rm -f "$D/$tag.ctl"
+  PVNET_LOG=info timeout -k 5 150 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$D/$tag.ctl" "$@" \
+    > "$D/$tag.pvnet.json" 2> "$D/$tag.pvnet.log" &
+  SW_PID=$!; PIDS+=("$SW_PID")
+  wait_for 10 test -S "$D/$tag.ctl"
+}
+# ctl_port TAG PORT FIELD : a counter of a running switch's port (pvnet ctl --json).
+ctl_port() {
+  "$PVNET_BIN" ctl --socket "$D/$1.ctl" ports --json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+p = [p for p in s["ports"] if p["name"] == sys.argv[1]]
+print(p[0]["counters"].get(sys.argv[2], "none") if p else "missing")' "$2" "$3"
+}
+# sw_final TAG PORT FIELD : a counter from the switch's final JSON.
+sw_final() {
+  python3 - "$D/$1.pvnet.json" "$2" "$3" <<'PY'
+import json, sys
+v = "missing"
+for line in open(sys.argv[1], errors="replace"):
+    if line.startswith('{"final"'):
+        for p in json.loads(line)["final"]["ports"]:
+            if p["name"] == sys.argv[2]:
+                v = str(p["counters"].get(sys.argv[3], "none"))
+print(v)
+PY
+}
+# fe_start TAG ROLE [QUEUE_PAIRS] [GEN_SECS] : a switch with one vhost-user port "fe" (socket
+# $D/TAG.sock) and a "sink" or "gen" port, the cases' peer; waits for both sockets.
+fe_start() {
+  local tag="$1" role="$2" qp="${3:-1}" secs="${4:-3}" other
+  case "$role" in
+    sink) other="sink:name=sink" ;;
+    # delay: DPDK's virtio PMD flushes (drops, uncounted) what its receive ring holds when
+    # the port starts, which is after the rings run: start sending once it is up.
+    gen) other="gen:name=gen,secs=$secs,delay=1" ;;
+  esac
+  switch_start "$tag" --port "vhost-user:name=fe,socket=$D/$tag.sock,queue_pairs=$qp" --port "$other" \
+    && wait_for 5 test -S "$D/$tag.sock"
+}
+# fe_finish : stops the switch (SIGINT: it prints its final counters) and returns its status.
+fe_finish() {
+  stop_pid "$SW_PID" INT; local rc=0; wait "$SW_PID" 2>/dev/null || rc=$?
+  [ "$rc" = 0 ] || info "pvnet switch exit status $rc"
+  return "$rc"
+}
+fe_clean() {   # fe_clean TAG : the frontend's port saw no queue errors and dropped nothing
   local qe dr
-  qe=$(port "$1" queue_errors)
-  dr=$(json_port "$D/$1.pvnet.json" drops | python3 -c 'import sys,ast; print(sum(ast.literal_eval(sys.stdin.read()).values()))' 2>/dev/null)
+  qe=$(sw_final "$1" fe queue_errors)
+  dr=$(python3 - "$D/$1.pvnet.json" <<'PY'
+import json, sys
+for line in open(sys.argv[1], errors="replace"):
+    if line.startswith('{"final"'):
+        for p in json.loads(line)["final"]["ports"]:
+            if p["name"] == "fe":
+                print(sum(v for k, v in p["counters"].items() if k.startswith("drops_")))
+PY
+)
   [ "$qe" = 0 ] && [ "$dr" = 0 ] && return 0
   echo "queue_errors=$qe drops=$dr"; return 1
 }
-pvnet_error() { plain_log "$D/$1.pvnet.log" | grep -m1 ' ERROR ' | sed 's/.*ERROR [^ ]* //'; }
-elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f s", b-a}'; }
 
 # ---- DPDK testpmd net_virtio_user against pvnet ------------------------------------------------
 # testpmd: its forwarding lcore on CPU0, its main lcore (asleep at the prompt) on CPU1 with the
@@ -143,14 +191,12 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS]
   t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
   local free; free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
   [ "$free" -ge 256 ] || { fail "$name" "only $free free 2 MiB hugepages (testpmd needs 256; another DPDK process?)"; return; }
-  local gen=()
-  [ "$role" = gen ] && gen=(--gen-secs "$DUR")
-  backend_start "$tag" --role "$role" --queue-pairs "$qp" "${gen[@]}" || { fail "$name" "pvnet backend did not listen"; return; }
+  fe_start "$tag" "$role" "$qp" "$DUR" || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
   testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
     --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=$qp,queue_size=256" \
     -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i --forward-mode="$fwd"
   if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
-    testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; backend_finish "$tag"
+    testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish
     tail -5 "$tplog" | sed 's/^/  testpmd: /'
     fail "$name" "testpmd did not reach its prompt"; return
   fi
@@ -160,31 +206,70 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS]
   # frontend first: stop, final port stats, quit (virtio-user sends GET_VRING_BASE and leaves)
   testpmd_quit fe 20; local tprc=$?
   hugepage_cleanup pvnet_it_fe
-  backend_finish "$tag"; local berc=$?
-  local tp_tx tp_rx tp_sum pv_rx pv_tx bad
+  fe_finish; local berc=$?
+  local tp_tx tp_rx tp_sum pv_rx pv_tx bad peer
   tp_tx=$(tp_last "$tplog" TX-packets); tp_rx=$(tp_last "$tplog" RX-packets)
-  pv_rx=$(port "$tag" rx_packets); pv_tx=$(port "$tag" tx_packets)
+  pv_rx=$(sw_final "$tag" fe rx_packets); pv_tx=$(sw_final "$tag" fe tx_packets)
+  if [ "$role" = sink ]; then peer=$(sw_final "$tag" sink tx_packets); else peer=$(sw_final "$tag" gen rx_packets); fi
   info "$name: features acked: $(acked_features "$D/$tag.pvnet.log"); protocol: $(protocol_features "$D/$tag.pvnet.log")"
   if [ "$role" = sink ]; then
     tp_sum=$(tp_summary "$tplog" TX)
-    info "$name: testpmd TX-packets port=$tp_tx fwd-summary=$tp_sum | pvnet rx_packets=$pv_rx ($(elapsed "$t0"))"
+    info "$name: testpmd TX-packets port=$tp_tx fwd-summary=$tp_sum | pvnet fe rx_packets=$pv_rx, sink took $peer ($(elapsed "$t0"))"
   else
-    info "$name: testpmd RX-packets port=$tp_rx | pvnet tx_packets=$pv_tx (end marker included) ($(elapsed "$t0"))"
+    info "$name: testpmd RX-packets port=$tp_rx | pvnet fe tx_packets=$pv_tx (end marker included), gen made $peer ($(elapsed "$t0"))"
   fi
   plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
   local perr; perr=$(pvnet_error "$tag")
   if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
   if [ "$tprc" != 0 ]; then fail "$name" "testpmd did not quit cleanly (status $tprc)"; return; fi
-  if [ "$berc" != 0 ] || [ "$pv_rx" = missing ]; then fail "$name" "pvnet backend did not report (status $berc)"; return; fi
-  if ! bad=$(backend_clean "$tag"); then fail "$name" "pvnet $bad"; return; fi
+  if [ "$berc" != 0 ] || [ "$pv_rx" = missing ]; then fail "$name" "pvnet switch did not report (status $berc)"; return; fi
+  if ! bad=$(fe_clean "$tag"); then fail "$name" "pvnet $bad"; return; fi
   if [ "$role" = sink ]; then
     [ "${tp_tx:-0}" -gt 0 ] || { fail "$name" "testpmd sent nothing"; return; }
     [ "$tp_tx" = "$tp_sum" ] || { fail "$name" "testpmd port TX $tp_tx != forward summary $tp_sum"; return; }
     [ "$tp_tx" = "$pv_rx" ] || { fail "$name" "testpmd TX $tp_tx != pvnet rx_packets $pv_rx"; return; }
+    [ "$pv_rx" = "$peer" ] || { fail "$name" "pvnet fe rx_packets $pv_rx != sink tx_packets $peer"; return; }
   else
     [ "${pv_tx:-0}" -gt 0 ] || { fail "$name" "pvnet generated nothing"; return; }
     [ "$tp_rx" = "$pv_tx" ] || { fail "$name" "testpmd RX $tp_rx != pvnet tx_packets $pv_tx"; return; }
   fi
+  pass "$name"
+}
+
+# Two frontends through the switch: pvnet's own frontend sends numbered frames from port "pv",
+# the switch floods them (unknown destination, one candidate) to port "fe", DPDK testpmd rxonly.
+dpdk_two_frontends() {
+  local name="$1" t0 tag tplog
+  t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
+  switch_start "$tag" --port "vhost-user:name=fe,socket=$D/$tag.sock" --port "vhost-user:name=pv,socket=$D/$tag.pv.sock" \
+    && wait_for 5 test -S "$D/$tag.pv.sock" || { fail "$name" "pvnet switch did not start"; return; }
+  testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
+    --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=1,queue_size=256" \
+    -- --nb-cores=1 --total-num-mbufs=32768 -i --forward-mode=rxonly
+  if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
+    testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish; fail "$name" "testpmd did not reach its prompt"; return
+  fi
+  tp fe start; sleep 0.5
+  timeout 30 "$PVNET_BIN" frontend --socket "$D/$tag.pv.sock" --role tx --secs "$DUR" --cpu 0 > "$D/$tag.frontend.json" 2> "$D/$tag.frontend.log"
+  local ferc=$?; sleep 0.5
+  testpmd_quit fe 20; local tprc=$?
+  hugepage_cleanup pvnet_it_fe
+  fe_finish; local berc=$?
+  local tp_rx f_tx pv_rx pv_drops fe_tx
+  tp_rx=$(tp_last "$tplog" RX-packets)
+  f_tx=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["final"]["tx_packets"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
+  pv_rx=$(sw_final "$tag" pv rx_packets); fe_tx=$(sw_final "$tag" fe tx_packets)
+  pv_drops=$(sw_final "$tag" pv drops_no_buffer)
+  info "$name: pvnet frontend sent $f_tx | switch pv rx=$pv_rx (no_buffer drops $pv_drops) -> fe tx=$fe_tx | testpmd RX-packets=$tp_rx ($(elapsed "$t0"))"
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  [ "$ferc" = 0 ] || { fail "$name" "pvnet frontend failed (status $ferc, log $D/$tag.frontend.log)"; return; }
+  [ "$tprc" = 0 ] || { fail "$name" "testpmd did not quit cleanly (status $tprc)"; return; }
+  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  [ "${tp_rx:-0}" -gt 0 ] || { fail "$name" "testpmd received nothing"; return; }
+  [ "$f_tx" = "$pv_rx" ] || { fail "$name" "frontend sent $f_tx != switch pv rx_packets $pv_rx"; return; }
+  [ "$tp_rx" = "$fe_tx" ] || { fail "$name" "testpmd RX $tp_rx != switch fe tx_packets $fe_tx"; return; }
+  [ "$pv_rx" = "$((fe_tx + pv_drops))" ] || { fail "$name" "pv rx $pv_rx != fe tx $fe_tx + drops $pv_drops"; return; }
   pass "$name"
 }
 
@@ -198,7 +283,23 @@ ip link set eth0 up
 i=0; while [ "$(cat $N/operstate)" != up ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 echo "GUEST_LINK carrier=$(cat $N/carrier) operstate=$(cat $N/operstate)"
 EOF
-  if [ "$1" = sink ]; then
+  if [ "$1" = tap ]; then
+    cat <<'EOF'
+# through pvnet switch to the host's tap (10.77.0.1): ping both ways, TCP and UDP both ways
+ip addr add 10.77.0.2/24 dev eth0
+echo "GUEST_NET_READY"
+inechos() { awk '/^Icmp:/{if(!h){for(i=1;i<=NF;i++)if($i=="InEchos")c=i;h=1}else{print $c}}' /proc/net/snmp; }
+i=0; while [ "$(inechos)" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+echo "GUEST_ECHOS_IN $(inechos)"
+echo "GUEST_PING $(ping -c 3 -W 5 10.77.0.1 | grep -o '[0-9]* packets received')"
+run_iperf() { tag=$1; shift; iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; echo "GUEST_IPERF_RC $tag $?"
+  grep -E 'receiver|sender' /tmp/ip.txt | sed "s/^/GUEST_IPERF $tag /"; }
+run_iperf tcp_g2h -t 3
+run_iperf tcp_h2g -t 3 -R
+run_iperf udp_g2h -t 3 -u -l 22 -b 0
+run_iperf udp_h2g -t 3 -u -l 22 -b 0 -R
+EOF
+  elif [ "$1" = sink ]; then
     cat <<'EOF'
 echo "add_device eth0" > /proc/net/pktgen/kpktgend_0; P=/proc/net/pktgen/eth0
 for c in "count 0" "pkt_size 60" "delay 0" "clone_skb 0" "burst 1" "dst 10.99.0.1" "dst_mac 02:00:00:00:00:09" "udp_dst_min 9" "udp_dst_max 9"; do
@@ -229,9 +330,7 @@ guest_case() {   # guest_case NAME ROLE
   # QEMU 7.2 + TCG + vhost-user segfaults in msix_set_vector_notifiers at DRIVER_OK: use INTx.
   case "$acc" in *tcg*) vec=",vectors=0" ;; esac
   guest_script "$role" > "$D/$tag.run.sh"; make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
-  local gen=()
-  [ "$role" = gen ] && gen=(--gen-secs 3)
-  backend_start "$tag" --role "$role" "${gen[@]}" || { fail "$name" "pvnet backend did not listen"; return; }
+  fe_start "$tag" "$role" 1 3 || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
   # shellcheck disable=SC2086  # $acc is a list of arguments
   # maxcpus=2 (still one vCPU): with max_cpus == 1 QEMU's TCG drops the guest's memory barriers,
   # so its virtio barriers would not order against a backend on another host CPU (lost
@@ -244,11 +343,11 @@ guest_case() {   # guest_case NAME ROLE
     -device "virtio-net-pci,netdev=n0,mac=$GMAC$vec" < /dev/null > "$glog" 2>&1 &
   local qp=$!; PIDS+=("$qp")
   wait_pid "$qp" 110; local qrc=$?
-  backend_finish "$tag"; local berc=$?
+  fe_finish; local berc=$?
   tr -d '\r' < "$glog" > "$glog.txt"
   local carrier gtx grx pv_rx pv_tx bad
   carrier=$(gfield "$glog.txt" carrier); gtx=$(gfield "$glog.txt" tx_packets); grx=$(gfield "$glog.txt" rx_packets)
-  pv_rx=$(port "$tag" rx_packets); pv_tx=$(port "$tag" tx_packets)
+  pv_rx=$(sw_final "$tag" fe rx_packets); pv_tx=$(sw_final "$tag" fe tx_packets)
   local gf; gf=$(gfield "$glog.txt" features)
   info "$name: guest: driver=$(gfield "$glog.txt" driver) features the guest driver sees: $( [ -n "$gf" ] && decode_features "$(python3 -c 'import sys; print(hex(int(sys.argv[1][::-1], 2)))' "$gf")")"
   info "$name: guest: $(grep -o 'GUEST_LINK.*' "$glog.txt" | cut -c12-); ready at $(grep -o 'PVG-READY uptime=[0-9.]*' "$glog.txt" | cut -d= -f2) s guest uptime"
@@ -260,9 +359,9 @@ guest_case() {   # guest_case NAME ROLE
   local perr; perr=$(pvnet_error "$tag")
   if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
   if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
-  if [ "$berc" != 0 ] || [ "$pv_rx" = missing ]; then fail "$name" "pvnet backend did not report (status $berc)"; return; fi
+  if [ "$berc" != 0 ] || [ "$pv_rx" = missing ]; then fail "$name" "pvnet switch did not report (status $berc)"; return; fi
   [ "$carrier" = 1 ] || { fail "$name" "guest eth0 has no carrier"; return; }
-  if ! bad=$(backend_clean "$tag"); then fail "$name" "pvnet $bad"; return; fi
+  if ! bad=$(fe_clean "$tag"); then fail "$name" "pvnet $bad"; return; fi
   if [ "$role" = sink ]; then
     [ "${gtx:-0}" -gt 0 ] || { fail "$name" "guest sent nothing"; return; }
     [ "$gtx" = "$pv_rx" ] || { fail "$name" "guest tx_packets $gtx != pvnet rx_packets $pv_rx"; return; }
@@ -273,8 +372,72 @@ guest_case() {   # guest_case NAME ROLE
   pass "$name"
 }
 
+# ---- pvnet switch: a Linux guest and the host kernel (tap) ----------------------------------------
+TAPIF=pvit0
+guest_tap_case() {   # guest_tap_case NAME
+  local name="$1" t0 tag glog acc vec=""
+  t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
+  acc=$(guest_accel)
+  case "$acc" in *tcg*) vec=",vectors=0" ;; esac
+  guest_script tap > "$D/$tag.run.sh"; make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
+  ip link del "$TAPIF" 2>/dev/null || true
+  switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.sock" --port "tap:name=host,ifname=$TAPIF" \
+    || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
+  wait_for 5 test -S "$D/$tag.sock" || { fail "$name" "vm port socket missing"; return; }
+  sysctl -qw "net.ipv6.conf.$TAPIF.disable_ipv6=1" || true
+  ip addr add 10.77.0.1/24 dev "$TAPIF"
+  timeout -k 2 120 iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
+  local ip3=$!; PIDS+=("$ip3")
+  # shellcheck disable=SC2086  # $acc is a list of arguments
+  timeout -k 5 120 taskset -c 0 qemu-system-x86_64 $acc -m 512 -smp 1,maxcpus=2 -nodefaults -no-user-config \
+    -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$D/$tag.initrd.gz" \
+    -append "console=ttyS0 quiet panic=-1 pvg.timeout=100 ipv6.disable=1" \
+    -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
+    -chardev socket,id=c0,path="$D/$tag.sock" -netdev vhost-user,id=n0,chardev=c0 \
+    -device "virtio-net-pci,netdev=n0,mac=$GMAC$vec" < /dev/null > "$glog" 2>&1 &
+  local qp=$!; PIDS+=("$qp")
+  local hping="no reply"
+  if wait_for 60 grep -q GUEST_NET_READY "$glog"; then
+    hping=$(ping -c 3 -W 5 10.77.0.2 | grep -o '[0-9]* received')
+  fi
+  wait_pid "$qp" 130; local qrc=$?
+  tr -d '\r' < "$glog" > "$glog.txt"
+  # Quiet now: the kernel's tap counters against pvnet's, the guest's against pvnet's.
+  local k_rx k_tx s_rx s_tx ok=0
+  for _ in 1 2 3 4 5; do
+    sleep 1
+    k_tx=$(cat /sys/class/net/$TAPIF/statistics/tx_packets); k_rx=$(cat /sys/class/net/$TAPIF/statistics/rx_packets)
+    s_rx=$(ctl_port "$tag" host rx_packets); s_tx=$(ctl_port "$tag" host tx_packets)
+    [ "$k_tx" = "$s_rx" ] && [ "$k_rx" = "$s_tx" ] && { ok=1; break; }
+  done
+  stop_pid "$ip3"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
+  local gtx grx v_rx v_tx
+  gtx=$(gfield "$glog.txt" tx_packets); grx=$(gfield "$glog.txt" rx_packets)
+  v_rx=$(sw_final "$tag" vm rx_packets); v_tx=$(sw_final "$tag" vm tx_packets)
+  info "$name: features acked: $(acked_features "$D/$tag.pvnet.log")"
+  info "$name: ping host->guest: $hping; guest->host: $(grep -o 'GUEST_PING.*' "$glog.txt" | cut -c12-)"
+  local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
+  info "$name: guest eth0 tx=$gtx rx=$grx | pvnet vm rx=$v_rx tx=$v_tx | kernel $TAPIF tx=$k_tx rx=$k_rx | pvnet host rx=$s_rx tx=$s_tx"
+  info "$name: software offload fallbacks: host port sw_gso=$(sw_final "$tag" host sw_gso) sw_csum=$(sw_final "$tag" host sw_csum), vm port sw_gso=$(sw_final "$tag" vm sw_gso) sw_csum=$(sw_final "$tag" vm sw_csum) ($(elapsed "$t0"))"
+  plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
+  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  [ "$hping" = "3 received" ] || { fail "$name" "host->guest ping: $hping"; return; }
+  grep -q 'GUEST_PING 3 packets received' "$glog.txt" || { fail "$name" "guest->host ping failed"; return; }
+  local t
+  for t in tcp_g2h tcp_h2g udp_g2h udp_h2g; do
+    grep -q "GUEST_IPERF_RC $t 0" "$glog.txt" || { fail "$name" "iperf3 $t failed (console: $glog)"; return; }
+  done
+  [ "$ok" = 1 ] || { fail "$name" "tap counters differ: kernel tx=$k_tx rx=$k_rx, pvnet host rx=$s_rx tx=$s_tx"; return; }
+  [ "$gtx" = "$v_rx" ] || { fail "$name" "guest tx_packets $gtx != pvnet vm rx_packets $v_rx"; return; }
+  [ "$grx" = "$v_tx" ] || { fail "$name" "guest rx_packets $grx != pvnet vm tx_packets $v_tx"; return; }
+  pass "$name"
+}
+
 # ---- run ----------------------------------------------------------------------------------------
-ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used guest_pktgen_to_sink guest_rx_from_gen)
+ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends guest_pktgen_to_sink guest_rx_from_gen guest_tap)
 # INTEROP_CASES="a b": run only those (names above); default all.
 read -r -a CASES <<< "${INTEROP_CASES:-${ALL_CASES[*]}}"
 
@@ -285,8 +448,10 @@ for c in "${CASES[@]}"; do
     dpdk_txonly_to_sink)  dpdk_case "$c" sink txonly ;;
     dpdk_rxonly_from_gen) dpdk_case "$c" gen rxonly ;;
     dpdk_two_pairs_one_used) dpdk_case "$c" sink txonly 2 ;;
+    dpdk_two_frontends)   dpdk_two_frontends "$c" ;;
     guest_pktgen_to_sink) guest_case "$c" sink ;;
     guest_rx_from_gen)    guest_case "$c" gen ;;
+    guest_tap)            guest_tap_case "$c" ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]})" ;;
   esac
 done
