@@ -1228,4 +1228,328 @@ mod tests {
         );
         assert_eq!(b[0], 0);
     }
+
+    // ---- the switch core over mock rings (one process, the driver side played by the test) --
+
+    use crate::poll::{Policy, WakeCost};
+    use crate::port::Role;
+    use pvnet_vhost::backend::StartedQueue;
+    use virtq::mock::MockQueue;
+    use virtq::split::Buf;
+    use virtq::split::{Direction, DriverQueue};
+
+    const BUF: u32 = 2048;
+
+    /// A vhost port whose frontend is the test: a transmit ring the test fills and a receive
+    /// ring it posts buffers to; `features` is what its frontend "acked".
+    struct Fe {
+        port: Port,
+        txm: MockQueue,
+        tx: DriverQueue,
+        rxm: MockQueue,
+        rx: DriverQueue,
+        next_tx: u16,
+    }
+
+    fn fe(id: PortId, features: u64) -> Fe {
+        let now = Instant::now();
+        let wake = WakeCost {
+            typical: Duration::from_micros(30),
+            floor: Duration::from_micros(10),
+        };
+        let mut port = Port::new(id, Role::Switch(SwitchConfig::default()), Arc::default());
+        let txm = MockQueue::new(64, 65536 + 64);
+        let (tx, txd) = txm.pair(Direction::DeviceReads, false).unwrap();
+        let rxm = MockQueue::new(256, BUF);
+        let (mut rx, rxd) = rxm.pair(Direction::DeviceWrites, false).unwrap();
+        for i in 0..256 {
+            rx.add_one(Buf {
+                addr: rxm.buf(i),
+                len: BUF,
+                write: true,
+            })
+            .unwrap();
+        }
+        rx.publish();
+        for (index, queue) in [(1u16, txd), (0, rxd)] {
+            let q = StartedQueue {
+                index,
+                queue,
+                kick: None,
+                call: None,
+                err: None,
+                mergeable: true,
+                features,
+            };
+            port.start(q, Policy::Busy, wake, now);
+        }
+        Fe {
+            port,
+            txm,
+            tx,
+            rxm,
+            rx,
+            next_tx: 0,
+        }
+    }
+
+    impl Fe {
+        /// Sends `hdr ++ frame` as one descriptor.
+        fn send(&mut self, hdr: &VnetHdr, frame: &[u8]) {
+            let mut b = vec![0u8; 12 + frame.len()];
+            hdr.write(&mut b);
+            b[12..].copy_from_slice(frame);
+            let addr = self.txm.buf(self.next_tx);
+            self.next_tx += 1;
+            self.txm.poke(addr, &b);
+            let len = u32::try_from(b.len()).unwrap();
+            self.tx
+                .add_one(Buf {
+                    addr,
+                    len,
+                    write: false,
+                })
+                .unwrap();
+            self.tx.publish();
+        }
+
+        /// Every packet delivered so far: (header, frame), merged buffers joined.
+        fn received(&mut self) -> Vec<(VnetHdr, Vec<u8>)> {
+            let mut out = Vec::new();
+            let mut cur: Option<(VnetHdr, Vec<u8>, u16)> = None;
+            self.rx.used_available().unwrap();
+            while let Some((id, len)) = self.rx.pop_used().unwrap() {
+                let mut b = vec![0u8; len as usize];
+                self.rxm.peek(self.rxm.buf(id), &mut b);
+                match cur.take() {
+                    None => {
+                        let h = VnetHdr::parse(&b).unwrap();
+                        let left = h.num_buffers.max(1) - 1;
+                        cur = Some((h, b[12..].to_vec(), left));
+                    }
+                    Some((h, mut f, left)) => {
+                        f.extend_from_slice(&b);
+                        cur = Some((h, f, left - 1));
+                    }
+                }
+                if let Some((h, f, 0)) = &cur {
+                    out.push((*h, f.clone()));
+                    cur = None;
+                }
+            }
+            out
+        }
+    }
+
+    fn mac(last: u8) -> [u8; 6] {
+        [2, 0, 0, 0, 0, last]
+    }
+
+    fn csum(data: &[u8], init: u32) -> u16 {
+        let mut sum = init;
+        for c in data.chunks(2) {
+            let w = if c.len() == 2 {
+                u16::from_be_bytes([c[0], c[1]])
+            } else {
+                u16::from(c[0]) << 8
+            };
+            sum += u32::from(w);
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !u16::try_from(sum).unwrap_or(0xffff)
+    }
+
+    /// An Ethernet + IPv4 + TCP frame with `payload` bytes; TCP checksum left as the
+    /// pseudo-header sum (what a driver hands over with NEEDS_CSUM).
+    fn tcp4(dst: [u8; 6], src: [u8; 6], payload: usize) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 20 + payload];
+        f[0..6].copy_from_slice(&dst);
+        f[6..12].copy_from_slice(&src);
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        let ip_len = u16::try_from(20 + 20 + payload).unwrap();
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&ip_len.to_be_bytes());
+        f[18..20].copy_from_slice(&7u16.to_be_bytes());
+        f[22] = 64;
+        f[23] = 6;
+        f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+        f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+        let c = csum(&f[14..34], 0);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f[34..36].copy_from_slice(&5001u16.to_be_bytes());
+        f[36..38].copy_from_slice(&40000u16.to_be_bytes());
+        f[38..42].copy_from_slice(&1000u32.to_be_bytes());
+        f[46] = 5 << 4;
+        f[47] = 0x18; // PSH|ACK
+        for (i, b) in f[54..].iter_mut().enumerate() {
+            *b = u8::try_from(i * 7 % 251).unwrap_or(0);
+        }
+        let pseudo = pseudo_sum(&f, u32::from(ip_len) - 20);
+        f[50..52].copy_from_slice(&(!csum(&[], pseudo)).to_be_bytes());
+        f
+    }
+
+    fn pseudo_sum(f: &[u8], l4_len: u32) -> u32 {
+        let w = |i: usize| u32::from(u16::from_be_bytes([f[i], f[i + 1]]));
+        w(26) + w(28) + w(30) + w(32) + 6 + l4_len
+    }
+
+    /// The TCP checksum of a full frame verifies (sums to zero with the pseudo-header).
+    fn tcp_ok(f: &[u8]) -> bool {
+        let l4 = u32::from(u16::from_be_bytes([f[16], f[17]])) - 20;
+        csum(&f[34..34 + l4 as usize], pseudo_sum(f, l4)) == 0 && csum(&f[14..34], 0) == 0
+    }
+
+    fn gso_hdr(payload_mss: u16) -> VnetHdr {
+        VnetHdr {
+            flags: VnetHdr::F_NEEDS_CSUM,
+            gso_type: VnetHdr::GSO_TCPV4,
+            hdr_len: 54,
+            gso_size: payload_mss,
+            csum_start: 34,
+            csum_offset: 16,
+            num_buffers: 0,
+        }
+    }
+
+    fn run(f: &mut Fabric, fes: &mut [&mut Fe]) {
+        let mut ports: Vec<Port> = Vec::new();
+        for fe in fes.iter_mut() {
+            let p = std::mem::replace(
+                &mut fe.port,
+                Port::new(u32::MAX, Role::Sink, Arc::default()),
+            );
+            ports.push(p);
+        }
+        let now = Instant::now();
+        for _ in 0..4 {
+            f.round(&mut ports, now);
+        }
+        for (fe, p) in fes.iter_mut().zip(ports) {
+            fe.port = p;
+        }
+    }
+
+    #[test]
+    fn floods_unknown_then_forwards_learned_unicast() {
+        let mut f = Fabric::new(SwitchConfig::default(), 64);
+        let (mut a, mut b, mut c) = (fe(0, 0), fe(1, 0), fe(2, 0));
+        // a -> b's address, unknown: flooded to b and c
+        a.send(&VnetHdr::default(), &tcp4(mac(2), mac(1), 10));
+        run(&mut f, &mut [&mut a, &mut b, &mut c]);
+        assert_eq!(b.received().len(), 1);
+        assert_eq!(c.received().len(), 1);
+        assert_eq!(
+            a.port
+                .stats
+                .flooded
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        // b answers a (learned on port 0): only a gets it
+        b.send(&VnetHdr::default(), &tcp4(mac(1), mac(2), 10));
+        run(&mut f, &mut [&mut a, &mut b, &mut c]);
+        assert_eq!(a.received().len(), 1);
+        assert!(c.received().is_empty());
+        // now a -> b is known too
+        a.send(&VnetHdr::default(), &tcp4(mac(2), mac(1), 10));
+        run(&mut f, &mut [&mut a, &mut b, &mut c]);
+        assert_eq!(b.received().len(), 1);
+        assert!(c.received().is_empty());
+        // to a station on its own port: filtered, counted
+        a.send(&VnetHdr::default(), &tcp4(mac(1), mac(3), 10));
+        run(&mut f, &mut [&mut a, &mut b, &mut c]);
+        assert!(b.received().is_empty() && c.received().is_empty());
+        let dropped = a.port.stats.drops[DropReason::Filtered as usize]
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(dropped, 1);
+        let macs: Vec<_> = f
+            .macs
+            .entries(Instant::now())
+            .iter()
+            .map(|e| (e.mac, e.port))
+            .collect();
+        assert_eq!(macs, vec![(mac(1), 0), (mac(3), 0), (mac(2), 1)]);
+    }
+
+    #[test]
+    fn gso_packet_is_segmented_for_a_receiver_without_tso() {
+        let mut f = Fabric::new(SwitchConfig::default(), 64);
+        let (mut a, mut b) = (fe(0, 0), fe(1, 0));
+        let frame = tcp4(mac(2), mac(1), 10_000);
+        a.send(&gso_hdr(1448), &frame);
+        run(&mut f, &mut [&mut a, &mut b]);
+        let got = b.received();
+        assert_eq!(got.len(), 7, "10000 bytes at MSS 1448");
+        let mut payload = Vec::new();
+        for (h, seg) in &got {
+            assert_eq!(
+                (h.flags, h.gso_type),
+                (0, 0),
+                "plain packets for a plain receiver"
+            );
+            assert!(tcp_ok(seg), "segment checksums verify");
+            payload.extend_from_slice(&seg[54..]);
+        }
+        assert_eq!(payload, frame[54..]);
+        let r = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            (r(&b.port.stats.sw_gso), r(&b.port.stats.tx_packets)),
+            (1, 7)
+        );
+        assert_eq!(r(&a.port.stats.rx_packets), 1);
+    }
+
+    #[test]
+    fn gso_packet_passes_whole_to_a_receiver_with_tso() {
+        use pvnet_vhost::features::{VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4};
+        let mut f = Fabric::new(SwitchConfig::default(), 64);
+        let (mut a, mut b) = (
+            fe(0, 0),
+            fe(1, VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4),
+        );
+        let frame = tcp4(mac(2), mac(1), 10_000);
+        a.send(&gso_hdr(1448), &frame);
+        run(&mut f, &mut [&mut a, &mut b]);
+        let got = b.received();
+        assert_eq!(got.len(), 1);
+        let (h, g) = &got[0];
+        assert_eq!(
+            (h.gso_type, h.gso_size, h.flags),
+            (VnetHdr::GSO_TCPV4, 1448, VnetHdr::F_NEEDS_CSUM)
+        );
+        assert_eq!(h.num_buffers, 5, "10066 bytes over 2048-byte buffers");
+        assert_eq!(g, &frame);
+        assert_eq!(
+            b.port
+                .stats
+                .sw_gso
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+    }
+
+    #[test]
+    fn partial_checksum_is_completed_for_a_receiver_without_guest_csum() {
+        let mut f = Fabric::new(SwitchConfig::default(), 64);
+        let (mut a, mut b) = (fe(0, 0), fe(1, 0));
+        let frame = tcp4(mac(2), mac(1), 300);
+        let mut h = gso_hdr(0);
+        h.gso_type = VnetHdr::GSO_NONE;
+        a.send(&h, &frame);
+        run(&mut f, &mut [&mut a, &mut b]);
+        let got = b.received();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0.flags, 0);
+        assert!(tcp_ok(&got[0].1));
+        assert_eq!(
+            b.port
+                .stats
+                .sw_csum
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    }
 }
