@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# scripts/peers/bench_dpdk.sh - pvnet's vhost-user backend side by side with DPDK's, in one run.
+# scripts/peers/bench_dpdk.sh - pvnet (switch and/or plain backend) side by side with DPDK's
+# vhost-user backend, in one run.
 # A benchmark, not a test: it prints numbers and ratios, and fails only when a run breaks.
 #
 # The frontend is always DPDK 22.11 testpmd with net_virtio_user (64-byte frames, 1 queue pair,
@@ -7,8 +8,10 @@
 # (median of its 1 s `show port stats` Tx-pps / Rx-pps samples after a warm-up), so both backends
 # are measured by the same tool. Per direction, interleaved A/B within every round (the order
 # alternates between rounds):
-#   v2h  frontend txonly -> (A) pvnet backend --role sink     (B) testpmd net_vhost rxonly
-#   h2v  frontend rxonly <- (A) pvnet backend --role gen      (B) testpmd net_vhost txonly
+#   v2h  frontend txonly -> (A) pvnet switch: vhost-user port -> sink port
+#                           (A') pvnet backend --role sink     (B) testpmd net_vhost rxonly
+#   h2v  frontend rxonly <- (A) pvnet switch: gen port -> vhost-user port
+#                           (A') pvnet backend --role gen      (B) testpmd net_vhost txonly
 # Each run records:
 #   * the one-way core-to-core latency before and after (`pvnet limits`): these 2-vCPU VMs flip
 #     between ~40-60 ns, ~90-120 ns and ~180-440 ns and rates follow it, so ratios are taken
@@ -25,13 +28,14 @@
 #        DIRS="v2h h2v"  DOC=docs/interop.md (table written between the bench markers; DOC= to
 #        skip)  QUIET_PCT=15 QUIET_WAIT=60 (wait up to 60 s for the CPUs to be <15% busy)
 #        OTHER_MAX=10 (a run during which other processes took >10% of the CPUs is redone, 3x)
-#        PVNET_ARGS="--policy busy" (extra arguments for `pvnet backend`, e.g. its poll policy)
+#        PVNET_ARGS="--policy busy" (extra arguments for pvnet, e.g. its poll policy)
+#        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles)
 # Wall time: ~15 s per run, 4 runs per round: ~3.5 min for 3 rounds.
 source "$(dirname "$0")/lib.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"
 DOC="${DOC-$PVNET_ROOT/docs/interop.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
-PVNET_ARGS="${PVNET_ARGS:-}"
+PVNET_ARGS="${PVNET_ARGS:-}"; IMPLS="${IMPLS:-switch dpdk}"
 "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 build_pvnet
 B="$WORK/bench"; rm -rf "$B"; mkdir -p "$B"
@@ -66,13 +70,21 @@ run_one() {   # run_one DIR IMPL ROUND
   local busy c2c_a c2c_b bepid fepid n=$((WARM + DUR)) fe_log="$B/$tag.fe.log" be_log="$B/$tag.be.log"
   wait_quiet; busy=$BUSY; c2c_a=$(c2c_ns)
   rm -f "$SOCK"
-  if [ "$impl" = pvnet ]; then
+  if [ "$impl" = backend ]; then
     local role=sink; [ "$dir" = h2v ] && role=gen
     local extra; read -ra extra <<< "$PVNET_ARGS"
     timeout -k 5 $((n + 60)) "$PVNET_BIN" backend --socket "$SOCK" --role "$role" --gen-secs $((n + 30)) \
       --sessions 1 --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
+    bepid=$(child_pid "$PV_TPID")
+  elif [ "$impl" = switch ]; then
+    local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1"
+    local extra; read -ra extra <<< "$PVNET_ARGS"
+    timeout -k 5 $((n + 60)) "$PVNET_BIN" switch --port "vhost-user:name=fe,socket=$SOCK" --port "$other" \
+      --cpu 1 --ctl-socket "$B/ctl.sock" "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
+    PV_TPID=$!
+    wait_for 10 test -S "$SOCK" || die "pvnet switch did not listen ($be_log)"
     bepid=$(child_pid "$PV_TPID")
   else
     testpmd_start be "$be_log" $((n + 60)) "${BE_ARGS[@]}" -- "${APP_ARGS[@]}" --forward-mode="$be_fwd"
@@ -96,7 +108,8 @@ run_one() {   # run_one DIR IMPL ROUND
   done
   testpmd_quit fe 20 || log "$tag: virtio-user testpmd did not quit cleanly"
   hugepage_cleanup "$FE_PREFIX"
-  if [ "$impl" = pvnet ]; then wait_pid "$PV_TPID" 15 || log "$tag: pvnet exit status $?"; PV_TPID=
+  if [ "$impl" = backend ]; then wait_pid "$PV_TPID" 15 || log "$tag: pvnet exit status $?"; PV_TPID=
+  elif [ "$impl" = switch ]; then stop_pid "$PV_TPID" INT; wait "$PV_TPID" 2>/dev/null || log "$tag: pvnet exit status $?"; PV_TPID=
   else testpmd_quit be 20 || log "$tag: net_vhost testpmd did not quit cleanly"; hugepage_cleanup "$BE_PREFIX"; fi
   c2c_b=$(c2c_ns)
   # one RESULT line: Mpps (median of the window's samples), CPU ns/packet over the window
@@ -146,10 +159,12 @@ measure() {
   cat "$B/$tag.result" >> "$RES"
 }
 
-log "bench: $ROUNDS rounds x {$DIRS} x {pvnet, dpdk}, ${WARM}s warm-up + ${DUR}s measured per run"
+log "bench: $ROUNDS rounds x {$DIRS} x {$IMPLS}, ${WARM}s warm-up + ${DUR}s measured per run"
+read -ra impls <<< "$IMPLS"
 for r in $(seq "$ROUNDS"); do
   for dir in $DIRS; do
-    if [ $((r % 2)) = 1 ]; then order=(pvnet dpdk); else order=(dpdk pvnet); fi
+    order=("${impls[@]}")
+    if [ $((r % 2)) = 0 ]; then order=(); for ((i=${#impls[@]}-1; i>=0; i--)); do order+=("${impls[i]}"); done; fi
     for impl in "${order[@]}"; do measure "$dir" "$impl" "$r"; done
   done
 done
@@ -166,11 +181,13 @@ for l in open(sys.argv[1]):
     d["mpps"], d["ns"] = float(d["mpps"]), float(d["cpu_ns_per_pkt"])
     rows.append(d)
 med = lambda xs: st.median(xs) if xs else float("nan")
-out = ["| direction | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |",
-       "|---|---|---|---|---|---|---|---|---|---|"]
+out = ["| direction | pvnet | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |",
+       "|---|---|---|---|---|---|---|---|---|---|---|"]
+impls = [i for i in ("switch", "backend", "pvnet") if any(x["impl"] == i for x in rows)]
 for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: backend -> virtio-user rxonly")):
+  for impl in impls:
     for state in ("fast", "mid", "slow", "mixed"):
-        p = [x for x in rows if x["dir"] == dr and x["impl"] == "pvnet" and x["state"] == state]
+        p = [x for x in rows if x["dir"] == dr and x["impl"] == impl and x["state"] == state]
         q = [x for x in rows if x["dir"] == dr and x["impl"] == "dpdk" and x["state"] == state]
         if not p and not q:
             continue
@@ -185,15 +202,15 @@ for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: ba
         r = lambda a, b: "%.2f" % (a / b) if p and q and b == b and b > 0 else "-"
         f = lambda v: "%.2f" % v if v == v else "-"
         g = lambda v: "%.1f" % v if v == v else "-"
-        out.append("| %s | %s | %d/%d | %s | %s | **%s** | %s | %s | %s | %s |" % (
-            name, state, len(p), len(q), f(pm), f(qm), r(pm, qm), g(pn), g(qn), r(pn, qn), " ".join(pairs) or "-"))
+        out.append("| %s | %s | %s | %d/%d | %s | %s | **%s** | %s | %s | %s | %s |" % (
+            name, impl, state, len(p), len(q), f(pm), f(qm), r(pm, qm), g(pn), g(qn), r(pn, qn), " ".join(pairs) or "-"))
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY
 
 if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q '<!-- bench_dpdk:begin -->' "$DOC"; then
   {
-    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
+    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM IMPLS=\"$IMPLS\"${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
          "DPDK $(dpkg-query -W -f='${Version}' dpdk-dev), pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)," \
          "$(nproc) CPUs, $(uname -r)."
     echo

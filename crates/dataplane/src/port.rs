@@ -177,6 +177,8 @@ pub struct Port {
     pub rx_held_since: Option<Instant>,
     /// Switch: the receive batch is open (filled this round, not yet published).
     pub rx_open: bool,
+    /// Switch: the open receive batch may still look once for more buffers.
+    pub rx_retry: bool,
     check: SeqCheck,
     gen: Option<GenState>,
     scratch: Vec<u8>,
@@ -217,6 +219,7 @@ impl Port {
             rx_blocked: false,
             rx_held_since: None,
             rx_open: false,
+            rx_retry: false,
             check: SeqCheck::default(),
             gen,
             scratch: vec![0u8; 65536 + NET_HDR_LEN],

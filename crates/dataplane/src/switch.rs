@@ -704,10 +704,24 @@ impl Fabric {
                 return Out::Dropped(DropReason::PortDown);
             }
             p.rx_open = true;
+            p.rx_retry = !self.patient;
             self.touched.push(idx);
         }
         let features = rx.features;
         let r = match fit(&pkt.hdr, features) {
+            Fit::Pass if pkt.hdr.flags == 0 && pkt.hdr.gso_type == VnetHdr::GSO_NONE => {
+                // No offload metadata: the sender's header is the receiver's (deliver sets
+                // num_buffers), so the whole packet is one copy.
+                let segs = pkt.segs;
+                deliver_retry(
+                    rx,
+                    &mut p.rxb,
+                    &mut p.rx_retry,
+                    stats,
+                    pkt.len,
+                    |d, doff, soff, n| copy_segs(segs, soff, d, doff, n),
+                )
+            }
             Fit::Pass => {
                 let hb = header_for(&pkt.hdr, features);
                 let segs = pkt.segs;
@@ -724,7 +738,7 @@ impl Fabric {
                     }
                     done
                 };
-                deliver_retry(rx, &mut p.rxb, stats, pkt.len, copy)
+                deliver_retry(rx, &mut p.rxb, &mut p.rx_retry, stats, pkt.len, copy)
             }
             Fit::Csum => {
                 let len = pkt.len as usize;
@@ -745,6 +759,7 @@ impl Fabric {
                 deliver_retry(
                     rx,
                     &mut p.rxb,
+                    &mut p.rx_retry,
                     stats,
                     u32::try_from(n).unwrap_or(0),
                     |d, doff, soff, k| write_parts(d, doff, soff, k, &[0u8; 12], body),
@@ -766,9 +781,14 @@ impl Fabric {
                     }
                     // Each segment: a plain header (full checksums inside) + the frame.
                     let total = u32::try_from(12 + s.len()).unwrap_or(0);
-                    out = deliver_retry(rx, &mut p.rxb, stats, total, |d, doff, soff, c| {
-                        write_parts(d, doff, soff, c, &[0u8; 12], s)
-                    });
+                    out = deliver_retry(
+                        rx,
+                        &mut p.rxb,
+                        &mut p.rx_retry,
+                        stats,
+                        total,
+                        |d, doff, soff, c| write_parts(d, doff, soff, c, &[0u8; 12], s),
+                    );
                     if matches!(out, Ok(Delivered::Done)) {
                         sent += 1;
                         bytes += s.len() as u64;
@@ -1064,17 +1084,20 @@ impl Fabric {
     }
 }
 
-/// Delivers into a receive batch; when the batch runs out, publishes what it delivered and
-/// looks once for more buffers.
+/// Delivers into a receive batch; when the batch runs out the first time (`retry` set),
+/// publishes what it delivered and looks once for more buffers. A receiver that is still out
+/// of buffers after that waits for the next round: looking again per packet would only trade
+/// used-index writes with the frontend.
 fn deliver_retry(
     rx: &mut QueueSlot,
     rxb: &mut crate::port::RxBatch,
+    retry: &mut bool,
     stats: &PortStats,
     len: u32,
     mut copy: impl FnMut(&[Seg], u32, u32, u32) -> u32,
 ) -> Result<Delivered, virtq::Error> {
     let r = deliver(&mut rx.q, rxb, len, &mut copy)?;
-    if r != Delivered::NoRoom {
+    if r != Delivered::NoRoom || !std::mem::take(retry) {
         return Ok(r);
     }
     rxb.finish(&mut rx.q);
