@@ -141,17 +141,6 @@ sched_ns() {   # sched_ns PID : on-CPU ns of all its threads (0 when gone / no P
 snap() {
   echo "$(date +%s%N) $(sched_ns "$PV_PID") $(sched_ns "$Q_PID") $(awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat) $(tap_rx)"
 }
-# split_qemu PID : QEMU's main-loop thread (tid == pid) to CPU1, the TCG vCPU thread(s) on CPU0.
-split_qemu() {
-  local t comm
-  for t in /proc/"$1"/task/*; do
-    comm=$(cat "$t/comm" 2>/dev/null) || continue
-    case "$comm" in *TCG*|*KVM*) taskset -p -c 0 "${t##*/}" >/dev/null || true ;; esac
-  done
-  taskset -p -c 1 "$1" >/dev/null || true
-  for t in /proc/"$1"/task/*; do echo "${t##*/} $(cat "$t/comm") $(taskset -p -c "${t##*/}" | sed 's/.*: //')"; done
-}
-
 run_one() {   # run_one CFG BURST ROUND ATTEMPT
   local cfg="$1" burst="$2" round="$3" att="$4" tag
   tag="$(echo "$cfg" | tr ':' '_')-b$burst-r$round-a$att"

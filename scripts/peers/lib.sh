@@ -219,3 +219,13 @@ wait_quiet() {
 }
 # child_pid PID: the single child of a `timeout` wrapper (the process we measure).
 child_pid() { local c; c=$(cat "/proc/$1/task/$1/children" 2>/dev/null); echo "${c%% *}"; }
+# split_qemu PID : QEMU's main-loop thread (tid == pid) to CPU1, the TCG vCPU thread(s) on CPU0.
+split_qemu() {
+  local t comm
+  for t in /proc/"$1"/task/*; do
+    comm=$(cat "$t/comm" 2>/dev/null) || continue
+    case "$comm" in *TCG*|*KVM*) taskset -p -c 0 "${t##*/}" >/dev/null || true ;; esac
+  done
+  taskset -p -c 1 "$1" >/dev/null || true
+  for t in /proc/"$1"/task/*; do echo "${t##*/} $(cat "$t/comm") $(taskset -p -c "${t##*/}" | sed 's/.*: //')"; done
+}

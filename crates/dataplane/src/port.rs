@@ -234,6 +234,15 @@ impl Port {
 
     /// Installs a started queue.
     pub fn start(&mut self, q: StartedQueue, policy: Policy, wake: WakeCost, now: Instant) {
+        if q.index > 1 {
+            // One queue pair per port is serviced; a later pair must not replace the first.
+            tracing::warn!(
+                port = self.id,
+                queue = q.index,
+                "only the first queue pair is serviced; this ring is left idle"
+            );
+            return;
+        }
         let mut slot = QueueSlot::new(q, policy, wake);
         // The worker polls a new queue first: tell the driver not to kick until we arm. A
         // ring starts with `used->flags == 0` ("kick me"); left so, a driver without
