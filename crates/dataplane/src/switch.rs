@@ -406,6 +406,8 @@ pub struct Fabric {
     batch: usize,
     /// The last route of the current source batch, by destination + source address.
     last: Option<([u8; 12], Route)>,
+    /// Packets of the current source batch that were flooded.
+    flooded: u64,
     /// The source is a generator: its frames wait for buffers as long as it takes (nothing
     /// is in flight yet, so waiting loses nothing; dropping would only burn the core).
     patient: bool,
@@ -424,7 +426,12 @@ fn host_seg(buf: &mut [u8]) -> Seg {
     }
 }
 
+#[inline]
 fn read_head(segs: &[Seg]) -> ([u8; HEAD], usize) {
+    // Nearly always the first segment holds it: a fixed-size copy the compiler inlines.
+    if let Some(h) = segs.first().and_then(|s| s.read_array::<HEAD>(0)) {
+        return (h, HEAD);
+    }
     let mut h = [0u8; HEAD];
     let n = read_segs(segs, 0, &mut h);
     (h, n)
@@ -491,6 +498,7 @@ impl Fabric {
             touched: Vec::with_capacity(16),
             batch: usize::from(batch.max(1)),
             last: None,
+            flooded: 0,
             patient: false,
         }
     }
@@ -632,12 +640,12 @@ impl Fabric {
             Route::Drop(r) => Out::Dropped(r),
             Route::One(t, flooded) => {
                 if flooded {
-                    bump(&sstats.flooded, 1);
+                    self.flooded += 1;
                 }
                 self.emit(ports, t, pkt, true, now)
             }
             Route::Flood => {
-                bump(&sstats.flooded, 1);
+                self.flooded += 1;
                 for i in 0..ports.len() + self.hosts.len() {
                     let t = if i < ports.len() {
                         if ports[i].id == src || ports[i].rx.is_none() {
@@ -838,9 +846,11 @@ impl Fabric {
         }
     }
 
-    /// Publishes every receive batch this source batch opened; forgets its route.
-    fn close(&mut self, ports: &mut [Port]) {
+    /// Publishes every receive batch this source batch opened; forgets its route; counts the
+    /// batch's floods at the source.
+    fn close(&mut self, ports: &mut [Port], sstats: &PortStats) {
         self.last = None;
+        bump(&sstats.flooded, std::mem::take(&mut self.flooded));
         for &i in &self.touched {
             let p = &mut ports[i];
             p.rx_open = false;
@@ -911,7 +921,7 @@ impl Fabric {
             taken += 1;
         }
         tx.q.unpop(u16::try_from(chains.len() - taken).unwrap_or(0));
-        self.close(ports);
+        self.close(ports, &sstats);
         tx.publish(&sstats);
         bump(&sstats.rx_packets, pkts);
         bump(&sstats.rx_bytes, bytes);
@@ -983,7 +993,7 @@ impl Fabric {
             bump(&sstats.rx_bytes, (n - 12) as u64);
             done += 1;
         }
-        self.close(ports);
+        self.close(ports, &sstats);
         if let HostKind::Tap(t) = &mut self.hosts[h].kind {
             t.buf = buf;
             t.pending = pending;
@@ -1064,7 +1074,7 @@ impl Fabric {
             }
             seq += 1;
         }
-        self.close(ports);
+        self.close(ports, &sstats);
         self.patient = false;
         bump(&sstats.rx_packets, sent as u64);
         bump(&sstats.rx_bytes, sent as u64 * u64::from(len - HDR));

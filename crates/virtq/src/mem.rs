@@ -256,6 +256,22 @@ impl Seg {
         n
     }
 
+    /// The `N` bytes at `off`, if the segment holds them: a fixed-size copy the compiler
+    /// inlines (packet headers), where [`read`](Self::read) calls `memcpy`.
+    #[inline]
+    pub fn read_array<const N: usize>(&self, off: u32) -> Option<[u8; N]> {
+        let end = (off as usize).checked_add(N)?;
+        if end > self.len as usize {
+            return None;
+        }
+        let mut out = [0u8; N];
+        // SAFETY: off + N <= len, and the segment lies in a mapped region; `out` is ours.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off as usize), out.as_mut_ptr(), N);
+        }
+        Some(out)
+    }
+
     /// Copies `src` to offset `off`; returns how many bytes were copied (short at the end).
     #[inline]
     pub fn write(&self, off: u32, src: &[u8]) -> usize {
