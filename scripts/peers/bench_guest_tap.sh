@@ -21,13 +21,14 @@
 # backend with vectors=0 too, to tell the interrupt mechanism's share from the backend's.
 #
 # Usage: scripts/peers/bench_guest_tap.sh     Env: ROUNDS=2 DUR=4 CFGS="pvnet bh timer bh:intx timer:intx"
+#        TESTS="tcp_g2h tcp_h2g udp_g2h udp_h2g rr" (a subset runs only those)
 #        (pvnet:POLICY runs the switch with --policy POLICY, e.g. pvnet:busy: never sleeps, so
 #        the guest never kicks: the guest's own ceiling)
 #        DOC=docs/guest-tap.md (table written between the bench markers; DOC= to skip)
 # Wall time: ~45 s per run: ~8 min with the defaults.
 source "$(dirname "$0")/lib.sh"
 need_root
-ROUNDS="${ROUNDS:-2}"; DUR="${DUR:-4}"; CFGS="${CFGS:-pvnet bh timer bh:intx timer:intx}"
+ROUNDS="${ROUNDS:-2}"; DUR="${DUR:-4}"; TESTS="${TESTS:-tcp_g2h tcp_h2g udp_g2h udp_h2g rr}"; CFGS="${CFGS:-pvnet bh timer bh:intx timer:intx}"
 DOC="${DOC-$PVNET_ROOT/docs/guest-tap.md}"
 QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
 NET=10.78.0; PVTAP=pvgt0; QTAP=qgt0; GMAC=02:00:00:00:00:02
@@ -57,12 +58,17 @@ ip link set eth0 up; ip addr add $NET.2/24 dev eth0
 i=0; while [ "\$(cat /sys/class/net/eth0/operstate)" != up ] && [ \$i -lt 100 ]; do sleep 0.1; i=\$((i+1)); done
 ping -c 1 -W 5 $NET.1 > /dev/null || echo "GUEST_WARN no ping reply"
 t() { n=\$1; shift; "\$@" > /tmp/o.txt 2>&1; echo "BENCH_RC \$n \$?"; sed "s/^/BENCH \$n /" /tmp/o.txt; }
-t tcp_g2h iperf3 -c $NET.1 -t $DUR -f m
-t tcp_h2g iperf3 -c $NET.1 -t $DUR -f m -R
-t udp_g2h iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0
-t udp_h2g iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0 -R
-t rr sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt
 EOF
+for t in $TESTS; do
+  case "$t" in
+    tcp_g2h) echo "t tcp_g2h iperf3 -c $NET.1 -t $DUR -f m" ;;
+    tcp_h2g) echo "t tcp_h2g iperf3 -c $NET.1 -t $DUR -f m -R" ;;
+    udp_g2h) echo "t udp_g2h iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0" ;;
+    udp_h2g) echo "t udp_h2g iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0 -R" ;;
+    rr) echo "t rr sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt" ;;
+    *) die "unknown test $t (tcp_g2h tcp_h2g udp_g2h udp_h2g rr)" ;;
+  esac
+done >> "$B/run.sh"
 make_initrd "$B/run.sh" "$B/initrd.gz"
 
 host_servers() {
@@ -117,7 +123,17 @@ run_one() {   # run_one CFG ROUND
   else ip link del "$QTAP"; fi
   c2c_b=$(c2c_ns)
   tr -d '\r' < "$glog" > "$glog.txt"
-  python3 - "$glog.txt" "$cfg" "$round" "$c2c_a/$c2c_b" "$DUR" <<'PY' | tee -a "$RES"
+  local kc=""
+  if [[ "$cfg" == pvnet* ]]; then
+    kc=$(python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    d = json.loads(l) if l.startswith("{") else {}
+    if "final" in d:
+        p = [p for p in d["final"]["ports"] if p["name"] == "vm"][0]["counters"]
+        n = p.get("rx_packets", 0) + p.get("tx_packets", 0)
+        print(" vm_kicks_per_pkt=%.3f vm_calls_per_pkt=%.3f" % (p.get("kicks", 0) / max(n, 1), p.get("calls", 0) / max(n, 1)))' "$B/$tag.pvnet.json" 2>/dev/null)
+  fi
+  python3 - "$glog.txt" "$cfg" "$round" "$c2c_a/$c2c_b" "$DUR" "$TESTS" "$kc" <<'PY' | tee -a "$RES"
 import re, sys
 log, cfg, rnd, c2c, dur = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
 L = open(log, errors="replace").read().splitlines()
@@ -137,9 +153,9 @@ def pct(p):
         m = re.search(r"percentile %s *= *([\d.]+)" % re.escape(p), l)
         if m: return float(m.group(1))
     return float("nan")
-ok = all(("BENCH_RC %s 0" % n) in L for n in ("tcp_g2h", "tcp_h2g", "udp_g2h", "udp_h2g", "rr"))
-print("RESULT cfg=%s round=%s c2c_ns=%s ok=%d tcp_g2h_gbit=%.3f tcp_h2g_gbit=%.3f udp_g2h_pps=%.0f udp_h2g_pps=%.0f rr_p50_us=%.1f rr_p99_us=%.1f"
-      % (cfg, rnd, c2c, ok, gbit("tcp_g2h"), gbit("tcp_h2g"), pps("udp_g2h"), pps("udp_h2g"), pct("50.000"), pct("99.000")))
+ok = all(("BENCH_RC %s 0" % n) in L for n in sys.argv[6].split())
+print("RESULT cfg=%s round=%s c2c_ns=%s ok=%d tcp_g2h_gbit=%.3f tcp_h2g_gbit=%.3f udp_g2h_pps=%.0f udp_h2g_pps=%.0f rr_p50_us=%.1f rr_p99_us=%.1f%s"
+      % (cfg, rnd, c2c, ok, gbit("tcp_g2h"), gbit("tcp_h2g"), pps("udp_g2h"), pps("udp_h2g"), pct("50.000"), pct("99.000"), sys.argv[7]))
 PY
 }
 

@@ -112,10 +112,10 @@ impl QueueSlot {
     pub fn publish(&mut self, stats: &PortStats) {
         if self.q.publish() {
             if self.index % 2 == 1 {
-                // Transmit completions only let the driver free buffers: the call is owed, and
-                // goes out when the worker is about to sleep or after a bound (`flush_call`),
-                // so a driver that keeps sending takes one interrupt per busy period instead
-                // of one per batch.
+                // Transmit completions only let the driver free buffers (a Linux driver also
+                // frees them from its next transmit): the call is owed and goes out after a
+                // bound (`flush_call`, the worker's tx_call_delay), so a driver that keeps
+                // sending takes one interrupt per bound instead of one per batch.
                 self.call_owed = true;
             } else {
                 self.signal_call(stats);
@@ -131,8 +131,13 @@ impl QueueSlot {
         }
     }
 
-    /// Sends a deferred transmit-completion call if one is owed and `force` (the worker is
-    /// about to sleep) or it has been owed for `bound`.
+    /// When an owed transmit-completion call falls due (`bound` after it was first owed).
+    pub fn call_due(&self, bound: Duration) -> Option<Instant> {
+        self.owed_since.filter(|_| self.call_owed).map(|t| t + bound)
+    }
+
+    /// Sends a deferred transmit-completion call if one is owed and `force` or it has been
+    /// owed for `bound`.
     pub fn flush_call(&mut self, stats: &PortStats, now: Instant, bound: Duration, force: bool) {
         if !self.call_owed {
             return;

@@ -37,6 +37,10 @@ pub struct WorkerConfig {
     pub batch: u16,
     /// CPU to pin the worker to.
     pub cpu: Option<usize>,
+    /// How long a transmit-completion call may be held back (interrupt coalescing, like a
+    /// NIC's tx-usecs): calls the driver asked for while this passes go out as one. Never less
+    /// than two wake-ups.
+    pub tx_call_delay: std::time::Duration,
 }
 
 impl Default for WorkerConfig {
@@ -47,6 +51,7 @@ impl Default for WorkerConfig {
             rx_policy: Policy::Adaptive,
             batch: 64,
             cpu: None,
+            tx_call_delay: std::time::Duration::from_micros(150),
         }
     }
 }
@@ -597,16 +602,31 @@ impl Worker {
         Some(deadline)
     }
 
-    /// Sends owed transmit-completion calls: all of them if `force`, else those owed for two
-    /// wake-ups (the same bound as the polling window: a driver with a full ring waits no
-    /// longer than that for the interrupt it asked for).
-    fn flush_calls(&mut self, now: Instant, force: bool) {
-        let bound = self.wake.typical * 2;
+    /// How long transmit-completion calls are held back: the configured delay, at least two
+    /// wake-ups (the polling window's bound).
+    fn call_bound(&self) -> std::time::Duration {
+        self.cfg.tx_call_delay.max(self.wake.typical * 2)
+    }
+
+    /// Sends the owed transmit-completion calls that are due.
+    fn flush_calls(&mut self, now: Instant) {
+        let bound = self.call_bound();
         for p in &mut self.ports {
             for s in [p.tx.as_mut(), p.rx.as_mut()].into_iter().flatten() {
-                s.flush_call(&p.stats, now, bound, force);
+                s.flush_call(&p.stats, now, bound, false);
             }
         }
+    }
+
+    /// When the earliest owed call falls due (the worker must be awake to send it).
+    fn calls_due(&self) -> Option<Instant> {
+        let bound = self.call_bound();
+        self.ports
+            .iter()
+            .flat_map(|p| [p.tx.as_ref(), p.rx.as_ref()])
+            .flatten()
+            .filter_map(|s| s.call_due(bound))
+            .min()
     }
 
     /// Back to polling: notifications off. `slept` says whether the worker actually slept
@@ -692,14 +712,16 @@ impl Worker {
             let now = clock.now();
             self.poll_once(now);
             self.check_faults();
-            self.flush_calls(now, false);
+            self.flush_calls(now);
             let Some(deadline) = self.settle(now) else {
                 std::hint::spin_loop();
                 continue;
             };
-            // About to sleep: every owed call goes out first (a driver waiting for completions
-            // must not wait for our next wake-up).
-            self.flush_calls(now, true);
+            // About to sleep: an owed call still goes out when due (the timer wakes us).
+            let deadline = match (deadline, self.calls_due()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             self.sleep(deadline, now);
             self.disarm(true);
             if let Some(f) = &mut self.fabric {

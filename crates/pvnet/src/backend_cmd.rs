@@ -61,6 +61,10 @@ pub struct BackendArgs {
     /// Most chains per ring per round.
     #[arg(long, default_value_t = 64)]
     pub batch: u16,
+    /// Microseconds a transmit-completion call may be held back so that the completions of
+    /// that time take one interrupt (like a NIC's tx-usecs; at least two wake-ups).
+    #[arg(long, default_value_t = 150)]
+    pub tx_call_delay: u64,
     /// Queue pairs offered to each frontend.
     #[arg(long, default_value_t = 1)]
     pub queue_pairs: u16,
@@ -92,6 +96,7 @@ pub fn run(a: &BackendArgs) -> anyhow_lite::Result<()> {
         rx_policy: a.rx_policy,
         batch: a.batch,
         cpu: a.cpu,
+        tx_call_delay: Duration::from_micros(a.tx_call_delay),
     };
     let dp = Dataplane::start(cfg)?;
     let hooks: Arc<dyn DeviceHooks> = dp.clone();

@@ -74,6 +74,10 @@ pub struct SwitchArgs {
     /// Most packets per source per round. Default 64.
     #[arg(long)]
     pub batch: Option<u16>,
+    /// Microseconds a transmit-completion call may be held back (interrupt coalescing, see
+    /// `pvnet backend --help`). Default 150.
+    #[arg(long)]
+    pub tx_call_delay: Option<u64>,
     /// Seconds a learned MAC address lives without traffic. Default 300.
     #[arg(long)]
     pub mac_aging: Option<u64>,
@@ -97,6 +101,7 @@ struct SwitchTable {
     rx_policy: Option<String>,
     batch: Option<u16>,
     mac_aging: Option<u64>,
+    tx_call_delay: Option<u64>,
     ctl_socket: Option<PathBuf>,
     metrics: Option<std::net::SocketAddr>,
 }
@@ -306,6 +311,7 @@ fn load(a: &SwitchArgs) -> Result<Config> {
         rx_policy: policy(a.rx_policy, &sw.rx_policy, "rx_policy")?,
         batch,
         cpu: a.cpu.or(sw.cpu),
+        tx_call_delay: Duration::from_micros(a.tx_call_delay.or(sw.tx_call_delay).unwrap_or(150)),
     };
     Ok(Config {
         worker,
