@@ -85,9 +85,11 @@ run_one() {   # run_one CFG ROUND
   wait_quiet; c2c_a=$(c2c_ns)
   if [[ "$cfg" == pvnet* ]]; then
     # pvnet[:POLICY]: the switch's polling policy (default adaptive)
-    local pol=adaptive; [[ "$cfg" == pvnet:* ]] && pol="${cfg#pvnet:}"
+    # pvnet:POLICY:US also sets --tx-call-delay US
+    local pol=adaptive dly=150 rest
+    if [[ "$cfg" == pvnet:* ]]; then rest="${cfg#pvnet:}"; pol="${rest%%:*}"; [[ "$rest" == *:* ]] && dly="${rest#*:}"; fi
     rm -f "$B/vu.sock"
-    timeout -k 5 300 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" --policy "$pol" \
+    timeout -k 5 300 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" --policy "$pol" --tx-call-delay "$dly" \
       --port "vhost-user:name=vm,socket=$B/vu.sock" --port "tap:name=host,ifname=$PVTAP" \
       > "$B/$tag.pvnet.json" 2> "$B/$tag.pvnet.log" &
     SW_PID=$!
@@ -179,7 +181,7 @@ cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
 med = lambda c, k: st.median([float(r[k]) for r in rows if r["cfg"] == c and r["ok"] == "1"] or [float("nan")])
 names = {"pvnet": "pvnet switch + tap (INTx)", "bh": "QEMU tap tx=bh", "timer": "QEMU tap tx=timer",
          "bh:intx": "QEMU tap tx=bh, INTx", "timer:intx": "QEMU tap tx=timer, INTx"}
-name = lambda c: names.get(c, "pvnet switch --policy %s (INTx)" % c[6:] if c.startswith("pvnet:") else c)
+name = lambda c: names.get(c, "pvnet switch --policy %s (INTx)" % c[6:].replace(":", ", tx-call-delay ") if c.startswith("pvnet:") else c)
 refs = [c for c in cfgs if not c.startswith("pvnet")]
 hdr = "| metric | " + " | ".join(name(c) for c in cfgs) + " | " + " | ".join("pvnet / " + c for c in refs) + " |"
 out = [hdr, "|" + "---|" * (len(cfgs) + len(refs) + 1)]

@@ -73,6 +73,8 @@ pub struct QueueSlot {
     /// A transmit-completion call is owed (see `publish`).
     call_owed: bool,
     owed_since: Option<Instant>,
+    /// A call went out since the worker last looked (`take_called`).
+    called: bool,
 }
 
 impl QueueSlot {
@@ -91,6 +93,7 @@ impl QueueSlot {
             worked: false,
             call_owed: false,
             owed_since: None,
+            called: false,
         }
     }
 
@@ -127,8 +130,14 @@ impl QueueSlot {
         if let Some(c) = &self.call {
             if c.signal().is_ok() {
                 bump(&stats.calls, 1);
+                self.called = true;
             }
         }
+    }
+
+    /// Whether a call went out since the last look.
+    pub fn take_called(&mut self) -> bool {
+        std::mem::take(&mut self.called)
     }
 
     /// When an owed transmit-completion call falls due (`bound` after it was first owed).

@@ -7,7 +7,7 @@
 //! is no longer touched and the memory may be unmapped.
 
 use crate::poll::{Clock, Idle, MonoClock, Policy, WakeCost};
-use crate::port::{forward, Port, Role};
+use crate::port::{forward, Port, QueueSlot, Role};
 use crate::stats::{bump, PortSnapshot, PortStats};
 use crate::switch::{Fabric, HostPort, MacEntry};
 use pvnet_vhost::backend::{DeviceHooks, PortId, StartedQueue};
@@ -608,12 +608,15 @@ impl Worker {
         self.cfg.tx_call_delay.max(self.wake.typical * 2)
     }
 
-    /// Sends the owed transmit-completion calls that are due.
+    /// Sends the owed transmit-completion calls that are due, and those of ports whose
+    /// frontend was just called for received packets anyway (one interruption of the driver
+    /// instead of two: with INTx the guest's handler looks at every queue).
     fn flush_calls(&mut self, now: Instant) {
         let bound = self.call_bound();
         for p in &mut self.ports {
-            for s in [p.tx.as_mut(), p.rx.as_mut()].into_iter().flatten() {
-                s.flush_call(&p.stats, now, bound, false);
+            let rx_called = p.rx.as_mut().is_some_and(QueueSlot::take_called);
+            if let Some(s) = p.tx.as_mut() {
+                s.flush_call(&p.stats, now, bound, rx_called);
             }
         }
     }

@@ -184,19 +184,6 @@ impl DeviceQueue {
         max: usize,
         mut each: impl FnMut(&[Seg]),
     ) -> Result<usize> {
-        // Start loading the batch's descriptor lines first: the driver wrote them on its
-        // core, and parsing chain by chain would take those misses one or two at a time. The
-        // avail entries read here are only hints (each is read again, once, by the parser).
-        let ahead = usize::from(self.pending()).min(max);
-        let mut line = usize::MAX;
-        for k in 0..ahead {
-            let k = u16::try_from(k).unwrap_or(u16::MAX);
-            let head = self.m.ring.avail_entry(self.last_avail.wrapping_add(k));
-            if usize::from(head) / 4 != line {
-                line = usize::from(head) / 4;
-                self.m.ring.prefetch_desc(head);
-            }
-        }
         let mut n = 0;
         while n < max {
             match self.pop()? {

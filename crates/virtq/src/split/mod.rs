@@ -219,17 +219,6 @@ impl Ring {
 
     /// Reads one descriptor, once, into a local copy.
     #[inline]
-    pub(crate) fn prefetch_desc(&self, i: u16) {
-        if i < self.size {
-            // SAFETY: i < size: inside the validated descriptor table. A prefetch never faults.
-            let p = unsafe { self.desc.as_ptr().add(usize::from(i)) };
-            if let Some(p) = NonNull::new(p.cast::<u8>()) {
-                crate::mem::prefetch_range(p, 16, false);
-            }
-        }
-    }
-
-    #[inline]
     pub(crate) fn desc(&self, i: u16) -> Desc {
         debug_assert!(i < self.size);
         // SAFETY: callers check i < size; the table is validated for size*16 bytes and
