@@ -142,7 +142,9 @@ impl QueueSlot {
 
     /// When an owed transmit-completion call falls due (`bound` after it was first owed).
     pub fn call_due(&self, bound: Duration) -> Option<Instant> {
-        self.owed_since.filter(|_| self.call_owed).map(|t| t + bound)
+        self.owed_since
+            .filter(|_| self.call_owed)
+            .map(|t| t + bound)
     }
 
     /// Sends a deferred transmit-completion call if one is owed and `force` or it has been
