@@ -87,7 +87,7 @@ decode_features() {
 import sys
 v = int(sys.argv[1], 16)
 names = {0: "CSUM", 1: "GUEST_CSUM", 2: "CTRL_GUEST_OFFLOADS", 3: "MTU", 5: "MAC",
-         7: "GUEST_TSO4", 8: "GUEST_TSO6", 10: "GUEST_UFO", 11: "HOST_TSO4", 12: "HOST_TSO6",
+         7: "GUEST_TSO4", 8: "GUEST_TSO6", 9: "GUEST_ECN", 10: "GUEST_UFO", 11: "HOST_TSO4", 12: "HOST_TSO6", 13: "HOST_ECN",
          14: "HOST_UFO", 15: "MRG_RXBUF", 16: "STATUS", 17: "CTRL_VQ", 18: "CTRL_RX",
          19: "CTRL_VLAN", 21: "GUEST_ANNOUNCE", 22: "MQ", 23: "CTRL_MAC_ADDR",
          28: "INDIRECT_DESC", 29: "EVENT_IDX", 30: "PROTOCOL_FEATURES", 32: "VERSION_1",

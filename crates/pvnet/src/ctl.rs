@@ -302,7 +302,6 @@ fn handle_ctl(mut c: UnixStream, status: &StatusFn) -> io::Result<()> {
 /// Serves control requests on a Unix stream socket at `path` until `stop` is set, on one
 /// thread named `pvnet-ctl`. See [`bind_ctl`] for what happens to an existing file at
 /// `path`. The socket file is removed when the thread ends.
-#[allow(dead_code)] // called by `pvnet switch`
 pub fn serve_ctl(
     path: &Path,
     status: StatusFn,
@@ -704,7 +703,6 @@ fn handle_http(mut c: TcpStream, status: &StatusFn) -> io::Result<()> {
 /// Serves `GET /metrics` (Prometheus text format 0.0.4) over HTTP/1.0 on `addr` until `stop`
 /// is set, on one thread named `pvnet-metrics`, one request per connection. Returns the
 /// bound address (`addr` may have port 0) and the thread.
-#[allow(dead_code)] // called by `pvnet switch`
 pub fn serve_metrics(
     addr: SocketAddr,
     status: StatusFn,

@@ -1,0 +1,142 @@
+//! `pvnet switch` end to end with pvnet's own frontends: frames cross the switch exactly,
+//! `pvnet ctl` and the Prometheus endpoint report the same counters, and the final report
+//! adds up. (Real peers, DPDK and a Linux guest with a tap, are in tests/interop/run.sh.)
+
+mod common;
+
+use common::{frontend, u, wait_socket, Proc, TestDir, RUN};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+fn counters<'a>(status: &'a Value, port: &str) -> &'a Value {
+    status["ports"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["name"] == port))
+        .map(|p| &p["counters"])
+        .unwrap_or_else(|| panic!("no port {port} in {status}"))
+}
+
+fn ctl(sock: &std::path::Path, what: &str) -> Value {
+    let out = std::process::Command::new(common::BIN)
+        .args(["ctl", "--socket", sock.to_str().unwrap(), what, "--json"])
+        .output()
+        .expect("run pvnet ctl");
+    assert!(out.status.success(), "pvnet ctl: {out:?}");
+    serde_json::from_slice(&out.stdout).expect("ctl JSON")
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+#[test]
+fn frames_cross_the_switch_exactly_and_ctl_and_metrics_agree() {
+    let dir = TestDir::new("sw");
+    let (a, b, c) = (dir.sock("a"), dir.sock("b"), dir.sock("ctl"));
+    // A free port for the metrics endpoint.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let spec = |n: &str, s: &std::path::Path| format!("vhost-user:name={n},socket={}", s.display());
+    let (pa, pb) = (spec("a", &a), spec("b", &b));
+    let mut sw = Proc::spawn(
+        "switch",
+        &[
+            "switch",
+            "--port",
+            &pa,
+            "--port",
+            &pb,
+            "--port",
+            "sink:name=s",
+            "--ctl-socket",
+            c.to_str().unwrap(),
+            "--metrics",
+            &metrics,
+        ],
+        &[("PVNET_LOG", "info")],
+    );
+    wait_socket(&mut sw, &a);
+    wait_socket(&mut sw, &b);
+    wait_socket(&mut sw, &c);
+
+    // b receives; a sends numbered frames to b's address (unknown at first: flooded to b and
+    // the sink, then learned from nothing b sends, so flooding goes on; both copies count).
+    let mut rx = frontend("frontend rx", &b, &["--role", "rx"]);
+    rx.wait_json("ready", Duration::from_secs(20));
+    let tx = frontend(
+        "frontend tx",
+        &a,
+        &["--role", "tx", "--secs", "0.3", "--rate", "50000"],
+    )
+    .finish(RUN);
+    let rxf = rx.finish(RUN);
+    let sent = u(&tx, "/tx_packets");
+    assert!(sent > 5000, "{tx}");
+    assert_eq!(u(&rxf, "/rx_packets"), sent, "b got every frame: {rxf}");
+    assert!(
+        rxf["complete"].as_bool().unwrap_or(false),
+        "in order, end marker: {rxf}"
+    );
+
+    let st = ctl(&c, "ports");
+    let (ca, cb, cs) = (counters(&st, "a"), counters(&st, "b"), counters(&st, "s"));
+    assert_eq!(u(ca, "/rx_packets"), sent);
+    assert_eq!(u(cb, "/tx_packets"), sent);
+    assert_eq!(
+        u(cs, "/tx_packets"),
+        sent,
+        "the sink got the flooded copies"
+    );
+    assert_eq!(u(ca, "/flooded"), sent);
+    let drops: u64 = ca
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("drops_"))
+        .map(|(_, v)| v.as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(drops, 0, "{ca}");
+    // The sink checked the numbered frames: none out of order.
+    assert_eq!(u(cs, "/seq_errors"), 0);
+
+    let m = http_get(&metrics, "/metrics");
+    assert!(m.starts_with("HTTP/1.0 200"), "{m}");
+    let line = format!("pvnet_port_rx_packets_total{{port=\"a\",kind=\"vhost-user\"}} {sent}");
+    assert!(m.contains(&line), "no `{line}` in\n{m}");
+    assert!(http_get(&metrics, "/nope").starts_with("HTTP/1.0 404"));
+
+    sw.signal(libc::SIGINT);
+    let fin = sw.finish(RUN);
+    assert_eq!(u(counters(&fin, "b"), "/tx_packets"), sent, "{fin}");
+}
+
+#[test]
+fn bad_configuration_is_refused_with_a_clear_error() {
+    for (args, needle) in [
+        (vec!["switch"], "no ports"),
+        (vec!["switch", "--port", "router:name=r"], "unknown variant"),
+        (
+            vec!["switch", "--port", "sink:name=s", "--port", "sink:name=s"],
+            "unique",
+        ),
+        (vec!["switch", "--port", "gen:name=g,src=zz"], "MAC"),
+    ] {
+        let out = std::process::Command::new(common::BIN)
+            .args(&args)
+            .output()
+            .expect("run pvnet switch");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
