@@ -114,7 +114,14 @@ impl QueueSlot {
     #[inline]
     pub fn publish(&mut self, stats: &PortStats) {
         if self.q.publish() {
-            if self.index % 2 == 1 {
+            // A driver that asked at its last seen entry with at least half its ring in
+            // flight (or without EVENT_IDX, where we cannot tell) may be out of descriptors
+            // and waiting: no coalescing for it.
+            let waiting = self
+                .q
+                .driver_backlog()
+                .is_none_or(|b| b >= self.q.size() / 2);
+            if self.index % 2 == 1 && !waiting {
                 // Transmit completions only let the driver free buffers (a Linux driver also
                 // frees them from its next transmit): the call is owed and goes out after a
                 // bound (`flush_call`, the worker's tx_call_delay), so a driver that keeps

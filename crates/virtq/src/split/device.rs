@@ -458,6 +458,20 @@ impl DeviceQueue {
         self.need_call()
     }
 
+    /// How many buffers the driver has made available beyond the point where it asked to be
+    /// interrupted (`avail->idx` minus `used_event`, both read now): near the queue size when
+    /// it asked at its last seen entry with its ring full (it waits for the call), small when
+    /// it asked for an interrupt well ahead. `None` without EVENT_IDX. Two loads of the
+    /// driver's lines: for the rare publish that must decide about a call, not per batch.
+    #[inline]
+    pub fn driver_backlog(&self) -> Option<u16> {
+        self.event_idx.then(|| {
+            let event = self.m.ring.used_event().load(Ordering::Relaxed);
+            let avail = self.m.ring.avail_idx().load(Ordering::Relaxed);
+            avail.wrapping_sub(event)
+        })
+    }
+
     fn need_call(&mut self) -> bool {
         if self.event_idx {
             let event = self.m.ring.used_event().load(Ordering::Relaxed);
