@@ -1,10 +1,12 @@
 //! Device side of a split virtqueue: the backend's view.
 //!
 //! Batch discipline: [`DeviceQueue::available`] loads `avail->idx` once per batch; [`pop`]
-//! parses chains up to that index without touching the index again; [`push_used`] writes used
-//! entries straight into the ring's unpublished slots (the ring is its own shadow); [`publish`]
+//! parses chains up to that index without touching the index again; [`push_used`] records used
+//! entries in a local shadow; [`publish`] writes the batch's entries into the ring in one run,
 //! makes them visible with one release store of `used->idx` and takes the one notification
-//! decision of the batch.
+//! decision of the batch. (Writing each entry into the ring as its packet completed, between
+//! the packet copies, measured 1-4% slower against DPDK virtio-user: the used-ring lines the
+//! driver reads are then written in one burst, after the batch's data.)
 //!
 //! [`pop`]: DeviceQueue::pop
 //! [`push_used`]: DeviceQueue::push_used
@@ -51,6 +53,8 @@ pub struct DeviceQueue {
     used_idx: u16,
     /// `used->idx` as last stored.
     published: u16,
+    /// Used entries (id, len) pushed since the last publish, in order.
+    shadow: Vec<[u32; 2]>,
     /// Used index at the last notification decision (event-idx "old").
     signalled_used: u16,
     signalled_valid: bool,
@@ -79,6 +83,7 @@ impl DeviceQueue {
             avail_idx: cfg.base,
             used_idx: cfg.base,
             published: cfg.base,
+            shadow: Vec::with_capacity(usize::from(cfg.size)),
             signalled_used: cfg.base,
             signalled_valid: false,
             notify_on: true,
@@ -428,13 +433,11 @@ impl DeviceQueue {
         Ok(())
     }
 
-    /// Writes a used entry into the next unpublished slot. Nothing is visible to the driver
-    /// until [`publish`](Self::publish).
+    /// Records a used entry for the next unpublished slot. Nothing reaches the ring, let alone
+    /// the driver, until [`publish`](Self::publish).
     #[inline]
     pub fn push_used(&mut self, head: u16, len: u32) {
-        self.m
-            .ring
-            .set_used_entry(self.used_idx, u32::from(head), len);
+        self.shadow.push([u32::from(head), len]);
         self.used_idx = self.used_idx.wrapping_add(1);
     }
 
@@ -444,6 +447,11 @@ impl DeviceQueue {
     pub fn publish(&mut self) -> bool {
         if self.used_idx == self.published {
             return false;
+        }
+        let mut at = self.published;
+        for e in self.shadow.drain(..) {
+            self.m.ring.set_used_entry(at, e[0], e[1]);
+            at = at.wrapping_add(1);
         }
         // Release: the used entries and the data the device wrote into the buffers are visible
         // before the new used->idx (pairs with the driver's acquire load of used->idx).
