@@ -375,43 +375,31 @@ impl Port {
             }
         }
         let len = u32::try_from(g.template.len()).unwrap_or(u32::MAX) - HDR;
-        let mut sent = 0u64;
-        let todo = if finishing { 1 } else { batch };
-        for _ in 0..todo {
-            if finishing {
-                frame::set_end(&mut g.template[NET_HDR_LEN..], g.seq);
-            } else {
-                frame::set_seq(&mut g.template[NET_HDR_LEN..], g.seq);
-            }
-            let tpl = &g.template;
-            let copy = |segs: &[Seg], dst_off, src_off: u32, n: u32| {
-                let s = src_off as usize;
-                u32::try_from(write_segs(segs, dst_off, &tpl[s..s + n as usize])).unwrap_or(0)
-            };
-            match deliver(&mut rx.q, &mut self.rxb, len + HDR, copy) {
-                Ok(Delivered::Done) => {}
-                Ok(Delivered::NoRoom) => {
-                    self.rx_blocked = true;
-                    break;
-                }
-                Ok(Delivered::TooBig) => {
-                    bump(&stats.drops[DropReason::TooBig as usize], 1);
-                    g.done = true;
-                    break;
-                }
-                Err(e) => {
-                    rx.fail(id, stats, e);
-                    break;
-                }
-            }
-            // Every frame delivered counts, the end marker too: tx_packets is what the
-            // frontend received.
-            sent += 1;
-            if finishing {
+        let todo = if finishing { 1 } else { usize::from(batch) };
+        let (n, stop) = deliver_frames(
+            &mut rx.q,
+            &mut self.rxb,
+            &mut g.template,
+            g.seq,
+            todo,
+            finishing,
+        );
+        match stop {
+            Ok(Delivered::Done) => {}
+            Ok(Delivered::NoRoom) => self.rx_blocked = true,
+            Ok(Delivered::TooBig) => {
+                bump(&stats.drops[DropReason::TooBig as usize], 1);
                 g.done = true;
-                break;
             }
-            g.seq += 1;
+            Err(e) => rx.fail(id, stats, e),
+        }
+        // Every frame delivered counts, the end marker too: tx_packets is what the
+        // frontend received.
+        let sent = n as u64;
+        if finishing {
+            g.done |= n == 1;
+        } else {
+            g.seq += sent;
         }
         self.rxb.finish(&mut rx.q);
         rx.publish(stats);
@@ -525,6 +513,37 @@ pub fn deliver(
     write_segs(rx.writable(&first), NUM_BUFFERS, &nbufs.to_le_bytes());
     b.next = k;
     Ok(Delivered::Done)
+}
+
+/// Writes up to `n` generator frames from `tpl` (virtio-net header + bench frame) into the
+/// receive batch: data frames numbered `seq`, `seq + 1`, ..., or, if `end`, one end marker
+/// carrying `seq`. Returns how many were written and why it stopped (`Done`: all `n`).
+pub fn deliver_frames(
+    q: &mut DeviceQueue,
+    rxb: &mut RxBatch,
+    tpl: &mut [u8],
+    seq: u64,
+    n: usize,
+    end: bool,
+) -> (usize, Result<Delivered, virtq::Error>) {
+    let len = u32::try_from(tpl.len()).unwrap_or(0);
+    for k in 0..n {
+        if end {
+            frame::set_end(&mut tpl[NET_HDR_LEN..], seq);
+        } else {
+            frame::set_seq(&mut tpl[NET_HDR_LEN..], seq + k as u64);
+        }
+        let t = &*tpl;
+        let copy = |segs: &[Seg], dst_off, src_off: u32, c: u32| {
+            let s = src_off as usize;
+            u32::try_from(write_segs(segs, dst_off, &t[s..s + c as usize])).unwrap_or(0)
+        };
+        match deliver(q, rxb, len, copy) {
+            Ok(Delivered::Done) => {}
+            other => return (k, other),
+        }
+    }
+    (n, Ok(Delivered::Done))
 }
 
 /// The receiving side of a move: a port's receive queue and its batch state.

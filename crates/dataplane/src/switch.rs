@@ -20,7 +20,7 @@
 use crate::frame::{self, SeqCheck};
 use crate::offload::{self, VnetHdr};
 use crate::poll::Idle;
-use crate::port::{deliver, Delivered, Port, QueueSlot, HDR, MAX_MERGE};
+use crate::port::{deliver, deliver_frames, Delivered, Port, QueueSlot, HDR, MAX_MERGE};
 use crate::stats::{bump, DropReason, PortStats};
 use crate::tap::Tap;
 use pvnet_vhost::backend::PortId;
@@ -340,6 +340,11 @@ pub struct HostPort {
 }
 
 impl HostPort {
+    /// Whether packets can be sent to it (a generator only sends).
+    pub fn receives(&self) -> bool {
+        !matches!(self.kind, HostKind::Gen(_))
+    }
+
     /// "tap", "sink" or "gen".
     pub fn kind_name(&self) -> &'static str {
         match self.kind {
@@ -366,6 +371,13 @@ struct Pkt<'a> {
     /// Length, header included.
     len: u32,
     hdr: VnetHdr,
+}
+
+/// Every port as a target: the vhost-user ports, then the host ports.
+fn targets(vhost: usize, host: usize) -> impl Iterator<Item = Target> {
+    (0..vhost)
+        .map(Target::Vhost)
+        .chain((0..host).map(Target::Host))
 }
 
 /// What became of one copy of a packet.
@@ -566,6 +578,15 @@ impl Fabric {
         self.macs.flush_port(port);
     }
 
+    /// Whether `t` takes a flooded copy of a packet from `src`: another port that receives
+    /// (a vhost-user port with its receive queue running, a tap or a sink).
+    fn floods_to(&self, ports: &[Port], src: PortId, t: Target) -> bool {
+        match t {
+            Target::Vhost(i) => ports[i].id != src && ports[i].rx.is_some(),
+            Target::Host(i) => self.hosts[i].id != src && self.hosts[i].receives(),
+        }
+    }
+
     fn target(&self, ports: &[Port], id: PortId) -> Option<Target> {
         if let Some(i) = ports.iter().position(|p| p.id == id) {
             return Some(Target::Vhost(i));
@@ -594,16 +615,10 @@ impl Fabric {
         // unicast one (it may wait for buffers) rather than a flooded one.
         let mut only = None;
         let mut n = 0;
-        for (i, p) in ports.iter().enumerate() {
-            if p.id != src && p.rx.is_some() {
+        for t in targets(ports.len(), self.hosts.len()) {
+            if self.floods_to(ports, src, t) {
                 n += 1;
-                only = Some(Target::Vhost(i));
-            }
-        }
-        for (i, h) in self.hosts.iter().enumerate() {
-            if h.id != src && !matches!(h.kind, HostKind::Gen(_)) {
-                n += 1;
-                only = Some(Target::Host(i));
+                only = Some(t);
             }
         }
         match (n, only) {
@@ -646,19 +661,10 @@ impl Fabric {
             }
             Route::Flood => {
                 self.flooded += 1;
-                for i in 0..ports.len() + self.hosts.len() {
-                    let t = if i < ports.len() {
-                        if ports[i].id == src || ports[i].rx.is_none() {
-                            continue;
-                        }
-                        Target::Vhost(i)
-                    } else {
-                        let h = &self.hosts[i - ports.len()];
-                        if h.id == src || matches!(h.kind, HostKind::Gen(_)) {
-                            continue;
-                        }
-                        Target::Host(i - ports.len())
-                    };
+                for t in targets(ports.len(), self.hosts.len()) {
+                    if !self.floods_to(ports, src, t) {
+                        continue;
+                    }
                     match self.emit(ports, t, pkt, false, now) {
                         Out::Dropped(r) => bump(&sstats.drops[r as usize], 1),
                         Out::Sent | Out::Held => {}
@@ -711,9 +717,8 @@ impl Fabric {
         Some(rx)
     }
 
-    /// A generator's batch into one frontend: frames numbered from `seq` (or the end marker
-    /// carrying `seq`), written straight from the template into the receive batch. Returns
-    /// the frames delivered; stops when the batch has no room (they wait: nothing is lost).
+    /// A generator's batch into one frontend (see [`deliver_frames`]). Returns the frames
+    /// written and why it stopped; on `NoRoom` the rest waits (nothing is lost).
     fn gen_run(
         &mut self,
         p: &mut Port,
@@ -722,44 +727,34 @@ impl Fabric {
         seq: u64,
         n: usize,
         end: bool,
-    ) -> usize {
+    ) -> (usize, Option<DropReason>) {
         if self.open_rx(p, idx).is_none() {
-            return 0;
+            return (0, Some(DropReason::PortDown));
         }
         let (id, stats) = (p.id, &*p.stats);
-        let Some(rx) = p.rx.as_mut() else { return 0 };
-        let len = u32::try_from(tpl.len()).unwrap_or(0);
-        let mut done = 0;
-        for k in 0..n {
-            if end {
-                frame::set_end(&mut tpl[12..], seq);
-            } else {
-                frame::set_seq(&mut tpl[12..], seq + k as u64);
+        let Some(rx) = p.rx.as_mut() else {
+            return (0, Some(DropReason::PortDown));
+        };
+        let (done, stop) = deliver_frames(&mut rx.q, &mut p.rxb, tpl, seq, n, end);
+        let dropped = match stop {
+            Ok(Delivered::Done) => None,
+            Ok(Delivered::NoRoom) => {
+                p.rx_blocked = true;
+                None
             }
-            let t = &*tpl;
-            let copy = |segs: &[Seg], doff: u32, soff: u32, c: u32| {
-                let s = soff as usize;
-                u32::try_from(write_segs(segs, doff, &t[s..s + c as usize])).unwrap_or(0)
-            };
-            match deliver(&mut rx.q, &mut p.rxb, len, copy) {
-                Ok(Delivered::Done) => done += 1,
-                Ok(Delivered::NoRoom) => {
-                    p.rx_blocked = true;
-                    break;
-                }
-                Ok(Delivered::TooBig) => break,
-                Err(e) => {
-                    rx.fail(id, stats, e);
-                    break;
-                }
+            Ok(Delivered::TooBig) => Some(DropReason::TooBig),
+            Err(e) => {
+                rx.fail(id, stats, e);
+                Some(DropReason::PortDown)
             }
-        }
+        };
         if done > 0 {
             p.rx_blocked = false;
         }
+        let len = u64::try_from(tpl.len()).unwrap_or(0) - u64::from(HDR);
         bump(&stats.tx_packets, done as u64);
-        bump(&stats.tx_bytes, done as u64 * u64::from(len - HDR));
-        done
+        bump(&stats.tx_bytes, done as u64 * len);
+        (done, dropped)
     }
 
     fn deliver_vhost(
@@ -926,7 +921,7 @@ impl Fabric {
     }
 
     fn ingress_vhost(&mut self, ports: &mut [Port], i: usize, now: Instant) -> usize {
-        let (sid, sstats) = (ports[i].id, ports[i].stats.clone());
+        let sid = ports[i].id;
         let Some(mut tx) = ports[i].tx.take() else {
             return 0;
         };
@@ -941,11 +936,13 @@ impl Fabric {
             }
             Ok(_) => tx.worked = true,
             Err(e) => {
-                tx.fail(sid, &sstats, e);
+                tx.fail(sid, &ports[i].stats, e);
                 ports[i].tx = Some(tx);
                 return 0;
             }
         }
+        // Only a round with work takes the counters' Arc (ports are lent to the receivers).
+        let sstats = ports[i].stats.clone();
         let mut chains = std::mem::take(&mut ports[i].chains);
         chains.clear();
         if let Err(e) = tx.q.pop_batch(&mut chains, self.batch, |segs| {
@@ -993,8 +990,9 @@ impl Fabric {
     }
 
     fn ingress_tap(&mut self, ports: &mut [Port], h: usize, now: Instant) -> usize {
-        let (sid, sstats) = (self.hosts[h].id, self.hosts[h].stats.clone());
-        let HostKind::Tap(t) = &mut self.hosts[h].kind else {
+        let hp = &mut self.hosts[h];
+        let sid = hp.id;
+        let HostKind::Tap(t) = &mut hp.kind else {
             return 0;
         };
         if t.pending == 0
@@ -1004,6 +1002,8 @@ impl Fabric {
         {
             return 0;
         }
+        // Only a round that reads takes the counters' Arc (ports are lent to the receivers).
+        let sstats = hp.stats.clone();
         let mut buf = std::mem::take(&mut t.buf);
         let mut pending = t.pending;
         let mut done = 0;
@@ -1066,14 +1066,12 @@ impl Fabric {
     }
 
     fn ingress_gen(&mut self, ports: &mut [Port], h: usize, now: Instant) -> usize {
-        let (sid, sstats) = (self.hosts[h].id, self.hosts[h].stats.clone());
+        let sid = self.hosts[h].id;
         // A generator starts when something can receive its frames.
-        let receivers = ports.iter().any(|p| p.rx.is_some())
-            || self
-                .hosts
-                .iter()
-                .any(|o| o.id != sid && !matches!(o.kind, HostKind::Gen(_)));
-        let HostKind::Gen(g) = &mut self.hosts[h].kind else {
+        let receivers =
+            targets(ports.len(), self.hosts.len()).any(|t| self.floods_to(ports, sid, t));
+        let hp = &mut self.hosts[h];
+        let HostKind::Gen(g) = &mut hp.kind else {
             return 0;
         };
         if g.done {
@@ -1102,6 +1100,7 @@ impl Fabric {
         if owed == 0 {
             return 0;
         }
+        let sstats = hp.stats.clone();
         let mut tpl = std::mem::take(&mut g.template);
         self.patient = true;
         let mut seq = g.seq;
@@ -1117,7 +1116,14 @@ impl Fabric {
             _ => None,
         };
         if let Some((i, flooded)) = fast {
-            let n = self.gen_run(&mut ports[i], i, &mut tpl, seq, owed, finishing);
+            let (delivered, dropped) =
+                self.gen_run(&mut ports[i], i, &mut tpl, seq, owed, finishing);
+            // A frame the receiver cannot take is dropped and counted, as on the per-packet
+            // path (and the generator goes on with the next one).
+            let n = delivered + usize::from(dropped.is_some());
+            if let Some(r) = dropped {
+                bump(&sstats.drops[r as usize], 1);
+            }
             sent = n;
             if flooded {
                 self.flooded += n as u64;
