@@ -219,13 +219,7 @@ if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q '<!-- bench_dpdk:begin -->' "$DOC";
     echo "<details><summary>raw RESULT lines</summary>"
     echo; echo '```'; cat "$RES"; [ -s "$B/noisy.txt" ] && cat "$B/noisy.txt"; echo '```'; echo; echo "</details>"
   } > "$B/section.md"
-  python3 - "$DOC" "$B/section.md" <<'PY'
-import sys
-doc, sec = open(sys.argv[1]).read(), open(sys.argv[2]).read()
-a, b = "<!-- bench_dpdk:begin -->", "<!-- bench_dpdk:end -->"
-i, j = doc.index(a) + len(a), doc.index(b)
-open(sys.argv[1], "w").write(doc[:i] + "\n" + sec + doc[j:])
-PY
+  doc_section "$DOC" bench_dpdk "$B/section.md"
   log "table written to $DOC"
 fi
 log "results: $RES"

@@ -373,17 +373,9 @@ if [ -n "$DOC" ]; then
   if [ ! -f "$DOC" ]; then
     printf '# A Linux guest driver into pvnet vs QEMU'"'"'s own virtio-net backend\n\n<!-- bench_guest:begin -->\n<!-- bench_guest:end -->\n' > "$DOC"
   fi
-  python3 - "$DOC" "$B/summary.md" "$RES" <<'PY'
-import sys
-doc, summ, res = sys.argv[1:4]
-t = open(doc).read()
-a, b = "<!-- bench_guest:begin -->", "<!-- bench_guest:end -->"
-if a not in t or b not in t:
-    t += "\n" + a + "\n" + b + "\n"
-body = open(summ).read() + "\n<details><summary>raw RESULT lines</summary>\n\n```\n" + open(res).read() + "```\n\n</details>\n"
-i, j = t.index(a) + len(a), t.index(b)
-open(doc, "w").write(t[:i] + "\n" + body + t[j:])
-PY
+  { cat "$B/summary.md"; printf '\n<details><summary>raw RESULT lines</summary>\n\n```\n'; cat "$RES"
+    printf '```\n\n</details>\n'; } > "$B/section.md"
+  doc_section "$DOC" bench_guest "$B/section.md"
   log "table written to $DOC"
 fi
 log "results: $RES; logs: $B; wall time ${WALL} s"

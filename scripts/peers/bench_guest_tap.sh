@@ -109,13 +109,9 @@ run_one() {   # run_one CFG ROUND
     [[ "$cfg" == *:intx ]] && dev+=",vectors=0"
   fi
   host_servers
-  # shellcheck disable=SC2086  # $ACC and $netdev are lists of arguments
-  timeout -k 5 200 taskset -c 0 qemu-system-x86_64 $ACC -m 512 -smp 1,maxcpus=2 -nodefaults -no-user-config \
-    -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$B/initrd.gz" \
-    -append "console=ttyS0 quiet panic=-1 pvg.timeout=150 ipv6.disable=1" \
-    -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
-    $netdev -device "$dev" < /dev/null > "$glog" 2>&1 &
-  Q_PID=$!
+  # shellcheck disable=SC2086  # $netdev is a list of arguments
+  guest_start 200 "$B/initrd.gz" "$glog" "pvg.timeout=150 ipv6.disable=1" "$dev" $netdev
+  Q_PID=$GUEST_PID
   if [[ "$cfg" != pvnet* ]]; then
     wait_for 60 grep -q PVG-READY "$glog" && split_qemu "$(child_pid "$Q_PID")" > "$B/$tag.affinity"
   fi
@@ -204,12 +200,6 @@ if [ -n "$DOC" ]; then
     echo; cat "$B/summary.md"; echo
     echo "<details><summary>raw RESULT lines</summary>"; echo; echo '```'; cat "$RES"; echo '```'; echo; echo "</details>"
   } > "$B/section.md"
-  python3 - "$DOC" "$B/section.md" <<'PY'
-import sys
-doc, sec = open(sys.argv[1]).read(), open(sys.argv[2]).read()
-a, b = "<!-- bench_guest_tap:begin -->", "<!-- bench_guest_tap:end -->"
-i, j = doc.index(a) + len(a), doc.index(b)
-open(sys.argv[1], "w").write(doc[:i] + "\n" + sec + doc[j:])
-PY
+  doc_section "$DOC" bench_guest_tap "$B/section.md"
   log "table written to $DOC"
 fi

@@ -229,3 +229,36 @@ split_qemu() {
   taskset -p -c 1 "$1" >/dev/null || true
   for t in /proc/"$1"/task/*; do echo "${t##*/} $(cat "$t/comm") $(taskset -p -c "${t##*/}" | sed 's/.*: //')"; done
 }
+# doc_section DOC NAME FILE : replaces what stands between `<!-- NAME:begin -->` and
+# `<!-- NAME:end -->` in DOC with FILE's text (the markers are appended if DOC lacks them).
+doc_section() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import sys
+doc, name, sec = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
+t = open(doc).read()
+a, b = "<!-- %s:begin -->" % name, "<!-- %s:end -->" % name
+if a not in t or b not in t:
+    t += "\n" + a + "\n" + b + "\n"
+i, j = t.index(a) + len(a), t.index(b)
+open(doc, "w").write(t[:i] + "\n" + sec + t[j:])
+PY
+}
+# guest_start SECS INITRD LOG APPEND DEVICE NETDEV_ARG... : boots the guest image in the
+# background (all of QEMU on CPU0, -smp 1,maxcpus=2, memfd RAM shared with a vhost-user
+# backend), serial console to LOG, bounded by SECS; sets GUEST_PID.
+# maxcpus=2 (still one vCPU): with max_cpus == 1 QEMU's TCG drops the guest's memory barriers,
+# so its virtio barriers would not order against a backend on another host CPU (lost
+# interrupts and kicks were seen with -smp 1; docs/guest-policies.md).
+# shellcheck disable=SC2034  # read by the scripts that source this file
+GUEST_PID=
+guest_start() {
+  local secs="$1" initrd="$2" glog="$3" append="$4" dev="$5"; shift 5
+  local acc; read -ra acc <<< "$(guest_accel)"
+  timeout -k 5 "$secs" taskset -c 0 qemu-system-x86_64 "${acc[@]}" -m 512 -smp 1,maxcpus=2 -nodefaults \
+    -no-user-config -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$initrd" \
+    -append "console=ttyS0 quiet panic=-1 $append" \
+    -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
+    "$@" -device "$dev" < /dev/null > "$glog" 2>&1 &
+  # shellcheck disable=SC2034
+  GUEST_PID=$!
+}

@@ -331,17 +331,9 @@ guest_case() {   # guest_case NAME ROLE
   case "$acc" in *tcg*) vec=",vectors=0" ;; esac
   guest_script "$role" > "$D/$tag.run.sh"; make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
   fe_start "$tag" "$role" 1 3 || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
-  # shellcheck disable=SC2086  # $acc is a list of arguments
-  # maxcpus=2 (still one vCPU): with max_cpus == 1 QEMU's TCG drops the guest's memory barriers,
-  # so its virtio barriers would not order against a backend on another host CPU (lost
-  # interrupts and kicks were seen with -smp 1; docs/guest-policies.md).
-  timeout -k 5 100 taskset -c 0 qemu-system-x86_64 $acc -m 512 -smp 1,maxcpus=2 -nodefaults -no-user-config \
-    -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$D/$tag.initrd.gz" \
-    -append "console=ttyS0 quiet panic=-1 pvg.timeout=80" \
-    -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
-    -chardev socket,id=c0,path="$D/$tag.sock" -netdev vhost-user,id=n0,chardev=c0 \
-    -device "virtio-net-pci,netdev=n0,mac=$GMAC$vec" < /dev/null > "$glog" 2>&1 &
-  local qp=$!; PIDS+=("$qp")
+  guest_start 100 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=80" "virtio-net-pci,netdev=n0,mac=$GMAC$vec" \
+    -chardev socket,id=c0,path="$D/$tag.sock" -netdev vhost-user,id=n0,chardev=c0
+  local qp=$GUEST_PID; PIDS+=("$qp")
   wait_pid "$qp" 110; local qrc=$?
   fe_finish; local berc=$?
   tr -d '\r' < "$glog" > "$glog.txt"
@@ -388,14 +380,10 @@ guest_tap_case() {   # guest_tap_case NAME
   ip addr add 10.77.0.1/24 dev "$TAPIF"
   timeout -k 2 120 iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
   local ip3=$!; PIDS+=("$ip3")
-  # shellcheck disable=SC2086  # $acc is a list of arguments
-  timeout -k 5 120 taskset -c 0 qemu-system-x86_64 $acc -m 512 -smp 1,maxcpus=2 -nodefaults -no-user-config \
-    -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$D/$tag.initrd.gz" \
-    -append "console=ttyS0 quiet panic=-1 pvg.timeout=100 ipv6.disable=1" \
-    -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
-    -chardev socket,id=c0,path="$D/$tag.sock" -netdev vhost-user,id=n0,chardev=c0 \
-    -device "virtio-net-pci,netdev=n0,mac=$GMAC$vec" < /dev/null > "$glog" 2>&1 &
-  local qp=$!; PIDS+=("$qp")
+  guest_start 120 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=100 ipv6.disable=1" \
+    "virtio-net-pci,netdev=n0,mac=$GMAC$vec" -chardev socket,id=c0,path="$D/$tag.sock" \
+    -netdev vhost-user,id=n0,chardev=c0
+  local qp=$GUEST_PID; PIDS+=("$qp")
   local hping="no reply"
   if wait_for 60 grep -q GUEST_NET_READY "$glog"; then
     hping=$(ping -c 3 -W 5 10.77.0.2 | grep -o '[0-9]* received')
