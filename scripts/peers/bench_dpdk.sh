@@ -30,12 +30,14 @@
 #        OTHER_MAX=10 (a run during which other processes took >10% of the CPUs is redone, 3x)
 #        PVNET_ARGS="--policy busy" (extra arguments for pvnet, e.g. its poll policy)
 #        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles)
+#        PERF=1 (profile the backend over the measured window: $B/<run>.perf.data, cpu-clock;
+#        it perturbs the run, so its figures are not comparable)
 # Wall time: ~15 s per run, 4 runs per round: ~3.5 min for 3 rounds.
 source "$(dirname "$0")/lib.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"
 DOC="${DOC-$PVNET_ROOT/docs/interop.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
-PVNET_ARGS="${PVNET_ARGS:-}"; IMPLS="${IMPLS:-switch dpdk}"
+PVNET_ARGS="${PVNET_ARGS:-}"; PERF="${PERF:-}"; IMPLS="${IMPLS:-switch dpdk}"
 "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 build_pvnet
 B="$WORK/bench"; rm -rf "$B"; mkdir -p "$B"
@@ -103,6 +105,8 @@ run_one() {   # run_one DIR IMPL ROUND
   : > "$B/$tag.ticks"
   local k
   for k in $(seq "$n"); do
+    [ -n "$PERF" ] && [ "$k" = "$((WARM + 1))" ] && \
+      perf record -q -F 2999 -p "$bepid" -o "$B/$tag.perf.data" -- sleep "$DUR" > /dev/null 2>&1 &
     sleep 1
     tp fe "show port stats all"; echo "$k $(ticks "$bepid") $(ticks "$fepid") $(machine_busy)" >> "$B/$tag.ticks"
   done
