@@ -3,8 +3,8 @@
 # vhost-user backend, in one run.
 # A benchmark, not a test: it prints numbers and ratios, and fails only when a run breaks.
 #
-# The frontend is always DPDK 22.11 testpmd with net_virtio_user (64-byte frames, 1 queue pair,
-# ring size 256, burst 32), and the rate of every run is the one that same frontend reports
+# The frontend is always DPDK 22.11 testpmd with net_virtio_user (frames of SIZES bytes, 1 queue
+# pair, ring size 256, burst 32), and the rate of every run is the one that same frontend reports
 # (median of its 1 s `show port stats` Tx-pps / Rx-pps samples after a warm-up), so both backends
 # are measured by the same tool. Per direction, interleaved A/B within every round (the order
 # alternates between rounds):
@@ -25,17 +25,17 @@
 # sleep at their prompt.
 #
 # Usage: scripts/peers/bench_dpdk.sh        Env: ROUNDS=3 DUR=6 (measured s) WARM=2 (s)
-#        DIRS="v2h h2v"  DOC=docs/interop.md (table written between the bench markers; DOC= to
+#        DIRS="v2h h2v"  SIZES="64 1500" (frame bytes, Ethernet header included)  DOC=docs/interop.md (table written between the bench markers; DOC= to
 #        skip)  QUIET_PCT=15 QUIET_WAIT=60 (wait up to 60 s for the CPUs to be <15% busy)
 #        OTHER_MAX=10 (a run during which other processes took >10% of the CPUs is redone, 3x)
 #        PVNET_ARGS="--policy busy" (extra arguments for pvnet, e.g. its poll policy)
 #        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles)
 #        PERF=1 (profile the backend over the measured window: $B/<run>.perf.data, cpu-clock;
 #        it perturbs the run, so its figures are not comparable)
-# Wall time: ~15 s per run, 4 runs per round: ~3.5 min for 3 rounds.
+# Wall time: ~15 s per run; 3 rounds x 2 sizes x 2 directions x 3 IMPLS: ~9 min.
 source "$(dirname "$0")/lib.sh"
 need_root
-ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"
+ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"; SIZES="${SIZES:-64 1500}"
 DOC="${DOC-$PVNET_ROOT/docs/interop.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
 PVNET_ARGS="${PVNET_ARGS:-}"; PERF="${PERF:-}"; IMPLS="${IMPLS:-switch dpdk}"
 "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
@@ -50,7 +50,7 @@ FE_ARGS=(-l "0,1" --main-lcore 1 --socket-mem 512 --single-file-segments --file-
          --vdev "net_virtio_user0,path=$SOCK,queues=1,queue_size=256")
 BE_ARGS=(-l "0,1" --main-lcore 0 --socket-mem 512 --file-prefix "$BE_PREFIX" --no-pci
          --vdev "net_vhost0,iface=$SOCK,queues=1")
-APP_ARGS=(--nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i)
+APP_ARGS=(--nb-cores=1 --total-num-mbufs=32768 -i)
 PV_TPID=
 cleanup() {
   testpmd_kill_all 2>/dev/null
@@ -63,8 +63,8 @@ trap 'exit 130' INT; trap 'exit 143' TERM   # so that cleanup runs
 ticks() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo nan; }
 machine_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }   # all CPUs, ticks
 
-run_one() {   # run_one DIR IMPL ROUND
-  local dir="$1" impl="$2" round="$3" tag="$1-$2-$3" fe_fwd be_fwd field
+run_one() {   # run_one DIR IMPL ROUND SIZE
+  local dir="$1" impl="$2" round="$3" size="$4" tag="$1-$2-$3-$4" fe_fwd be_fwd field
   case "$dir" in
     v2h) fe_fwd=txonly; be_fwd=rxonly; field=TX ;;
     h2v) fe_fwd=rxonly; be_fwd=txonly; field=RX ;;
@@ -76,12 +76,12 @@ run_one() {   # run_one DIR IMPL ROUND
     local role=sink; [ "$dir" = h2v ] && role=gen
     local extra; read -ra extra <<< "$PVNET_ARGS"
     timeout -k 5 $((n + 60)) "$PVNET_BIN" backend --socket "$SOCK" --role "$role" --gen-secs $((n + 30)) \
-      --sessions 1 --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
+      --frame-len "$size" --sessions 1 --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
     bepid=$(child_pid "$PV_TPID")
   elif [ "$impl" = switch ]; then
-    local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1"
+    local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1,frame_len=$size"
     local extra; read -ra extra <<< "$PVNET_ARGS"
     timeout -k 5 $((n + 60)) "$PVNET_BIN" switch --port "vhost-user:name=fe,socket=$SOCK" --port "$other" \
       --cpu 1 --ctl-socket "$B/ctl.sock" "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
@@ -89,11 +89,11 @@ run_one() {   # run_one DIR IMPL ROUND
     wait_for 10 test -S "$SOCK" || die "pvnet switch did not listen ($be_log)"
     bepid=$(child_pid "$PV_TPID")
   else
-    testpmd_start be "$be_log" $((n + 60)) "${BE_ARGS[@]}" -- "${APP_ARGS[@]}" --forward-mode="$be_fwd"
+    testpmd_start be "$be_log" $((n + 60)) "${BE_ARGS[@]}" -- "${APP_ARGS[@]}" --txpkts="$size" --forward-mode="$be_fwd"
     wait_for 30 test -S "$SOCK" || die "testpmd net_vhost did not create $SOCK ($be_log)"
     bepid=$(child_pid "${TP_PID[be]}")
   fi
-  testpmd_start fe "$fe_log" $((n + 60)) "${FE_ARGS[@]}" -- "${APP_ARGS[@]}" --forward-mode="$fe_fwd"
+  testpmd_start fe "$fe_log" $((n + 60)) "${FE_ARGS[@]}" -- "${APP_ARGS[@]}" --txpkts="$size" --forward-mode="$fe_fwd"
   wait_for 30 grep -q 'testpmd> ' "$fe_log" || die "virtio-user testpmd did not start ($fe_log)"
   fepid=$(child_pid "${TP_PID[fe]}")
   if [ "$impl" = dpdk ]; then
@@ -141,7 +141,7 @@ other = float("nan")
 if n > w1 > w0:
     d = [rows[w1][i] - rows[w0][i] for i in range(3)]
     other = max(0.0, 100.0 * (d[2] - d[0] - d[1]) / (tck * (w1 - w0) * $(nproc)))
-print("RESULT dir=$dir impl=$impl round=$round c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d"
+print("RESULT dir=$dir size=$size impl=$impl round=$round c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d"
       % (other, mpps, min(win) / 1e6 if win else 0, max(win) / 1e6 if win else 0, ns, pk))
 PY
   cat "$B/$tag.result"
@@ -151,7 +151,7 @@ PY
 # measure DIR IMPL ROUND: run_one until no other work took more than OTHER_MAX % of the CPUs
 # during the window (3 attempts); spoiled attempts are kept in noisy.txt.
 measure() {
-  local a other tag="$1-$2-$3"
+  local a other tag="$1-$2-$3-$4"
   for a in 1 2 3; do
     run_one "$@"
     other=$(grep -o 'other_pct=[0-9nan-]*' "$B/$tag.result" | cut -d= -f2)
@@ -163,13 +163,15 @@ measure() {
   cat "$B/$tag.result" >> "$RES"
 }
 
-log "bench: $ROUNDS rounds x {$DIRS} x {$IMPLS}, ${WARM}s warm-up + ${DUR}s measured per run"
+log "bench: $ROUNDS rounds x {$DIRS} x {$SIZES} B x {$IMPLS}, ${WARM}s warm-up + ${DUR}s measured per run"
 read -ra impls <<< "$IMPLS"
 for r in $(seq "$ROUNDS"); do
-  for dir in $DIRS; do
-    order=("${impls[@]}")
-    if [ $((r % 2)) = 0 ]; then order=(); for ((i=${#impls[@]}-1; i>=0; i--)); do order+=("${impls[i]}"); done; fi
-    for impl in "${order[@]}"; do measure "$dir" "$impl" "$r"; done
+  for size in $SIZES; do
+    for dir in $DIRS; do
+      order=("${impls[@]}")
+      if [ $((r % 2)) = 0 ]; then order=(); for ((i=${#impls[@]}-1; i>=0; i--)); do order+=("${impls[i]}"); done; fi
+      for impl in "${order[@]}"; do measure "$dir" "$impl" "$r" "$size"; done
+    done
   done
 done
 
@@ -183,16 +185,19 @@ for l in open(sys.argv[1]):
     bucket = lambda ns: "fast" if ns < 75 else "mid" if ns < 150 else "slow"
     d["state"] = bucket(a) if bucket(a) == bucket(b) else "mixed"
     d["mpps"], d["ns"] = float(d["mpps"]), float(d["cpu_ns_per_pkt"])
+    d.setdefault("size", "64")
     rows.append(d)
 med = lambda xs: st.median(xs) if xs else float("nan")
-out = ["| direction | pvnet | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |",
-       "|---|---|---|---|---|---|---|---|---|---|---|"]
+out = ["| direction | bytes | pvnet | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |",
+       "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 impls = [i for i in ("switch", "backend", "pvnet") if any(x["impl"] == i for x in rows)]
-for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: backend -> virtio-user rxonly")):
+sizes = sorted({x["size"] for x in rows}, key=int)
+for size in sizes:
+ for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: backend -> virtio-user rxonly")):
   for impl in impls:
     for state in ("fast", "mid", "slow", "mixed"):
-        p = [x for x in rows if x["dir"] == dr and x["impl"] == impl and x["state"] == state]
-        q = [x for x in rows if x["dir"] == dr and x["impl"] == "dpdk" and x["state"] == state]
+        p = [x for x in rows if x["dir"] == dr and x["size"] == size and x["impl"] == impl and x["state"] == state]
+        q = [x for x in rows if x["dir"] == dr and x["size"] == size and x["impl"] == "dpdk" and x["state"] == state]
         if not p and not q:
             continue
         pm, qm = med([x["mpps"] for x in p]), med([x["mpps"] for x in q])
@@ -206,15 +211,15 @@ for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: ba
         r = lambda a, b: "%.2f" % (a / b) if p and q and b == b and b > 0 else "-"
         f = lambda v: "%.2f" % v if v == v else "-"
         g = lambda v: "%.1f" % v if v == v else "-"
-        out.append("| %s | %s | %s | %d/%d | %s | %s | **%s** | %s | %s | %s | %s |" % (
-            name, impl, state, len(p), len(q), f(pm), f(qm), r(pm, qm), g(pn), g(qn), r(pn, qn), " ".join(pairs) or "-"))
+        out.append("| %s | %s | %s | %s | %d/%d | %s | %s | **%s** | %s | %s | %s | %s |" % (
+            name, size, impl, state, len(p), len(q), f(pm), f(qm), r(pm, qm), g(pn), g(qn), r(pn, qn), " ".join(pairs) or "-"))
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY
 
 if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q '<!-- bench_dpdk:begin -->' "$DOC"; then
   {
-    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM IMPLS=\"$IMPLS\"${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
+    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM SIZES=\"$SIZES\" IMPLS=\"$IMPLS\"${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
          "DPDK $(dpkg-query -W -f='${Version}' dpdk-dev), pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)," \
          "$(nproc) CPUs, $(uname -r)."
     echo
