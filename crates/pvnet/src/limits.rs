@@ -152,6 +152,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The state of these 2-vCPU machines as its core-to-core hand-off shows it: they flip between
+/// ~40-60 ns, ~90-120 ns and ~180-440 ns one way, and packet rates follow by up to ~3x, so
+/// rates are compared only within one state. Same thresholds as `scripts/peers/bench_dpdk.sh`.
+pub fn c2c_state(ns: f64) -> &'static str {
+    if ns.is_nan() {
+        "unknown"
+    } else if ns < 75.0 {
+        "fast"
+    } else if ns < 150.0 {
+        "mid"
+    } else {
+        "slow"
+    }
+}
+
 /// Cache-line ping-pong between a thread pinned on `cpu_a` and one on `cpu_b`; returns one-way ns
 /// (round trip / 2), median of `samples` runs of `iters` round trips.
 ///
