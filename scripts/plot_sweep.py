@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots of `pvnet bench sweep` output: rate, CPU and notifications vs offered load, and
 request/response latency, one line per backend policy. usage: plot_sweep.py DIR"""
-import csv, subprocess, sys
+import csv, statistics, subprocess, sys
 from pathlib import Path
 
 try:
@@ -26,8 +26,12 @@ def series(rows, policy, x, y, sat_x=None):
         if sat_x is not None and xv == 0:
             xv = sat_x
         pts.append((xv, float(r[y])))
-    pts.sort()
-    return [p[0] for p in pts], [p[1] for p in pts]
+    # several runs of one point (the saturation point): their median
+    by_x = {}
+    for xv, yv in pts:
+        by_x.setdefault(xv, []).append(yv)
+    xs = sorted(by_x)
+    return xs, [statistics.median(by_x[xv]) for xv in xs]
 
 sat_x = max(float(r["achieved_pps"]) for r in load) * 1.5
 def load_plot(y, ylabel, name, logy=False, scale=1.0):

@@ -36,6 +36,20 @@ pub fn cpu_time_of(pid: u32) -> Option<Duration> {
     Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
 }
 
+/// Time the hypervisor took from this machine's CPUs (all of them together) so far: the
+/// `steal` column of `/proc/stat`. A benchmark point during which it grew measured the host.
+pub fn steal_time() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu = s.lines().find(|l| l.starts_with("cpu "))?;
+    // cpu user nice system idle iowait irq softirq steal ...
+    let ticks: u64 = cpu.split_whitespace().nth(8)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&h| h > 0)?;
+    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+}
+
 /// On-CPU time of every thread of a process, exact (scheduler nanoseconds from
 /// `/proc/<pid>/task/*/schedstat`), unlike tick-sampled user+sys: what a process that sleeps
 /// thousands of times a second really used.

@@ -105,7 +105,8 @@ fn sweep_writes_its_tables() {
             "--secs",
             "1",
         ])
-        .args(["--flows", "1", "--rr-secs", "0.5", "--no-plots", "--out", o])
+        .args(["--sat-runs", "2", "--flows", "1", "--rr-secs", "0.5"])
+        .args(["--no-plots", "--out", o])
         .output()
         .expect("run sweep");
     assert!(
@@ -114,11 +115,16 @@ fn sweep_writes_its_tables() {
         String::from_utf8_lossy(&st.stderr)
     );
     let load = std::fs::read_to_string(out.join("load.csv")).expect("load.csv");
-    assert_eq!(load.lines().count(), 1 + 4, "{load}");
-    assert!(
-        load.lines().skip(1).all(|l| l.ends_with(",true")),
-        "every point exact:\n{load}"
-    );
+    // 2 policies x (one paced point + 2 saturation runs)
+    assert_eq!(load.lines().count(), 1 + 2 * 3, "{load}");
+    let cols: Vec<&str> = load.lines().next().unwrap_or_default().split(',').collect();
+    let col = |name: &str| cols.iter().position(|c| *c == name).expect(name);
+    let (exact, run) = (col("exact"), col("run"));
+    for l in load.lines().skip(1) {
+        let f: Vec<&str> = l.split(',').collect();
+        assert_eq!(f[exact], "true", "every point exact:\n{load}");
+        assert!(["1", "2"].contains(&f[run]), "run numbers:\n{load}");
+    }
     let rr = std::fs::read_to_string(out.join("rr.csv")).expect("rr.csv");
     assert_eq!(rr.lines().count(), 1 + 2, "{rr}");
     let md = std::fs::read_to_string(out.join("README.md")).expect("README.md");
