@@ -111,25 +111,11 @@ last=-1; i=0; while [ "\$(cat \$S/tx_packets)" != "\$last" ] && [ \$i -lt 20 ]; 
 echo "GUEST_STATS tx_packets=\$(cat \$S/tx_packets) rx_packets=\$(cat \$S/rx_packets) tx_dropped=\$(cat \$S/tx_dropped)"
 EOF
 }
-# The base image's /init with a virtio_net module parameter on its insmod (the overlay's /init
-# replaces the base one when the kernel unpacks the second cpio).
-zcat "$GUEST_DIR/base.cpio.gz" | (cd "$B" && cpio -i --quiet --to-stdout init) > "$B/init.base"
-# shellcheck disable=SC2016  # $m is the guest /init's variable
-sed 's|insmod /lib/modules/$m |insmod /lib/modules/$m $([ "$m" = virtio_net.ko ] \&\& echo napi_tx=0) |' \
-  "$B/init.base" > "$B/init.napi0"
-grep -q 'napi_tx=0' "$B/init.napi0" || die "could not patch the guest /init (insmod line not found)"
-chmod +x "$B/init.napi0"
-make_overlay_initrd() {   # make_overlay_initrd OUT RUN_SH [INIT]
-  local t; t=$(mktemp -d "$B/ov.XXXXXX")
-  cp "$2" "$t/run.sh"; [ -n "${3:-}" ] && cp "$3" "$t/init"
-  (cd "$t" && find . -mindepth 1 -printf '%P\n' | cpio -o -H newc --quiet | gzip -1) > "$t/ov.cpio.gz"
-  cat "$GUEST_DIR/base.cpio.gz" "$t/ov.cpio.gz" > "$1"
-  rm -rf "$t"
-}
+napi0_init "$B/init.napi0"
 for b in $BURSTS; do
   guest_script "$b" > "$B/run-b$b.sh"
-  make_overlay_initrd "$B/b$b.initrd.gz" "$B/run-b$b.sh"
-  make_overlay_initrd "$B/b$b-napi0.initrd.gz" "$B/run-b$b.sh" "$B/init.napi0"
+  make_initrd "$B/run-b$b.sh" "$B/b$b.initrd.gz"
+  make_initrd "$B/run-b$b.sh" "$B/b$b-napi0.initrd.gz" "$B/init.napi0"
 done
 
 # ---- measurement helpers -----------------------------------------------------------------------

@@ -9,6 +9,11 @@
 #   tcp_g2h / tcp_h2g   iperf3 TCP (-R for host -> guest), Gbit/s at the receiver
 #   udp_g2h / udp_h2g   iperf3 UDP, 22-byte payload = 64-byte frames, -b 0; pps the receiver got
 #   rr                  sockperf ping-pong (UDP, 64 bytes) guest -> host, full RTT p50/p99 (us)
+#                       and transactions/s
+# With FLOWS="1 10 100" every test also runs with N concurrent flows (test name suffix _xN):
+# iperf3 -P N (the [SUM] line), and N sockperf ping-pong clients at once against one server
+# (transactions/s summed; p50/p99 the median over the clients). 100 clients need
+# GUEST_MEM=1536 (MiB; ~5 MB each).
 # Host side: iperf3 -s and sockperf sr, both on CPU1. Pinning: QEMU on CPU0 (-smp 1,maxcpus=2);
 # pvnet's worker on CPU1; for QEMU's backend, QEMU's main-loop thread (where its tx bottom
 # half / timer and the tap I/O run) is moved to CPU1 after boot, so each backend has the
@@ -23,12 +28,15 @@
 # Usage: scripts/peers/bench_guest_tap.sh     Env: ROUNDS=2 DUR=4 CFGS="pvnet bh timer bh:intx timer:intx"
 #        TESTS="tcp_g2h tcp_h2g udp_g2h udp_h2g rr" (a subset runs only those)
 #        (pvnet:POLICY runs the switch with --policy POLICY, e.g. pvnet:busy: never sleeps, so
-#        the guest never kicks: the guest's own ceiling)
+#        the guest never kicks: the guest's own ceiling; a "+napi0" suffix, e.g. pvnet+napi0,
+#        boots the guest with virtio_net napi_tx=0: no TX-completion interrupts)
+#        FLOWS="1" (concurrency levels, see above)
+#        RESULTS=path/results.txt: no runs, the table (and DOC) from an earlier run's results
 #        DOC=docs/guest-tap.md (table written between the bench markers; DOC= to skip)
 # Wall time: ~45 s per run: ~8 min with the defaults.
 source "$(dirname "$0")/lib.sh"
 need_root
-ROUNDS="${ROUNDS:-2}"; DUR="${DUR:-4}"; TESTS="${TESTS:-tcp_g2h tcp_h2g udp_g2h udp_h2g rr}"; CFGS="${CFGS:-pvnet bh timer bh:intx timer:intx}"
+ROUNDS="${ROUNDS:-2}"; DUR="${DUR:-4}"; FLOWS="${FLOWS:-1}"; TESTS="${TESTS:-tcp_g2h tcp_h2g udp_g2h udp_h2g rr}"; CFGS="${CFGS:-pvnet bh timer bh:intx timer:intx}"
 DOC="${DOC-$PVNET_ROOT/docs/guest-tap.md}"
 QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
 NET=10.78.0; PVTAP=pvgt0; QTAP=qgt0; GMAC=02:00:00:00:00:02
@@ -59,17 +67,30 @@ i=0; while [ "\$(cat /sys/class/net/eth0/operstate)" != up ] && [ \$i -lt 100 ];
 ping -c 1 -W 5 $NET.1 > /dev/null || echo "GUEST_WARN no ping reply"
 t() { n=\$1; shift; "\$@" > /tmp/o.txt 2>&1; echo "BENCH_RC \$n \$?"; sed "s/^/BENCH \$n /" /tmp/o.txt; }
 EOF
-for t in $TESTS; do
-  case "$t" in
-    tcp_g2h) echo "t tcp_g2h iperf3 -c $NET.1 -t $DUR -f m" ;;
-    tcp_h2g) echo "t tcp_h2g iperf3 -c $NET.1 -t $DUR -f m -R" ;;
-    udp_g2h) echo "t udp_g2h iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0" ;;
-    udp_h2g) echo "t udp_h2g iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0 -R" ;;
-    rr) echo "t rr sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt" ;;
-    *) die "unknown test $t (tcp_g2h tcp_h2g udp_g2h udp_h2g rr)" ;;
-  esac
+cat >> "$B/run.sh" <<EOF
+# rrn NAME N: N sockperf ping-pong clients at once, outputs one after the other
+# (each client capped at 100000/N messages/s: sockperf sizes its sample buffer by that rate,
+# ~45 MB per client uncapped; the caps sit well above what a client gets under TCG)
+rrn() { n=\$1; k=\$2; i=1; while [ \$i -le \$k ]; do sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt --mps=\$((100000 / k)) > /tmp/rr\$i.txt 2>&1 & i=\$((i+1)); done
+  rc=0; for p in \$(jobs -p); do wait \$p || rc=1; done; echo "BENCH_RC \$n \$rc"; i=1; while [ \$i -le \$k ]; do sed "s/^/BENCH \$n /" /tmp/rr\$i.txt; i=\$((i+1)); done; }
+EOF
+ALL_TESTS=()
+for f in $FLOWS; do
+  for t in $TESTS; do
+    n="$t"; P=""; [ "$f" = 1 ] || { n="${t}_x$f"; P="-P $f"; }
+    ALL_TESTS+=("$n")
+    case "$t" in
+      tcp_g2h) echo "t $n iperf3 -c $NET.1 -t $DUR -f m $P" ;;
+      tcp_h2g) echo "t $n iperf3 -c $NET.1 -t $DUR -f m -R $P" ;;
+      udp_g2h) echo "t $n iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0 $P" ;;
+      udp_h2g) echo "t $n iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0 -R $P" ;;
+      rr) if [ "$f" = 1 ]; then echo "t $n sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt"; else echo "rrn $n $f"; fi ;;
+      *) die "unknown test $t (tcp_g2h tcp_h2g udp_g2h udp_h2g rr)" ;;
+    esac
+  done
 done >> "$B/run.sh"
 make_initrd "$B/run.sh" "$B/initrd.gz"
+napi0_init "$B/init.napi0"; make_initrd "$B/run.sh" "$B/initrd-napi0.gz" "$B/init.napi0"
 
 host_servers() {
   timeout -k 2 300 taskset -c 1 iperf3 -s -B "$NET.1" > "$B/iperf3s.log" 2>&1 &
@@ -79,9 +100,10 @@ host_servers() {
 }
 stop_servers() { local p; for p in "${SRV_PIDS[@]}"; do stop_pid "$p"; done; SRV_PIDS=(); }
 
-run_one() {   # run_one CFG ROUND
-  local cfg="$1" round="$2" tag="$1-$2" glog c2c_a c2c_b netdev dev
+run_one() {   # run_one CFG[+napi0] ROUND
+  local cfg="$1" round="$2" tag="$1-$2" glog c2c_a c2c_b netdev dev initrd="$B/initrd.gz"
   glog="$B/$tag.console.log"
+  if [[ "$cfg" == *+napi0 ]]; then cfg="${cfg%+napi0}"; initrd="$B/initrd-napi0.gz"; fi
   wait_quiet; c2c_a=$(c2c_ns)
   if [[ "$cfg" == pvnet* ]]; then
     # pvnet[:POLICY]: the switch's polling policy (default adaptive)
@@ -110,7 +132,7 @@ run_one() {   # run_one CFG ROUND
   fi
   host_servers
   # shellcheck disable=SC2086  # $netdev is a list of arguments
-  guest_start 200 "$B/initrd.gz" "$glog" "pvg.timeout=150 ipv6.disable=1" "$dev" $netdev
+  guest_start 200 "$initrd" "$glog" "pvg.timeout=150 ipv6.disable=1" "$dev" $netdev
   Q_PID=$GUEST_PID
   if [[ "$cfg" != pvnet* ]]; then
     wait_for 60 grep -q PVG-READY "$glog" && split_qemu "$(child_pid "$Q_PID")" > "$B/$tag.affinity"
@@ -131,63 +153,90 @@ for l in open(sys.argv[1]):
         n = p.get("rx_packets", 0) + p.get("tx_packets", 0)
         print(" vm_kicks_per_pkt=%.3f vm_calls_per_pkt=%.3f" % (p.get("kicks", 0) / max(n, 1), p.get("calls", 0) / max(n, 1)))' "$B/$tag.pvnet.json" 2>/dev/null)
   fi
-  python3 - "$glog.txt" "$cfg" "$round" "$c2c_a/$c2c_b" "$DUR" "$TESTS" "$kc" <<'PY' | tee -a "$RES"
+  python3 - "$glog.txt" "$1" "$round" "$c2c_a/$c2c_b" "$DUR" "${ALL_TESTS[*]}" "$kc" <<'PY' | tee -a "$RES"
 import re, sys
 log, cfg, rnd, c2c, dur = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
 L = open(log, errors="replace").read().splitlines()
 def lines(n): return [l.split(" ", 2)[2] for l in L if l.startswith("BENCH %s " % n)]
-def gbit(n):
+def receiver(n):
     r = [l for l in lines(n) if "receiver" in l]
-    m = re.search(r"([\d.]+) Mbits/sec", r[-1]) if r else None
+    return r[-1] if r else ""   # with -P N the last one is the [SUM] line
+def gbit(n):
+    m = re.search(r"([\d.]+) Mbits/sec", receiver(n))
     return float(m.group(1)) / 1000 if m else float("nan")
 def pps(n):
-    r = [l for l in lines(n) if "receiver" in l]
-    m = re.search(r"(\d+)/(\d+) \(", r[-1]) if r else None
-    t = re.search(r"0.00-([\d.]+) +sec", r[-1]) if r else None
+    r = receiver(n)
+    m = re.search(r"(\d+)/(\d+) \(", r)
+    t = re.search(r"0.00-([\d.]+) +sec", r)
     if not (m and t): return float("nan")
     return (int(m.group(2)) - int(m.group(1))) / float(t.group(1))
-def pct(p):
-    for l in lines("rr"):
-        m = re.search(r"percentile %s *= *([\d.]+)" % re.escape(p), l)
-        if m: return float(m.group(1))
-    return float("nan")
-ok = all(("BENCH_RC %s 0" % n) in L for n in sys.argv[6].split())
-print("RESULT cfg=%s round=%s c2c_ns=%s ok=%d tcp_g2h_gbit=%.3f tcp_h2g_gbit=%.3f udp_g2h_pps=%.0f udp_h2g_pps=%.0f rr_p50_us=%.1f rr_p99_us=%.1f%s"
-      % (cfg, rnd, c2c, ok, gbit("tcp_g2h"), gbit("tcp_h2g"), pps("udp_g2h"), pps("udp_h2g"), pct("50.000"), pct("99.000"), sys.argv[7]))
+def rr(n):
+    # one or more sockperf clients: percentiles per client (median over them), rate summed
+    p50 = [float(m.group(1)) for l in lines(n) for m in [re.search(r"percentile 50.000 *= *([\d.]+)", l)] if m]
+    p99 = [float(m.group(1)) for l in lines(n) for m in [re.search(r"percentile 99.000 *= *([\d.]+)", l)] if m]
+    tps = 0.0
+    for l in lines(n):
+        m = re.search(r"RunTime=([\d.]+) sec; .*ReceivedMessages=(\d+)", l)
+        if m and float(m.group(1)) > 0:
+            tps += int(m.group(2)) / float(m.group(1))
+    med = lambda v: sorted(v)[len(v) // 2] if v else float("nan")
+    return med(p50), med(p99), tps if tps else float("nan")
+tests = sys.argv[6].split()
+ok = all(("BENCH_RC %s 0" % n) in L for n in tests)
+out = []
+for n in tests:
+    if n.startswith("tcp"): out.append("%s_gbit=%.3f" % (n, gbit(n)))
+    elif n.startswith("udp"): out.append("%s_pps=%.0f" % (n, pps(n)))
+    elif n.startswith("rr"):
+        a, b, c = rr(n)
+        out.append("%s_p50_us=%.1f %s_p99_us=%.1f %s_tps=%.0f" % (n, a, n, b, n, c))
+print("RESULT cfg=%s round=%s c2c_ns=%s ok=%d %s%s" % (cfg, rnd, c2c, ok, " ".join(out), sys.argv[7]))
 PY
 }
 
-log "guest via tap: $ROUNDS rounds x {$CFGS}, ${DUR}s per test"
+if [ -n "${RESULTS:-}" ]; then   # table only, from an earlier run's results.txt
+  cp "$RESULTS" "$RES"
+else
+log "guest via tap: $ROUNDS rounds x {$CFGS} x {$FLOWS} flows, ${DUR}s per test"
 read -ra cfgs <<< "$CFGS"
 for r in $(seq "$ROUNDS"); do
   order=("${cfgs[@]}")
   if [ $((r % 2)) = 0 ]; then order=(); for ((i=${#cfgs[@]}-1; i>=0; i--)); do order+=("${cfgs[i]}"); done; fi
   for c in "${order[@]}"; do run_one "$c" "$r"; done
 done
+fi
 
 python3 - "$RES" "$B/summary.md" <<'PY'
 import sys, statistics as st
 rows = [dict(kv.split("=", 1) for kv in l.split()[1:]) for l in open(sys.argv[1]) if l.startswith("RESULT")]
-keys = [("tcp_g2h_gbit", "TCP guest->host Gbit/s", 1), ("tcp_h2g_gbit", "TCP host->guest Gbit/s", 1),
-        ("udp_g2h_pps", "UDP 64 B guest->host pps", 1), ("udp_h2g_pps", "UDP 64 B host->guest pps", 1),
-        ("rr_p50_us", "ping-pong RTT p50 us", -1), ("rr_p99_us", "ping-pong RTT p99 us", -1)]
-order = ["pvnet", "pvnet:busy", "pvnet:notify", "bh", "timer", "bh:intx", "timer:intx"]
+import re
+label = {"tcp_g2h_gbit": "TCP guest->host Gbit/s", "tcp_h2g_gbit": "TCP host->guest Gbit/s",
+         "udp_g2h_pps": "UDP 64 B guest->host pps", "udp_h2g_pps": "UDP 64 B host->guest pps",
+         "rr_p50_us": "ping-pong RTT p50 us", "rr_p99_us": "ping-pong RTT p99 us", "rr_tps": "ping-pong transactions/s"}
+def describe(k):
+    m = re.match(r"(.*?)(?:_x(\d+))?_(gbit|pps|p50_us|p99_us|tps)$", k)
+    base = label.get("%s_%s" % (m.group(1), m.group(3)), k) if m else k
+    return base + (", %s flows" % m.group(2) if m and m.group(2) else "")
+meta = {"cfg", "round", "c2c_ns", "ok", "vm_kicks_per_pkt", "vm_calls_per_pkt"}
+keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in meta]
+order = ["pvnet", "pvnet+napi0", "pvnet:busy", "pvnet:notify", "bh", "timer", "bh:intx", "timer:intx"]
 cfgs = [c for c in order if any(r["cfg"] == c for r in rows)]
 cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
 med = lambda c, k: st.median([float(r[k]) for r in rows if r["cfg"] == c and r["ok"] == "1"] or [float("nan")])
-names = {"pvnet": "pvnet switch + tap (INTx)", "bh": "QEMU tap tx=bh", "timer": "QEMU tap tx=timer",
+names = {"pvnet": "pvnet switch + tap (INTx)", "pvnet+napi0": "pvnet switch + tap, guest napi_tx=0", "bh": "QEMU tap tx=bh", "timer": "QEMU tap tx=timer",
          "bh:intx": "QEMU tap tx=bh, INTx", "timer:intx": "QEMU tap tx=timer, INTx"}
 name = lambda c: names.get(c, "pvnet switch --policy %s (INTx)" % c[6:].replace(":", ", tx-call-delay ") if c.startswith("pvnet:") else c)
-refs = [c for c in cfgs if not c.startswith("pvnet")]
+refs = [c for c in cfgs if c != "pvnet"]
 hdr = "| metric | " + " | ".join(name(c) for c in cfgs) + " | " + " | ".join("pvnet / " + c for c in refs) + " |"
 out = [hdr, "|" + "---|" * (len(cfgs) + len(refs) + 1)]
-for k, name, better in keys:
+for k in keys:
+    name = describe(k)
     v = {c: med(c, k) for c in cfgs}
     f = lambda x: ("%.3f" % x if x < 10 else "%.0f" % x) if x == x else "-"
     r = lambda c: "%.2f" % (v["pvnet"] / v[c]) if "pvnet" in v and c in v and v[c] == v[c] and v[c] > 0 else "-"
     out.append("| %s | %s | %s |" % (name, " | ".join(f(v[c]) for c in cfgs), " | ".join(r(c) for c in refs)))
 out.append("")
-out.append("Medians over the runs whose five tests all completed; for latency a ratio below 1 is better.")
+out.append("Medians over the runs whose tests all completed; for latency a ratio below 1 is better.")
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY
@@ -195,7 +244,7 @@ PY
 if [ -n "$DOC" ]; then
   [ -f "$DOC" ] || printf '# Guest through pvnet switch + tap vs QEMU tap backend\n\n<!-- bench_guest_tap:begin -->\n<!-- bench_guest_tap:end -->\n' > "$DOC"
   {
-    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR scripts/peers/bench_guest_tap.sh\`," \
+    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR CFGS=\"$CFGS\" TESTS=\"$TESTS\" FLOWS=\"$FLOWS\" scripts/peers/bench_guest_tap.sh\`," \
          "QEMU $(dpkg-query -W -f='${Version}' qemu-system-x86) ($ACC), pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null), $(nproc) CPUs."
     echo; cat "$B/summary.md"; echo
     echo "<details><summary>raw RESULT lines</summary>"; echo; echo '```'; cat "$RES"; echo '```'; echo; echo "</details>"

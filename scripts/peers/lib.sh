@@ -191,12 +191,22 @@ tp_summary() { awk -v f="$2-packets:" '/Accumulated forward statistics/{on=1} on
 # The guest image (setup.sh): $GUEST_DIR/vmlinux (PVH ELF), base.cpio.gz (busybox, iperf3,
 # sockperf, virtio_net + pktgen modules, /init). /init runs /run.sh from a second cpio that
 # make_initrd appends (the kernel unpacks both).
-make_initrd() {   # make_initrd RUN_SH OUT
+make_initrd() {   # make_initrd RUN_SH OUT [INIT]   (INIT: a replacement /init, see napi0_init)
   local t; t=$(mktemp -d "$WORK/ov.XXXXXX")
-  cp "$1" "$t/run.sh"
-  (cd "$t" && echo run.sh | cpio -o -H newc --quiet | gzip -1) > "$t/ov.cpio.gz"
+  cp "$1" "$t/run.sh"; [ -n "${3:-}" ] && cp "$3" "$t/init"
+  (cd "$t" && find . -mindepth 1 -printf '%P\n' | cpio -o -H newc --quiet | gzip -1) > "$t/ov.cpio.gz"
   cat "$GUEST_DIR/base.cpio.gz" "$t/ov.cpio.gz" > "$2"
   rm -rf "$t"
+}
+# napi0_init OUT: the base image's /init with `napi_tx=0` on its virtio_net insmod, for
+# make_initrd's INIT (the overlay's /init replaces the base one when the kernel unpacks the
+# second cpio). The guest's driver then takes no TX-completion interrupts at all.
+napi0_init() {
+  # shellcheck disable=SC2016  # $m is the guest /init's variable
+  zcat "$GUEST_DIR/base.cpio.gz" | (cd "$WORK" && cpio -i --quiet --to-stdout init) |
+    sed 's|insmod /lib/modules/$m |insmod /lib/modules/$m $([ "$m" = virtio_net.ko ] \&\& echo napi_tx=0) |' > "$1"
+  grep -q 'napi_tx=0' "$1" || die "could not patch the guest /init (insmod line not found)"
+  chmod +x "$1"
 }
 
 # ---- shared by the benchmarks: quiet CPUs, the measured child -----------------------------------
@@ -251,13 +261,13 @@ PY
 # interrupts and kicks were seen with -smp 1; docs/guest-policies.md).
 # shellcheck disable=SC2034  # read by the scripts that source this file
 GUEST_PID=
-guest_start() {
-  local secs="$1" initrd="$2" glog="$3" append="$4" dev="$5"; shift 5
+guest_start() {   # env GUEST_MEM: guest RAM in MiB (512)
+  local secs="$1" initrd="$2" glog="$3" append="$4" dev="$5" mem="${GUEST_MEM:-512}"; shift 5
   local acc; read -ra acc <<< "$(guest_accel)"
-  timeout -k 5 "$secs" taskset -c 0 qemu-system-x86_64 "${acc[@]}" -m 512 -smp 1,maxcpus=2 -nodefaults \
+  timeout -k 5 "$secs" taskset -c 0 qemu-system-x86_64 "${acc[@]}" -m "$mem" -smp 1,maxcpus=2 -nodefaults \
     -no-user-config -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$initrd" \
     -append "console=ttyS0 quiet panic=-1 $append" \
-    -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
+    -object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem \
     "$@" -device "$dev" < /dev/null > "$glog" 2>&1 &
   # shellcheck disable=SC2034
   GUEST_PID=$!
