@@ -181,7 +181,10 @@ impl DeviceQueue {
     /// end of the batch or when the segment scratch is full. Returns how many were popped.
     ///
     /// Generic over `each`, so it is compiled into the caller with the parser inlined: one
-    /// loop per batch instead of a call and a `Result<Option<_>>` per chain.
+    /// loop per batch instead of a call and a `Result<Option<_>>` per chain. Single-descriptor
+    /// chains (almost every network buffer) go through [`parse_simple`](Self::parse_simple)
+    /// and straight into `out`, their chain never on the stack; anything else, errors
+    /// included, through [`pop`](Self::pop).
     #[inline]
     pub fn pop_batch(
         &mut self,
