@@ -182,7 +182,7 @@ impl DeviceQueue {
     ///
     /// Generic over `each`, so it is compiled into the caller with the parser inlined: one
     /// loop per batch instead of a call and a `Result<Option<_>>` per chain. Single-descriptor
-    /// chains (almost every network buffer) go through [`parse_simple`](Self::parse_simple)
+    /// chains (almost every network buffer) go through the simple parser
     /// and straight into `out`, their chain never on the stack; anything else, errors
     /// included, through [`pop`](Self::pop).
     #[inline]
