@@ -152,8 +152,19 @@ impl DeviceQueue {
             return Ok(None);
         }
         let head = self.m.ring.avail_entry(self.last_avail);
+        if let Some(c) = self.parse_simple(head) {
+            self.last_avail = self.last_avail.wrapping_add(1);
+            return Ok(Some(c));
+        }
+        self.pop_slow(head)
+    }
+
+    /// [`pop`](Self::pop) for a chain the simple parser did not take (`head` is the avail
+    /// entry at `last_avail`): the general walk, its errors and the scratch-full rollback.
+    #[cold]
+    fn pop_slow(&mut self, head: u16) -> Result<Option<Chain>> {
         let start = self.segs.len();
-        match self.parse(head) {
+        match self.parse_slow(head) {
             Ok(mut c) => {
                 self.last_avail = self.last_avail.wrapping_add(1);
                 c.start = u32::try_from(start).unwrap_or(u32::MAX);
@@ -184,7 +195,7 @@ impl DeviceQueue {
     /// loop per batch instead of a call and a `Result<Option<_>>` per chain. Single-descriptor
     /// chains (almost every network buffer) go through the simple parser
     /// and straight into `out`, their chain never on the stack; anything else, errors
-    /// included, through [`pop`](Self::pop).
+    /// included, through the general walk.
     #[inline]
     pub fn pop_batch(
         &mut self,
@@ -193,25 +204,22 @@ impl DeviceQueue {
         mut each: impl FnMut(&[Seg]),
     ) -> Result<usize> {
         let mut n = 0;
-        while n < max {
-            if self.avail_idx != self.last_avail {
-                let head = self.m.ring.avail_entry(self.last_avail);
-                if let Some(c) = self.parse_simple(head) {
-                    self.last_avail = self.last_avail.wrapping_add(1);
-                    each(self.segs(&c));
-                    out.push(c);
-                    n += 1;
-                    continue;
-                }
+        while n < max && self.avail_idx != self.last_avail {
+            let head = self.m.ring.avail_entry(self.last_avail);
+            // The simple chain is pushed from its own branch: merged with the slow path's
+            // result it would go through the stack (see `parse_simple`).
+            if let Some(c) = self.parse_simple(head) {
+                self.last_avail = self.last_avail.wrapping_add(1);
+                each(self.segs(&c));
+                out.push(c);
+            } else {
+                let Some(c) = self.pop_slow(head)? else {
+                    break;
+                };
+                each(self.segs(&c));
+                out.push(c);
             }
-            match self.pop()? {
-                Some(c) => {
-                    each(self.segs(&c));
-                    out.push(c);
-                    n += 1;
-                }
-                None => break,
-            }
+            n += 1;
         }
         Ok(n)
     }
@@ -246,17 +254,10 @@ impl DeviceQueue {
             .unwrap_or(&[])
     }
 
-    #[inline(always)]
-    fn parse(&mut self, head: u16) -> Result<Chain> {
-        match self.parse_simple(head) {
-            Some(c) => Ok(c),
-            None => self.parse_slow(head),
-        }
-    }
-
     /// The fast path: one descriptor, inside one region, in the queue's direction (almost
     /// every network buffer). Same checks as the general walk, without its loop; `None` sends
-    /// the chain to [`parse_slow`](Self::parse_slow), which also reports every error.
+    /// the chain to [`parse_slow`](Self::parse_slow), which also reports every error. Its
+    /// chain's `start` is set; the general walk's is set by [`pop_slow`](Self::pop_slow).
     ///
     /// Kept apart from the slow path so that its chain stays in registers: when both paths
     /// return through one `Result`, the result lives on the stack and LLVM reloads it with
