@@ -621,14 +621,13 @@ impl Worker {
         }
     }
 
-    /// When the earliest owed call falls due (the worker must be awake to send it).
+    /// When the earliest owed call falls due (the worker must be awake to send it). Only
+    /// transmit queues owe calls (`QueueSlot::publish`), as in `flush_calls`.
     fn calls_due(&self) -> Option<Instant> {
         let bound = self.call_bound();
         self.ports
             .iter()
-            .flat_map(|p| [p.tx.as_ref(), p.rx.as_ref()])
-            .flatten()
-            .filter_map(|s| s.call_due(bound))
+            .filter_map(|p| p.tx.as_ref()?.call_due(bound))
             .min()
     }
 

@@ -139,7 +139,7 @@ pub use pvnet_dataplane::worker::pin_current_thread;
 
 /// Median of the finite values in `v` (mean of the middle two for an even count), or NaN if
 /// there are none.
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.retain(|x| x.is_finite());
     v.sort_by(f64::total_cmp);
     let n = v.len();

@@ -29,6 +29,11 @@ pub fn cpu_time_of(pid: u32) -> Option<Duration> {
     let rest = &s[s.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    clock_ticks(ticks)
+}
+
+/// `ticks` of the kernel's USER_HZ clock (`/proc` CPU times) as a duration.
+fn clock_ticks(ticks: u64) -> Option<Duration> {
     // SAFETY: sysconf has no preconditions.
     let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
         .ok()
@@ -42,12 +47,7 @@ pub fn steal_time() -> Option<Duration> {
     let s = std::fs::read_to_string("/proc/stat").ok()?;
     let cpu = s.lines().find(|l| l.starts_with("cpu "))?;
     // cpu user nice system idle iowait irq softirq steal ...
-    let ticks: u64 = cpu.split_whitespace().nth(8)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
-        .ok()
-        .filter(|&h| h > 0)?;
-    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+    clock_ticks(cpu.split_whitespace().nth(8)?.parse().ok()?)
 }
 
 /// On-CPU time of every thread of a process, exact (scheduler nanoseconds from

@@ -296,17 +296,13 @@ fn csv(path: &Path, rows: &[Value], cols: &[&str]) -> Result<()> {
 
 /// Median achieved rate of a policy's saturation runs (NaN if none).
 fn sat_rate(loads: &[Value], policy: &str) -> f64 {
-    let mut v: Vec<f64> = loads
-        .iter()
-        .filter(|r| r["policy"] == policy && r["offered_pps"].as_u64() == Some(0))
-        .map(|r| f(r, "/achieved_pps"))
-        .collect();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
+    crate::limits::median(
+        loads
+            .iter()
+            .filter(|r| r["policy"] == policy && r["offered_pps"].as_u64() == Some(0))
+            .map(|r| f(r, "/achieved_pps"))
+            .collect(),
+    )
 }
 
 /// Ratios `a / b` of the saturation runs taken in the same round, e.g. "0.98 1.01 0.97".
