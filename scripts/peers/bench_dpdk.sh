@@ -25,8 +25,9 @@
 # sleep at their prompt.
 #
 # Usage: scripts/peers/bench_dpdk.sh        Env: ROUNDS=3 DUR=6 (measured s) WARM=2 (s)
-#        DIRS="v2h h2v"  SIZES="64 1500" (frame bytes, Ethernet header included)  DOC=docs/interop.md (table written between the bench markers; DOC= to
-#        skip)  QUIET_PCT=15 QUIET_WAIT=60 (wait up to 60 s for the CPUs to be <15% busy)
+#        DIRS="v2h h2v"  SIZES="64 1500" (frame bytes, Ethernet header included)
+#        DOC=docs/interop.md (table written between the bench markers; DOC= to skip)
+#        QUIET_PCT=15 QUIET_WAIT=60 (wait up to 60 s for the CPUs to be <15% busy)
 #        OTHER_MAX=10 (a run during which other processes took >10% of the CPUs is redone, 3x)
 #        PVNET_ARGS="--policy busy" (extra arguments for pvnet, e.g. its poll policy)
 #        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles)
@@ -148,7 +149,7 @@ PY
   grep -hE 'Cannot|Failed|ERROR|panicked' "$fe_log" "$be_log" 2>/dev/null | grep -v promiscuous | sort -u | head -3 | sed 's/^/  log: /' || true
 }
 
-# measure DIR IMPL ROUND: run_one until no other work took more than OTHER_MAX % of the CPUs
+# measure DIR IMPL ROUND SIZE: run_one until no other work took more than OTHER_MAX % of the CPUs
 # during the window (3 attempts); spoiled attempts are kept in noisy.txt.
 measure() {
   local a other tag="$1-$2-$3-$4"

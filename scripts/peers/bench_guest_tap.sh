@@ -66,8 +66,6 @@ ip link set eth0 up; ip addr add $NET.2/24 dev eth0
 i=0; while [ "\$(cat /sys/class/net/eth0/operstate)" != up ] && [ \$i -lt 100 ]; do sleep 0.1; i=\$((i+1)); done
 ping -c 1 -W 5 $NET.1 > /dev/null || echo "GUEST_WARN no ping reply"
 t() { n=\$1; shift; "\$@" > /tmp/o.txt 2>&1; echo "BENCH_RC \$n \$?"; sed "s/^/BENCH \$n /" /tmp/o.txt; }
-EOF
-cat >> "$B/run.sh" <<EOF
 # rrn NAME N: N sockperf ping-pong clients at once, outputs one after the other
 # (each client capped at 100000/N messages/s: sockperf sizes its sample buffer by that rate,
 # ~45 MB per client uncapped; the caps sit well above what a client gets under TCG)
