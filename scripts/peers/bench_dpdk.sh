@@ -30,20 +30,24 @@
 #        QUIET_PCT=15 QUIET_WAIT=60 (wait up to 60 s for the CPUs to be <15% busy)
 #        OTHER_MAX=10 (a run during which other processes took >10% of the CPUs is redone, 3x)
 #        PVNET_ARGS="--policy busy" (extra arguments for pvnet, e.g. its poll policy)
-#        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles)
+#        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles,
+#        "alt" for `pvnet switch` from the binary ALT_BIN: an A/B of two builds in one run)
 #        PERF=1 (profile the backend over the measured window: $B/<run>.perf.data, cpu-clock;
+#        PERF=fe profiles the frontend instead;
 #        it perturbs the run, so its figures are not comparable)
 # Wall time: ~15 s per run; 3 rounds x 2 sizes x 2 directions x 3 IMPLS: ~9 min.
 source "$(dirname "$0")/lib.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"; SIZES="${SIZES:-64 1500}"
 DOC="${DOC-$PVNET_ROOT/docs/interop.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
-PVNET_ARGS="${PVNET_ARGS:-}"; PERF="${PERF:-}"; IMPLS="${IMPLS:-switch dpdk}"
+PVNET_ARGS="${PVNET_ARGS:-}"; PERF="${PERF:-}"; IMPLS="${IMPLS:-switch dpdk}"; ALT_BIN="${ALT_BIN:-}"
+case " $IMPLS " in *" alt "*) [ -x "$ALT_BIN" ] || die "IMPLS has alt: ALT_BIN must name a pvnet binary";; esac
 "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 build_pvnet
 B="$WORK/bench"; rm -rf "$B"; mkdir -p "$B"
 # A private copy: a rebuild of target/ during the run must not swap the binary under it.
 cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
+[ -n "$ALT_BIN" ] && { cp "$ALT_BIN" "$B/pvnet-alt"; ALT_BIN="$B/pvnet-alt"; }
 RES="$B/results.txt"; : > "$RES"
 SOCK="$B/vu.sock"; TCK=$(getconf CLK_TCK)
 FE_PREFIX=pvnet_bench_fe; BE_PREFIX=pvnet_bench_be
@@ -81,10 +85,10 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
     bepid=$(child_pid "$PV_TPID")
-  elif [ "$impl" = switch ]; then
+  elif [ "$impl" = switch ] || [ "$impl" = alt ]; then
     local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1,frame_len=$size"
-    local extra; read -ra extra <<< "$PVNET_ARGS"
-    timeout -k 5 $((n + 60)) "$PVNET_BIN" switch --port "vhost-user:name=fe,socket=$SOCK" --port "$other" \
+    local extra bin="$PVNET_BIN"; read -ra extra <<< "$PVNET_ARGS"; [ "$impl" = alt ] && bin="$ALT_BIN"
+    timeout -k 5 $((n + 60)) "$bin" switch --port "vhost-user:name=fe,socket=$SOCK" --port "$other" \
       --cpu 1 --ctl-socket "$B/ctl.sock" "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet switch did not listen ($be_log)"
@@ -107,14 +111,14 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   local k
   for k in $(seq "$n"); do
     [ -n "$PERF" ] && [ "$k" = "$((WARM + 1))" ] && \
-      perf record -q -F 2999 -p "$bepid" -o "$B/$tag.perf.data" -- sleep "$DUR" > /dev/null 2>&1 &
+      perf record -q -F 2999 -p "$([ "$PERF" = fe ] && echo "$fepid" || echo "$bepid")" -o "$B/$tag.perf.data" -- sleep "$DUR" > /dev/null 2>&1 &
     sleep 1
     tp fe "show port stats all"; echo "$k $(ticks "$bepid") $(ticks "$fepid") $(machine_busy)" >> "$B/$tag.ticks"
   done
   testpmd_quit fe 20 || log "$tag: virtio-user testpmd did not quit cleanly"
   hugepage_cleanup "$FE_PREFIX"
   if [ "$impl" = backend ]; then wait_pid "$PV_TPID" 15 || log "$tag: pvnet exit status $?"; PV_TPID=
-  elif [ "$impl" = switch ]; then stop_pid "$PV_TPID" INT; wait "$PV_TPID" 2>/dev/null || log "$tag: pvnet exit status $?"; PV_TPID=
+  elif [ "$impl" = switch ] || [ "$impl" = alt ]; then stop_pid "$PV_TPID" INT; wait "$PV_TPID" 2>/dev/null || log "$tag: pvnet exit status $?"; PV_TPID=
   else testpmd_quit be 20 || log "$tag: net_vhost testpmd did not quit cleanly"; hugepage_cleanup "$BE_PREFIX"; fi
   c2c_b=$(c2c_ns)
   # one RESULT line: Mpps (median of the window's samples), CPU ns/packet over the window
@@ -145,6 +149,19 @@ if n > w1 > w0:
 print("RESULT dir=$dir size=$size impl=$impl round=$round c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d"
       % (other, mpps, min(win) / 1e6 if win else 0, max(win) / 1e6 if win else 0, ns, pk))
 PY
+  if [ "$impl" = switch ] || [ "$impl" = alt ]; then
+    # packets per used->idx publish on the frontend's port: how the frontend's pace cut the
+    # stream into batches (appended to the RESULT line)
+    python3 - "$B/$tag.pvnet.json" "$dir" "$B/$tag.result" <<'PY' || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+c = next(p["counters"] for p in d["final"]["ports"] if p["kind"] == "vhost-user")
+k = "rx" if sys.argv[2] == "v2h" else "tx"
+if c.get(k + "_batches"):
+    line = open(sys.argv[3]).read().rstrip("\n")
+    open(sys.argv[3], "w").write("%s pkts_per_batch=%.1f\n" % (line, c[k + "_packets"] / c[k + "_batches"]))
+PY
+  fi
   cat "$B/$tag.result"
   grep -hE 'Cannot|Failed|ERROR|panicked' "$fe_log" "$be_log" 2>/dev/null | grep -v promiscuous | sort -u | head -3 | sed 's/^/  log: /' || true
 }
@@ -191,7 +208,7 @@ for l in open(sys.argv[1]):
 med = lambda xs: st.median(xs) if xs else float("nan")
 out = ["| direction | bytes | pvnet | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |",
        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-impls = [i for i in ("switch", "backend", "pvnet") if any(x["impl"] == i for x in rows)]
+impls = [i for i in ("switch", "alt", "backend", "pvnet") if any(x["impl"] == i for x in rows)]
 sizes = sorted({x["size"] for x in rows}, key=int)
 for size in sizes:
  for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: backend -> virtio-user rxonly")):

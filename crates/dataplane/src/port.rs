@@ -113,6 +113,12 @@ impl QueueSlot {
     /// Publishes used entries; calls the frontend if it asked.
     #[inline]
     pub fn publish(&mut self, stats: &PortStats) {
+        let batches = if self.index % 2 == 1 {
+            &stats.rx_batches
+        } else {
+            &stats.tx_batches
+        };
+        bump(batches, u64::from(self.q.unpublished() > 0));
         if self.q.publish() {
             // A driver that asked at its last seen entry with at least half its ring in
             // flight (or without EVENT_IDX, where we cannot tell) may be out of descriptors

@@ -64,6 +64,11 @@ pub struct PortStats {
     pub kicks: AtomicU64,
     /// Calls (interrupts) sent.
     pub calls: AtomicU64,
+    /// Batches taken from the frontend's transmit ring (used->idx publishes): rx_packets /
+    /// rx_batches is the batch size the frontend's pace allowed.
+    pub rx_batches: AtomicU64,
+    /// Batches delivered into the frontend's receive ring (used->idx publishes).
+    pub tx_batches: AtomicU64,
     /// Times the worker slept with this port armed.
     pub sleeps: AtomicU64,
     /// Queues stopped for a virtqueue violation.
@@ -111,6 +116,10 @@ pub struct PortSnapshot {
     /// See [`PortStats`].
     pub calls: u64,
     /// See [`PortStats`].
+    pub rx_batches: u64,
+    /// See [`PortStats`].
+    pub tx_batches: u64,
+    /// See [`PortStats`].
     pub sleeps: u64,
     /// See [`PortStats`].
     pub queue_errors: u64,
@@ -145,6 +154,8 @@ impl PortStats {
                 .collect(),
             kicks: r(&self.kicks),
             calls: r(&self.calls),
+            rx_batches: r(&self.rx_batches),
+            tx_batches: r(&self.tx_batches),
             sleeps: r(&self.sleeps),
             queue_errors: r(&self.queue_errors),
             seq_errors: r(&self.seq_errors),

@@ -101,6 +101,14 @@ fn frames_cross_the_switch_exactly_and_ctl_and_metrics_agree() {
         "the sink got the flooded copies"
     );
     assert_eq!(u(ca, "/flooded"), sent);
+    // Batches (used->idx publishes): between one per ring's worth and one per packet.
+    for (c, k) in [(ca, "rx"), (cb, "tx")] {
+        let b = u(c, &format!("/{k}_batches"));
+        assert!(
+            b >= sent / 1024 && b > 0 && b <= sent,
+            "{k}_batches {b} for {sent} packets: {c}"
+        );
+    }
     let drops: u64 = ca
         .as_object()
         .unwrap()

@@ -472,6 +472,12 @@ impl DeviceQueue {
         self.used_idx = self.used_idx.wrapping_add(1);
     }
 
+    /// Used entries pushed and not yet published (the current batch's).
+    #[inline]
+    pub fn unpublished(&self) -> u16 {
+        self.used_idx.wrapping_sub(self.published)
+    }
+
     /// Publishes every pushed used entry with one release store of `used->idx`, then takes the
     /// batch's one notification decision. Returns true if the driver must be notified (a call).
     #[inline]
