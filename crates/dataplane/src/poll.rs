@@ -222,6 +222,8 @@ pub enum Idle {
 pub struct Poller {
     policy: Policy,
     wake: Duration,
+    /// `wake` in ns, as the estimator's arithmetic uses it (converted once, not per round).
+    wake_ns: f64,
     wake_floor: Duration,
     /// When the ring went empty (None while work is flowing).
     empty_since: Option<Instant>,
@@ -243,6 +245,13 @@ pub struct Poller {
     probing: bool,
 }
 
+/// A duration in ns as f64, from its u64 seconds and u32 nanoseconds: `as_nanos() as f64`
+/// goes through a u128 conversion (a libgcc call) on every idle round.
+#[inline]
+fn ns(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e9
+}
+
 /// Longest back-off between probes of a closed window, in idle periods: bounds the CPU a
 /// long-gap queue spends probing to one probe window per this many gaps.
 const PROBE_BACKOFF_MAX: u32 = 64;
@@ -253,6 +262,7 @@ impl Poller {
         Self {
             policy,
             wake: wake.typical,
+            wake_ns: ns(wake.typical),
             wake_floor: wake.floor.min(wake.typical),
             empty_since: None,
             empty_polls: 0,
@@ -300,7 +310,7 @@ impl Poller {
             // Nothing learned yet: poll for one wake-up, the break-even point.
             return self.wake;
         }
-        let wake = self.wake.as_nanos() as f64;
+        let wake = self.wake_ns;
         if self.srtt > wake / 2.0 {
             // Polling pays while the typical gap is under half a wake-up: spinning through it
             // costs at most half of what a sleep costs (and spares the producer a kick). Gaps
@@ -326,8 +336,7 @@ impl Poller {
         // A gap only needs to say "longer than a wake-up": clamp it there. A heavy tail (a
         // peer that stalls now and then) then cannot outvote the short gaps that make polling
         // pay, and one idle minute does not take minutes of arrivals to forget.
-        let cap = self.wake.as_nanos() as f64;
-        let g = (gap.as_nanos() as f64).min(cap);
+        let g = ns(gap).min(self.wake_ns);
         if self.seeded {
             self.rttvar = 0.75 * self.rttvar + 0.25 * (self.srtt - g).abs();
             self.srtt = 0.875 * self.srtt + 0.125 * g;
