@@ -31,7 +31,8 @@
 #        OTHER_MAX=10 (a run during which other processes took >10% of the CPUs is redone, 3x)
 #        PVNET_ARGS="--policy busy" (extra arguments for pvnet, e.g. its poll policy)
 #        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles,
-#        "alt" for `pvnet switch` from the binary ALT_BIN: an A/B of two builds in one run)
+#        "alt" / "altbackend" for `pvnet switch` / `pvnet backend` from the binary ALT_BIN: an
+#        A/B of two builds in one run)
 #        PERF=1 (profile the backend over the measured window: $B/<run>.perf.data, cpu-clock;
 #        PERF=fe profiles the frontend instead;
 #        it perturbs the run, so its figures are not comparable)
@@ -41,7 +42,7 @@ need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"; SIZES="${SIZES:-64 1500}"
 DOC="${DOC-$PVNET_ROOT/docs/interop.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
 PVNET_ARGS="${PVNET_ARGS:-}"; PERF="${PERF:-}"; IMPLS="${IMPLS:-switch dpdk}"; ALT_BIN="${ALT_BIN:-}"
-case " $IMPLS " in *" alt "*) [ -x "$ALT_BIN" ] || die "IMPLS has alt: ALT_BIN must name a pvnet binary";; esac
+case " $IMPLS " in *" alt "*|*" altbackend "*) [ -x "$ALT_BIN" ] || die "IMPLS has alt: ALT_BIN must name a pvnet binary";; esac
 "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 build_pvnet
 B="$WORK/bench"; rm -rf "$B"; mkdir -p "$B"
@@ -77,10 +78,10 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   local busy c2c_a c2c_b bepid fepid n=$((WARM + DUR)) fe_log="$B/$tag.fe.log" be_log="$B/$tag.be.log"
   wait_quiet; busy=$BUSY; c2c_a=$(c2c_ns)
   rm -f "$SOCK"
-  if [ "$impl" = backend ]; then
+  if [ "$impl" = backend ] || [ "$impl" = altbackend ]; then
     local role=sink; [ "$dir" = h2v ] && role=gen
-    local extra; read -ra extra <<< "$PVNET_ARGS"
-    timeout -k 5 $((n + 60)) "$PVNET_BIN" backend --socket "$SOCK" --role "$role" --gen-secs $((n + 30)) \
+    local extra bin="$PVNET_BIN"; read -ra extra <<< "$PVNET_ARGS"; [ "$impl" = altbackend ] && bin="$ALT_BIN"
+    timeout -k 5 $((n + 60)) "$bin" backend --socket "$SOCK" --role "$role" --gen-secs $((n + 30)) \
       --frame-len "$size" --sessions 1 --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
@@ -117,7 +118,7 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   done
   testpmd_quit fe 20 || log "$tag: virtio-user testpmd did not quit cleanly"
   hugepage_cleanup "$FE_PREFIX"
-  if [ "$impl" = backend ]; then wait_pid "$PV_TPID" 15 || log "$tag: pvnet exit status $?"; PV_TPID=
+  if [ "$impl" = backend ] || [ "$impl" = altbackend ]; then wait_pid "$PV_TPID" 15 || log "$tag: pvnet exit status $?"; PV_TPID=
   elif [ "$impl" = switch ] || [ "$impl" = alt ]; then stop_pid "$PV_TPID" INT; wait "$PV_TPID" 2>/dev/null || log "$tag: pvnet exit status $?"; PV_TPID=
   else testpmd_quit be 20 || log "$tag: net_vhost testpmd did not quit cleanly"; hugepage_cleanup "$BE_PREFIX"; fi
   c2c_b=$(c2c_ns)
@@ -208,7 +209,7 @@ for l in open(sys.argv[1]):
 med = lambda xs: st.median(xs) if xs else float("nan")
 out = ["| direction | bytes | pvnet | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |",
        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-impls = [i for i in ("switch", "alt", "backend", "pvnet") if any(x["impl"] == i for x in rows)]
+impls = [i for i in ("switch", "alt", "backend", "altbackend", "pvnet") if any(x["impl"] == i for x in rows)]
 sizes = sorted({x["size"] for x in rows}, key=int)
 for size in sizes:
  for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: backend -> virtio-user rxonly")):
