@@ -76,19 +76,22 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
     h2v) fe_fwd=rxonly; be_fwd=txonly; field=RX ;;
   esac
   local busy c2c_a c2c_b bepid fepid n=$((WARM + DUR)) fe_log="$B/$tag.fe.log" be_log="$B/$tag.be.log"
+  # what runs as the backend: pvnet's switch or plain backend (from PVNET_BIN, or ALT_BIN for
+  # the alt* impls), or DPDK's testpmd
+  local kind=dpdk bin="$PVNET_BIN" extra; read -ra extra <<< "$PVNET_ARGS"
+  case "$impl" in switch|alt) kind=switch ;; backend|altbackend) kind=backend ;; esac
+  case "$impl" in alt*) bin="$ALT_BIN" ;; esac
   wait_quiet; busy=$BUSY; c2c_a=$(c2c_ns)
   rm -f "$SOCK"
-  if [ "$impl" = backend ] || [ "$impl" = altbackend ]; then
+  if [ "$kind" = backend ]; then
     local role=sink; [ "$dir" = h2v ] && role=gen
-    local extra bin="$PVNET_BIN"; read -ra extra <<< "$PVNET_ARGS"; [ "$impl" = altbackend ] && bin="$ALT_BIN"
     timeout -k 5 $((n + 60)) "$bin" backend --socket "$SOCK" --role "$role" --gen-secs $((n + 30)) \
       --frame-len "$size" --sessions 1 --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
     bepid=$(child_pid "$PV_TPID")
-  elif [ "$impl" = switch ] || [ "$impl" = alt ]; then
+  elif [ "$kind" = switch ]; then
     local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1,frame_len=$size"
-    local extra bin="$PVNET_BIN"; read -ra extra <<< "$PVNET_ARGS"; [ "$impl" = alt ] && bin="$ALT_BIN"
     timeout -k 5 $((n + 60)) "$bin" switch --port "vhost-user:name=fe,socket=$SOCK" --port "$other" \
       --cpu 1 --ctl-socket "$B/ctl.sock" "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
@@ -102,7 +105,7 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   testpmd_start fe "$fe_log" $((n + 60)) "${FE_ARGS[@]}" -- "${APP_ARGS[@]}" --txpkts="$size" --forward-mode="$fe_fwd"
   wait_for 30 grep -q 'testpmd> ' "$fe_log" || die "virtio-user testpmd did not start ($fe_log)"
   fepid=$(child_pid "${TP_PID[fe]}")
-  if [ "$impl" = dpdk ]; then
+  if [ "$kind" = dpdk ]; then
     wait_for 10 grep -q 'testpmd> ' "$be_log" || die "net_vhost testpmd did not start ($be_log)"
     tp be start; sleep 0.5
   fi
@@ -118,8 +121,8 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   done
   testpmd_quit fe 20 || log "$tag: virtio-user testpmd did not quit cleanly"
   hugepage_cleanup "$FE_PREFIX"
-  if [ "$impl" = backend ] || [ "$impl" = altbackend ]; then wait_pid "$PV_TPID" 15 || log "$tag: pvnet exit status $?"; PV_TPID=
-  elif [ "$impl" = switch ] || [ "$impl" = alt ]; then stop_pid "$PV_TPID" INT; wait "$PV_TPID" 2>/dev/null || log "$tag: pvnet exit status $?"; PV_TPID=
+  if [ "$kind" = backend ]; then wait_pid "$PV_TPID" 15 || log "$tag: pvnet exit status $?"; PV_TPID=
+  elif [ "$kind" = switch ]; then stop_pid "$PV_TPID" INT; wait "$PV_TPID" 2>/dev/null || log "$tag: pvnet exit status $?"; PV_TPID=
   else testpmd_quit be 20 || log "$tag: net_vhost testpmd did not quit cleanly"; hugepage_cleanup "$BE_PREFIX"; fi
   c2c_b=$(c2c_ns)
   # one RESULT line: Mpps (median of the window's samples), CPU ns/packet over the window
@@ -150,7 +153,7 @@ if n > w1 > w0:
 print("RESULT dir=$dir size=$size impl=$impl round=$round c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d"
       % (other, mpps, min(win) / 1e6 if win else 0, max(win) / 1e6 if win else 0, ns, pk))
 PY
-  if [ "$impl" = switch ] || [ "$impl" = alt ]; then
+  if [ "$kind" = switch ]; then
     # packets per used->idx publish on the frontend's port: how the frontend's pace cut the
     # stream into batches (appended to the RESULT line)
     python3 - "$B/$tag.pvnet.json" "$dir" "$B/$tag.result" <<'PY' || true

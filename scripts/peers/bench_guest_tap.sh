@@ -170,8 +170,8 @@ def pps(n):
     return (int(m.group(2)) - int(m.group(1))) / float(t.group(1))
 def rr(n):
     # one or more sockperf clients: percentiles per client (median over them), rate summed
-    p50 = [float(m.group(1)) for l in lines(n) for m in [re.search(r"percentile 50.000 *= *([\d.]+)", l)] if m]
-    p99 = [float(m.group(1)) for l in lines(n) for m in [re.search(r"percentile 99.000 *= *([\d.]+)", l)] if m]
+    pct = lambda p: [float(m.group(1)) for l in lines(n) for m in [re.search(r"percentile %s *= *([\d.]+)" % p, l)] if m]
+    p50, p99 = pct("50.000"), pct("99.000")
     tps = 0.0
     for l in lines(n):
         m = re.search(r"RunTime=([\d.]+) sec; .*ReceivedMessages=(\d+)", l)

@@ -294,12 +294,17 @@ fn csv(path: &Path, rows: &[Value], cols: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// A policy's saturation rows (load 0), one per run.
+fn sat_rows<'a>(loads: &'a [Value], policy: &'a str) -> impl Iterator<Item = &'a Value> {
+    loads
+        .iter()
+        .filter(move |r| r["policy"] == policy && r["offered_pps"].as_u64() == Some(0))
+}
+
 /// Median achieved rate of a policy's saturation runs (NaN if none).
 fn sat_rate(loads: &[Value], policy: &str) -> f64 {
     crate::limits::median(
-        loads
-            .iter()
-            .filter(|r| r["policy"] == policy && r["offered_pps"].as_u64() == Some(0))
+        sat_rows(loads, policy)
             .map(|r| f(r, "/achieved_pps"))
             .collect(),
     )
@@ -307,11 +312,7 @@ fn sat_rate(loads: &[Value], policy: &str) -> f64 {
 
 /// Ratios `a / b` of the saturation runs taken in the same round, e.g. "0.98 1.01 0.97".
 fn sat_pairs(loads: &[Value], a: &str, b: &str) -> String {
-    let run = |p: &str, k: u64| {
-        loads.iter().find(|r| {
-            r["policy"] == p && r["offered_pps"].as_u64() == Some(0) && r["run"].as_u64() == Some(k)
-        })
-    };
+    let run = |p, k: u64| sat_rows(loads, p).find(|r| r["run"].as_u64() == Some(k));
     (1..)
         .map_while(|k| Some((run(a, k)?, run(b, k)?)))
         .map(|(x, y)| format!("{:.2}", f(x, "/achieved_pps") / f(y, "/achieved_pps")))
