@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::error;
 use virtq::mem::{copy_segs, read_segs, write_segs};
-use virtq::split::{Chain, DeviceQueue};
 use virtq::Seg;
+use virtq::{Chain, DeviceQueue};
 
 /// `NET_HDR_LEN` as the u32 ring lengths use.
 pub const HDR: u32 = 12;
@@ -100,6 +100,11 @@ impl QueueSlot {
     /// Stops the queue for a violation: logged, counted, reported on the err fd. The process
     /// and every other queue go on.
     pub fn fail(&mut self, port: PortId, stats: &PortStats, e: virtq::Error) {
+        if e.is_retryable() {
+            // Nothing was consumed: the queue goes on and the chain is parsed again later.
+            tracing::debug!(port, queue = self.index, "queue waits: {e}");
+            return;
+        }
         if !self.broken {
             error!(port, queue = self.index, "queue stopped: {e}");
             self.broken = true;

@@ -28,7 +28,6 @@ use pvnet_vhost::features::{
     VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
     VIRTIO_NET_F_GUEST_TSO6,
 };
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use virtq::mem::{copy_segs, read_segs, write_segs};
@@ -367,7 +366,7 @@ impl HostPort {
 
 /// One packet being switched: its bytes (virtio-net header first) wherever they are.
 struct Pkt<'a> {
-    segs: &'a [Seg],
+    segs: &'a [Seg<'a>],
     /// Length, header included.
     len: u32,
     hdr: VnetHdr,
@@ -423,19 +422,6 @@ pub struct Fabric {
     /// The source is a generator: its frames wait for buffers as long as it takes (nothing
     /// is in flight yet, so waiting loses nothing; dropping would only burn the core).
     patient: bool,
-}
-
-/// A Seg over host memory we own.
-fn host_seg(buf: &mut [u8]) -> Seg {
-    let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
-    // SAFETY: `buf` is a live buffer of the worker; every Seg built here is used only within
-    // the call that built it, while `buf` is borrowed and not otherwise touched.
-    unsafe {
-        Seg::from_raw(
-            NonNull::new(buf.as_mut_ptr()).unwrap_or(NonNull::dangling()),
-            len,
-        )
-    }
 }
 
 #[inline]
@@ -1037,7 +1023,7 @@ impl Fabric {
             let mut head = [0u8; HEAD];
             head.copy_from_slice(&buf[..HEAD]);
             let hdr = VnetHdr::parse(&head[..12]).unwrap_or_default();
-            let seg = [host_seg(&mut buf[..n])];
+            let seg = [Seg::from_mut(&mut buf[..n])];
             let pkt = Pkt {
                 segs: &seg,
                 len: u32::try_from(n).unwrap_or(0),
@@ -1142,7 +1128,7 @@ impl Fabric {
             }
             let mut head = [0u8; HEAD];
             head.copy_from_slice(&tpl[..HEAD]);
-            let seg = [host_seg(&mut tpl)];
+            let seg = [Seg::from_mut(&mut tpl)];
             let pkt = Pkt {
                 segs: &seg,
                 len,
@@ -1356,8 +1342,8 @@ mod tests {
     use crate::port::Role;
     use pvnet_vhost::backend::StartedQueue;
     use virtq::mock::MockQueue;
-    use virtq::split::Buf;
-    use virtq::split::{Direction, DriverQueue};
+    use virtq::queue::Buf;
+    use virtq::queue::{Direction, DriverQueue, Format};
 
     const BUF: u32 = 2048;
 
@@ -1380,9 +1366,13 @@ mod tests {
         };
         let mut port = Port::new(id, Role::Switch(SwitchConfig::default()), Arc::default());
         let txm = MockQueue::new(64, 65536 + 64);
-        let (tx, txd) = txm.pair(Direction::DeviceReads, false).unwrap();
+        let (tx, txd) = txm
+            .pair_in(Format::Split, Direction::DeviceReads, false)
+            .unwrap();
         let rxm = MockQueue::new(256, BUF);
-        let (mut rx, rxd) = rxm.pair(Direction::DeviceWrites, false).unwrap();
+        let (mut rx, rxd) = rxm
+            .pair_in(Format::Split, Direction::DeviceWrites, false)
+            .unwrap();
         for i in 0..256 {
             rx.add_one(Buf {
                 addr: rxm.buf(i),

@@ -33,7 +33,7 @@ use vhost::vhost_user::{
     VhostUserBackendReqHandlerMut, VhostUserProtocolFeatures,
 };
 use virtq::mem::AddrSpace;
-use virtq::split::{DeviceQueue, Direction, QueueConfig, RingAddrs};
+use virtq::queue::{DeviceQueue, Direction, Format, QueueConfig, RingAddrs};
 use virtq::MemTable;
 
 /// Identifies a frontend connection (a switch port) for the life of the backend process.
@@ -217,6 +217,7 @@ impl Session {
             return Ok(());
         }
         let cfg = QueueConfig {
+            format: Format::Split,
             size: v.num,
             addrs,
             space: AddrSpace::User,

@@ -25,8 +25,10 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtq::event::Armed;
 use virtq::mem::AddrSpace;
-use virtq::split::{ring_sizes, Buf, Direction, DriverQueue, QueueConfig, RingAddrs};
+use virtq::queue::{Buf, Direction, DriverQueue, Format, QueueConfig, RingAddrs};
+use virtq::split::ring_sizes;
 use virtq::{MemTable, RegionSpec};
+use virtq::{Perm, Translate};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Errors of the frontend.
@@ -345,6 +347,7 @@ impl NetClient {
         let mem = Arc::new(unsafe { MemTable::new(&[spec], Box::new(shm)) }?);
         let event_idx = features & VIRTIO_F_EVENT_IDX != 0;
         let qcfg = |addrs, direction| QueueConfig {
+            format: Format::Split,
             size: cfg.queue_size,
             addrs,
             space: AddrSpace::Guest,
@@ -356,8 +359,11 @@ impl NetClient {
         let rx = DriverQueue::new(mem.clone(), &qcfg(lay.rx, Direction::DeviceWrites))?;
         let tx = DriverQueue::new(mem.clone(), &qcfg(lay.tx, Direction::DeviceReads))?;
         let pool_len = u64::from(cfg.queue_size) * u64::from(cfg.buf_size);
-        let rx_pool = mem.translate_range(AddrSpace::Guest, lay.rx_bufs, pool_len)?;
-        let tx_pool = mem.translate_range(AddrSpace::Guest, lay.tx_bufs, pool_len)?;
+        let pool = |at| {
+            mem.translate_range(AddrSpace::Guest, at, pool_len, Perm::ReadWrite)
+                .map_err(|m| mem.miss_error(m))
+        };
+        let (rx_pool, tx_pool) = (pool(lay.rx_bufs)?, pool(lay.tx_bufs)?);
         let ev = || EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"));
         let kick = [ev()?, ev()?];
         let call = [ev()?, ev()?];

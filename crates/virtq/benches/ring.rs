@@ -19,7 +19,7 @@ use std::time::Duration;
 use virtq::mem::read_segs;
 use virtq::mock::{MockQueue, OwnedMem};
 use virtq::split::{Buf, Direction};
-use virtq::{MemTable, RegionSpec};
+use virtq::{MemTable, Perm, RegionSpec, Translate};
 
 const QSIZE: u16 = 256;
 const BATCH: u16 = 32;
@@ -118,7 +118,7 @@ fn translate(c: &mut Criterion) {
     let hit = 0x50_0000 + 0x123;
     let mut hint = 4;
     g.bench_function("translate_hit", |b| {
-        b.iter(|| black_box(mem.translate(black_box(hit), &mut hint)));
+        b.iter(|| black_box(mem.translate(black_box(hit), Perm::Read, &mut hint)));
     });
     // The hint names another region every time: a binary search over the table.
     let addrs: Vec<u64> = (1..=REGIONS).map(|i| 0x10_0000 * i + 0x40).collect();
@@ -127,12 +127,12 @@ fn translate(c: &mut Criterion) {
         b.iter(|| {
             k = (k + 3) % addrs.len();
             let mut hint = (k + 1) % addrs.len();
-            black_box(mem.translate(black_box(addrs[k]), &mut hint))
+            black_box(mem.translate(black_box(addrs[k]), Perm::Read, &mut hint))
         });
     });
     let mut hint = 0;
     g.bench_function("translate_unmapped", |b| {
-        b.iter(|| black_box(mem.translate(black_box(0x48_0000), &mut hint)));
+        b.iter(|| black_box(mem.translate(black_box(0x48_0000), Perm::Read, &mut hint)));
     });
     g.finish();
 }

@@ -1,6 +1,6 @@
 //! The device-side fast path in one thread, for instruction counting under callgrind:
 //! a mock driver offers batches of 32 one-descriptor 64-byte packets (+12-byte header), the
-//! device pops each batch, copies every packet out, returns the buffers and publishes once
+//! device pops each batch (through the format-neutral `virtq::queue` types the dataplane uses), copies every packet out, returns the buffers and publishes once
 //! per batch, and the driver reclaims them.
 //!
 //! `scripts/callgrind.sh` runs it twice (N and 2N packets) and divides the difference of the
@@ -9,7 +9,8 @@
 use std::hint::black_box;
 use virtq::mem::read_segs;
 use virtq::mock::MockQueue;
-use virtq::split::{Buf, Chain, DeviceQueue, Direction, DriverQueue};
+use virtq::queue::{Buf, DeviceQueue, Direction, DriverQueue, Format};
+use virtq::Chain;
 
 const BATCH: u16 = 32;
 const PKT: u32 = 76;
@@ -61,7 +62,9 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000_000);
     let mq = MockQueue::new(256, 2048);
-    let (mut drv, mut dev) = mq.pair(Direction::DeviceReads, true).expect("queues");
+    let (mut drv, mut dev) = mq
+        .pair_in(Format::Split, Direction::DeviceReads, true)
+        .expect("queues");
     dev.disable_notify();
     drv.disable_used_notify();
     let mut scratch = [0u8; 2048];

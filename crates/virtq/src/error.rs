@@ -65,6 +65,22 @@ pub enum Error {
     /// The driver has no free descriptors for this buffer.
     #[error("no free descriptors")]
     NoFreeDescriptors,
+    /// A translator that caches grants (an IOTLB) has no translation for the range yet: the
+    /// queue consumed nothing and tries again once the translation arrives. Not a violation.
+    #[error("no translation yet for {addr:#x}+{len:#x} ({perm:?}): waiting for the peer")]
+    TranslationMiss {
+        addr: u64,
+        len: u64,
+        perm: crate::xlate::Perm,
+    },
+}
+
+impl Error {
+    /// Whether the queue may go on (nothing was consumed; retry later) rather than stop.
+    #[inline]
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::TranslationMiss { .. })
+    }
 }
 
 /// Shorthand.

@@ -6,9 +6,13 @@
 //! does that by keeping the mappings and the table in one reference-counted object.
 //!
 //! Nothing here builds a `&[u8]` over shared memory: the peer may write it at any time.
-//! Data moves with `ptr::copy` into or out of memory we own, through [`Seg`].
+//! Data moves with `ptr::copy` into or out of memory we own, through [`Seg`]. A `Seg<'m>`
+//! borrows what keeps its memory mapped (the queue that parsed it, or a buffer of ours), so a
+//! segment that outlives its memory does not compile.
 
 use crate::error::{Error, Result};
+use crate::xlate::{Miss, Perm, Translate};
+use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 /// One region as the peer described it and as we mapped it.
@@ -47,6 +51,8 @@ pub enum AddrSpace {
 /// mappings alive.
 pub struct MemTable {
     regions: Box<[Region]>,
+    /// Indices into `regions`, sorted by `uaddr` (ring addresses come in the peer's user space).
+    by_uaddr: Box<[usize]>,
     owner: Box<dyn std::any::Any + Send + Sync>,
 }
 
@@ -103,10 +109,10 @@ impl MemTable {
                 });
             }
         }
-        let mut by_uaddr: Vec<_> = regions.iter().map(|r| (r.uaddr, r.uaddr_end)).collect();
-        by_uaddr.sort_unstable();
+        let mut by_uaddr: Vec<usize> = (0..regions.len()).collect();
+        by_uaddr.sort_unstable_by_key(|&i| regions[i].uaddr);
         for (i, w) in by_uaddr.windows(2).enumerate() {
-            if w[0].1 > w[1].0 {
+            if regions[w[0]].uaddr_end > regions[w[1]].uaddr {
                 return Err(Error::BadRegion {
                     index: i + 1,
                     why: "user range overlaps another region",
@@ -115,6 +121,7 @@ impl MemTable {
         }
         Ok(Self {
             regions: regions.into_boxed_slice(),
+            by_uaddr: by_uaddr.into_boxed_slice(),
             owner,
         })
     }
@@ -134,26 +141,6 @@ impl MemTable {
         self.regions.is_empty()
     }
 
-    /// Translates the start of a guest range: the host pointer and how many bytes stay
-    /// contiguous in that region. `hint` is the caller's last-hit region index (per queue),
-    /// tried first; a miss falls back to a binary search, never a linear scan.
-    #[inline]
-    pub fn translate(&self, gpa: u64, hint: &mut usize) -> Option<(NonNull<u8>, u64)> {
-        if let Some(r) = self.regions.get(*hint) {
-            if gpa >= r.gpa && gpa < r.gpa_end {
-                return Some(Self::host_at(r, gpa - r.gpa));
-            }
-        }
-        let i = self.regions.partition_point(|r| r.gpa <= gpa);
-        let r = self.regions.get(i.checked_sub(1)?)?;
-        if gpa < r.gpa_end {
-            *hint = i - 1;
-            Some(Self::host_at(r, gpa - r.gpa))
-        } else {
-            None
-        }
-    }
-
     #[inline]
     fn host_at(r: &Region, off: u64) -> (NonNull<u8>, u64) {
         #[allow(clippy::cast_possible_truncation)]
@@ -162,54 +149,116 @@ impl MemTable {
         let p = unsafe { r.host.add(off as usize) };
         (p, r.gpa_end - r.gpa - off)
     }
+}
 
-    /// Translates a range that must lie inside one region (rings, indirect tables).
-    pub fn translate_range(&self, space: AddrSpace, addr: u64, len: u64) -> Result<NonNull<u8>> {
-        let miss = Error::AddrNotMapped { addr, len };
-        let end = addr.checked_add(len).ok_or(miss)?;
-        let r = match space {
-            AddrSpace::Guest => self
-                .regions
-                .iter()
-                .find(|r| addr >= r.gpa && end <= r.gpa_end)
-                .map(|r| (r, addr - r.gpa)),
-            AddrSpace::User => self
-                .regions
-                .iter()
-                .find(|r| addr >= r.uaddr && end <= r.uaddr_end)
-                .map(|r| (r, addr - r.uaddr)),
+/// The table grants every byte it maps for reading and writing (the peer shared it all); a
+/// miss is an address outside every region, a violation of the peer's.
+impl Translate for MemTable {
+    /// The per-queue last-hit region first, then a binary search: never a linear scan.
+    #[inline]
+    fn translate(
+        &self,
+        gpa: u64,
+        perm: Perm,
+        hint: &mut usize,
+    ) -> std::result::Result<(NonNull<u8>, u64), Miss> {
+        if let Some(r) = self.regions.get(*hint) {
+            if gpa >= r.gpa && gpa < r.gpa_end {
+                return Ok(Self::host_at(r, gpa - r.gpa));
+            }
+        }
+        let miss = Miss {
+            addr: gpa,
+            len: 1,
+            perm,
         };
-        let (r, off) = r.ok_or(miss)?;
+        let i = self.regions.partition_point(|r| r.gpa <= gpa);
+        let r = self
+            .regions
+            .get(i.checked_sub(1).ok_or(miss)?)
+            .ok_or(miss)?;
+        if gpa < r.gpa_end {
+            *hint = i - 1;
+            Ok(Self::host_at(r, gpa - r.gpa))
+        } else {
+            Err(miss)
+        }
+    }
+
+    /// A binary search in the address space asked for; the range must lie in one region.
+    fn translate_range(
+        &self,
+        space: AddrSpace,
+        addr: u64,
+        len: u64,
+        perm: Perm,
+    ) -> std::result::Result<NonNull<u8>, Miss> {
+        let miss = Miss { addr, len, perm };
+        let end = addr.checked_add(len).ok_or(miss)?;
+        let (r, off) = match space {
+            AddrSpace::Guest => {
+                let i = self.regions.partition_point(|r| r.gpa <= addr);
+                let r = &self.regions[i.checked_sub(1).ok_or(miss)?];
+                (end <= r.gpa_end).then(|| (r, addr - r.gpa))
+            }
+            AddrSpace::User => {
+                let i = self
+                    .by_uaddr
+                    .partition_point(|&k| self.regions[k].uaddr <= addr);
+                let r = &self.regions[self.by_uaddr[i.checked_sub(1).ok_or(miss)?]];
+                (end <= r.uaddr_end).then(|| (r, addr - r.uaddr))
+            }
+        }
+        .ok_or(miss)?;
         Ok(Self::host_at(r, off).0)
     }
+
+    fn miss_error(&self, m: Miss) -> Error {
+        Error::AddrNotMapped {
+            addr: m.addr,
+            len: m.len,
+        }
+    }
 }
 
-/// A validated piece of a buffer: a host pointer good for `len` bytes while the table lives.
+/// A validated piece of a buffer: a host pointer good for `len` bytes for as long as `'m`,
+/// the borrow of whatever keeps the memory mapped (the queue that parsed the chain, whose
+/// translator cannot be swapped while the borrow lasts, or a buffer of ours).
+///
+/// Bytes move only by copies through the methods below: never a `&[u8]` over memory the peer
+/// may write at any time. Every offset is checked against `len` before any pointer arithmetic.
 #[derive(Debug, Clone, Copy)]
-pub struct Seg {
+pub struct Seg<'m> {
     ptr: NonNull<u8>,
     len: u32,
+    _mem: PhantomData<&'m MemTable>,
 }
 
-// SAFETY: a Seg points into a mapping that the owning queue's `Arc<MemTable>` keeps alive; it
-// moves with that queue to the queue's one owner thread.
-unsafe impl Send for Seg {}
+// SAFETY: a Seg points into memory its lifetime keeps mapped (a queue's `Arc` translator or
+// a buffer of ours); it is as sendable as a shared reference to that memory.
+unsafe impl Send for Seg<'_> {}
 
-impl Seg {
-    /// Built only by the queue parsers, after translation through a [`MemTable`].
+impl<'m> Seg<'m> {
+    /// Built only by the queue parsers, after translation. The queue stores its segments as
+    /// `Seg<'static>` in its scratch and lends them out only as `&'q [Seg<'q>]`, borrowed from
+    /// itself (covariance shortens the lifetime).
     pub(crate) fn new(ptr: NonNull<u8>, len: u32) -> Self {
-        Self { ptr, len }
+        Self {
+            ptr,
+            len,
+            _mem: PhantomData,
+        }
     }
 
-    /// A segment over memory the caller owns (a staging buffer, a frame template), so that
-    /// host-made packets go through the same copy routines as the peer's.
-    ///
-    /// # Safety
-    /// `ptr` must be valid for reads and writes of `len` bytes for as long as the segment (or
-    /// a copy of it) is used, and not be accessed through a reference meanwhile.
+    /// A segment over a buffer of ours (a staging buffer, a frame template), so that
+    /// host-made packets go through the same copy routines as the peer's. The buffer stays
+    /// mutably borrowed while the segment (or any copy of it) lives.
     #[inline]
-    pub unsafe fn from_raw(ptr: NonNull<u8>, len: u32) -> Self {
-        Self { ptr, len }
+    pub fn from_mut(buf: &'m mut [u8]) -> Self {
+        Self::new(
+            NonNull::new(buf.as_mut_ptr()).unwrap_or(NonNull::dangling()),
+            u32::try_from(buf.len()).unwrap_or(u32::MAX),
+        )
     }
 
     /// The host address, for handing the bytes to the kernel (`writev`) without a copy.
@@ -243,16 +292,26 @@ impl Seg {
         prefetch_range(self.ptr, self.len.min(lines * 64), true);
     }
 
+    /// The pointer at `off` and how many of `want` bytes fit from there, if `off <= len`:
+    /// the bound is checked before the pointer moves.
+    #[inline]
+    fn at(&self, off: u32, want: usize) -> Option<(*mut u8, usize)> {
+        let avail = self.len.checked_sub(off)? as usize;
+        // SAFETY: off <= len and the segment lies in one mapped range (or a buffer of ours),
+        // so the pointer stays inside it or one past its end.
+        let p = unsafe { self.ptr.as_ptr().add(off as usize) };
+        Some((p, want.min(avail)))
+    }
+
     /// Copies `dst.len()` bytes from offset `off`; returns how many were copied (short at the end).
     #[inline]
     pub fn read(&self, off: u32, dst: &mut [u8]) -> usize {
-        let avail = self.len.saturating_sub(off) as usize;
-        let n = dst.len().min(avail);
-        // SAFETY: off + n <= len, and the segment was validated to lie in a mapped region.
-        // `dst` is memory we own; it cannot overlap the peer's mapping.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off as usize), dst.as_mut_ptr(), n);
-        }
+        let Some((p, n)) = self.at(off, dst.len()) else {
+            return 0;
+        };
+        // SAFETY: `p..p+n` is inside the segment (`at`); `dst` is memory we own, which cannot
+        // overlap the peer's mapping.
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), n) };
         n
     }
 
@@ -260,27 +319,25 @@ impl Seg {
     /// inlines (packet headers), where [`read`](Self::read) calls `memcpy`.
     #[inline]
     pub fn read_array<const N: usize>(&self, off: u32) -> Option<[u8; N]> {
-        let end = (off as usize).checked_add(N)?;
-        if end > self.len as usize {
+        let (p, n) = self.at(off, N)?;
+        if n < N {
             return None;
         }
         let mut out = [0u8; N];
-        // SAFETY: off + N <= len, and the segment lies in a mapped region; `out` is ours.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off as usize), out.as_mut_ptr(), N);
-        }
+        // SAFETY: `p..p+N` is inside the segment (`at`); `out` is ours.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), N) };
         Some(out)
     }
 
     /// Copies `src` to offset `off`; returns how many bytes were copied (short at the end).
     #[inline]
     pub fn write(&self, off: u32, src: &[u8]) -> usize {
-        let avail = self.len.saturating_sub(off) as usize;
-        let n = src.len().min(avail);
-        // SAFETY: off + n <= len, the segment lies in a mapped region, `src` is ours.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off as usize), n);
-        }
+        let Some((p, n)) = self.at(off, src.len()) else {
+            return 0;
+        };
+        // SAFETY: `p..p+n` is inside the segment (`at`); `src` is ours and cannot overlap it
+        // (a segment over a buffer of ours holds that buffer's only borrow).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, n) };
         n
     }
 }
@@ -342,7 +399,13 @@ fn has_prefetchw() -> bool {
 ///
 /// The two chains may be in the same peer's memory and may even overlap (a hostile peer can
 /// arrange that), so this uses `ptr::copy` (memmove), never a non-overlapping copy.
-pub fn copy_segs(src: &[Seg], mut src_off: u32, dst: &[Seg], mut dst_off: u32, len: u32) -> u32 {
+pub fn copy_segs(
+    src: &[Seg<'_>],
+    mut src_off: u32,
+    dst: &[Seg<'_>],
+    mut dst_off: u32,
+    len: u32,
+) -> u32 {
     let (mut si, mut di) = (0usize, 0usize);
     // Skip to the starting offsets.
     while si < src.len() && src_off >= src[si].len {
@@ -382,7 +445,7 @@ pub fn copy_segs(src: &[Seg], mut src_off: u32, dst: &[Seg], mut dst_off: u32, l
 }
 
 /// Reads from a chain at `off` into `dst`; returns the number of bytes read.
-pub fn read_segs(segs: &[Seg], mut off: u32, dst: &mut [u8]) -> usize {
+pub fn read_segs(segs: &[Seg<'_>], mut off: u32, dst: &mut [u8]) -> usize {
     let mut done = 0;
     for s in segs {
         if off >= s.len {
@@ -399,7 +462,7 @@ pub fn read_segs(segs: &[Seg], mut off: u32, dst: &mut [u8]) -> usize {
 }
 
 /// Writes `src` into a chain at `off`; returns the number of bytes written.
-pub fn write_segs(segs: &[Seg], mut off: u32, src: &[u8]) -> usize {
+pub fn write_segs(segs: &[Seg<'_>], mut off: u32, src: &[u8]) -> usize {
     let mut done = 0;
     for s in segs {
         if off >= s.len {

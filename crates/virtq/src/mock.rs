@@ -3,7 +3,9 @@
 
 use crate::error::Result;
 use crate::mem::{AddrSpace, MemTable, RegionSpec};
+use crate::queue::{self, Format};
 use crate::split::{ring_sizes, DeviceQueue, Direction, DriverQueue, QueueConfig, RingAddrs};
+use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -108,6 +110,7 @@ impl MockQueue {
     /// A config for this layout.
     pub fn config(&self, direction: Direction, event_idx: bool, indirect: bool) -> QueueConfig {
         QueueConfig {
+            format: Format::Split,
             size: self.size,
             addrs: self.addrs,
             space: AddrSpace::Guest,
@@ -130,11 +133,27 @@ impl MockQueue {
         Ok((drv, dev))
     }
 
+    /// Both roles over this layout in `format`, as the format-neutral queue types.
+    pub fn pair_in(
+        &self,
+        format: Format,
+        direction: Direction,
+        event_idx: bool,
+    ) -> Result<(queue::DriverQueue, queue::DeviceQueue)> {
+        let cfg = QueueConfig {
+            format,
+            ..self.config(direction, event_idx, true)
+        };
+        let drv = queue::DriverQueue::new(self.mem.clone(), &cfg)?;
+        let dev = queue::DeviceQueue::new(self.mem.clone(), &cfg)?;
+        Ok((drv, dev))
+    }
+
     /// Raw write into the region (for tests that corrupt rings like a hostile peer would).
     pub fn poke(&self, gpa: u64, bytes: &[u8]) {
         let p = self
             .mem
-            .translate_range(AddrSpace::Guest, gpa, bytes.len() as u64)
+            .translate_range(AddrSpace::Guest, gpa, bytes.len() as u64, Perm::Write)
             .expect("poke inside region");
         // SAFETY: the range was validated inside the owned region.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.as_ptr(), bytes.len()) }
@@ -144,7 +163,7 @@ impl MockQueue {
     pub fn peek(&self, gpa: u64, out: &mut [u8]) {
         let p = self
             .mem
-            .translate_range(AddrSpace::Guest, gpa, out.len() as u64)
+            .translate_range(AddrSpace::Guest, gpa, out.len() as u64, Perm::Read)
             .expect("peek inside region");
         // SAFETY: the range was validated inside the owned region.
         unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), out.as_mut_ptr(), out.len()) }

@@ -29,7 +29,7 @@ use virtq::split::{
     Buf, DeviceQueue, Direction, DriverQueue, QueueConfig, RingAddrs, DESC_F_INDIRECT, DESC_F_NEXT,
     DESC_F_WRITE,
 };
-use virtq::{Error, MemTable, RegionSpec};
+use virtq::{Error, MemTable, Perm, RegionSpec, Translate};
 
 const SIZE: u16 = 8;
 const BUF: u32 = 256;
@@ -848,6 +848,7 @@ fn buffers_across_regions() {
         used: A + 0x2000,
     };
     let cfg = QueueConfig {
+        format: virtq::Format::Split,
         size: SIZE,
         addrs,
         space: AddrSpace::Guest,
@@ -893,14 +894,16 @@ fn buffers_across_regions() {
     );
     // Translation hint: hit, miss and a gap.
     let mut hint = 0;
-    assert!(mem.translate(C + 5, &mut hint).is_some());
+    assert!(mem.translate(C + 5, Perm::Read, &mut hint).is_ok());
     assert_eq!(
-        mem.translate(C + 5, &mut hint).map(|t| t.1),
+        mem.translate(C + 5, Perm::Read, &mut hint)
+            .ok()
+            .map(|t| t.1),
         Some(0x1000 - 5)
     );
-    assert!(mem.translate(B + 0x1000, &mut hint).is_none());
-    assert!(mem.translate(A - 1, &mut hint).is_none());
-    assert!(mem.translate(C + 0x1000, &mut hint).is_none());
+    assert!(mem.translate(B + 0x1000, Perm::Read, &mut hint).is_err());
+    assert!(mem.translate(A - 1, Perm::Read, &mut hint).is_err());
+    assert!(mem.translate(C + 0x1000, Perm::Read, &mut hint).is_err());
 }
 
 // ---------------------------------------------------------------- driver: hostile device

@@ -16,31 +16,18 @@ use super::{
     store_load_fence, Desc, Direction, Mapped, QueueConfig, AVAIL_F_NO_INTERRUPT, DESC_F_INDIRECT,
     DESC_F_NEXT, DESC_F_WRITE, USED_F_NO_NOTIFY,
 };
+use crate::chain::Chain;
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{MemTable, Seg};
+use crate::xlate::{Perm, Translate};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// One parsed, validated descriptor chain. Its segments are in the queue's scratch space
-/// until the next call to [`DeviceQueue::available`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Chain {
-    /// Head descriptor index: the id to return in the used ring.
-    pub head: u16,
-    /// Total device-readable bytes.
-    pub readable: u32,
-    /// Total device-writable bytes.
-    pub writable: u32,
-    start: u32,
-    nread: u32,
-    nsegs: u32,
-}
-
 /// The device side of one split virtqueue.
 #[derive(Debug)]
-pub struct DeviceQueue {
-    m: Mapped,
+pub struct DeviceQueue<M: Translate = MemTable> {
+    m: Mapped<M>,
     size: u16,
     dir: Direction,
     event_idx: bool,
@@ -62,13 +49,15 @@ pub struct DeviceQueue {
     notify_on: bool,
     /// Last-hit region for address translation.
     hint: usize,
-    segs: Vec<Seg>,
+    /// Segments of the current batch. Stored as `'static`, lent out only borrowed from the
+    /// queue (`&'q [Seg<'q>]`), so no segment outlives a translator swap.
+    segs: Vec<Seg<'static>>,
 }
 
-impl DeviceQueue {
+impl<M: Translate> DeviceQueue<M> {
     /// Starts the device side of a queue. The ring addresses are validated and translated once;
     /// `mem` stays referenced for as long as the queue lives.
-    pub fn new(mem: Arc<MemTable>, cfg: &QueueConfig) -> Result<Self> {
+    pub fn new(mem: Arc<M>, cfg: &QueueConfig) -> Result<Self> {
         let m = Mapped::new(mem, cfg)?;
         // Scratch for one batch of segments: a chain may hold `size` descriptors and a
         // descriptor may span two regions, and we want at least one whole chain per batch.
@@ -107,13 +96,13 @@ impl DeviceQueue {
         self.used_idx
     }
 
-    /// The memory table the queue translates through.
-    pub fn mem(&self) -> &Arc<MemTable> {
+    /// The translator the queue goes through.
+    pub fn mem(&self) -> &Arc<M> {
         &self.m.mem
     }
 
-    /// Switches to a new memory table (after `SET_MEM_TABLE`), re-translating the rings.
-    pub fn set_mem(&mut self, mem: Arc<MemTable>) -> Result<()> {
+    /// Switches to a new translator (after `SET_MEM_TABLE`), re-translating the rings.
+    pub fn set_mem(&mut self, mem: Arc<M>) -> Result<()> {
         self.segs.clear();
         self.m.remap(mem)
     }
@@ -123,6 +112,8 @@ impl DeviceQueue {
     #[inline]
     pub fn available(&mut self) -> Result<u16> {
         self.segs.clear();
+        // A translator that revoked something since the rings were translated: redo them.
+        self.m.refresh()?;
         // Acquire: the avail ring entries and descriptors the driver wrote before its release
         // store of avail->idx are visible to the reads that follow.
         let idx = self.m.ring.avail_idx().load(Ordering::Acquire);
@@ -182,6 +173,11 @@ impl DeviceQueue {
                 // Drop the failed chain's partial segments: left in the scratch they would
                 // fill it on retries and turn the error into the rollback's `Ok(None)`.
                 self.segs.truncate(start);
+                if e.is_retryable() {
+                    // Nothing consumed: the chain is parsed again once the translation is
+                    // there. The batch ends here so no later chain overtakes it.
+                    self.avail_idx = self.last_avail;
+                }
                 Err(e)
             }
         }
@@ -201,7 +197,7 @@ impl DeviceQueue {
         &mut self,
         out: &mut Vec<Chain>,
         max: usize,
-        mut each: impl FnMut(&[Seg]),
+        mut each: impl FnMut(&[Seg<'_>]),
     ) -> Result<usize> {
         let mut n = 0;
         while n < max && self.avail_idx != self.last_avail {
@@ -233,21 +229,21 @@ impl DeviceQueue {
 
     /// All segments of a chain: readable ones first, then writable ones.
     #[inline]
-    pub fn segs(&self, c: &Chain) -> &[Seg] {
+    pub fn segs(&self, c: &Chain) -> &[Seg<'_>] {
         let s = c.start as usize;
         self.segs.get(s..s + c.nsegs as usize).unwrap_or(&[])
     }
 
     /// The device-readable segments of a chain.
     #[inline]
-    pub fn readable(&self, c: &Chain) -> &[Seg] {
+    pub fn readable(&self, c: &Chain) -> &[Seg<'_>] {
         let s = c.start as usize;
         self.segs.get(s..s + c.nread as usize).unwrap_or(&[])
     }
 
     /// The device-writable segments of a chain.
     #[inline]
-    pub fn writable(&self, c: &Chain) -> &[Seg] {
+    pub fn writable(&self, c: &Chain) -> &[Seg<'_>] {
         let s = (c.start + c.nread) as usize;
         self.segs
             .get(s..(c.start + c.nsegs) as usize)
@@ -280,8 +276,9 @@ impl DeviceQueue {
                 Direction::DeviceWrites => write,
                 Direction::Mixed => true,
             };
+            let perm = if write { Perm::Write } else { Perm::Read };
             if dir_ok {
-                if let Some((p, contig)) = self.m.mem.translate(d.addr, &mut self.hint) {
+                if let Ok((p, contig)) = self.m.mem.translate(d.addr, perm, &mut self.hint) {
                     if u64::from(d.len) <= contig {
                         let start = u32::try_from(self.segs.len()).unwrap_or(u32::MAX);
                         self.segs.push(Seg::new(p, d.len));
@@ -368,10 +365,23 @@ impl DeviceQueue {
         if n > u32::from(self.size) {
             return Err(Error::IndirectBadLen { len });
         }
-        let table =
-            self.m
-                .mem
-                .translate_range(crate::mem::AddrSpace::Guest, d.addr, u64::from(len))?;
+        // The table must be contiguous in host memory: one translation (hint first, then a
+        // binary search), its contiguous length checked.
+        let miss = crate::xlate::Miss {
+            addr: d.addr,
+            len: u64::from(len),
+            perm: Perm::Read,
+        };
+        let table = match self.m.mem.translate(d.addr, Perm::Read, &mut self.hint) {
+            Ok((p, contig)) if contig >= u64::from(len) => p,
+            Ok(_) => {
+                return Err(Error::AddrNotMapped {
+                    addr: d.addr,
+                    len: u64::from(len),
+                })
+            }
+            Err(_) => return Err(self.m.mem.miss_error(miss)),
+        };
         let mut i = 0u32;
         loop {
             // SAFETY: i < n and the table of n*16 bytes was validated inside one region;
@@ -435,17 +445,20 @@ impl DeviceQueue {
         c.readable
             .checked_add(c.writable)
             .ok_or(Error::LenOverflow)?;
+        let perm = if write { Perm::Write } else { Perm::Read };
         let mut addr = d.addr;
         let mut left = d.len;
         while left > 0 {
-            let (p, contig) =
-                self.m
-                    .mem
-                    .translate(addr, &mut self.hint)
-                    .ok_or(Error::AddrNotMapped {
+            let (p, contig) = match self.m.mem.translate(addr, perm, &mut self.hint) {
+                Ok(t) => t,
+                Err(_) => {
+                    return Err(self.m.mem.miss_error(crate::xlate::Miss {
                         addr: d.addr,
                         len: u64::from(d.len),
-                    })?;
+                        perm,
+                    }))
+                }
+            };
             let n = u32::try_from(contig.min(u64::from(left))).unwrap_or(left);
             if self.segs.len() == self.segs.capacity() {
                 return Err(Error::ChainTooLong {

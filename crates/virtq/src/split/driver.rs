@@ -70,7 +70,7 @@ impl IdFifo {
 /// The driver side of one split virtqueue.
 #[derive(Debug)]
 pub struct DriverQueue {
-    m: Mapped,
+    m: Mapped<MemTable>,
     size: u16,
     event_idx: bool,
     /// Free descriptor ids.

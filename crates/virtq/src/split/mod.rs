@@ -10,11 +10,14 @@
 mod device;
 mod driver;
 
-pub use device::{Chain, DeviceQueue};
+pub use device::DeviceQueue;
 pub use driver::{Buf, DriverQueue};
 
+pub use crate::queue::{Direction, QueueConfig, RingAddrs};
+
 use crate::error::{Error, Result};
-use crate::mem::{AddrSpace, MemTable};
+use crate::mem::AddrSpace;
+use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU16;
 use std::sync::Arc;
@@ -47,47 +50,6 @@ pub struct Desc {
     pub next: u16,
 }
 
-/// Which way data moves in a queue's buffers, as the device sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    /// Only device-readable buffers (a transmit queue).
-    DeviceReads,
-    /// Only device-writable buffers (a receive queue).
-    DeviceWrites,
-    /// Readable descriptors followed by writable ones (a control queue).
-    Mixed,
-}
-
-/// The three ring addresses as the peer gave them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RingAddrs {
-    /// Descriptor table.
-    pub desc: u64,
-    /// Driver (available) ring.
-    pub avail: u64,
-    /// Device (used) ring.
-    pub used: u64,
-}
-
-/// Everything needed to start a queue, in either role.
-#[derive(Debug, Clone, Copy)]
-pub struct QueueConfig {
-    /// Number of descriptors: a power of two, 1..=32768.
-    pub size: u16,
-    /// Ring addresses.
-    pub addrs: RingAddrs,
-    /// The space `addrs` are in (vhost-user uses the frontend's user addresses).
-    pub space: AddrSpace,
-    /// First avail index to consume (vhost-user `SET_VRING_BASE`).
-    pub base: u16,
-    /// `VIRTIO_F_EVENT_IDX` negotiated.
-    pub event_idx: bool,
-    /// `VIRTIO_F_INDIRECT_DESC` negotiated.
-    pub indirect: bool,
-    /// Expected buffer direction.
-    pub direction: Direction,
-}
-
 /// Bytes of each ring part for `size` entries.
 #[must_use]
 pub fn ring_sizes(size: u16) -> (u64, u64, u64) {
@@ -111,7 +73,12 @@ pub(crate) struct Ring {
 unsafe impl Send for Ring {}
 
 impl Ring {
-    pub(crate) fn new(mem: &MemTable, space: AddrSpace, a: RingAddrs, size: u16) -> Result<Self> {
+    pub(crate) fn new<M: Translate>(
+        mem: &M,
+        space: AddrSpace,
+        a: RingAddrs,
+        size: u16,
+    ) -> Result<Self> {
         if size == 0 || !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
             return Err(Error::BadQueueSize(u32::from(size)));
         }
@@ -125,9 +92,15 @@ impl Ring {
             }
         }
         let (dl, al, ul) = ring_sizes(size);
-        let desc = mem.translate_range(space, a.desc, dl)?.cast::<Desc>();
-        let avail = mem.translate_range(space, a.avail, al)?;
-        let used = mem.translate_range(space, a.used, ul)?;
+        // Each part must be contiguous; what the device does to it decides the permission
+        // (descriptors and the avail ring are read, the used ring written and read).
+        let part = |addr, len, perm| {
+            mem.translate_range(space, addr, len, perm)
+                .map_err(|m| mem.miss_error(m))
+        };
+        let desc = part(a.desc, dl, Perm::Read)?.cast::<Desc>();
+        let avail = part(a.avail, al, Perm::ReadWrite)?;
+        let used = part(a.used, ul, Perm::ReadWrite)?;
         // Host alignment follows from guest alignment only if regions are page aligned;
         // check the host pointers too, since the atomics below need it.
         let misaligned = |p: *const u8, a: usize| !(p as usize).is_multiple_of(a);
@@ -274,30 +247,48 @@ pub(crate) fn store_load_fence() {
     std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
 }
 
-/// Shared by both roles: keeps the memory alive and rebuilds the ring when it changes.
+/// Shared by both roles: keeps the translator alive and rebuilds the ring when it changes.
 #[derive(Debug)]
-pub(crate) struct Mapped {
-    pub(crate) mem: Arc<MemTable>,
+pub(crate) struct Mapped<M: Translate> {
+    pub(crate) mem: Arc<M>,
     pub(crate) ring: Ring,
     pub(crate) addrs: RingAddrs,
     pub(crate) space: AddrSpace,
+    /// The translator's generation the ring pointers were made at.
+    generation: u64,
 }
 
-impl Mapped {
-    pub(crate) fn new(mem: Arc<MemTable>, cfg: &QueueConfig) -> Result<Self> {
-        let ring = Ring::new(&mem, cfg.space, cfg.addrs, cfg.size)?;
+impl<M: Translate> Mapped<M> {
+    pub(crate) fn new(mem: Arc<M>, cfg: &QueueConfig) -> Result<Self> {
+        let generation = mem.generation();
+        let ring = Ring::new(&*mem, cfg.space, cfg.addrs, cfg.size)?;
         Ok(Self {
             mem,
             ring,
             addrs: cfg.addrs,
             space: cfg.space,
+            generation,
         })
     }
 
-    /// Re-translates the ring after a memory table change (vhost-user requires it).
-    pub(crate) fn remap(&mut self, mem: Arc<MemTable>) -> Result<()> {
-        self.ring = Ring::new(&mem, self.space, self.addrs, self.ring.size)?;
+    /// Re-translates the ring after a translator change (vhost-user requires it).
+    pub(crate) fn remap(&mut self, mem: Arc<M>) -> Result<()> {
+        let generation = mem.generation();
+        self.ring = Ring::new(&*mem, self.space, self.addrs, self.ring.size)?;
         self.mem = mem;
+        self.generation = generation;
+        Ok(())
+    }
+
+    /// Re-translates the ring if the translator revoked anything since it was translated
+    /// (once per batch; a constant compare for a table that never changes).
+    #[inline]
+    pub(crate) fn refresh(&mut self) -> Result<()> {
+        let g = self.mem.generation();
+        if g != self.generation {
+            self.ring = Ring::new(&*self.mem, self.space, self.addrs, self.ring.size)?;
+            self.generation = g;
+        }
         Ok(())
     }
 }

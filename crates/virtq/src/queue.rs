@@ -1,0 +1,317 @@
+//! The ring-format seam: one device-queue and one driver-queue type over every ring format.
+//!
+//! The dataplane and the vhost-user glue name only [`DeviceQueue`] and [`DriverQueue`]; the
+//! format is chosen once, when the queue is built ([`QueueConfig::format`], from the
+//! negotiated features). Each method branches on the format once per call, and the calls are
+//! per batch or per chain, never per byte: with one format the branch folds away.
+//!
+//! The contract every format keeps (and `tests/formats.rs` checks for each one):
+//! * `available` loads the driver's index once per batch; `pop`/`pop_batch` parse chains up
+//!   to it, reading each descriptor once and validating it; `unpop` gives back the last
+//!   chains popped, unconsumed;
+//! * `push_used` records, `publish` makes a batch visible with one release store and takes
+//!   one notification decision;
+//! * `arm_notify` is arm, fence, re-check; `disable_notify` is a hint;
+//! * `last_avail` is what `GET_VRING_BASE` returns and `QueueConfig::base` takes back.
+
+use crate::chain::Chain;
+use crate::error::Result;
+use crate::event::Armed;
+use crate::mem::{AddrSpace, MemTable, Seg};
+use crate::split;
+use crate::xlate::Translate;
+use std::sync::Arc;
+
+/// A ring format (virtio 1.x 2.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// The split virtqueue (2.7): descriptor table, avail ring, used ring.
+    #[default]
+    Split,
+}
+
+impl Format {
+    /// Every format this build implements (the format tests run each).
+    pub const ALL: &'static [Format] = &[Format::Split];
+}
+
+/// Which way data moves in a queue's buffers, as the device sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Only device-readable buffers (a transmit queue).
+    DeviceReads,
+    /// Only device-writable buffers (a receive queue).
+    DeviceWrites,
+    /// Readable descriptors followed by writable ones (a control queue).
+    Mixed,
+}
+
+/// The three ring addresses as the peer gave them (split: descriptor table, avail ring,
+/// used ring).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RingAddrs {
+    /// Descriptor table.
+    pub desc: u64,
+    /// Driver (available) ring.
+    pub avail: u64,
+    /// Device (used) ring.
+    pub used: u64,
+}
+
+/// Everything needed to start a queue, in either role.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueConfig {
+    /// The ring format.
+    pub format: Format,
+    /// Number of descriptors: a power of two, 1..=32768.
+    pub size: u16,
+    /// Ring addresses.
+    pub addrs: RingAddrs,
+    /// The space `addrs` are in (vhost-user uses the frontend's user addresses).
+    pub space: AddrSpace,
+    /// First avail index to consume (vhost-user `SET_VRING_BASE`).
+    pub base: u16,
+    /// `VIRTIO_F_EVENT_IDX` negotiated.
+    pub event_idx: bool,
+    /// `VIRTIO_F_INDIRECT_DESC` negotiated.
+    pub indirect: bool,
+    /// Expected buffer direction.
+    pub direction: Direction,
+}
+
+/// Forwards a method to the queue of whatever format it is.
+macro_rules! dispatch {
+    ($self:ident, $q:ident => $e:expr) => {
+        match $self {
+            Self::Split($q) => $e,
+        }
+    };
+}
+
+/// The device side of a virtqueue, of any format.
+#[derive(Debug)]
+pub enum DeviceQueue<M: Translate = MemTable> {
+    /// A split ring.
+    Split(split::DeviceQueue<M>),
+}
+
+impl<M: Translate> DeviceQueue<M> {
+    /// Starts the device side of a queue in `cfg.format`; ring addresses are validated and
+    /// translated once (and again when the translator revokes anything).
+    pub fn new(mem: Arc<M>, cfg: &QueueConfig) -> Result<Self> {
+        match cfg.format {
+            Format::Split => split::DeviceQueue::new(mem, cfg).map(Self::Split),
+        }
+    }
+
+    /// The ring format.
+    #[inline]
+    pub fn format(&self) -> Format {
+        dispatch!(self, _q => Format::Split)
+    }
+
+    /// Queue size.
+    #[inline]
+    pub fn size(&self) -> u16 {
+        dispatch!(self, q => q.size())
+    }
+
+    /// Next avail index to consume (what `GET_VRING_BASE` returns).
+    #[inline]
+    pub fn last_avail(&self) -> u16 {
+        dispatch!(self, q => q.last_avail())
+    }
+
+    /// The translator the queue goes through.
+    #[inline]
+    pub fn mem(&self) -> &Arc<M> {
+        dispatch!(self, q => q.mem())
+    }
+
+    /// Switches to a new translator, re-translating the rings.
+    pub fn set_mem(&mut self, mem: Arc<M>) -> Result<()> {
+        dispatch!(self, q => q.set_mem(mem))
+    }
+
+    /// Starts a batch: loads the driver's index once; returns how many chains are available.
+    /// Chains (and their segments) of the previous batch must be finished.
+    #[inline]
+    pub fn available(&mut self) -> Result<u16> {
+        dispatch!(self, q => q.available())
+    }
+
+    /// Parses the next chain of the batch (`None`: the batch is done).
+    #[inline]
+    pub fn pop(&mut self) -> Result<Option<Chain>> {
+        dispatch!(self, q => q.pop())
+    }
+
+    /// Pops up to `max` chains into `out`, calling `each` with every chain's segments as it
+    /// is parsed. Returns how many were popped.
+    #[inline]
+    pub fn pop_batch(
+        &mut self,
+        out: &mut Vec<Chain>,
+        max: usize,
+        each: impl FnMut(&[Seg<'_>]),
+    ) -> Result<usize> {
+        dispatch!(self, q => q.pop_batch(out, max, each))
+    }
+
+    /// Gives back the last `n` chains popped, unconsumed (backpressure).
+    #[inline]
+    pub fn unpop(&mut self, n: u16) {
+        dispatch!(self, q => q.unpop(n))
+    }
+
+    /// The device-readable segments of a chain of the current batch.
+    #[inline]
+    pub fn readable(&self, c: &Chain) -> &[Seg<'_>] {
+        dispatch!(self, q => q.readable(c))
+    }
+
+    /// The device-writable segments of a chain of the current batch.
+    #[inline]
+    pub fn writable(&self, c: &Chain) -> &[Seg<'_>] {
+        dispatch!(self, q => q.writable(c))
+    }
+
+    /// All segments of a chain: readable ones first.
+    #[inline]
+    pub fn segs(&self, c: &Chain) -> &[Seg<'_>] {
+        dispatch!(self, q => q.segs(c))
+    }
+
+    /// Records a used entry (nothing reaches the ring until `publish`).
+    #[inline]
+    pub fn push_used(&mut self, head: u16, len: u32) {
+        dispatch!(self, q => q.push_used(head, len))
+    }
+
+    /// Used entries pushed and not yet published.
+    #[inline]
+    pub fn unpublished(&self) -> u16 {
+        dispatch!(self, q => q.unpublished())
+    }
+
+    /// Publishes the batch's used entries; true if the driver must be notified.
+    #[inline]
+    pub fn publish(&mut self) -> bool {
+        dispatch!(self, q => q.publish())
+    }
+
+    /// How far the driver has run past where it asked to be interrupted (`None` when the
+    /// format or features cannot tell).
+    #[inline]
+    pub fn driver_backlog(&self) -> Option<u16> {
+        dispatch!(self, q => q.driver_backlog())
+    }
+
+    /// Stops asking for kicks (we are polling).
+    #[inline]
+    pub fn disable_notify(&mut self) {
+        dispatch!(self, q => q.disable_notify())
+    }
+
+    /// Arm, fence, re-check: `Armed::Empty` means it is safe to sleep until a kick.
+    #[inline]
+    pub fn arm_notify(&mut self) -> Result<Armed> {
+        dispatch!(self, q => q.arm_notify())
+    }
+}
+
+/// The driver side of a virtqueue, of any format, over memory we share.
+#[derive(Debug)]
+pub enum DriverQueue {
+    /// A split ring.
+    Split(split::DriverQueue),
+}
+
+impl DriverQueue {
+    /// Lays out a fresh queue in `cfg.format` over memory we share with the device.
+    pub fn new(mem: Arc<MemTable>, cfg: &QueueConfig) -> Result<Self> {
+        match cfg.format {
+            Format::Split => split::DriverQueue::new(mem, cfg).map(Self::Split),
+        }
+    }
+
+    /// The ring format.
+    #[inline]
+    pub fn format(&self) -> Format {
+        dispatch!(self, _q => Format::Split)
+    }
+
+    /// Queue size.
+    #[inline]
+    pub fn size(&self) -> u16 {
+        dispatch!(self, q => q.size())
+    }
+
+    /// Free descriptors.
+    #[inline]
+    pub fn free_count(&self) -> usize {
+        dispatch!(self, q => q.free_count())
+    }
+
+    /// The id the next [`add_one`](Self::add_one) will use, if any is free.
+    #[inline]
+    pub fn next_free(&self) -> Option<u16> {
+        dispatch!(self, q => q.next_free())
+    }
+
+    /// Buffers the device holds.
+    #[inline]
+    pub fn in_flight(&self) -> u16 {
+        dispatch!(self, q => q.in_flight())
+    }
+
+    /// The memory table.
+    #[inline]
+    pub fn mem(&self) -> &Arc<MemTable> {
+        dispatch!(self, q => q.mem())
+    }
+
+    /// Adds a one-descriptor buffer (unpublished). Returns its id.
+    #[inline]
+    pub fn add_one(&mut self, b: Buf) -> Result<u16> {
+        dispatch!(self, q => q.add_one(b))
+    }
+
+    /// Adds a chain of buffers (unpublished). Returns its id.
+    #[inline]
+    pub fn add_chain(&mut self, bufs: &[Buf]) -> Result<u16> {
+        dispatch!(self, q => q.add_chain(bufs))
+    }
+
+    /// Makes the added buffers visible with one index store; true if the device must be kicked.
+    #[inline]
+    pub fn publish(&mut self) -> bool {
+        dispatch!(self, q => q.publish())
+    }
+
+    /// Starts a reclaim batch: loads the device's index once; returns used entries waiting.
+    #[inline]
+    pub fn used_available(&mut self) -> Result<u16> {
+        dispatch!(self, q => q.used_available())
+    }
+
+    /// The next used buffer of the batch: (id, bytes written), validated.
+    #[inline]
+    pub fn pop_used(&mut self) -> Result<Option<(u16, u32)>> {
+        dispatch!(self, q => q.pop_used())
+    }
+
+    /// Asks for no interrupts (a hint).
+    #[inline]
+    pub fn disable_used_notify(&mut self) {
+        dispatch!(self, q => q.disable_used_notify())
+    }
+
+    /// Arm, fence, re-check for used buffers.
+    #[inline]
+    pub fn arm_used_notify(&mut self) -> Result<Armed> {
+        dispatch!(self, q => q.arm_used_notify())
+    }
+}
+
+pub use split::Buf;

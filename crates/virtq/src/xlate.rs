@@ -1,0 +1,91 @@
+//! The translation seam: how a queue turns an address the peer wrote into host memory.
+//!
+//! A [`Translate`] maps an address range to host memory with a permission. Two kinds fit it:
+//!
+//! * the guest-physical region table ([`MemTable`](crate::MemTable)): the whole truth about
+//!   what the peer shared; a miss means the peer named memory it does not have, a violation;
+//! * an IOTLB (vhost-user `VIRTIO_F_ACCESS_PLATFORM`): a cache of what the peer granted; a
+//!   miss may be filled later (the backend asks, the frontend answers), so the queue must
+//!   wait for it, not stop.
+//!
+//! A miss is therefore a value ([`Miss`]) that the translator turns into an [`Error`]
+//! ([`Translate::miss_error`]): fatal for the table, retryable ([`Error::is_retryable`]) for
+//! a cache. A queue that meets a retryable miss consumes nothing and tries again later.
+//!
+//! Per-packet translation is [`Translate::translate`] with a per-queue hint (the last region
+//! hit): never a linear scan. Ring translations are done once and redone when
+//! [`Translate::generation`] moves (an invalidation), checked once per batch.
+
+use crate::error::Error;
+use crate::mem::AddrSpace;
+use std::ptr::NonNull;
+
+/// What an access needs from the memory behind an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Perm {
+    /// The device reads (a transmit buffer, a descriptor table, the avail ring).
+    Read,
+    /// The device writes (a receive buffer).
+    Write,
+    /// Both (the used ring, whose flags the device writes and whose event it reads).
+    ReadWrite,
+}
+
+impl Perm {
+    /// Whether a grant of `self` allows an access needing `need`.
+    #[inline]
+    pub fn allows(self, need: Perm) -> bool {
+        matches!(
+            (self, need),
+            (Perm::ReadWrite, _) | (Perm::Read, Perm::Read) | (Perm::Write, Perm::Write)
+        )
+    }
+}
+
+/// A range the translator could not map (not granted, not shared, or not with that
+/// permission).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Miss {
+    /// Start of the range, as the peer wrote it.
+    pub addr: u64,
+    /// Its length.
+    pub len: u64,
+    /// What the access needed.
+    pub perm: Perm,
+}
+
+/// Maps the peer's addresses to host memory.
+///
+/// # Contract
+/// A pointer handed out is valid for the bytes it covers for as long as the translator lives
+/// (a queue keeps its translator in an `Arc` next to every pointer it caches).
+pub trait Translate: Send + Sync + std::fmt::Debug {
+    /// Translates the start of a guest (or IOVA) range: the host pointer and how many bytes
+    /// stay contiguous from there. `hint` is the caller's per-queue last hit, tried first.
+    fn translate(
+        &self,
+        addr: u64,
+        perm: Perm,
+        hint: &mut usize,
+    ) -> Result<(NonNull<u8>, u64), Miss>;
+
+    /// Translates a range that must be contiguous in host memory (rings, indirect tables).
+    fn translate_range(
+        &self,
+        space: AddrSpace,
+        addr: u64,
+        len: u64,
+        perm: Perm,
+    ) -> Result<NonNull<u8>, Miss>;
+
+    /// What a miss means to the queue that met it: a violation for a table that is the whole
+    /// truth, a retryable wait for a cache that can be filled.
+    fn miss_error(&self, m: Miss) -> Error;
+
+    /// Moves whenever a translation handed out may have been revoked (an invalidation):
+    /// queues re-translate their rings when it changes. Constant for an immutable table.
+    #[inline]
+    fn generation(&self) -> u64 {
+        0
+    }
+}

@@ -1,0 +1,241 @@
+//! The two seams of the ring layer, each checked so that a second implementation plugged in
+//! wrongly fails here:
+//!
+//! * every ring format in [`Format::ALL`] keeps the queue contract the dataplane relies on
+//!   (batches, unpop, used ids and lengths, arm / re-check, stop and restart at `last_avail`);
+//! * a translator other than the region table (a grant cache, as an IOTLB is) is honoured:
+//!   a miss it reports as retryable consumes nothing, permissions are asked for exactly, and
+//!   a revocation makes the queue re-translate its rings.
+
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use virtq::event::Armed;
+use virtq::mem::{read_segs, write_segs, AddrSpace};
+use virtq::mock::MockQueue;
+use virtq::queue::{Buf, DeviceQueue, Direction, QueueConfig};
+use virtq::{Error, Format, MemTable, Miss, Perm, Translate};
+
+fn offer(drv: &mut virtq::DriverQueue, mq: &MockQueue, ids: std::ops::Range<u16>, write: bool) {
+    for i in ids {
+        if !write {
+            mq.poke(mq.buf(i), &[u8::try_from(i).unwrap(); 8]);
+        }
+        drv.add_one(Buf {
+            addr: mq.buf(i),
+            len: 8,
+            write,
+        })
+        .unwrap();
+    }
+    drv.publish();
+}
+
+#[test]
+fn every_format_keeps_the_queue_contract() {
+    for &format in Format::ALL {
+        let mq = MockQueue::new(16, 64);
+        let (mut drv, mut dev) = mq.pair_in(format, Direction::DeviceReads, true).unwrap();
+        assert_eq!((drv.format(), dev.format()), (format, format));
+        dev.disable_notify();
+        offer(&mut drv, &mq, 0..6, false);
+        assert_eq!(
+            dev.available().unwrap(),
+            6,
+            "{format:?}: one load sees the batch"
+        );
+        let mut chains = Vec::new();
+        assert_eq!(dev.pop_batch(&mut chains, 4, |_| {}).unwrap(), 4);
+        // Backpressure: the last two popped go back and come out again, in order.
+        dev.unpop(2);
+        chains.truncate(2);
+        assert_eq!(
+            dev.available().unwrap(),
+            4,
+            "{format:?}: unpopped chains are available"
+        );
+        assert_eq!(dev.pop_batch(&mut chains, 16, |_| {}).unwrap(), 4);
+        let mut seen = Vec::new();
+        for c in &chains[2..] {
+            let mut b = [0u8; 8];
+            assert_eq!(read_segs(dev.readable(c), 0, &mut b), 8);
+            seen.push(b[0]);
+        }
+        assert_eq!(seen, [2, 3, 4, 5], "{format:?}: order kept across unpop");
+        for c in &chains {
+            dev.push_used(c.head, 0);
+        }
+        assert_eq!(dev.unpublished(), 6);
+        dev.publish();
+        assert_eq!(drv.used_available().unwrap(), 6);
+        let mut ids = Vec::new();
+        while let Some((id, len)) = drv.pop_used().unwrap() {
+            assert_eq!(len, 0);
+            ids.push(id);
+        }
+        ids.sort_unstable();
+        assert_eq!(
+            ids,
+            (0..6).collect::<Vec<_>>(),
+            "{format:?}: every id back once"
+        );
+        // Arm, re-check: empty, then work that arrives after arming is seen by a kick.
+        assert_eq!(dev.arm_notify().unwrap(), Armed::Empty);
+        drv.add_one(Buf {
+            addr: mq.buf(0),
+            len: 8,
+            write: false,
+        })
+        .unwrap();
+        assert!(drv.publish(), "{format:?}: an armed device is kicked");
+        assert_eq!(dev.arm_notify().unwrap(), Armed::NotEmpty);
+        // Stop and restart where it stopped (GET_VRING_BASE / SET_VRING_BASE).
+        let base = dev.last_avail();
+        assert_eq!(base, 6);
+        let cfg = QueueConfig {
+            format,
+            base,
+            ..mq.config(Direction::DeviceReads, true, true)
+        };
+        let mut dev2: DeviceQueue = DeviceQueue::new(mq.mem.clone(), &cfg).unwrap();
+        assert_eq!(
+            dev2.available().unwrap(),
+            1,
+            "{format:?}: restarts at the base"
+        );
+    }
+}
+
+/// A grant cache over the mock's region: only ranges granted (with a permission) translate;
+/// a miss is retryable; revoking bumps the generation.
+#[derive(Debug)]
+struct Grants {
+    table: Arc<MemTable>,
+    granted: Mutex<BTreeMap<u64, (u64, Perm)>>,
+    generation: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl Grants {
+    fn new(table: Arc<MemTable>) -> Self {
+        Self {
+            table,
+            granted: Mutex::new(BTreeMap::new()),
+            generation: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+    fn grant(&self, addr: u64, len: u64, perm: Perm) {
+        self.granted.lock().unwrap().insert(addr, (len, perm));
+    }
+    fn revoke(&self, addr: u64) {
+        self.granted.lock().unwrap().remove(&addr);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+    /// Bytes granted contiguously from `addr` with `perm`.
+    fn check(&self, addr: u64, perm: Perm) -> Option<u64> {
+        let g = self.granted.lock().unwrap();
+        let (&start, &(len, p)) = g.range(..=addr).next_back()?;
+        (addr < start + len && p.allows(perm)).then(|| start + len - addr)
+    }
+}
+
+impl Translate for Grants {
+    fn translate(
+        &self,
+        addr: u64,
+        perm: Perm,
+        hint: &mut usize,
+    ) -> Result<(NonNull<u8>, u64), Miss> {
+        let miss = Miss { addr, len: 1, perm };
+        let Some(granted) = self.check(addr, perm) else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            return Err(miss);
+        };
+        let (p, contig) = self.table.translate(addr, perm, hint)?;
+        Ok((p, contig.min(granted)))
+    }
+    fn translate_range(
+        &self,
+        space: AddrSpace,
+        addr: u64,
+        len: u64,
+        perm: Perm,
+    ) -> Result<NonNull<u8>, Miss> {
+        let miss = Miss { addr, len, perm };
+        if self.check(addr, perm).is_none_or(|g| g < len) {
+            return Err(miss);
+        }
+        self.table.translate_range(space, addr, len, perm)
+    }
+    fn miss_error(&self, m: Miss) -> Error {
+        Error::TranslationMiss {
+            addr: m.addr,
+            len: m.len,
+            perm: m.perm,
+        }
+    }
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+}
+
+#[test]
+fn a_grant_cache_translator_is_honoured() {
+    let mq = MockQueue::new(8, 64);
+    let (mut drv, _) = mq
+        .pair_in(Format::Split, Direction::DeviceWrites, true)
+        .unwrap();
+    let grants = Arc::new(Grants::new(mq.mem.clone()));
+    // The rings are granted (the used ring writable), the buffers not yet.
+    let (dl, al, ul) = virtq::split::ring_sizes(8);
+    grants.grant(mq.addrs.desc, dl, Perm::Read);
+    grants.grant(mq.addrs.avail, al, Perm::ReadWrite);
+    grants.grant(mq.addrs.used, ul, Perm::ReadWrite);
+    let cfg = mq.config(Direction::DeviceWrites, true, true);
+    let mut dev = DeviceQueue::new(grants.clone(), &cfg).unwrap();
+    offer(&mut drv, &mq, 0..2, true);
+
+    // A miss is retryable and consumes nothing.
+    assert_eq!(dev.available().unwrap(), 2);
+    let mut chains = Vec::new();
+    let e = dev.pop_batch(&mut chains, 8, |_| {}).unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert!(chains.is_empty());
+    assert_eq!(dev.last_avail(), 0, "nothing consumed on a miss");
+
+    // A read-only grant of a buffer the device must write is not enough.
+    grants.grant(mq.buf(0), 64, Perm::Read);
+    assert_eq!(dev.available().unwrap(), 2);
+    assert!(dev
+        .pop_batch(&mut chains, 8, |_| {})
+        .unwrap_err()
+        .is_retryable());
+    assert_eq!(dev.last_avail(), 0);
+
+    // Granted writable: the chain comes out and its bytes land where the peer sees them.
+    grants.grant(mq.buf(0), 64, Perm::Write);
+    grants.grant(mq.buf(1), 64, Perm::ReadWrite);
+    assert_eq!(dev.available().unwrap(), 2);
+    assert_eq!(dev.pop_batch(&mut chains, 8, |_| {}).unwrap(), 2);
+    write_segs(dev.writable(&chains[0]), 0, b"granted!");
+    let mut b = [0u8; 8];
+    mq.peek(mq.buf(0), &mut b);
+    assert_eq!(&b, b"granted!");
+    assert!(grants.misses.load(Ordering::Relaxed) >= 2);
+
+    // Revoking the used ring: the next batch re-translates the rings and waits for it.
+    grants.revoke(mq.addrs.used);
+    assert!(dev.available().unwrap_err().is_retryable());
+    grants.grant(mq.addrs.used, ul, Perm::ReadWrite);
+    assert_eq!(dev.available().unwrap(), 0);
+
+    // The region table, by contrast, calls a miss a violation.
+    let e = mq.mem.miss_error(Miss {
+        addr: 1,
+        len: 1,
+        perm: Perm::Read,
+    });
+    assert!(!e.is_retryable());
+}
