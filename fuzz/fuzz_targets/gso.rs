@@ -23,7 +23,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pvnet_dataplane::offload::{self, VnetHdr};
+use pvnet_net::offload::{self, VnetHdr};
 
 /// Textbook Internet checksum sum of the concatenation of `parts`, folded, not complemented.
 fn ref_sum(parts: &[&[u8]]) -> u16 {

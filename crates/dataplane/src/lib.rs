@@ -11,7 +11,6 @@
 //! * [`frame`]: the benchmark frame format (sequence numbers and the end marker).
 
 pub mod frame;
-pub mod offload;
 pub mod poll;
 pub mod port;
 pub mod stats;

@@ -10,7 +10,7 @@ use crate::poll::{Policy, Poller, WakeCost};
 use crate::stats::{bump, DropReason, PortStats};
 use pvnet_vhost::backend::{PortId, StartedQueue};
 use pvnet_vhost::eventfd::Notifier;
-use pvnet_vhost::features::NET_HDR_LEN;
+const NET_HDR_LEN: usize = pvnet_net::HDR_LEN as usize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::error;

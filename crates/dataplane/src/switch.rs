@@ -18,11 +18,11 @@
 //! flooded copies, it is dropped and counted (`no_buffer`).
 
 use crate::frame::{self, SeqCheck};
-use crate::offload::{self, VnetHdr};
 use crate::poll::Idle;
 use crate::port::{deliver, deliver_frames, Delivered, Port, QueueSlot, HDR, MAX_MERGE};
 use crate::stats::{bump, DropReason, PortStats};
 use crate::tap::Tap;
+use pvnet_net::offload::{self, VnetHdr};
 use pvnet_vhost::backend::PortId;
 use pvnet_vhost::features::{
     VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,

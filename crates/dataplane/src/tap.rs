@@ -21,7 +21,7 @@
 //!
 //! The device lives as long as the file descriptor: it is not persistent.
 
-use pvnet_vhost::features::NET_HDR_LEN;
+use pvnet_net::HDR_LEN;
 use std::fs::OpenOptions;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -29,7 +29,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Length of the vnet header in front of every packet (`virtio_net_hdr_v1`).
-pub const VNET_HDR_LEN: usize = NET_HDR_LEN;
+pub const VNET_HDR_LEN: usize = HDR_LEN as usize;
 
 /// The largest frame the kernel may hand us: an IP packet of 65535 bytes (the largest MTU a
 /// tap takes; GSO packets are kept under 64 KiB, `gso_max_size`) behind an Ethernet header

@@ -94,6 +94,10 @@ pub struct FrontendArgs {
     /// Disable VIRTIO_F_EVENT_IDX (use flag-based suppression).
     #[arg(long)]
     pub no_event_idx: bool,
+    /// Negotiate neither VIRTIO_F_VERSION_1 nor VIRTIO_NET_F_MRG_RXBUF, like a legacy driver:
+    /// every packet then carries the 10-byte virtio-net header instead of 12.
+    #[arg(long)]
+    pub legacy_hdr: bool,
 }
 
 fn emit(v: &serde_json::Value) {
@@ -171,6 +175,7 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         buf_size: 2048,
         event_idx: !a.no_event_idx,
         tx_mode,
+        legacy_hdr: a.legacy_hdr,
     };
     let wake = WakeCost::measure(30);
     let mut c = NetClient::connect(&a.socket, cfg)?;

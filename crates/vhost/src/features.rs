@@ -1,33 +1,14 @@
-//! Feature bits pvnet's virtio-net device and driver use (virtio 1.x, 5.1.3 and 6).
+//! Feature bits pvnet's virtio-net device and driver use (virtio 1.x, 5.1.3 and 6): the
+//! virtio-net ones from [`pvnet_net::features`], the transport and vhost-user ones here.
 
-/// Device handles packets with partial checksum.
-pub const VIRTIO_NET_F_CSUM: u64 = 1 << 0;
-/// Driver can merge receive buffers.
-pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
-/// Driver handles packets with partial checksum.
-pub const VIRTIO_NET_F_GUEST_CSUM: u64 = 1 << 1;
-/// Driver can receive TSOv4.
-pub const VIRTIO_NET_F_GUEST_TSO4: u64 = 1 << 7;
-/// Driver can receive TSOv6.
-pub const VIRTIO_NET_F_GUEST_TSO6: u64 = 1 << 8;
-/// Driver can receive TSO with ECN.
-pub const VIRTIO_NET_F_GUEST_ECN: u64 = 1 << 9;
-/// Device can receive TSOv4.
-pub const VIRTIO_NET_F_HOST_TSO4: u64 = 1 << 11;
-/// Device can receive TSOv6.
-pub const VIRTIO_NET_F_HOST_TSO6: u64 = 1 << 12;
-/// Device can receive TSO with ECN.
-pub const VIRTIO_NET_F_HOST_ECN: u64 = 1 << 13;
-/// Device has a MAC in config space.
-pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
+pub use pvnet_net::features::*;
+
 /// Indirect descriptors.
 pub const VIRTIO_F_INDIRECT_DESC: u64 = 1 << 28;
 /// used_event / avail_event.
 pub const VIRTIO_F_EVENT_IDX: u64 = 1 << 29;
 /// vhost-user: protocol features are negotiated.
 pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
-/// Virtio 1.x (modern) device.
-pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 /// The device uses buffers in the order they were made available (virtio 1.x 2.7.9).
 /// pvnet's device always does: every path completes chains in pop order and gives back
 /// (`unpop`) only a tail it did not take. Drivers that know it (DPDK virtio-user) take a
@@ -52,9 +33,6 @@ pub const OFFLOAD_FEATURES: u64 = VIRTIO_NET_F_CSUM
     | VIRTIO_NET_F_HOST_TSO4
     | VIRTIO_NET_F_HOST_TSO6
     | VIRTIO_NET_F_HOST_ECN;
-
-/// Length of `struct virtio_net_hdr_v1` (VERSION_1: always 12 bytes, `num_buffers` included).
-pub const NET_HDR_LEN: usize = 12;
 
 /// Queue index of the first receive queue (device writes) in a virtio-net device.
 pub const RX_QUEUE: usize = 0;

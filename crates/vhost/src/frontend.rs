@@ -11,9 +11,10 @@
 //! interrupt only when the ring is full and it must wait.
 
 use crate::features::{
-    NET_HDR_LEN, RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX,
-    VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF,
+    RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1,
+    VIRTIO_NET_F_MRG_RXBUF,
 };
+use pvnet_net::hdr::{hdr_len, HDR_LEN};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -71,6 +72,9 @@ pub struct ClientConfig {
     pub event_idx: bool,
     /// How transmitted buffers are reclaimed.
     pub tx_mode: TxMode,
+    /// Negotiate neither `VIRTIO_F_VERSION_1` nor `VIRTIO_NET_F_MRG_RXBUF`, as a legacy
+    /// driver does: every packet then carries the 10-byte header (virtio 1.x 5.1.6).
+    pub legacy_hdr: bool,
 }
 
 /// How completed TX buffers come back (the Linux virtio-net "tx napi" series and what it
@@ -98,6 +102,7 @@ impl Default for ClientConfig {
             buf_size: 2048,
             event_idx: true,
             tx_mode: TxMode::Napi,
+            legacy_hdr: false,
         }
     }
 }
@@ -223,6 +228,7 @@ pub struct ClientStats {
 pub struct RxFrame<'a> {
     pool: NonNull<u8>,
     buf_size: u32,
+    hdr_len: usize,
     ids: &'a [(u16, u32)],
 }
 
@@ -232,7 +238,7 @@ impl RxFrame<'_> {
         let total: u64 = self.ids.iter().map(|&(_, l)| u64::from(l)).sum();
         usize::try_from(total)
             .unwrap_or(usize::MAX)
-            .saturating_sub(NET_HDR_LEN)
+            .saturating_sub(self.hdr_len)
     }
 
     /// True for an empty frame.
@@ -242,7 +248,7 @@ impl RxFrame<'_> {
 
     /// Copies frame bytes from `off` into `dst`; returns how many were copied.
     pub fn read(&self, off: usize, dst: &mut [u8]) -> usize {
-        let mut skip = off + NET_HDR_LEN;
+        let mut skip = off + self.hdr_len;
         let mut done = 0;
         for &(id, len) in self.ids {
             let len = len as usize;
@@ -277,6 +283,8 @@ pub struct NetClient {
     cfg: ClientConfig,
     lay: Layout,
     features: u64,
+    /// Bytes of the virtio-net header in front of every packet (from `features`).
+    hdr_len: usize,
     mem: Arc<MemTable>,
     rx: DriverQueue,
     tx: DriverQueue,
@@ -306,16 +314,19 @@ impl NetClient {
         if cfg.queue_size == 0 || !cfg.queue_size.is_power_of_two() {
             return Err(Error::Config("queue size must be a power of two"));
         }
-        if (cfg.buf_size as usize) < NET_HDR_LEN + 64 {
+        if cfg.buf_size < HDR_LEN + 64 {
             return Err(Error::Config("buffers too small"));
         }
         let mut fe = Frontend::connect(path, 2)?;
         fe.set_owner()?;
         let offered = fe.get_features()?;
-        if offered & VIRTIO_F_VERSION_1 == 0 {
+        if offered & VIRTIO_F_VERSION_1 == 0 && !cfg.legacy_hdr {
             return Err(Error::Missing("VIRTIO_F_VERSION_1"));
         }
-        let mut want = VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF | VHOST_USER_F_PROTOCOL_FEATURES;
+        let mut want = VHOST_USER_F_PROTOCOL_FEATURES;
+        if !cfg.legacy_hdr {
+            want |= VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
+        }
         if cfg.event_idx {
             want |= VIRTIO_F_EVENT_IDX;
         }
@@ -391,6 +402,7 @@ impl NetClient {
             cfg,
             lay,
             features,
+            hdr_len: hdr_len(features) as usize,
             mem,
             rx,
             tx,
@@ -427,7 +439,7 @@ impl NetClient {
 
     /// Largest frame one TX buffer carries.
     pub fn max_frame(&self) -> usize {
-        self.cfg.buf_size as usize - NET_HDR_LEN
+        self.cfg.buf_size as usize - self.hdr_len
     }
 
     fn kick(&mut self, q: usize) {
@@ -501,13 +513,14 @@ impl NetClient {
     ) -> Result<usize, Error> {
         self.reclaim_tx()?;
         let bs = self.cfg.buf_size as usize;
-        let lim = scratch.len().min(bs - NET_HDR_LEN);
+        let h = self.hdr_len;
+        let lim = scratch.len().min(bs - h);
         let mut sent = 0;
         while sent < max {
             let Some(id) = self.tx.next_free() else { break };
-            let len = fill(sent, &mut scratch[NET_HDR_LEN..]).min(lim - NET_HDR_LEN.min(lim));
-            scratch[..NET_HDR_LEN].fill(0);
-            let total = NET_HDR_LEN + len;
+            let len = fill(sent, &mut scratch[h..]).min(lim - h.min(lim));
+            scratch[..h].fill(0);
+            let total = h + len;
             // SAFETY: id < queue size, total <= buf_size: inside buffer `id` of the TX pool,
             // which only we write while the buffer is not in flight (it is free).
             unsafe {
@@ -562,7 +575,7 @@ impl NetClient {
         while i < self.used.len() && got < max {
             let (id, len) = self.used[i];
             let mut want = 1usize;
-            if mrg && len as usize >= NET_HDR_LEN {
+            if mrg && len as usize >= self.hdr_len {
                 let mut nb = [0u8; 2];
                 // SAFETY: id < queue size and 12 <= len <= buf_size (validated against what
                 // we posted): the two bytes of num_buffers (offset 10) are inside buffer `id`.
@@ -576,7 +589,7 @@ impl NetClient {
                 want = usize::from(u16::from_le_bytes(nb)).max(1);
             }
             let end = i + want;
-            if (len as usize) < NET_HDR_LEN || end > self.used.len() {
+            if (len as usize) < self.hdr_len || end > self.used.len() {
                 // Short, or a merged frame whose buffers the device did not publish together.
                 self.stats.rx_errors += 1;
                 i += 1;
@@ -585,6 +598,7 @@ impl NetClient {
             f(&RxFrame {
                 pool: self.rx_pool,
                 buf_size: self.cfg.buf_size,
+                hdr_len: self.hdr_len,
                 ids: &self.used[i..end],
             });
             got += 1;

@@ -1,0 +1,16 @@
+//! virtio-net, above the rings: the header every packet carries, its length from the
+//! negotiated features, and the software fallbacks for offloads a receiver did not take.
+//!
+//! * [`hdr`]: `virtio_net_hdr` / `virtio_net_hdr_v1` and [`hdr::hdr_len`];
+//! * [`offload`]: checksum completion and segmentation (TSO, USO) in software;
+//! * [`features`]: the virtio-net feature bits.
+//!
+//! Pure: no syscalls, no unsafe code, nothing panics on input from a peer.
+
+#![forbid(unsafe_code)]
+
+pub mod features;
+pub mod hdr;
+pub mod offload;
+
+pub use hdr::{hdr_len, VnetHdr, HDR_LEN, HDR_LEN_LEGACY, NUM_BUFFERS_OFF};
