@@ -1,26 +1,49 @@
 #!/usr/bin/env bash
-# Instruction count per packet of the device-side fast path (virtq DeviceQueue: available,
-# pop, copy 76 bytes out, push_used, publish), from valgrind --tool=callgrind.
+# Instruction count per packet of the fast paths, from valgrind --tool=callgrind:
 #
-# Runs crates/virtq/examples/fastpath.rs for N and 2N packets and divides the difference of the
-# inclusive count of `device_batch` by N: set-up cost cancels. Counts are per packet and do not
-# move with machine noise, so they compare two versions of the fast path.
-# Usage: scripts/callgrind.sh [N]   (default 200000). Prints one line per role.
+# * the ring (crates/virtq/examples/fastpath.rs): device_batch (available, pop, copy 76 bytes
+#   out, push_used, publish), driver_offer, driver_reclaim;
+# * the switch path (crates/dataplane/examples/switchpath.rs): switch_vhost (learning switch,
+#   frontend to frontend), forward_vhost (fixed wire), gen_vhost (generator into a frontend),
+#   vhost_sink (frontend into a sink), each through pvnet's ports over mock rings.
+#
+# Each program runs for N and 2N packets; the difference of each function's inclusive count
+# divided by N is its cost per packet (set-up cancels). Counts do not move with machine noise,
+# so they compare two versions of the fast path (ALT=<dir of another checkout> prints that
+# checkout's figures too, built from the same examples).
+# Usage: scripts/callgrind.sh [N]   (default 200000). Prints one line per function.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-200000}"
 command -v valgrind >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind >/dev/null; }
-cargo build -q --release -p virtq --features mock --example fastpath
-bin=target/release/examples/fastpath
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-inclusive() { # file function -> inclusive Ir
+
+inclusive() { # file example function -> inclusive Ir
   callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
-    awk -v f="examples/fastpath.rs:$2 " '!done && $0 ~ f {gsub(",","",$1); print $1; done = 1}'
+    awk -v f="examples/$2.rs:$2::$3 " '!done && index($0, f) {gsub(",","",$1); print $1; done = 1}'
 }
-for n in "$N" "$((2 * N))"; do
-  valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.$n" "$bin" "$n" >/dev/null 2>&1
-done
-for fn in device_batch driver_offer driver_reclaim; do
-  a=$(inclusive "$tmp/cg.$N" "fastpath::$fn"); b=$(inclusive "$tmp/cg.$((2 * N))" "fastpath::$fn")
-  awk -v a="$a" -v b="$b" -v n="$N" -v f="$fn" 'BEGIN { printf "%-16s %6.1f instructions/packet\n", f, (b - a) / n }'
-done
+
+measure() { # dir label
+  local dir="$1" label="$2"
+  (cd "$dir" &&
+    cargo build -q --release -p virtq --features mock --example fastpath &&
+    cargo build -q --release -p pvnet-dataplane --example switchpath)
+  for ex in fastpath switchpath; do
+    local bin="$dir/target/release/examples/$ex"
+    [ -x "$bin" ] || continue
+    for n in "$N" "$((2 * N))"; do
+      valgrind --tool=callgrind --callgrind-out-file="$tmp/$label.$ex.$n" "$bin" "$n" >/dev/null 2>&1
+    done
+    local fns="device_batch driver_offer driver_reclaim"
+    [ "$ex" = switchpath ] && fns="switch_vhost forward_vhost gen_vhost vhost_sink"
+    for fn in $fns; do
+      a=$(inclusive "$tmp/$label.$ex.$N" "$ex" "$fn"); b=$(inclusive "$tmp/$label.$ex.$((2 * N))" "$ex" "$fn")
+      awk -v a="$a" -v b="$b" -v n="$N" -v f="$fn" -v l="$label" \
+        'BEGIN { if (a == "" || b == "") printf "%-6s %-16s    n/a\n", l, f; else printf "%-6s %-16s %6.1f instructions/packet\n", l, f, (b - a) / n }'
+    done
+  done
+}
+
+measure . this
+[ -n "${ALT:-}" ] && measure "$ALT" alt
+exit 0

@@ -1,19 +1,23 @@
-//! The dataplane: one worker thread owns every running ring, polls them in batches and moves
-//! packets between ports; the control plane only hands it queues.
+//! The dataplane: shards (threads) own ports and run the poll loop over them; the switch
+//! moves packets between ports; the control plane only hands it queues.
 //!
-//! * [`worker`]: the thread, its command channel, epoll, and the poll loop
-//!   (process a batch; poll on while work keeps coming; when the window passes with no work,
-//!   arm, fence, re-check, and only then sleep).
-//! * [`port`]: a vhost-user port's queues and what the port does with packets (sink, generator,
-//!   forward to its peer with exactly one copy).
-//! * [`poll`]: the clock and the polling window (time injected for tests).
-//! * [`stats`]: per-port counters, drops by reason.
+//! * [`port`]: everything packets enter and leave through, behind one `Port` interface
+//!   (vhost-user, tap, sink, gen).
+//! * [`switch`]: one ingress loop over every port; learned or fixed routes; offload fitting.
+//! * [`egress`]: where backpressure is decided (wait, or drop with a reason).
+//! * [`worker`]: the shards, placement, and the handle the control plane drives them with.
+//! * [`poll`]: policies, the adaptive window, the clock, and the poll loop's pure decisions.
+//! * [`stats`]: counters per (port, queue pair), one writer each, summed for display.
+//! * [`sys`]: the operating system (epoll, timerfd, eventfd, pinning, the tap device).
 //! * [`frame`]: the benchmark frame format (sequence numbers and the end marker).
+//!
+//! Module dependencies run one way: `sys` <- `poll` <- `port` <- `switch` <- `worker`.
 
+pub mod egress;
 pub mod frame;
 pub mod poll;
 pub mod port;
 pub mod stats;
 pub mod switch;
-pub mod tap;
+pub mod sys;
 pub mod worker;

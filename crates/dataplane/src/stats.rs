@@ -137,6 +137,44 @@ pub struct PortSnapshot {
     pub up: bool,
 }
 
+impl PortSnapshot {
+    /// The snapshot of a port whose counters are kept per queue pair: their sum (an end
+    /// marker: the largest seen; up: any pair).
+    pub fn sum<'a>(port: u32, qps: impl IntoIterator<Item = &'a PortStats>) -> Self {
+        let mut t = PortSnapshot {
+            port,
+            ..PortSnapshot::default()
+        };
+        for (k, s) in qps.into_iter().enumerate() {
+            let s = s.snapshot(port);
+            if k == 0 {
+                t = s;
+                continue;
+            }
+            t.rx_packets += s.rx_packets;
+            t.rx_bytes += s.rx_bytes;
+            t.tx_packets += s.tx_packets;
+            t.tx_bytes += s.tx_bytes;
+            for (name, n) in s.drops {
+                *t.drops.entry(name).or_default() += n;
+            }
+            t.kicks += s.kicks;
+            t.calls += s.calls;
+            t.rx_batches += s.rx_batches;
+            t.tx_batches += s.tx_batches;
+            t.sleeps += s.sleeps;
+            t.queue_errors += s.queue_errors;
+            t.seq_errors += s.seq_errors;
+            t.end_marker = t.end_marker.max(s.end_marker);
+            t.flooded += s.flooded;
+            t.sw_gso += s.sw_gso;
+            t.sw_csum += s.sw_csum;
+            t.up |= s.up;
+        }
+        t
+    }
+}
+
 impl PortStats {
     /// Snapshot for port `port`.
     pub fn snapshot(&self, port: u32) -> PortSnapshot {

@@ -169,7 +169,7 @@ pub fn segment(
     hdr: &VnetHdr,
     frame: &[u8],
     scratch: &mut Vec<u8>,
-    mut out: impl FnMut(&[u8]),
+    mut out: impl FnMut(&mut [u8]),
 ) -> Result<usize, OffloadError> {
     let want_tcp_v4 = match hdr.gso_type & !GSO_ECN {
         GSO_TCPV4 => Some((true, Some(true))),

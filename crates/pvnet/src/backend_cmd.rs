@@ -3,8 +3,7 @@
 use crate::proc;
 use clap::{Args, ValueEnum};
 use pvnet_dataplane::poll::Policy;
-use pvnet_dataplane::port::{GenConfig, Role};
-use pvnet_dataplane::worker::{Dataplane, WorkerConfig};
+use pvnet_dataplane::worker::{Dataplane, GenConfig, Role, WorkerConfig};
 use pvnet_vhost::backend::{connect_loop, serve, BackendConfig, DeviceHooks};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,11 +67,18 @@ pub struct BackendArgs {
     /// Queue pairs offered to each frontend.
     #[arg(long, default_value_t = 1)]
     pub queue_pairs: u16,
+    /// Worker threads (shards). Frontends are spread over them by port id (a forwarding pair
+    /// stays together); each shard polls only its own ports.
+    #[arg(long, default_value_t = 1)]
+    pub shards: usize,
 }
 
 /// Runs the backend; prints the final per-port counters as one JSON line on stdout.
 pub fn run(a: &BackendArgs) -> anyhow_lite::Result<()> {
     proc::install_stop_handler();
+    if a.shards == 0 || a.shards > 64 {
+        return Err("--shards must be within 1..=64".into());
+    }
     if a.batch == 0 {
         return Err("--batch must be at least 1".into());
     }
@@ -97,6 +103,7 @@ pub fn run(a: &BackendArgs) -> anyhow_lite::Result<()> {
         batch: a.batch,
         cpu: a.cpu,
         tx_call_delay: Duration::from_micros(a.tx_call_delay),
+        shards: a.shards,
     };
     let dp = Dataplane::start(cfg)?;
     let hooks: Arc<dyn DeviceHooks> = dp.clone();

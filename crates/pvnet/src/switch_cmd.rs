@@ -8,12 +8,10 @@ use crate::ctl;
 use crate::proc;
 use clap::Args;
 use pvnet_dataplane::poll::Policy;
-use pvnet_dataplane::port::Role;
-use pvnet_dataplane::stats::{PortSnapshot, PortStats};
-use pvnet_dataplane::switch::{
-    GenPort, GenSpec, HostKind, HostPort, SinkPort, SwitchConfig, TapPort,
-};
-use pvnet_dataplane::worker::{Dataplane, WorkerConfig};
+use pvnet_dataplane::port::gen::GenSpec;
+use pvnet_dataplane::stats::PortSnapshot;
+use pvnet_dataplane::switch::SwitchConfig;
+use pvnet_dataplane::worker::{Dataplane, HostPort, Role, WorkerConfig};
 use pvnet_vhost::backend::{connect_loop, serve_port, BackendConfig, DeviceHooks, PortId};
 use pvnet_vhost::features::{DEVICE_FEATURES, OFFLOAD_FEATURES};
 use serde::Deserialize;
@@ -312,6 +310,8 @@ fn load(a: &SwitchArgs) -> Result<Config> {
         batch,
         cpu: a.cpu.or(sw.cpu),
         tx_call_delay: Duration::from_micros(a.tx_call_delay.or(sw.tx_call_delay).unwrap_or(150)),
+        // One shard until shards hand packets to each other (the multiqueue issue).
+        shards: 1,
     };
     Ok(Config {
         worker,
@@ -407,25 +407,17 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                 ..
             } => {
                 let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
-                let tap = pvnet_dataplane::tap::open(&want, *offloads)
+                let tap = pvnet_dataplane::sys::tap::open(&want, *offloads)
                     .map_err(|e| format!("port {}: {e}", p.name()))?;
                 tap.link_up(*mtu)
                     .map_err(|e| format!("port {}: {e}", p.name()))?;
                 let name = tap.name().to_string();
                 info!(port = %p.name(), ifname = %name, offloads = *offloads, "tap ready");
-                dp.add_host(HostPort {
-                    id,
-                    stats: Arc::new(PortStats::default()),
-                    kind: HostKind::Tap(TapPort::new(tap)),
-                });
+                dp.add_host(id, HostPort::Tap(tap));
                 name
             }
             PortConfig::Sink { .. } => {
-                dp.add_host(HostPort {
-                    id,
-                    stats: Arc::new(PortStats::default()),
-                    kind: HostKind::Sink(SinkPort::default()),
-                });
+                dp.add_host(id, HostPort::Sink);
                 String::new()
             }
             PortConfig::Gen {
@@ -445,11 +437,7 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                     src: parse_mac(src)?,
                     dst: parse_mac(dst)?,
                 };
-                dp.add_host(HostPort {
-                    id,
-                    stats: Arc::new(PortStats::default()),
-                    kind: HostKind::Gen(GenPort::new(spec)),
-                });
+                dp.add_host(id, HostPort::Gen(spec));
                 format!(
                     "{} -> {}, {}",
                     src,

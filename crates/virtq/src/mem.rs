@@ -329,6 +329,21 @@ impl<'m> Seg<'m> {
         Some(out)
     }
 
+    /// Writes the `N` bytes of `src` at `off`, if the segment holds them: a fixed-size store
+    /// the compiler inlines (a header field), where [`write`](Self::write) calls `memcpy`.
+    /// Returns false (and writes nothing) if they do not fit.
+    #[inline]
+    pub fn write_array<const N: usize>(&self, off: u32, src: [u8; N]) -> bool {
+        match self.at(off, N) {
+            Some((p, n)) if n == N => {
+                // SAFETY: `p..p+N` is inside the segment (`at`); `src` is ours.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, N) };
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Copies `src` to offset `off`; returns how many bytes were copied (short at the end).
     #[inline]
     pub fn write(&self, off: u32, src: &[u8]) -> usize {

@@ -23,6 +23,8 @@
 //!
 //! Time is injected ([`Clock`]) so the policy is tested deterministically.
 
+pub mod plan;
+
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -123,81 +125,49 @@ impl WakeCost {
 }
 
 fn measure_wake(rounds: u32) -> Option<WakeCost> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use crate::sys::{self, Epoll, EventFd};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
-    let mk = || -> Option<OwnedFd> {
-        // SAFETY: plain syscall; the result is checked and then owned.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        // SAFETY: a fresh fd nobody else owns.
-        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
-    };
-    let (ping, pong) = (Arc::new(mk()?), Arc::new(mk()?));
+    let (ping, pong) = (
+        Arc::new(EventFd::new(0).ok()?),
+        Arc::new(EventFd::new(0).ok()?),
+    );
     let sent_at = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
     let (p2, q2, s2) = (ping.clone(), pong.clone(), sent_at.clone());
     // The wake that matters is a producer on another core waking this (pinned) thread: put
     // the waker on a different CPU than ours.
-    // SAFETY: sched_getcpu has no preconditions.
-    let here = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let ncpu = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
-        .unwrap_or(1)
-        .max(1);
-    let other = (here + 1) % ncpu;
+    let ncpu = sys::online_cpus();
+    let other = (sys::current_cpu() + 1) % ncpu;
     let waker = std::thread::spawn(move || {
         if ncpu > 1 {
-            crate::worker::pin_current_thread(other);
+            sys::pin_current_thread(other);
         }
-        let mut v = 0u64;
         for _ in 0..rounds {
             // Let the sleeper block first.
             std::thread::sleep(Duration::from_micros(200));
             #[allow(clippy::cast_possible_truncation)] // nanoseconds of a sub-minute run
             s2.store(t0.elapsed().as_nanos() as u64, Ordering::Release);
-            let one = 1u64;
-            // SAFETY: 8-byte write from a local to our eventfd.
-            unsafe { libc::write(p2.as_raw_fd(), (&raw const one).cast(), 8) };
-            // SAFETY: 8-byte read into a local from our eventfd (blocks until the ack).
-            unsafe { libc::read(q2.as_raw_fd(), (&raw mut v).cast(), 8) };
+            let _ = p2.write(1);
+            // Blocks until the ack.
+            let _ = q2.read();
         }
     });
-    // SAFETY: plain syscall; checked, then owned.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        return None;
-    }
-    // SAFETY: a fresh fd nobody else owns.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: 0,
-    };
-    // SAFETY: valid epoll fd, eventfd and event.
-    unsafe {
-        libc::epoll_ctl(
-            ep.as_raw_fd(),
-            libc::EPOLL_CTL_ADD,
-            ping.as_raw_fd(),
-            &mut ev,
-        )
-    };
+    let ep = Epoll::new().ok()?;
+    ep.add(std::os::fd::AsRawFd::as_raw_fd(&*ping), 0);
     let mut samples = Vec::with_capacity(rounds as usize);
     for _ in 0..rounds {
-        let mut out = [libc::epoll_event { events: 0, u64: 0 }];
-        // SAFETY: one writable event slot; 1 s timeout bounds a lost wake-up.
-        let n = unsafe { libc::epoll_wait(ep.as_raw_fd(), out.as_mut_ptr(), 1, 1000) };
+        let mut out = [vmm_sys_util::epoll::EpollEvent::default()];
+        // A 1 s timeout bounds a lost wake-up.
+        let n = ep.wait(1000, &mut out);
         #[allow(clippy::cast_possible_truncation)]
         let now = t0.elapsed().as_nanos() as u64;
         if n == 1 {
             samples.push(now.saturating_sub(sent_at.load(Ordering::Acquire)));
         }
-        let mut v = 0u64;
-        // SAFETY: drain our eventfd into a local, then ack on the other.
-        unsafe { libc::read(ping.as_raw_fd(), (&raw mut v).cast(), 8) };
-        let one = 1u64;
-        // SAFETY: 8-byte write from a local to our eventfd.
-        unsafe { libc::write(pong.as_raw_fd(), (&raw const one).cast(), 8) };
+        // Blocks until the waker's write if the wait timed out before it.
+        let _ = ping.read();
+        let _ = pong.write(1);
     }
     let _ = waker.join();
     samples.sort_unstable();

@@ -1,0 +1,224 @@
+//! The switch path in one thread, for instruction counting under callgrind: pvnet's ports over
+//! mock rings (the driver sides played here, outside the counted functions), moving 64-byte
+//! frames (+12-byte header) in rounds of 32:
+//!
+//! * `switch_vhost`: the learning switch, frontend A to frontend B (B's address learned);
+//! * `forward_vhost`: a fixed wire, frontend A to frontend B (`pvnet backend --role forward`);
+//! * `gen_vhost`: a generator into a frontend (`--role gen`, a switch's gen port);
+//! * `vhost_sink`: a frontend into a sink (`--role sink`, a switch's sink port).
+//!
+//! `scripts/callgrind.sh` runs it for N and 2N packets and divides the difference of each
+//! function's inclusive count by N, so set-up cost cancels.
+
+use pvnet_dataplane::egress::HoldPolicy;
+use pvnet_dataplane::poll::{Policy, WakeCost};
+use pvnet_dataplane::port::gen::{GenPort, GenSpec};
+use pvnet_dataplane::port::sink::{Counting, SinkPort};
+use pvnet_dataplane::port::vhost::{VhostConfig, VhostPort};
+use pvnet_dataplane::port::AnyPort;
+use pvnet_dataplane::switch::{Fabric, Router, SwitchConfig, Wire};
+use pvnet_net::features::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
+use pvnet_vhost::backend::StartedQueue;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use virtq::mock::MockQueue;
+use virtq::queue::{Buf, Direction, DriverQueue, Format};
+
+const BATCH: u16 = 32;
+const PKT: u32 = 76;
+const BUF: u32 = 2048;
+
+/// A frontend played by the harness: a transmit ring it fills, a receive ring it posts to.
+struct Fe {
+    txm: MockQueue,
+    tx: DriverQueue,
+    rxm: MockQueue,
+    rx: DriverQueue,
+    mac: [u8; 6],
+}
+
+fn fe(id: u32, last: u8) -> (Fe, AnyPort) {
+    let cfg = VhostConfig {
+        tx_policy: Policy::Busy,
+        rx_policy: Policy::Busy,
+        batch: usize::from(BATCH),
+        call_bound: Duration::from_micros(150),
+        hold: HoldPolicy::Forever,
+        wake: WakeCost {
+            typical: Duration::from_micros(30),
+            floor: Duration::from_micros(10),
+        },
+    };
+    let mut port = VhostPort::new(id, cfg, vec![Arc::default()]);
+    let features = VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
+    let txm = MockQueue::new(256, BUF);
+    let (tx, txd) = txm
+        .pair_in(Format::Split, Direction::DeviceReads, true)
+        .expect("tx");
+    let rxm = MockQueue::new(256, BUF);
+    let (mut rx, rxd) = rxm
+        .pair_in(Format::Split, Direction::DeviceWrites, true)
+        .expect("rx");
+    for i in 0..256 {
+        rx.add_one(Buf {
+            addr: rxm.buf(i),
+            len: BUF,
+            write: true,
+        })
+        .expect("post");
+    }
+    rx.publish();
+    for (index, queue) in [(1u16, txd), (0, rxd)] {
+        port.start(StartedQueue {
+            index,
+            queue,
+            kick: None,
+            call: None,
+            err: None,
+            mergeable: true,
+            features,
+        });
+    }
+    let mac = [2, 0, 0, 0, 0, last];
+    (
+        Fe {
+            txm,
+            tx,
+            rxm,
+            rx,
+            mac,
+        },
+        AnyPort::Vhost(port),
+    )
+}
+
+impl Fe {
+    /// Offers a batch of frames to `dst` (outside the counted functions).
+    fn offer(&mut self, dst: [u8; 6]) {
+        let mut b = [0u8; PKT as usize];
+        b[12..18].copy_from_slice(&dst);
+        b[18..24].copy_from_slice(&self.mac);
+        for _ in 0..BATCH {
+            let id = self.tx.next_free().expect("free");
+            self.txm.poke(self.txm.buf(id), &b);
+            self.tx
+                .add_one(Buf {
+                    addr: self.txm.buf(id),
+                    len: PKT,
+                    write: false,
+                })
+                .expect("add");
+        }
+        self.tx.publish();
+        self.tx.used_available().expect("used");
+        while self.tx.pop_used().expect("pop").is_some() {}
+    }
+
+    /// Takes what arrived and posts the buffers again.
+    fn drain(&mut self) {
+        self.rx.used_available().expect("used");
+        while let Some((id, _)) = self.rx.pop_used().expect("pop") {
+            self.rx
+                .add_one(Buf {
+                    addr: self.rxm.buf(id),
+                    len: BUF,
+                    write: true,
+                })
+                .expect("repost");
+        }
+        self.rx.publish();
+        self.tx.used_available().expect("used");
+        while self.tx.pop_used().expect("pop").is_some() {}
+    }
+}
+
+#[inline(never)]
+fn switch_vhost(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
+    // A distinct constant each, so the four functions are not merged into one symbol.
+    f.round(ports, now) + black_box(0)
+}
+
+#[inline(never)]
+fn forward_vhost(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
+    // A distinct constant each, so the four functions are not merged into one symbol.
+    f.round(ports, now) + black_box(1)
+}
+
+#[inline(never)]
+fn gen_vhost(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
+    // A distinct constant each, so the four functions are not merged into one symbol.
+    f.round(ports, now) + black_box(2)
+}
+
+#[inline(never)]
+fn vhost_sink(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
+    // A distinct constant each, so the four functions are not merged into one symbol.
+    f.round(ports, now) + black_box(3)
+}
+
+fn main() {
+    let packets: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
+    let rounds = packets / u64::from(BATCH);
+    let now = Instant::now();
+    let mut total = 0usize;
+
+    // The learning switch: B speaks first so A's frames go to it unicast.
+    let (mut a, pa) = fe(0, 1);
+    let (mut b, pb) = fe(1, 2);
+    let mut ports = vec![pa, pb];
+    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    b.offer(a.mac);
+    f.round(&mut ports, now);
+    a.drain();
+    b.drain();
+    for _ in 0..rounds {
+        a.offer(b.mac);
+        total += switch_vhost(&mut f, &mut ports, now);
+        b.drain();
+    }
+
+    // A fixed wire A -> B.
+    let (mut a, pa) = fe(0, 1);
+    let (mut b, pb) = fe(1, 2);
+    let mut ports = vec![pa, pb];
+    let mut f = Fabric::new(Router::Fixed(vec![(0, Wire::To(1))]), BATCH);
+    for _ in 0..rounds {
+        a.offer(b.mac);
+        total += forward_vhost(&mut f, &mut ports, now);
+        b.drain();
+    }
+
+    // A generator into a frontend.
+    let (mut b, pb) = fe(1, 2);
+    let spec = GenSpec {
+        frame_len: 64,
+        rate: 0,
+        duration: None,
+        delay: Duration::ZERO,
+        src: [2, 0, 0, 0, 0, 1],
+        dst: b.mac,
+    };
+    let gen = AnyPort::Gen(GenPort::new(0, Arc::default(), spec, true));
+    let mut ports = vec![gen, pb];
+    let mut f = Fabric::new(Router::Fixed(vec![(0, Wire::To(1))]), BATCH);
+    for _ in 0..rounds {
+        total += gen_vhost(&mut f, &mut ports, now);
+        b.drain();
+    }
+
+    // A frontend into a sink.
+    let (mut a, pa) = fe(0, 1);
+    let sink = AnyPort::Sink(SinkPort::new(1, Arc::default(), Counting::Own, 2048));
+    let mut ports = vec![pa, sink];
+    let mut f = Fabric::new(Router::Fixed(vec![(0, Wire::To(1))]), BATCH);
+    for _ in 0..rounds {
+        a.offer([2, 0, 0, 0, 0, 9]);
+        total += vhost_sink(&mut f, &mut ports, now);
+        a.drain();
+    }
+    println!("{packets} packets per path, {} moved", black_box(total));
+}

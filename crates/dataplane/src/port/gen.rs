@@ -1,0 +1,251 @@
+//! A generator: numbered bench frames (`crate::frame`), paced or as fast as receivers take
+//! them, then an end marker carrying the count. The one producer behind `pvnet switch`'s gen
+//! ports and `pvnet backend --role gen`.
+//!
+//! It starts when something can receive its frames (after `delay`), and its frames wait for
+//! buffers as long as it takes: nothing is in flight yet, so waiting loses nothing.
+
+use super::{Caps, Ingress, Pkt, PortId, TxOut, MAX_BURST};
+use crate::frame;
+use crate::poll::plan::Settle;
+use crate::poll::Idle;
+use crate::stats::{bump, PortStats};
+use pvnet_net::{VnetHdr, HDR_LEN};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use virtq::event::Armed;
+use virtq::Seg;
+
+/// Longest a generator waiting for buffers lets the shard sleep (its end marker is due when
+/// its duration ends, whether or not the receiver kicks).
+pub const WAIT_CAP: Duration = Duration::from_millis(10);
+
+/// Generator settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenSpec {
+    /// Ethernet frame length.
+    pub frame_len: usize,
+    /// Packets per second; 0: as fast as receivers take them.
+    pub rate: u64,
+    /// Stop after this long (then the end marker goes out); `None`: run until the switch stops.
+    pub duration: Option<Duration>,
+    /// Wait this long after a receiver appears before the first frame (a frontend that is
+    /// still starting may discard what arrives early: DPDK's virtio PMD flushes its receive
+    /// rings in `dev_start`, after the rings run).
+    pub delay: Duration,
+    /// Source address of the frames.
+    pub src: [u8; 6],
+    /// Destination address of the frames.
+    pub dst: [u8; 6],
+}
+
+/// Produces.
+#[derive(Debug)]
+pub struct GenPort {
+    id: PortId,
+    stats: Arc<PortStats>,
+    /// Counts what it sends as its own `rx_packets` (a port of its own), or not (behind a
+    /// port whose counters count the frames as delivered).
+    counts: bool,
+    spec: GenSpec,
+    /// [`MAX_BURST`] copies of header + frame, each numbered before its burst goes out.
+    frames: Vec<u8>,
+    /// Bytes of one (header + frame).
+    frame_bytes: usize,
+    seq: u64,
+    started: Option<Instant>,
+    /// When a receiver appeared (the delay runs from here).
+    armed: Option<Instant>,
+    /// Its last burst stopped at a frame its receiver had no room for.
+    waiting: bool,
+    done: bool,
+}
+
+impl GenPort {
+    /// A generator; `counts` as for [`crate::port::sink::Counting`].
+    pub fn new(id: PortId, stats: Arc<PortStats>, spec: GenSpec, counts: bool) -> Self {
+        let len = spec.frame_len.max(frame::MIN_FRAME);
+        let frame_bytes = HDR_LEN as usize + len;
+        let mut frames = vec![0u8; frame_bytes * MAX_BURST];
+        for f in frames.chunks_exact_mut(frame_bytes) {
+            frame::write_template(&mut f[HDR_LEN as usize..], len, spec.src, spec.dst);
+        }
+        Self {
+            id,
+            stats,
+            counts,
+            spec,
+            frames,
+            frame_bytes,
+            seq: 0,
+            started: None,
+            armed: None,
+            waiting: false,
+            done: false,
+        }
+    }
+
+    /// True until the end marker went out.
+    pub fn active(&self) -> bool {
+        !self.done
+    }
+
+    /// Frames owed by now at the configured rate (all it may send when unpaced).
+    fn owed(&self, now: Instant, batch: usize) -> usize {
+        let Some(t0) = self.started else { return 0 };
+        if self.spec.rate == 0 {
+            return batch;
+        }
+        let ns = now.saturating_duration_since(t0).as_nanos();
+        let due = ns.saturating_mul(u128::from(self.spec.rate)) / 1_000_000_000;
+        let owed = due.saturating_sub(u128::from(self.seq));
+        usize::try_from(owed).map_or(batch, |n| n.min(batch))
+    }
+
+    /// When the next paced frame is due.
+    fn next_due(&self) -> Option<Instant> {
+        let t0 = self.started?;
+        (self.spec.rate > 0 && !self.done)
+            .then(|| t0 + Duration::from_secs_f64((self.seq + 1) as f64 / self.spec.rate as f64))
+    }
+}
+
+impl super::Port for GenPort {
+    fn id(&self) -> PortId {
+        self.id
+    }
+
+    fn tx_stats(&self) -> &PortStats {
+        &self.stats
+    }
+
+    fn kind(&self) -> &'static str {
+        "gen"
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            receives: false,
+            offloads: 0,
+        }
+    }
+
+    /// Up to `max` frames (what the rate owes), or the end marker once the duration passed.
+    /// Frames `to` makes wait are generated again next round (same numbers).
+    fn rx_burst(&mut self, max: usize, now: Instant, to: &mut impl Ingress) -> usize {
+        if self.done {
+            return 0;
+        }
+        if self.started.is_none() {
+            if !to.has_receiver() {
+                self.armed = None;
+                return 0;
+            }
+            let a = *self.armed.get_or_insert(now);
+            if now.saturating_duration_since(a) < self.spec.delay {
+                return 0;
+            }
+        }
+        let t0 = *self.started.get_or_insert(now);
+        let finishing = self
+            .spec
+            .duration
+            .is_some_and(|d| now.saturating_duration_since(t0) >= d);
+        let owed = if finishing { 1 } else { self.owed(now, max) };
+        if owed == 0 {
+            return 0;
+        }
+        let owed = owed.min(MAX_BURST);
+        let len = u32::try_from(self.frame_bytes).unwrap_or(0);
+        let h = HDR_LEN as usize;
+        let macs: [u8; 12] = self.frames[h..h + 12].try_into().unwrap_or([0; 12]);
+        let (seq, id) = (self.seq, self.id);
+        let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
+        for (k, f) in self
+            .frames
+            .chunks_exact_mut(self.frame_bytes)
+            .take(owed)
+            .enumerate()
+        {
+            if finishing {
+                frame::set_end(&mut f[h..], seq);
+            } else {
+                frame::set_seq(&mut f[h..], seq + k as u64);
+            }
+            segs[k] = Seg::from_mut(f);
+        }
+        let mut pkts = [super::EMPTY; MAX_BURST];
+        for (p, seg) in pkts.iter_mut().zip(&segs).take(owed) {
+            *p = Pkt {
+                segs: std::slice::from_ref(seg),
+                len,
+                hdr_len: HDR_LEN,
+                hdr: VnetHdr::default(),
+                macs,
+            };
+        }
+        let sent = to.burst(&pkts[..owed], &self.stats);
+        self.waiting = sent < owed;
+        if finishing {
+            if sent == 1 {
+                self.done = true;
+                tracing::info!(
+                    port = id,
+                    frames = seq + 1,
+                    "generator done (end marker sent)"
+                );
+            }
+        } else {
+            self.seq += sent as u64;
+        }
+        if self.counts {
+            bump(&self.stats.rx_packets, sent as u64);
+            bump(&self.stats.rx_bytes, sent as u64 * u64::from(len - HDR_LEN));
+        }
+        // A finishing round counts as work even if the marker found no room: try again.
+        sent.max(usize::from(finishing))
+    }
+
+    fn tx_begin(&mut self, _now: Instant, _hint: usize) -> bool {
+        false
+    }
+
+    fn tx_burst(&mut self, _pkts: &[Pkt<'_>]) -> (usize, TxOut) {
+        (0, TxOut::Dropped(crate::stats::DropReason::PortDown))
+    }
+
+    fn tx_commit(&mut self) {}
+
+    /// `Poll` while unpaced frames are owed; `Until` the next paced frame, or the end of the
+    /// start delay; nothing once done. A generator waiting for its receiver's buffers leaves
+    /// the waiting to that receiver's ring (its policy; a kick when buffers come), but still
+    /// has an end to keep: it wakes the shard at least every [`WAIT_CAP`].
+    fn idle(&mut self, now: Instant, settle: &mut Settle) {
+        if self.done {
+            return;
+        }
+        if self.started.is_none() {
+            if let Some(a) = self.armed {
+                settle.wake_by(a + self.spec.delay);
+            }
+            return;
+        }
+        if self.waiting {
+            settle.wake_by(now + WAIT_CAP);
+            return;
+        }
+        settle.idle(match self.next_due() {
+            None => Idle::Poll,
+            Some(t) if t <= now => Idle::Poll,
+            Some(t) => Idle::Until(t),
+        });
+    }
+
+    fn arm(&mut self) -> Armed {
+        Armed::Empty
+    }
+
+    fn disarm(&mut self, _slept: bool) {}
+
+    fn event(&mut self, _token: u16) {}
+}

@@ -1,0 +1,281 @@
+//! Ports: everything packets enter and leave the dataplane through, behind one interface.
+//!
+//! | kind | receives (ingress) | transmits (egress) |
+//! |---|---|---|
+//! | [`vhost`] | a frontend's transmit ring | its receive ring (mergeable buffers) |
+//! | [`tap`] | `read` from the kernel | `writev` to the kernel |
+//! | [`sink`] | — | reads and checks every byte (bench frames) |
+//! | [`gen`] | numbered bench frames, paced or not | — |
+//!
+//! A port hands its packets out in bursts ([`Port::rx_burst`]): each [`Pkt`] borrows the
+//! memory it sits in (a frontend's buffer, a tap's read buffer, a generator's template), so
+//! the one copy of a hop goes straight from there into the receiver ([`Port::tx_pkt`]);
+//! nothing is staged. A transmit batch is opened once ([`Port::tx_begin`]), filled packet by
+//! packet, and committed once ([`Port::tx_commit`]: one publish and one call decision, or one
+//! batch of writes). The poll loop's hooks ([`Port::idle`], [`Port::arm`], [`Port::disarm`])
+//! say what the port's queues want when they had no work.
+//!
+//! Dispatch is static ([`AnyPort`], an enum): one branch per call, inlined into the switch's
+//! one ingress loop. A port does not know where its packets go; the switch decides.
+
+pub mod gen;
+pub mod sink;
+pub mod tap;
+pub mod vhost;
+
+use crate::poll::plan::Settle;
+use crate::stats::PortStats;
+use pvnet_net::{VnetHdr, HDR_LEN, HDR_LEN_LEGACY};
+use std::time::Instant;
+use virtq::event::Armed;
+use virtq::Seg;
+
+pub use pvnet_vhost::backend::PortId;
+
+/// Bytes of the Ethernet addresses (destination, source) read with the header to switch.
+pub const MACS: u32 = 12;
+
+/// One packet on its way through: its bytes wherever they are, the virtio-net header first.
+#[derive(Debug, Clone, Copy)]
+pub struct Pkt<'a> {
+    /// The bytes: header, then the Ethernet frame.
+    pub segs: &'a [Seg<'a>],
+    /// Total length, header included.
+    pub len: u32,
+    /// Length of the header in front (10 or 12: see [`pvnet_net::hdr_len`]).
+    pub hdr_len: u32,
+    /// The header, decoded once by the port it came from.
+    pub hdr: VnetHdr,
+    /// Destination and source Ethernet addresses, read once with the header.
+    pub macs: [u8; 12],
+}
+
+impl Pkt<'_> {
+    /// The Ethernet frame's length.
+    #[inline]
+    pub fn frame_len(&self) -> u32 {
+        self.len - self.hdr_len
+    }
+
+    /// Whether the header carries offload metadata (a checksum to complete, a GSO packet).
+    #[inline]
+    pub fn has_offload(&self) -> bool {
+        self.hdr.flags != 0 || self.hdr.gso_type != VnetHdr::GSO_NONE
+    }
+}
+
+/// Reads the header and the addresses behind it from a packet's first bytes: one fixed-size
+/// copy when the first segment holds them (nearly always). `None` if the packet is shorter.
+#[inline]
+pub fn read_head(segs: &[Seg<'_>], hdr_len: u32) -> Option<(VnetHdr, [u8; 12])> {
+    if hdr_len == HDR_LEN {
+        head::<{ HDR_LEN as usize }, { HDR_LEN as usize + MACS as usize }>(segs)
+    } else {
+        head::<{ HDR_LEN_LEGACY as usize }, { HDR_LEN_LEGACY as usize + MACS as usize }>(segs)
+    }
+}
+
+/// [`read_head`] for an `H`-byte header (`N` = `H` + 12): constant sizes, so every copy is
+/// inlined rather than a `memcpy` call.
+#[inline(always)]
+fn head<const H: usize, const N: usize>(segs: &[Seg<'_>]) -> Option<(VnetHdr, [u8; 12])> {
+    let h: [u8; N] = match segs.first().and_then(|s| s.read_array::<N>(0)) {
+        Some(a) => a,
+        None => {
+            let mut h = [0u8; N];
+            if virtq::mem::read_segs(segs, 0, &mut h) < N {
+                return None;
+            }
+            h
+        }
+    };
+    let mut v1 = [0u8; VnetHdr::LEN];
+    v1[..H].copy_from_slice(&h[..H]);
+    let hdr = VnetHdr::parse(&v1)?;
+    let mut macs = [0u8; 12];
+    macs.copy_from_slice(&h[H..]);
+    Some((hdr, macs))
+}
+
+/// Most packets in one burst: what a source hands over at once (its stack holds them).
+pub const MAX_BURST: usize = 64;
+
+/// What receives a port's packets: the switch.
+pub trait Ingress {
+    /// Decides a burst of packets from the port, in order, and commits what they were sent
+    /// to before returning (the receiver sees a packet no later than the sender sees it gone).
+    /// Returns how many were taken (delivered, or dropped and counted on `stats`, the counters
+    /// of the queue they came from); the rest must wait: the port keeps them, in order, for
+    /// the next round.
+    fn burst(&mut self, pkts: &[Pkt<'_>], stats: &PortStats) -> usize;
+    /// Whether anything could take a packet from this port now (a generator starts only then).
+    fn has_receiver(&self) -> bool;
+}
+
+/// The state of a packet slot before a source fills it.
+pub const EMPTY: Pkt<'static> = Pkt {
+    segs: &[],
+    len: 0,
+    hdr_len: HDR_LEN,
+    hdr: VnetHdr {
+        flags: 0,
+        gso_type: 0,
+        hdr_len: 0,
+        gso_size: 0,
+        csum_start: 0,
+        csum_offset: 0,
+        num_buffers: 0,
+    },
+    macs: [0; 12],
+};
+
+/// What became of one packet offered to a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxOut {
+    /// Taken (and counted by the port).
+    Sent,
+    /// No room now (see [`crate::egress`] for what happens next).
+    NoRoom,
+    /// Refused for good, for this reason (counted at the sender).
+    Dropped(crate::stats::DropReason),
+}
+
+/// What a port can take, so the switch can fit packets to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Caps {
+    /// Takes packets at all (a generator does not).
+    pub receives: bool,
+    /// Receive offloads it negotiated (`VIRTIO_NET_F_GUEST_*`): a packet whose metadata it
+    /// cannot take is completed or segmented in software first.
+    pub offloads: u64,
+}
+
+/// A port, whatever it is. See the module docs for the contract.
+pub trait Port {
+    /// Its id.
+    fn id(&self) -> PortId;
+    /// "vhost-user", "tap", "sink" or "gen".
+    fn kind(&self) -> &'static str;
+    /// What it takes.
+    fn caps(&self) -> Caps;
+    /// The counters of the queue it transmits on (software offload work is counted there).
+    fn tx_stats(&self) -> &PortStats;
+
+    /// Hands up to `max` received packets to `to`, in order, until one must wait. Returns the
+    /// packets taken (delivered or dropped), which is the work done.
+    fn rx_burst(&mut self, max: usize, now: Instant, to: &mut impl Ingress) -> usize;
+
+    /// Opens a transmit batch for about `hint` packets (what the sender's burst holds: a
+    /// frontend's receive ring is opened for that many buffers, and looks once more if they
+    /// run out). False if the port cannot take packets now (not running).
+    fn tx_begin(&mut self, now: Instant, hint: usize) -> bool;
+    /// Offers packets to the open batch, in order: returns how many it took, and, if not all,
+    /// what became of the next one (it was not taken).
+    fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut);
+    /// Commits the batch: one publish and call decision, one burst of writes.
+    fn tx_commit(&mut self);
+
+    /// After a round: what its queues want (poll on, may sleep armed, wake by a deadline).
+    fn idle(&mut self, now: Instant, settle: &mut Settle);
+    /// About to sleep: arms notifications (arm, fence, re-check). `NotEmpty`: work arrived.
+    fn arm(&mut self) -> Armed;
+    /// Back to polling (`slept`: the shard actually slept, not just armed).
+    fn disarm(&mut self, slept: bool);
+    /// An fd of the port's fired (a kick, a readable tap): `token` is the one it registered.
+    fn event(&mut self, token: u16);
+}
+
+/// Every port kind, dispatched statically.
+#[derive(Debug)]
+pub enum AnyPort {
+    /// A vhost-user frontend.
+    Vhost(vhost::VhostPort),
+    /// The host kernel through a tap.
+    Tap(tap::TapPort),
+    /// Consumes and checks.
+    Sink(sink::SinkPort),
+    /// Produces.
+    Gen(gen::GenPort),
+}
+
+/// Forwards a call to the port of whatever kind.
+macro_rules! each {
+    ($self:ident, $p:ident => $e:expr) => {
+        match $self {
+            AnyPort::Vhost($p) => $e,
+            AnyPort::Tap($p) => $e,
+            AnyPort::Sink($p) => $e,
+            AnyPort::Gen($p) => $e,
+        }
+    };
+}
+
+impl Port for AnyPort {
+    #[inline]
+    fn id(&self) -> PortId {
+        each!(self, p => p.id())
+    }
+    #[inline]
+    fn kind(&self) -> &'static str {
+        each!(self, p => p.kind())
+    }
+    #[inline]
+    fn caps(&self) -> Caps {
+        each!(self, p => p.caps())
+    }
+    #[inline]
+    fn tx_stats(&self) -> &PortStats {
+        each!(self, p => p.tx_stats())
+    }
+    #[inline]
+    fn rx_burst(&mut self, max: usize, now: Instant, to: &mut impl Ingress) -> usize {
+        each!(self, p => p.rx_burst(max, now, to))
+    }
+    #[inline]
+    fn tx_begin(&mut self, now: Instant, hint: usize) -> bool {
+        each!(self, p => p.tx_begin(now, hint))
+    }
+    #[inline]
+    fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
+        each!(self, p => p.tx_burst(pkts))
+    }
+    #[inline]
+    fn tx_commit(&mut self) {
+        each!(self, p => p.tx_commit())
+    }
+    #[inline]
+    fn idle(&mut self, now: Instant, settle: &mut Settle) {
+        each!(self, p => p.idle(now, settle))
+    }
+    #[inline]
+    fn arm(&mut self) -> Armed {
+        each!(self, p => p.arm())
+    }
+    #[inline]
+    fn disarm(&mut self, slept: bool) {
+        each!(self, p => p.disarm(slept))
+    }
+    #[inline]
+    fn event(&mut self, token: u16) {
+        each!(self, p => p.event(token))
+    }
+}
+
+impl AnyPort {
+    /// The vhost-user port, if it is one.
+    pub fn as_vhost(&mut self) -> Option<&mut vhost::VhostPort> {
+        match self {
+            AnyPort::Vhost(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The egress queue state, for ports that have one (vhost-user, tap).
+    pub fn egress(&mut self) -> Option<&mut crate::egress::Egress> {
+        match self {
+            AnyPort::Vhost(v) => Some(v.egress()),
+            AnyPort::Tap(t) => Some(t.egress()),
+            _ => None,
+        }
+    }
+}

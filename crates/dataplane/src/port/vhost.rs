@@ -1,0 +1,1043 @@
+//! A vhost-user port: a frontend's queue pairs, as the device sees them.
+//!
+//! Per batch: one `available()` load per ring, chains parsed once (every packet's first lines
+//! prefetched), used entries written into the ring and published with one store, one call
+//! decision per ring. Receiving (the frontend's transmit ring) hands out packets that borrow
+//! the frontend's buffers; transmitting (its receive ring) copies straight into its buffers,
+//! merging them when `VIRTIO_NET_F_MRG_RXBUF` was negotiated. The header length follows the
+//! negotiated features (10 or 12 bytes); a packet whose header differs in length or must lose
+//! metadata the frontend did not negotiate gets a header written for it, then its frame.
+//!
+//! Queue pairs: pair `k` is queues `2k` (receive) and `2k + 1` (transmit). A port holds the
+//! pairs its shard owns, each with its own counters (one writer each); today one shard owns
+//! pair 0 and later pairs are left idle (the multiqueue issue places them).
+
+use super::{read_head, Caps, Ingress, Pkt, PortId, TxOut, MACS};
+use crate::egress::{Egress, HoldPolicy};
+use crate::poll::plan::{Calls, Settle};
+use crate::poll::{Policy, Poller, WakeCost};
+use crate::stats::{bump, DropReason, PortStats};
+use pvnet_net::features::{
+    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
+    VIRTIO_NET_F_GUEST_TSO6,
+};
+use pvnet_net::{hdr_len, VnetHdr, HDR_LEN, NUM_BUFFERS_OFF};
+use pvnet_vhost::backend::StartedQueue;
+use pvnet_vhost::eventfd::Notifier;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{error, info};
+use virtq::event::Armed;
+use virtq::mem::{copy_segs, write_segs};
+use virtq::{Chain, DeviceQueue, MemTable, Seg};
+
+/// Most receive chains one packet may span (64 KiB over the smallest sane buffers).
+pub const MAX_MERGE: usize = 64;
+/// Queue pairs a shard services per port today (the multiqueue issue raises it).
+pub const SERVICED_PAIRS: u16 = 1;
+
+/// A running ring and its notifiers.
+#[derive(Debug)]
+pub struct QueueSlot {
+    /// The ring.
+    pub q: DeviceQueue,
+    /// Kick fd (None: the frontend polls).
+    pub kick: Option<Notifier>,
+    call: Option<Notifier>,
+    err: Option<Notifier>,
+    /// Stopped for a violation: no longer processed.
+    pub broken: bool,
+    /// vhost-user index.
+    pub index: u16,
+    /// When to poll it and when to arm it.
+    pub poll: Poller,
+    /// It had work in the current round.
+    pub worked: bool,
+    /// A transmit-completion call held back (interrupt coalescing).
+    calls: Calls,
+    /// A call went out since the shard last looked (`take_called`).
+    called: bool,
+}
+
+impl QueueSlot {
+    /// Wraps a started queue, polled by `policy`.
+    pub fn new(s: StartedQueue, policy: Policy, wake: WakeCost) -> Self {
+        Self {
+            q: s.queue,
+            kick: s.kick,
+            call: s.call,
+            err: s.err,
+            broken: false,
+            index: s.index,
+            poll: Poller::new(policy, wake),
+            worked: false,
+            calls: Calls::default(),
+            called: false,
+        }
+    }
+
+    /// Whether it is the frontend's transmit ring (the device reads it).
+    #[inline]
+    fn is_tx(&self) -> bool {
+        self.index % 2 == 1
+    }
+
+    /// Stops the queue for a violation: logged, counted, reported on the err fd. The process
+    /// and every other queue go on. A retryable error (a translation not there yet) consumed
+    /// nothing and stops nothing.
+    pub fn fail(&mut self, port: PortId, stats: &PortStats, e: virtq::Error) {
+        if e.is_retryable() {
+            tracing::debug!(port, queue = self.index, "queue waits: {e}");
+            return;
+        }
+        if !self.broken {
+            error!(port, queue = self.index, "queue stopped: {e}");
+            self.broken = true;
+            bump(&stats.queue_errors, 1);
+            if let Some(err) = &self.err {
+                let _ = err.signal();
+            }
+        }
+    }
+
+    /// Publishes used entries; calls the frontend if it asked (a transmit-completion call may
+    /// be held back, see [`Calls`]).
+    #[inline]
+    pub fn publish(&mut self, stats: &PortStats) {
+        let batches = if self.is_tx() {
+            &stats.rx_batches
+        } else {
+            &stats.tx_batches
+        };
+        bump(batches, u64::from(self.q.unpublished() > 0));
+        if self.q.publish() {
+            // A driver that asked at its last seen entry with at least half its ring in
+            // flight (or without EVENT_IDX, where we cannot tell) may be out of descriptors
+            // and waiting: no coalescing for it.
+            let waiting = self
+                .q
+                .driver_backlog()
+                .is_none_or(|b| b >= self.q.size() / 2);
+            if self.is_tx() && !waiting {
+                self.calls.owe();
+            } else {
+                self.signal_call(stats);
+            }
+        }
+    }
+
+    fn signal_call(&mut self, stats: &PortStats) {
+        if let Some(c) = &self.call {
+            if c.signal().is_ok() {
+                bump(&stats.calls, 1);
+                self.called = true;
+            }
+        }
+    }
+
+    /// Whether a call went out since the last look.
+    fn take_called(&mut self) -> bool {
+        std::mem::take(&mut self.called)
+    }
+
+    /// The slot if it is running and not stopped for a violation.
+    #[inline]
+    pub fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
+        s.as_mut().filter(|s| !s.broken)
+    }
+}
+
+/// Outcome of delivering one packet into a receive ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivered {
+    /// Written and its used entries pushed.
+    Done,
+    /// Not enough receive chains in this batch: nothing consumed.
+    NoRoom,
+    /// Larger than the whole ring can hold: drop it.
+    TooBig,
+}
+
+/// Receive chains popped for one batch, each already being loaded for writing, consumed in
+/// order; what is left goes back to the ring at [`finish`](RxBatch::finish).
+#[derive(Debug)]
+pub struct RxBatch {
+    chains: Vec<Chain>,
+    next: usize,
+    /// Most chains one packet may take: 1 without `VIRTIO_NET_F_MRG_RXBUF`.
+    max_merge: usize,
+    /// Header length of this ring's frontend.
+    hdr_len: u32,
+}
+
+impl RxBatch {
+    fn new(mergeable: bool, hdr_len: u32) -> Self {
+        Self {
+            chains: Vec::with_capacity(256),
+            next: 0,
+            max_merge: if mergeable { MAX_MERGE } else { 1 },
+            hdr_len,
+        }
+    }
+
+    /// Starts a batch: one `available()` load, then pops up to `max` chains and prefetches
+    /// the first lines of each for writing. Returns the chains taken.
+    pub fn fill(&mut self, q: &mut DeviceQueue, max: usize) -> Result<usize, virtq::Error> {
+        self.chains.clear();
+        self.next = 0;
+        q.available()?;
+        q.pop_batch(&mut self.chains, max, |segs| {
+            if let Some(s) = segs.first() {
+                s.prefetch_write(2);
+            }
+        })?;
+        Ok(self.chains.len())
+    }
+
+    /// Chains not consumed yet.
+    pub fn remaining(&self) -> usize {
+        self.chains.len() - self.next
+    }
+
+    /// Gives the unconsumed chains back (they are the last ones popped).
+    pub fn finish(&mut self, q: &mut DeviceQueue) {
+        q.unpop(u16::try_from(self.remaining()).unwrap_or(0));
+        self.chains.clear();
+        self.next = 0;
+    }
+}
+
+/// Writes one packet of `len` bytes, virtio-net header included, produced by
+/// `copy(dst_segs, dst_off, src_off, n)`, into as many of the batch's receive chains as it
+/// needs (`VIRTIO_NET_F_MRG_RXBUF`), then sets `num_buffers` in the header it wrote (12-byte
+/// headers) and pushes the used entries. One copy call per chain. On `NoRoom` nothing is
+/// consumed.
+pub fn deliver(
+    rx: &mut DeviceQueue,
+    b: &mut RxBatch,
+    len: u32,
+    mut copy: impl FnMut(&[Seg<'_>], u32, u32, u32) -> u32,
+) -> Result<Delivered, virtq::Error> {
+    let need = u64::from(len);
+    let mut have = 0u64;
+    let mut k = b.next;
+    while have < need {
+        if k - b.next == b.max_merge {
+            return Ok(Delivered::TooBig);
+        }
+        let Some(c) = b.chains.get(k) else {
+            let whole_ring = b.next == 0 && b.chains.len() >= usize::from(rx.size());
+            return Ok(if whole_ring {
+                Delivered::TooBig
+            } else {
+                Delivered::NoRoom
+            });
+        };
+        have += u64::from(c.writable);
+        k += 1;
+    }
+    let first = b.chains[b.next];
+    if first.writable < b.hdr_len {
+        // Every receive buffer must hold the header (virtio 1.x 5.1.6.3.1).
+        return Err(virtq::Error::BufferTooSmall {
+            len: first.writable,
+            need: b.hdr_len,
+        });
+    }
+    let mut src_off = 0u32;
+    for c in &b.chains[b.next..k] {
+        let n = (len - src_off).min(c.writable);
+        src_off += copy(rx.writable(c), 0, src_off, n);
+        rx.push_used(c.head, n);
+    }
+    if b.hdr_len == HDR_LEN {
+        let nbufs = u16::try_from(k - b.next).unwrap_or(1).to_le_bytes();
+        let segs = rx.writable(&first);
+        // The header is nearly always in the first piece: a 2-byte store.
+        if !segs
+            .first()
+            .is_some_and(|s| s.write_array(NUM_BUFFERS_OFF, nbufs))
+        {
+            write_segs(segs, NUM_BUFFERS_OFF, &nbufs);
+        }
+    }
+    b.next = k;
+    Ok(Delivered::Done)
+}
+
+/// The header a receiver with `features` and a `len`-byte header is given for a packet that
+/// passes as it is: its metadata, less what the receiver did not negotiate.
+pub fn header_for(h: &VnetHdr, features: u64) -> [u8; VnetHdr::LEN] {
+    let mut out = *h;
+    out.num_buffers = 0;
+    if features & VIRTIO_NET_F_GUEST_CSUM == 0 {
+        // 5.1.6.4: without GUEST_CSUM the device sets no flags.
+        out.flags = 0;
+    }
+    let mut b = [0u8; VnetHdr::LEN];
+    out.write(&mut b);
+    b
+}
+
+/// Writes bytes `soff..soff + n` of `hdr[..hlen] ++ frame` at `doff` of `dst`, where `frame`
+/// is `src` from `src_frame_off` on; returns the bytes written.
+#[inline]
+fn copy_with_header(
+    dst: &[Seg<'_>],
+    doff: u32,
+    soff: u32,
+    n: u32,
+    hdr: &[u8],
+    src: &[Seg<'_>],
+    src_frame_off: u32,
+) -> u32 {
+    let hlen = u32::try_from(hdr.len()).unwrap_or(0);
+    let mut done = 0;
+    if soff < hlen {
+        let k = n.min(hlen - soff);
+        let s = soff as usize;
+        done += u32::try_from(write_segs(dst, doff, &hdr[s..s + k as usize])).unwrap_or(0);
+    }
+    if n > done {
+        let from = soff + done - hlen + src_frame_off;
+        done += copy_segs(src, from, dst, doff + done, n - done);
+    }
+    done
+}
+
+/// Adds a batch's deliveries to the counters.
+#[inline]
+fn count_sent(stats: &PortStats, sent: &mut [u64; 2]) {
+    bump(&stats.tx_packets, sent[0]);
+    bump(&stats.tx_bytes, sent[1]);
+    *sent = [0; 2];
+}
+
+/// One queue pair of a port: the frontend's transmit ring (our ingress), its receive ring
+/// (our egress) and what each side keeps between batches.
+#[derive(Debug)]
+pub struct QueuePair {
+    /// Receive queue (device writes), index `2k`.
+    pub rx: Option<QueueSlot>,
+    /// Transmit queue (device reads), index `2k + 1`.
+    pub tx: Option<QueueSlot>,
+    /// This pair's counters (its only writer is the shard that owns it).
+    pub stats: Arc<PortStats>,
+    rxb: RxBatch,
+    /// The receive batch is open (opened this source batch, not yet published).
+    open: bool,
+    /// The open receive batch may still look once for more buffers.
+    retry: bool,
+    /// Transmit chains of the current batch.
+    chains: Vec<Chain>,
+    egress: Egress,
+    /// The shard waits on the receive ring (packets waited for its buffers last round).
+    rx_wanted: bool,
+    /// Delivered into the open batch, not yet counted: packets, frame bytes.
+    sent: [u64; 2],
+}
+
+/// What the receive side of a pair needs to take one packet (split from the rest of the
+/// pair, so that a pair can deliver its own packets back: hairpin).
+struct RxSide<'a> {
+    id: PortId,
+    features: u64,
+    hdr_len: u32,
+    rx: &'a mut QueueSlot,
+    rxb: &'a mut RxBatch,
+    retry: &'a mut bool,
+    stats: &'a PortStats,
+    egress: &'a mut Egress,
+    /// Packets and frame bytes delivered since the batch opened (counted at its commit: no
+    /// per-packet counter stores).
+    sent: &'a mut [u64; 2],
+}
+
+impl RxSide<'_> {
+    /// Takes packets in order until one is not taken: how many, and what became of that one.
+    #[inline]
+    fn take_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
+        for (k, p) in pkts.iter().enumerate() {
+            match self.take(p) {
+                TxOut::Sent => {}
+                other => return (k, other),
+            }
+        }
+        (pkts.len(), TxOut::Sent)
+    }
+
+    /// Delivers into the receive batch; when the batch runs out the first time, publishes
+    /// what it delivered and looks once for more buffers. A receiver still out of buffers after
+    /// that waits for the next round: looking again per packet would only trade used-index
+    /// writes with the frontend.
+    #[inline]
+    fn deliver_retry(
+        &mut self,
+        len: u32,
+        mut copy: impl FnMut(&[Seg<'_>], u32, u32, u32) -> u32,
+    ) -> Result<Delivered, virtq::Error> {
+        let r = deliver(&mut self.rx.q, self.rxb, len, &mut copy)?;
+        if r != Delivered::NoRoom || !std::mem::take(self.retry) {
+            return Ok(r);
+        }
+        self.rxb.finish(&mut self.rx.q);
+        self.rx.publish(self.stats);
+        self.rxb.fill(&mut self.rx.q, MAX_MERGE)?;
+        deliver(&mut self.rx.q, self.rxb, len, copy)
+    }
+
+    /// One packet into the frontend's receive ring: the whole packet in one copy when its
+    /// header can pass as it is, else a header written for this frontend, then the frame.
+    #[inline]
+    fn take(&mut self, pkt: &Pkt<'_>) -> TxOut {
+        let segs = pkt.segs;
+        let r = if pkt.hdr_len == self.hdr_len && !pkt.has_offload() {
+            self.deliver_retry(pkt.len, |d, doff, soff, n| {
+                copy_segs(segs, soff, d, doff, n)
+            })
+        } else {
+            let hb = header_for(&pkt.hdr, self.features);
+            let h = &hb[..self.hdr_len as usize];
+            let from = pkt.hdr_len;
+            let len = self.hdr_len + pkt.frame_len();
+            self.deliver_retry(len, |d, doff, soff, n| {
+                copy_with_header(d, doff, soff, n, h, segs, from)
+            })
+        };
+        match r {
+            Ok(Delivered::Done) => {
+                self.sent[0] += 1;
+                self.sent[1] += u64::from(pkt.frame_len());
+                self.egress.sent();
+                TxOut::Sent
+            }
+            Ok(Delivered::NoRoom) => TxOut::NoRoom,
+            Ok(Delivered::TooBig) => TxOut::Dropped(DropReason::TooBig),
+            Err(e) => {
+                self.rx.fail(self.id, self.stats, e);
+                TxOut::Dropped(DropReason::PortDown)
+            }
+        }
+    }
+}
+
+impl QueuePair {
+    fn new(stats: Arc<PortStats>, mergeable: bool, hdr_len: u32, hold: HoldPolicy) -> Self {
+        Self {
+            rx: None,
+            tx: None,
+            stats,
+            rxb: RxBatch::new(mergeable, hdr_len),
+            open: false,
+            retry: false,
+            chains: Vec::with_capacity(256),
+            egress: Egress::new(hold),
+            rx_wanted: false,
+            sent: [0; 2],
+        }
+    }
+
+    /// Opens the receive batch (once per source batch) with `want` chains: what the sender's
+    /// burst holds. A packet that needs more (merged buffers) makes the batch look once more
+    /// for up to [`MAX_MERGE`]. False if the ring is not running or just failed.
+    fn open(&mut self, id: PortId, want: usize) -> bool {
+        let Some(rx) = QueueSlot::usable(&mut self.rx) else {
+            return false;
+        };
+        if !self.open {
+            if let Err(e) = self.rxb.fill(&mut rx.q, want.max(1)) {
+                rx.fail(id, &self.stats, e);
+                return false;
+            }
+            self.open = true;
+            self.retry = true;
+        }
+        true
+    }
+
+    /// Publishes the open receive batch and counts what it delivered.
+    fn commit(&mut self) {
+        if std::mem::take(&mut self.open) {
+            if let Some(rx) = self.rx.as_mut() {
+                self.rxb.finish(&mut rx.q);
+                rx.worked = true;
+                rx.publish(&self.stats);
+            }
+            count_sent(&self.stats, &mut self.sent);
+        }
+    }
+}
+
+/// The shard-side settings every vhost port of a shard shares.
+#[derive(Debug, Clone, Copy)]
+pub struct VhostConfig {
+    /// Policy of the frontend's transmit rings (the ones it fills).
+    pub tx_policy: Policy,
+    /// Policy of its receive rings, while we wait for its buffers.
+    pub rx_policy: Policy,
+    /// Most chains per ring per batch.
+    pub batch: usize,
+    /// How long transmit-completion calls may be held back.
+    pub call_bound: Duration,
+    /// How long a packet may wait for this port's buffers.
+    pub hold: HoldPolicy,
+    /// The measured wake-up cost (bounds adaptive polling).
+    pub wake: WakeCost,
+}
+
+/// One frontend connection, as far as one shard owns it.
+#[derive(Debug)]
+pub struct VhostPort {
+    id: PortId,
+    cfg: VhostConfig,
+    /// Features the frontend acked (from its first started queue).
+    features: u64,
+    hdr_len: u32,
+    mergeable: bool,
+    /// Counters of each pair this shard services (index = pair).
+    stats: Vec<Arc<PortStats>>,
+    /// The pairs, created when their first queue starts.
+    qps: Vec<Option<QueuePair>>,
+    /// The pair the open transmit batch goes to (set by `tx_begin`).
+    tx_qp: usize,
+}
+
+impl VhostPort {
+    /// A port with no queues yet; `stats[k]` counts pair `k`.
+    pub fn new(id: PortId, cfg: VhostConfig, stats: Vec<Arc<PortStats>>) -> Self {
+        Self {
+            id,
+            cfg,
+            features: 0,
+            hdr_len: HDR_LEN,
+            mergeable: false,
+            qps: stats.iter().map(|_| None).collect(),
+            stats,
+            tx_qp: 0,
+        }
+    }
+
+    /// Installs a started queue. Queues of pairs this shard does not service are left idle.
+    pub fn start(&mut self, q: StartedQueue) {
+        let pair = usize::from(q.index / 2);
+        if pair >= usize::from(SERVICED_PAIRS) || pair >= self.qps.len() {
+            tracing::warn!(
+                port = self.id,
+                queue = q.index,
+                "only the first queue pair is serviced; this ring is left idle"
+            );
+            return;
+        }
+        self.features = q.features;
+        self.hdr_len = hdr_len(q.features);
+        self.mergeable = q.mergeable;
+        let (policy, is_rx) = if q.index.is_multiple_of(2) {
+            (self.cfg.rx_policy, true)
+        } else {
+            (self.cfg.tx_policy, false)
+        };
+        let (stats, mergeable, hdr_len, hold) = (
+            self.stats[pair].clone(),
+            self.mergeable,
+            self.hdr_len,
+            self.cfg.hold,
+        );
+        let qp =
+            self.qps[pair].get_or_insert_with(|| QueuePair::new(stats, mergeable, hdr_len, hold));
+        // A pair's header length and merging follow the features of its latest start.
+        qp.rxb = RxBatch::new(mergeable, hdr_len);
+        let mut slot = QueueSlot::new(q, policy, self.cfg.wake);
+        // The shard polls a new queue first: tell the driver not to kick until we arm. A
+        // ring starts with `used->flags == 0` ("kick me"); left so, a driver without
+        // EVENT_IDX (DPDK virtio-user) pays an eventfd write per burst while we poll anyway.
+        slot.q.disable_notify();
+        if is_rx {
+            qp.rx = Some(slot);
+        } else {
+            qp.tx = Some(slot);
+        }
+    }
+
+    /// Takes a queue back; returns its next avail index (what `GET_VRING_BASE` answers) and
+    /// its kick fd's number (to leave the epoll set).
+    pub fn stop(&mut self, index: u16) -> Option<(u16, Option<i32>)> {
+        let qp = self.qps.get_mut(usize::from(index / 2))?.as_mut()?;
+        let slot = if index.is_multiple_of(2) {
+            qp.open = false;
+            qp.rx.take()
+        } else {
+            qp.tx.take()
+        }?;
+        let (srtt, var, probe) = slot.poll.estimate();
+        let (hits, misses) = slot.poll.hits_misses();
+        info!(
+            port = self.id, queue = index, policy = %slot.poll.policy(), window = ?slot.poll.window(),
+            gap = ?srtt, gap_dev = ?var, probe_every = probe, hits, misses, "queue polling summary"
+        );
+        let fd = slot.kick.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+        Some((slot.q.last_avail(), fd))
+    }
+
+    /// Switches every running ring to a new memory table.
+    pub fn set_mem(&mut self, mem: &Arc<MemTable>) {
+        let id = self.id;
+        for qp in self.qps.iter_mut().flatten() {
+            for s in [&mut qp.rx, &mut qp.tx].into_iter().flatten() {
+                if let Err(e) = s.q.set_mem(mem.clone()) {
+                    s.fail(id, &qp.stats, e);
+                }
+            }
+        }
+    }
+
+    /// Stops every ring whose memory table holds a mapping that faulted (the peer shrank what
+    /// it shared).
+    pub fn check_faults(&mut self) {
+        let id = self.id;
+        for qp in self.qps.iter_mut().flatten() {
+            for s in [&mut qp.rx, &mut qp.tx].into_iter().flatten() {
+                if pvnet_vhost::mmap::table_faulted(s.q.mem()) {
+                    s.fail(id, &qp.stats, virtq::Error::MemoryFault);
+                }
+            }
+        }
+    }
+
+    /// The shard is going to sleep with this port armed (counted on every pair).
+    pub fn count_sleep(&self) {
+        for s in &self.stats {
+            bump(&s.sleeps, 1);
+        }
+    }
+
+    /// The size of its transmit ring (0 if none runs): how much a drain may have to take.
+    pub fn tx_ring_size(&self) -> u16 {
+        self.qps
+            .iter()
+            .flatten()
+            .filter_map(|qp| qp.tx.as_ref())
+            .map(|s| s.q.size())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The egress state of the pair packets are delivered to (pair 0 before any runs).
+    pub fn egress(&mut self) -> &mut Egress {
+        let k = self
+            .qps
+            .iter()
+            .position(|qp| {
+                qp.as_ref()
+                    .is_some_and(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken))
+            })
+            .unwrap_or(0);
+        let (stats, m, h, hold) = (
+            self.stats[k].clone(),
+            self.mergeable,
+            self.hdr_len,
+            self.cfg.hold,
+        );
+        &mut self.qps[k]
+            .get_or_insert_with(|| QueuePair::new(stats, m, h, hold))
+            .egress
+    }
+
+    /// The pair packets for this frontend go to: the first with a running receive ring.
+    #[inline]
+    fn egress_pair(&self) -> Option<usize> {
+        self.qps.iter().position(|qp| {
+            qp.as_ref()
+                .is_some_and(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken))
+        })
+    }
+
+    /// Sends what the frontend transmits straight back to it (request/response benchmarks):
+    /// the same one-copy path as any delivery, within one pair. Returns the packets taken.
+    pub fn hairpin(&mut self, max: usize, now: Instant) -> usize {
+        let (id, features, hdr_len) = (self.id, self.features, self.hdr_len);
+        let mut work = 0;
+        for qp in self.qps.iter_mut().flatten() {
+            let QueuePair {
+                rx,
+                tx,
+                stats,
+                rxb,
+                open,
+                retry,
+                chains,
+                egress,
+                sent,
+                ..
+            } = qp;
+            let Some(tx) = QueueSlot::usable(tx) else {
+                continue;
+            };
+            let Some(rx) = QueueSlot::usable(rx) else {
+                work += ingress(id, hdr_len, tx, chains, stats, max, &mut DropAll);
+                continue;
+            };
+            let mut back = Hairpin {
+                side: RxSide {
+                    id,
+                    features,
+                    hdr_len,
+                    rx,
+                    rxb,
+                    retry,
+                    stats,
+                    egress,
+                    sent,
+                },
+                open,
+                now,
+            };
+            work += ingress(id, hdr_len, tx, chains, stats, max, &mut back);
+        }
+        work
+    }
+
+    fn report_ring(s: &mut QueueSlot, wanted: bool, now: Instant, settle: &mut Settle) {
+        if s.broken {
+            return;
+        }
+        let worked = std::mem::take(&mut s.worked);
+        settle.queue(&mut s.poll, worked, wanted, now);
+    }
+}
+
+/// The hairpin's receiver: the same pair's receive side, its batch opened at the first
+/// burst (an idle round touches no receive ring).
+struct Hairpin<'a> {
+    side: RxSide<'a>,
+    open: &'a mut bool,
+    now: Instant,
+}
+
+impl Ingress for Hairpin<'_> {
+    fn burst(&mut self, pkts: &[Pkt<'_>], stats: &PortStats) -> usize {
+        let s = &mut self.side;
+        if !*self.open && !s.rx.broken {
+            if let Err(e) = s.rxb.fill(&mut s.rx.q, pkts.len().max(1)) {
+                s.rx.fail(s.id, s.stats, e);
+            } else {
+                *self.open = true;
+                *s.retry = true;
+            }
+        }
+        let mut k = 0;
+        while k < pkts.len() {
+            let (n, why) = if s.rx.broken {
+                (0, TxOut::Dropped(DropReason::PortDown))
+            } else {
+                s.take_burst(&pkts[k..])
+            };
+            k += n;
+            if k == pkts.len() {
+                break;
+            }
+            let r = match why {
+                TxOut::Sent => continue,
+                TxOut::NoRoom => match s.egress.no_room(crate::egress::Offer::Unicast, self.now) {
+                    crate::egress::Backpressure::Wait => break,
+                    crate::egress::Backpressure::Drop(r) => r,
+                },
+                TxOut::Dropped(r) => r,
+            };
+            bump(&stats.drops[r as usize], 1);
+            k += 1;
+        }
+        if std::mem::take(self.open) {
+            s.rxb.finish(&mut s.rx.q);
+            s.rx.worked = true;
+            s.rx.publish(s.stats);
+            count_sent(s.stats, s.sent);
+        }
+        k
+    }
+
+    fn has_receiver(&self) -> bool {
+        !self.side.rx.broken
+    }
+}
+
+/// A receiver that takes nothing: the packets have nowhere to go (`port_down`).
+struct DropAll;
+
+impl Ingress for DropAll {
+    fn burst(&mut self, pkts: &[Pkt<'_>], stats: &PortStats) -> usize {
+        bump(
+            &stats.drops[DropReason::PortDown as usize],
+            pkts.len() as u64,
+        );
+        pkts.len()
+    }
+    fn has_receiver(&self) -> bool {
+        false
+    }
+}
+
+/// One batch from a frontend's transmit ring to `to`: one `available()` load, the batch
+/// parsed and every packet's first lines requested before any is read, each packet's header
+/// and addresses read once, handed over as bursts, used entries published once (after `to`
+/// committed its side). Packets `to` makes wait stay in the ring (unpopped) for the next
+/// round; a packet too short to be one is dropped (`invalid`) in its place in the order.
+#[inline]
+fn ingress(
+    id: PortId,
+    hdr_len: u32,
+    tx: &mut QueueSlot,
+    chains: &mut Vec<Chain>,
+    stats: &PortStats,
+    max: usize,
+    to: &mut impl Ingress,
+) -> usize {
+    match tx.q.available() {
+        Ok(0) => return 0,
+        Ok(_) => tx.worked = true,
+        Err(e) => {
+            tx.fail(id, stats, e);
+            return 0;
+        }
+    }
+    chains.clear();
+    if let Err(e) = tx.q.pop_batch(chains, max, |segs| {
+        if let Some(s) = segs.first() {
+            s.prefetch(2);
+        }
+    }) {
+        // Chains popped before the bad one are still taken below.
+        tx.fail(id, stats, e);
+    }
+    let (mut bytes, mut bad) = (0u64, 0u64);
+    let mut taken = 0;
+    {
+        let mut pkts = [super::EMPTY; super::MAX_BURST];
+        while taken < chains.len() {
+            // Gather a burst: valid packets up to the next short one (or the burst's room).
+            let mut n = 0;
+            for c in &chains[taken..] {
+                if n == pkts.len() {
+                    break;
+                }
+                let segs = tx.q.readable(c);
+                let head = if c.readable >= hdr_len + MACS {
+                    read_head(segs, hdr_len)
+                } else {
+                    None
+                };
+                let Some((hdr, macs)) = head else {
+                    break;
+                };
+                pkts[n] = Pkt {
+                    segs,
+                    len: c.readable,
+                    hdr_len,
+                    hdr,
+                    macs,
+                };
+                n += 1;
+            }
+            let k = if n > 0 {
+                to.burst(&pkts[..n], stats)
+            } else {
+                0
+            };
+            for p in &pkts[..k] {
+                bytes += u64::from(p.frame_len());
+            }
+            taken += k;
+            if k < n {
+                break;
+            }
+            // The chain that ended the gathering, if it was a short one: dropped in its place.
+            if n < pkts.len() && taken < chains.len() {
+                bad += 1;
+                taken += 1;
+            }
+        }
+    }
+    // Every chain taken (delivered, dropped, or too short) is returned, in order.
+    for c in &chains[..taken] {
+        tx.q.push_used(c.head, 0);
+    }
+    // Chains not taken wait in the ring for the next round.
+    tx.q.unpop(u16::try_from(chains.len() - taken).unwrap_or(0));
+    tx.publish(stats);
+    bump(&stats.rx_packets, taken as u64);
+    bump(&stats.rx_bytes, bytes);
+    bump(&stats.drops[DropReason::Invalid as usize], bad);
+    taken
+}
+
+impl super::Port for VhostPort {
+    fn id(&self) -> PortId {
+        self.id
+    }
+
+    fn kind(&self) -> &'static str {
+        "vhost-user"
+    }
+
+    fn tx_stats(&self) -> &PortStats {
+        self.qps
+            .iter()
+            .flatten()
+            .find(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken))
+            .map_or(&self.stats[0], |qp| &qp.stats)
+    }
+
+    #[inline]
+    fn caps(&self) -> Caps {
+        let receives = self
+            .qps
+            .iter()
+            .flatten()
+            .any(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken));
+        Caps {
+            receives,
+            offloads: self.features
+                & (VIRTIO_NET_F_GUEST_CSUM
+                    | VIRTIO_NET_F_GUEST_TSO4
+                    | VIRTIO_NET_F_GUEST_TSO6
+                    | VIRTIO_NET_F_GUEST_ECN),
+        }
+    }
+
+    #[inline]
+    fn rx_burst(&mut self, max: usize, _now: Instant, to: &mut impl Ingress) -> usize {
+        let (id, hdr_len) = (self.id, self.hdr_len);
+        let mut work = 0;
+        for qp in self.qps.iter_mut().flatten() {
+            if let Some(tx) = QueueSlot::usable(&mut qp.tx) {
+                work += ingress(id, hdr_len, tx, &mut qp.chains, &qp.stats, max, to);
+            }
+        }
+        work
+    }
+
+    #[inline]
+    fn tx_begin(&mut self, _now: Instant, hint: usize) -> bool {
+        let id = self.id;
+        let Some(k) = self.egress_pair() else {
+            return false;
+        };
+        self.tx_qp = k;
+        self.qps[k].as_mut().is_some_and(|qp| qp.open(id, hint))
+    }
+
+    #[inline]
+    fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
+        let (id, features, hdr_len) = (self.id, self.features, self.hdr_len);
+        let Some(QueuePair {
+            rx: Some(rx),
+            stats,
+            rxb,
+            retry,
+            egress,
+            sent,
+            open: true,
+            ..
+        }) = self.qps.get_mut(self.tx_qp).and_then(Option::as_mut)
+        else {
+            return (0, TxOut::Dropped(DropReason::PortDown));
+        };
+        if rx.broken {
+            return (0, TxOut::Dropped(DropReason::PortDown));
+        }
+        RxSide {
+            id,
+            features,
+            hdr_len,
+            rx,
+            rxb,
+            retry,
+            stats,
+            egress,
+            sent,
+        }
+        .take_burst(pkts)
+    }
+
+    #[inline]
+    fn tx_commit(&mut self) {
+        for qp in self.qps.iter_mut().flatten() {
+            qp.commit();
+        }
+    }
+
+    fn idle(&mut self, now: Instant, settle: &mut Settle) {
+        let bound = self.cfg.call_bound;
+        for qp in self.qps.iter_mut().flatten() {
+            // Owed transmit-completion calls that are due go out, and so do those of a
+            // frontend just called for received packets anyway (one interruption of the
+            // driver instead of two: with INTx the guest's handler looks at every queue).
+            let rx_called = qp.rx.as_mut().is_some_and(QueueSlot::take_called);
+            if let Some(s) = qp.tx.as_mut() {
+                if s.calls.flush(now, bound, rx_called) {
+                    s.signal_call(&qp.stats);
+                }
+                if let Some(t) = s.calls.due(bound) {
+                    settle.wake_by(t);
+                }
+                Self::report_ring(s, true, now, settle);
+            }
+            // A receive ring matters only while packets wait for its buffers: those of the
+            // round that just ended (a sender that still waits blocks it again next round).
+            qp.rx_wanted = qp.egress.blocked();
+            qp.egress.new_round();
+            if let Some(s) = qp.rx.as_mut() {
+                Self::report_ring(s, qp.rx_wanted, now, settle);
+            }
+        }
+    }
+
+    fn arm(&mut self) -> Armed {
+        let id = self.id;
+        let mut armed = Armed::Empty;
+        for qp in self.qps.iter_mut().flatten() {
+            for (s, wanted) in [(qp.tx.as_mut(), true), (qp.rx.as_mut(), qp.rx_wanted)] {
+                let Some(s) = s.filter(|s| wanted && !s.broken) else {
+                    continue;
+                };
+                if matches!(s.poll.policy(), Policy::Timer(_)) {
+                    continue;
+                }
+                match s.q.arm_notify() {
+                    Ok(Armed::Empty) => {}
+                    Ok(Armed::NotEmpty) => armed = Armed::NotEmpty,
+                    Err(e) => s.fail(id, &qp.stats, e),
+                }
+            }
+        }
+        armed
+    }
+
+    fn disarm(&mut self, slept: bool) {
+        for qp in self.qps.iter_mut().flatten() {
+            for s in [qp.tx.as_mut(), qp.rx.as_mut()].into_iter().flatten() {
+                s.q.disable_notify();
+                if slept {
+                    s.poll.woke();
+                }
+            }
+        }
+    }
+
+    fn event(&mut self, token: u16) {
+        let Some(qp) = self
+            .qps
+            .get_mut(usize::from(token / 2))
+            .and_then(Option::as_mut)
+        else {
+            return;
+        };
+        let slot = if token.is_multiple_of(2) {
+            qp.rx.as_ref()
+        } else {
+            qp.tx.as_ref()
+        };
+        if let Some(k) = slot.and_then(|s| s.kick.as_ref()) {
+            bump(&qp.stats.kicks, k.drain());
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Learned station addresses: open addressing over a fixed power-of-two table, probed at most
+//! [`MacTable::PROBE`] slots; a full probe run replaces its oldest entry. No allocation after
+//! construction; aging is checked on lookup (an aged entry is a miss, and its slot is reused).
+
+use crate::port::PortId;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// 48-bit address + 1 (0: empty slot).
+    key: u64,
+    port: PortId,
+    seen: Instant,
+}
+
+/// Learned station addresses (module docs).
+#[derive(Debug)]
+pub struct MacTable {
+    slots: Box<[Option<Entry>]>,
+    aging: Duration,
+}
+
+/// One learned address (for `pvnet ctl macs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MacEntry {
+    /// The station address.
+    pub mac: [u8; 6],
+    /// Where it was last seen.
+    pub port: PortId,
+    /// Since when it has not sent.
+    pub age: Duration,
+}
+
+fn mac_key(m: [u8; 6]) -> u64 {
+    let mut k = [0u8; 8];
+    k[..6].copy_from_slice(&m);
+    u64::from_le_bytes(k) + 1
+}
+
+/// Group bit: broadcast and multicast.
+#[inline]
+pub fn is_group(m: &[u8]) -> bool {
+    m[0] & 1 != 0
+}
+
+impl MacTable {
+    /// Slots probed per address.
+    pub const PROBE: usize = 8;
+
+    /// A table of `slots` entries (rounded up to a power of two, at least 16).
+    pub fn new(slots: usize, aging: Duration) -> Self {
+        let n = slots.max(16).next_power_of_two();
+        Self {
+            slots: vec![None; n].into_boxed_slice(),
+            aging,
+        }
+    }
+
+    fn home(&self, key: u64) -> usize {
+        // Fibonacci hashing: the top bits of key * 2^64/phi.
+        let h = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let bits = self.slots.len().trailing_zeros();
+        usize::try_from(h >> (64 - bits)).unwrap_or(0)
+    }
+
+    /// Records that `mac` was seen on `port`. A group address is never learned.
+    pub fn learn(&mut self, mac: [u8; 6], port: PortId, now: Instant) {
+        if is_group(&mac) {
+            return;
+        }
+        let key = mac_key(mac);
+        let mask = self.slots.len() - 1;
+        let home = self.home(key);
+        let mut hole = None;
+        let mut oldest = (home, None::<Instant>);
+        for i in 0..Self::PROBE {
+            let at = (home + i) & mask;
+            match &mut self.slots[at] {
+                Some(e) if e.key == key => {
+                    e.port = port;
+                    e.seen = now;
+                    return;
+                }
+                Some(e) => {
+                    if oldest.1.is_none_or(|o| e.seen < o) {
+                        oldest = (at, Some(e.seen));
+                    }
+                }
+                None => {
+                    hole.get_or_insert(at);
+                }
+            }
+        }
+        self.slots[hole.unwrap_or(oldest.0)] = Some(Entry {
+            key,
+            port,
+            seen: now,
+        });
+    }
+
+    /// The port `mac` was last seen on, unless it is a group address, unknown, or aged out.
+    #[inline]
+    pub fn lookup(&self, mac: [u8; 6], now: Instant) -> Option<PortId> {
+        if is_group(&mac) {
+            return None;
+        }
+        let key = mac_key(mac);
+        let mask = self.slots.len() - 1;
+        let home = self.home(key);
+        (0..Self::PROBE)
+            .filter_map(|i| self.slots[(home + i) & mask])
+            .find(|e| e.key == key)
+            .filter(|e| now.saturating_duration_since(e.seen) < self.aging)
+            .map(|e| e.port)
+    }
+
+    /// Forgets every address learned on `port` (it went down).
+    pub fn flush_port(&mut self, port: PortId) {
+        for s in self.slots.iter_mut() {
+            if s.is_some_and(|e| e.port == port) {
+                *s = None;
+            }
+        }
+    }
+
+    /// Every live entry.
+    pub fn entries(&self, now: Instant) -> Vec<MacEntry> {
+        let mut v: Vec<MacEntry> = self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|e| now.saturating_duration_since(e.seen) < self.aging)
+            .map(|e| {
+                let b = (e.key - 1).to_le_bytes();
+                MacEntry {
+                    mac: [b[0], b[1], b[2], b[3], b[4], b[5]],
+                    port: e.port,
+                    age: now.saturating_duration_since(e.seen),
+                }
+            })
+            .collect();
+        v.sort_by_key(|e| (e.port, e.mac));
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learns_looks_up_ages_and_flushes() {
+        let t0 = Instant::now();
+        let mut m = MacTable::new(16, Duration::from_secs(10));
+        let a = [2, 0, 0, 0, 0, 1];
+        let b = [2, 0, 0, 0, 0, 2];
+        assert_eq!(m.lookup(a, t0), None);
+        m.learn(a, 3, t0);
+        m.learn(b, 4, t0);
+        assert_eq!(m.lookup(a, t0), Some(3));
+        assert_eq!(m.lookup(b, t0), Some(4));
+        // moves
+        m.learn(a, 5, t0 + Duration::from_secs(1));
+        assert_eq!(m.lookup(a, t0 + Duration::from_secs(2)), Some(5));
+        // ages
+        assert_eq!(m.lookup(b, t0 + Duration::from_secs(11)), None);
+        // group addresses are neither learned nor looked up
+        m.learn([0xff; 6], 1, t0);
+        assert_eq!(m.lookup([0xff; 6], t0), None);
+        m.flush_port(5);
+        assert_eq!(m.lookup(a, t0 + Duration::from_secs(2)), None);
+        assert_eq!(m.entries(t0).len(), 1);
+    }
+
+    #[test]
+    fn full_table_replaces_oldest() {
+        let t0 = Instant::now();
+        let mut m = MacTable::new(16, Duration::from_secs(1000));
+        for i in 0..200u8 {
+            m.learn(
+                [2, 0, 0, 0, 1, i],
+                u32::from(i),
+                t0 + Duration::from_millis(u64::from(i)),
+            );
+        }
+        // The newest is always found; the table never holds more than its slots.
+        assert_eq!(
+            m.lookup([2, 0, 0, 0, 1, 199], t0 + Duration::from_secs(1)),
+            Some(199)
+        );
+        assert!(m.entries(t0 + Duration::from_secs(1)).len() <= 16);
+    }
+}

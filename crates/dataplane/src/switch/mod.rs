@@ -1,0 +1,541 @@
+//! The switch: one ingress loop over every port, whatever its kind.
+//!
+//! Per round, each port hands out a burst ([`Port::rx_burst`]); for each packet the switch
+//! decides where it goes ([`Router`]): by learned addresses ([`Router::Learn`], `pvnet
+//! switch`) or by a fixed wiring ([`Router::Fixed`], the bench roles of `pvnet backend`). A
+//! route is decided once per run of packets with the same addresses in a burst. The packet is
+//! then offered to each receiver ([`Port::tx_pkt`]), whose transmit batch is opened the first
+//! time the burst sends it something and committed once when the burst is done, before the
+//! sender gets its buffers back.
+//!
+//! Offloads (virtio 1.x 5.1.6.2 / 5.1.6.4): a packet keeps its checksum and GSO metadata when
+//! the receiver takes them ([`Caps::offloads`]; a tap always does). Otherwise the switch
+//! completes the checksum or segments the packet in software ([`pvnet_net::offload`]), counted
+//! per receiver (`sw_csum`, `sw_gso`): the only paths with a second copy.
+//!
+//! Backpressure is the receiver's [`Egress`](crate::egress::Egress) decision: a packet may
+//! wait where it is (the sender keeps it for the next round) or is dropped and counted.
+
+pub mod mac;
+
+use crate::egress::{Backpressure, Offer};
+use crate::port::{AnyPort, Ingress, Pkt, Port, PortId, TxOut};
+use crate::stats::{bump, DropReason, PortStats};
+use mac::MacTable;
+use pvnet_net::features::{
+    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
+    VIRTIO_NET_F_GUEST_TSO6,
+};
+use pvnet_net::offload;
+use pvnet_net::{VnetHdr, HDR_LEN};
+use std::time::{Duration, Instant};
+use virtq::mem::read_segs;
+use virtq::Seg;
+
+pub use mac::MacEntry;
+
+/// Longest a unicast packet waits for its receiver's buffers before it is dropped.
+pub const HOLD: Duration = Duration::from_millis(2);
+/// Largest packet (virtio-net header included) the switch stages for software offloads.
+const MAX_PKT: usize = crate::sys::tap::RECV_BUF_LEN;
+
+/// Learning-switch settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwitchConfig {
+    /// How long a learned address stays without traffic from it.
+    pub aging: Duration,
+}
+
+impl Default for SwitchConfig {
+    fn default() -> Self {
+        Self {
+            aging: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Where a port's packets go under a fixed wiring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// To this port.
+    To(PortId),
+    /// Back out of the port they came in on (a vhost-user port's own receive ring).
+    Hairpin,
+}
+
+/// How the switch decides where packets go.
+#[derive(Debug)]
+pub enum Router {
+    /// Learn source addresses; unicast to a learned one, flood the rest.
+    Learn(MacTable),
+    /// Each source's packets go where its wire says; a source with no wire drops them
+    /// (`port_down`).
+    Fixed(Vec<(PortId, Wire)>),
+}
+
+impl Router {
+    /// A learning router.
+    pub fn learning(cfg: SwitchConfig) -> Self {
+        Router::Learn(MacTable::new(4096, cfg.aging))
+    }
+
+    fn wire(&self, src: PortId) -> Option<Wire> {
+        match self {
+            Router::Fixed(w) => w.iter().find(|(s, _)| *s == src).map(|&(_, w)| w),
+            Router::Learn(_) => None,
+        }
+    }
+}
+
+/// A forwarding decision, valid for the rest of a burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// One receiver, by index (`true`: the only candidate of a flood).
+    One(usize, bool),
+    /// Every other port that receives.
+    Flood,
+    Drop(DropReason),
+}
+
+/// What became of one copy of a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Out {
+    Sent,
+    /// The receiver is full and the packet may wait: the sender keeps it.
+    Wait,
+    Dropped(DropReason),
+}
+
+/// How a packet must change for a receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    /// As it is (flags the receiver cannot take cleared by the receiver).
+    Pass,
+    /// Complete the partial checksum first.
+    Csum,
+    /// Segment first.
+    Gso,
+}
+
+fn fit(h: &VnetHdr, offloads: u64) -> Fit {
+    let gso = h.gso_type & !VnetHdr::GSO_ECN;
+    if gso != VnetHdr::GSO_NONE {
+        let tso = match gso {
+            VnetHdr::GSO_TCPV4 => VIRTIO_NET_F_GUEST_TSO4,
+            VnetHdr::GSO_TCPV6 => VIRTIO_NET_F_GUEST_TSO6,
+            _ => return Fit::Gso,
+        };
+        let ecn = if h.gso_type & VnetHdr::GSO_ECN != 0 {
+            VIRTIO_NET_F_GUEST_ECN
+        } else {
+            0
+        };
+        let need = tso | ecn | VIRTIO_NET_F_GUEST_CSUM;
+        return if offloads & need == need {
+            Fit::Pass
+        } else {
+            Fit::Gso
+        };
+    }
+    if h.flags & VnetHdr::F_NEEDS_CSUM != 0 && offloads & VIRTIO_NET_F_GUEST_CSUM == 0 {
+        return Fit::Csum;
+    }
+    Fit::Pass
+}
+
+/// The switch's state: the router and scratch space. The ports are the shard's, lent per
+/// round.
+#[derive(Debug)]
+pub struct Fabric {
+    router: Router,
+    batch: usize,
+    staging: Vec<u8>,
+    segbuf: Vec<u8>,
+    touched: Vec<usize>,
+}
+
+impl Fabric {
+    /// A switch moving up to `batch` packets per source per round.
+    pub fn new(router: Router, batch: u16) -> Self {
+        Self {
+            router,
+            batch: usize::from(batch.max(1)),
+            staging: vec![0u8; MAX_PKT],
+            segbuf: Vec::with_capacity(MAX_PKT + 4096),
+            touched: Vec::with_capacity(16),
+        }
+    }
+
+    /// The router (to add wires, read the learned addresses).
+    pub fn router_mut(&mut self) -> &mut Router {
+        &mut self.router
+    }
+
+    /// The learned addresses (none under a fixed wiring).
+    pub fn macs(&self, now: Instant) -> Vec<MacEntry> {
+        match &self.router {
+            Router::Learn(m) => m.entries(now),
+            Router::Fixed(_) => Vec::new(),
+        }
+    }
+
+    /// A port went away: forget what was learned on it and its wires.
+    pub fn port_down(&mut self, port: PortId) {
+        match &mut self.router {
+            Router::Learn(m) => m.flush_port(port),
+            Router::Fixed(w) => w.retain(|&(s, t)| s != port && t != Wire::To(port)),
+        }
+    }
+
+    /// One round: every port's burst once. Returns the packets taken from senders.
+    pub fn round(&mut self, ports: &mut [AnyPort], now: Instant) -> usize {
+        let mut work = 0;
+        for i in 0..ports.len() {
+            let (before, rest) = ports.split_at_mut(i);
+            let Some((src, after)) = rest.split_first_mut() else {
+                break;
+            };
+            let sid = src.id();
+            let fixed = match self.router.wire(sid) {
+                Some(Wire::Hairpin) => {
+                    if let Some(v) = src.as_vhost() {
+                        work += v.hairpin(self.batch, now);
+                    }
+                    continue;
+                }
+                Some(Wire::To(dst)) => Some(
+                    index_of(before, after, dst)
+                        .map_or(Route::Drop(DropReason::PortDown), |j| Route::One(j, false)),
+                ),
+                None if matches!(self.router, Router::Fixed(_)) => {
+                    Some(Route::Drop(DropReason::PortDown))
+                }
+                None => None,
+            };
+            let offer = if matches!(src, AnyPort::Gen(_)) {
+                Offer::Patient
+            } else {
+                Offer::Unicast
+            };
+            let mut cx = Cx {
+                f: self,
+                others: Others { before, after, i },
+                sid,
+                now,
+                offer,
+                fixed,
+                last: None,
+                flooded: 0,
+                hint: 1,
+            };
+            let batch = cx.f.batch;
+            work += src.rx_burst(batch, now, &mut cx);
+        }
+        work
+    }
+}
+
+/// Every port but the sender, by index in the shard's port list.
+struct Others<'a> {
+    before: &'a mut [AnyPort],
+    after: &'a mut [AnyPort],
+    /// The sender's index.
+    i: usize,
+}
+
+impl Others<'_> {
+    #[inline]
+    fn get(&mut self, j: usize) -> Option<&mut AnyPort> {
+        match j.cmp(&self.i) {
+            std::cmp::Ordering::Less => self.before.get_mut(j),
+            std::cmp::Ordering::Equal => None,
+            std::cmp::Ordering::Greater => self.after.get_mut(j - self.i - 1),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.before.len() + 1 + self.after.len()
+    }
+}
+
+fn index_of(before: &[AnyPort], after: &[AnyPort], id: PortId) -> Option<usize> {
+    if let Some(j) = before.iter().position(|p| p.id() == id) {
+        return Some(j);
+    }
+    after
+        .iter()
+        .position(|p| p.id() == id)
+        .map(|k| before.len() + 1 + k)
+}
+
+/// One sender's burst going through the switch.
+struct Cx<'a, 'p> {
+    f: &'a mut Fabric,
+    others: Others<'p>,
+    sid: PortId,
+    now: Instant,
+    /// How the sender's packets wait for a full receiver.
+    offer: Offer,
+    /// The sender's fixed route (a fixed wiring), decided once per burst.
+    fixed: Option<Route>,
+    /// The last route of the burst, by destination + source address.
+    last: Option<([u8; 12], Route)>,
+    /// Packets of the burst that were flooded.
+    flooded: u64,
+    /// Packets the sender said its burst holds.
+    hint: usize,
+}
+
+impl Cx<'_, '_> {
+    /// Whether port `j` takes a flooded copy: another port that receives.
+    fn floods_to(&mut self, j: usize) -> bool {
+        self.others.get(j).is_some_and(|p| p.caps().receives)
+    }
+
+    /// Where packets with these addresses go (and learns the source).
+    fn route(&mut self, macs: &[u8; 12]) -> Route {
+        if let Some(r) = self.fixed {
+            return r;
+        }
+        let Router::Learn(table) = &mut self.f.router else {
+            return Route::Drop(DropReason::PortDown);
+        };
+        let mut d = [0u8; 6];
+        d.copy_from_slice(&macs[..6]);
+        let mut s = [0u8; 6];
+        s.copy_from_slice(&macs[6..]);
+        table.learn(s, self.sid, self.now);
+        if let Some(dst) = table.lookup(d, self.now) {
+            if dst == self.sid {
+                return Route::Drop(DropReason::Filtered);
+            }
+            if let Some(j) = index_of(self.others.before, self.others.after, dst) {
+                return Route::One(j, false);
+            }
+        }
+        // Flood: every other port that can receive. With a single candidate the copy is a
+        // unicast one (it may wait for buffers) rather than a flooded one.
+        let mut only = None;
+        let mut n = 0;
+        for j in 0..self.others.len() {
+            if self.floods_to(j) {
+                n += 1;
+                only = Some(j);
+            }
+        }
+        match (n, only) {
+            (1, Some(j)) => Route::One(j, true),
+            (0, _) | (_, None) => Route::Drop(DropReason::PortDown),
+            _ => Route::Flood,
+        }
+    }
+
+    /// Offers a run of packets to port `j` (one copy each): opens its batch the first time,
+    /// fits a packet with offload metadata to what the port takes (such a run is that one
+    /// packet), and turns "no room" into the receiver's backpressure decision. Returns how
+    /// many were taken and what became of the next one if not all were.
+    #[inline]
+    fn emit(&mut self, j: usize, run: &[Pkt<'_>], offer: Offer) -> (usize, Out) {
+        let now = self.now;
+        let Some(port) = self.others.get(j) else {
+            return (0, Out::Dropped(DropReason::PortDown));
+        };
+        let touched = &mut self.f.touched;
+        if !touched.contains(&j) {
+            if !port.tx_begin(now, self.hint) {
+                return (0, Out::Dropped(DropReason::PortDown));
+            }
+            touched.push(j);
+        }
+        let (n, out) = match run.first() {
+            Some(p) if p.has_offload() => {
+                let out = match fit(&p.hdr, port.caps().offloads) {
+                    Fit::Pass => port.tx_burst(std::slice::from_ref(p)).1,
+                    Fit::Csum => csum_then(port, p, &mut self.f.staging),
+                    Fit::Gso => gso_then(port, p, &mut self.f.staging, &mut self.f.segbuf),
+                };
+                (usize::from(out == TxOut::Sent), out)
+            }
+            _ => port.tx_burst(run),
+        };
+        if n == run.len() {
+            return (n, Out::Sent);
+        }
+
+        let out = match out {
+            TxOut::Sent => Out::Sent,
+            TxOut::Dropped(r) => Out::Dropped(r),
+            TxOut::NoRoom => match port.egress().map(|e| e.no_room(offer, now)) {
+                Some(Backpressure::Wait) => Out::Wait,
+                Some(Backpressure::Drop(r)) => Out::Dropped(r),
+                None => Out::Dropped(DropReason::NoBuffer),
+            },
+        };
+        (n, out)
+    }
+}
+
+/// Completes a partial checksum in the staging buffer, then offers the result.
+fn csum_then(port: &mut AnyPort, pkt: &Pkt<'_>, staging: &mut [u8]) -> TxOut {
+    let h = HDR_LEN as usize;
+    let flen = (pkt.frame_len() as usize).min(staging.len() - h);
+    let n = read_segs(pkt.segs, pkt.hdr_len, &mut staging[h..h + flen]);
+    if offload::complete_csum(
+        &mut staging[h..h + n],
+        pkt.hdr.csum_start,
+        pkt.hdr.csum_offset,
+    )
+    .is_err()
+    {
+        return TxOut::Dropped(DropReason::Offload);
+    }
+    staging[..h].fill(0);
+    bump(&port.tx_stats().sw_csum, 1);
+    let seg = [Seg::from_mut(&mut staging[..h + n])];
+    port.tx_burst(&[Pkt {
+        segs: &seg,
+        len: u32::try_from(h + n).unwrap_or(0),
+        hdr_len: HDR_LEN,
+        hdr: VnetHdr::default(),
+        macs: pkt.macs,
+    }])
+    .1
+}
+
+/// Segments a GSO packet (each segment with full checksums and a plain header), offering
+/// each. The tail of a segmented packet that found no room is lost: it cannot wait
+/// half-delivered.
+fn gso_then(port: &mut AnyPort, pkt: &Pkt<'_>, staging: &mut [u8], segbuf: &mut Vec<u8>) -> TxOut {
+    let flen = (pkt.frame_len() as usize).min(staging.len());
+    let n = read_segs(pkt.segs, pkt.hdr_len, &mut staging[..flen]);
+    let mut out = TxOut::Sent;
+    let r = offload::segment(&pkt.hdr, &staging[..n], segbuf, |s: &mut [u8]| {
+        if out != TxOut::Sent {
+            return;
+        }
+        let len = u32::try_from(HDR_LEN as usize + s.len()).unwrap_or(0);
+        let mut hdr = [0u8; HDR_LEN as usize];
+        let segs = [Seg::from_mut(&mut hdr), Seg::from_mut(s)];
+        out = port
+            .tx_burst(&[Pkt {
+                segs: &segs,
+                len,
+                hdr_len: HDR_LEN,
+                hdr: VnetHdr::default(),
+                macs: pkt.macs,
+            }])
+            .1;
+    });
+    if r.is_err() {
+        return TxOut::Dropped(DropReason::Offload);
+    }
+    bump(&port.tx_stats().sw_gso, 1);
+    match out {
+        TxOut::NoRoom => TxOut::Dropped(DropReason::NoBuffer),
+        o => o,
+    }
+}
+
+impl Ingress for Cx<'_, '_> {
+    /// Learn, look up, deliver (unicast) or flood, a run at a time: consecutive packets with
+    /// the same addresses share a route (bulk traffic pays the table once per run) and go to
+    /// their receiver as one burst. Then every batch the burst opened is committed.
+    fn burst(&mut self, pkts: &[Pkt<'_>], stats: &PortStats) -> usize {
+        self.hint = pkts.len();
+        let mut k = 0;
+        while k < pkts.len() {
+            let p = &pkts[k];
+            let route = match (self.fixed, self.last) {
+                (Some(r), _) => r,
+                (None, Some((m, r))) if m == p.macs => r,
+                _ => {
+                    let r = self.route(&p.macs);
+                    self.last = Some((p.macs, r));
+                    r
+                }
+            };
+            let (n, out) = match route {
+                Route::Drop(r) => (0, Out::Dropped(r)),
+                Route::One(j, flooded) => {
+                    // The run: every following packet with the same addresses (a fixed
+                    // route: all of them), up to one with offload metadata.
+                    let mut end = k + 1;
+                    if !p.has_offload() {
+                        while end < pkts.len()
+                            && !pkts[end].has_offload()
+                            && (self.fixed.is_some() || pkts[end].macs == p.macs)
+                        {
+                            end += 1;
+                        }
+                    }
+                    let (n, out) = self.emit(j, &pkts[k..end], self.offer);
+                    if flooded {
+                        self.flooded += n as u64 + u64::from(matches!(out, Out::Dropped(_)));
+                    }
+                    (n, out)
+                }
+                Route::Flood => {
+                    self.flooded += 1;
+                    for j in 0..self.others.len() {
+                        if !self.floods_to(j) {
+                            continue;
+                        }
+                        if let (0, Out::Dropped(r)) =
+                            self.emit(j, std::slice::from_ref(p), Offer::Flood)
+                        {
+                            bump(&stats.drops[r as usize], 1);
+                        }
+                    }
+                    // Every copy went out or was counted as a drop.
+                    (1, Out::Sent)
+                }
+            };
+            k += n;
+            match out {
+                Out::Sent => {}
+                Out::Wait => break,
+                Out::Dropped(r) => {
+                    bump(&stats.drops[r as usize], 1);
+                    k += 1;
+                }
+            }
+        }
+        self.commit(stats);
+        k
+    }
+
+    fn has_receiver(&self) -> bool {
+        match self.fixed {
+            Some(Route::One(j, _)) => {
+                let p = if j < self.others.i {
+                    self.others.before.get(j)
+                } else {
+                    self.others.after.get(j - self.others.i - 1)
+                };
+                p.is_some_and(|p| p.caps().receives)
+            }
+            Some(_) => false,
+            None => self
+                .others
+                .before
+                .iter()
+                .chain(self.others.after.iter())
+                .any(|p| p.caps().receives),
+        }
+    }
+}
+
+impl Cx<'_, '_> {
+    /// Commits every transmit batch the burst opened; forgets its routes; counts its floods.
+    fn commit(&mut self, stats: &PortStats) {
+        self.last = None;
+        bump(&stats.flooded, std::mem::take(&mut self.flooded));
+        for k in 0..self.f.touched.len() {
+            let j = self.f.touched[k];
+            if let Some(p) = self.others.get(j) {
+                p.tx_commit();
+            }
+        }
+        self.f.touched.clear();
+    }
+}

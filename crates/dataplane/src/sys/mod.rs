@@ -1,0 +1,120 @@
+//! The operating system, in one place: epoll, the timer, eventfds, CPU pinning and the tap
+//! device ([`tap`]). Built on `vmm-sys-util` where it has the call; the rest of the dataplane
+//! makes no syscall of its own.
+
+pub mod tap;
+
+use std::io;
+use std::os::fd::RawFd;
+use std::time::Duration;
+use tracing::debug;
+use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
+use vmm_sys_util::timerfd::TimerFd;
+
+pub use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// An epoll set whose events carry a `u64` token, level-triggered, readable only.
+#[derive(Debug)]
+pub struct Epoll(vmm_sys_util::epoll::Epoll);
+
+impl Epoll {
+    /// A new, empty set.
+    pub fn new() -> io::Result<Self> {
+        vmm_sys_util::epoll::Epoll::new().map(Self)
+    }
+
+    /// Watches `fd` for input; its events carry `token`. A failure is logged, not returned:
+    /// the fd is then polled, never waited on, which costs latency, not correctness.
+    pub fn add(&self, fd: RawFd, token: u64) {
+        let ev = EpollEvent::new(EventSet::IN, token);
+        if let Err(e) = self.0.ctl(ControlOperation::Add, fd, ev) {
+            debug!("epoll add {fd}: {e}");
+        }
+    }
+
+    /// Stops watching `fd`.
+    pub fn remove(&self, fd: RawFd) {
+        if let Err(e) = self
+            .0
+            .ctl(ControlOperation::Delete, fd, EpollEvent::default())
+        {
+            debug!("epoll delete {fd}: {e}");
+        }
+    }
+
+    /// Waits for events (`timeout_ms` -1: forever); returns the tokens of those that fired,
+    /// written into `out` (at most its length). An interrupted wait returns none.
+    pub fn wait(&self, timeout_ms: i32, evs: &mut [EpollEvent]) -> usize {
+        self.0.wait(timeout_ms, evs).unwrap_or(0)
+    }
+}
+
+/// A one-shot monotonic timer to put in an epoll set: epoll's own timeout has millisecond
+/// resolution, too coarse for `timer:<us>` policies and call coalescing.
+#[derive(Debug)]
+pub struct Timer(TimerFd);
+
+impl Timer {
+    /// A disarmed timer.
+    pub fn new() -> io::Result<Self> {
+        TimerFd::new().map(Self).map_err(io::Error::from)
+    }
+
+    /// Fires once after `d` (at least 1 ns: zero would disarm it).
+    pub fn set(&mut self, d: Duration) {
+        // A failure only means a late wake-up (the next event wakes the worker anyway).
+        let _ = self.0.reset(d.max(Duration::from_nanos(1)), None);
+    }
+
+    /// Disarms it and forgets an expiry not yet read (setting a timerfd resets its count), so
+    /// a level-triggered epoll stops reporting it.
+    pub fn clear(&mut self) {
+        let _ = self.0.clear();
+    }
+
+    /// The fd, for the epoll set.
+    pub fn fd(&self) -> RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.0)
+    }
+}
+
+/// Pins the calling thread to one CPU (`sched_setaffinity`). Returns false if it failed (a
+/// 1-CPU machine, a CPU outside the set); never panics.
+#[cfg(target_os = "linux")]
+pub fn pin_current_thread(cpu: usize) -> bool {
+    let Ok(setsize) = usize::try_from(libc::CPU_SETSIZE) else {
+        return false;
+    };
+    if cpu >= setsize {
+        return false;
+    }
+    // SAFETY: cpu_set_t is a plain array of integers; all-zero bytes is the valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu < CPU_SETSIZE` (checked above), so CPU_SET stays inside `set`'s bit array.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 names the calling thread; `set` is an initialised cpu_set_t that lives
+    // across the call and the size passed is exactly its size. The kernel only reads it.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    rc == 0
+}
+
+/// Pins the calling thread to one CPU. Not supported on this OS: always false.
+#[cfg(not(target_os = "linux"))]
+pub fn pin_current_thread(cpu: usize) -> bool {
+    let _ = cpu;
+    false
+}
+
+/// The CPU the calling thread runs on now (0 if unknown).
+pub fn current_cpu() -> usize {
+    // SAFETY: sched_getcpu has no preconditions.
+    usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0)
+}
+
+/// CPUs online (at least 1).
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
+        .unwrap_or(1)
+        .max(1)
+}

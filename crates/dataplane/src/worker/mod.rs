@@ -1,0 +1,276 @@
+//! The dataplane's threads: shards, and the handle the control plane drives them with.
+//!
+//! A [`shard`] is one thread that owns a set of ports (for a vhost-user port: the queue pairs
+//! placed on it) and runs the poll loop over them; nothing it owns is touched by another
+//! thread. The control plane talks to shards through [`Dataplane`], which implements
+//! [`DeviceHooks`]: commands go down a channel, a flag says "look at the channel" (one relaxed
+//! load per round) and an eventfd wakes a sleeping shard. `stop_queue` and `port_gone` wait
+//! for the shard's answer, so when they return the ring is no longer touched and the memory
+//! may be unmapped.
+//!
+//! Placement: a port lives on one shard, chosen from its id ([`Dataplane::shard_of`]). The
+//! learning switch keeps every port on shard 0 (packets cross between any two ports and there
+//! are no hand-off rings between shards yet); the bench roles spread ports over the shards
+//! (a forwarding pair stays together). One shard by default.
+
+pub mod shard;
+
+use crate::poll::Policy;
+use crate::port::gen::GenSpec;
+use crate::port::PortId;
+use crate::stats::{PortSnapshot, PortStats};
+use crate::switch::{MacEntry, SwitchConfig};
+use crate::sys::tap::Tap;
+use pvnet_vhost::backend::{DeviceHooks, StartedQueue};
+use pvnet_vhost::eventfd::Notifier;
+use shard::{Cmd, Shard};
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use virtq::MemTable;
+
+/// What the dataplane does with packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// L2 learning switch between every port, host ports included.
+    Switch(SwitchConfig),
+    /// Bench: every frontend's packets go to a sink behind its port (reads every byte,
+    /// checks sequence numbers).
+    Sink,
+    /// Bench: as `Sink`, and a generator behind each port fills its frontend's receive ring.
+    Gen(GenConfig),
+    /// Bench: frontends pair up in connection order (0-1, 2-3, ...) and forward to each other.
+    Forward,
+    /// Bench: what a frontend sends comes back to it (request/response measurements).
+    Echo,
+}
+
+/// Settings of the generator behind each port (role [`Role::Gen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenConfig {
+    /// Ethernet frame length (virtio-net header excluded).
+    pub frame_len: usize,
+    /// How long to generate after the receive queue starts; then the end marker goes out.
+    pub duration: Duration,
+}
+
+/// Dataplane settings.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerConfig {
+    /// What ports do with packets.
+    pub role: Role,
+    /// Polling/notification policy of the queues frontends fill (their transmit queues).
+    pub policy: Policy,
+    /// Policy of the receive queues, while a shard waits for a frontend's buffers.
+    pub rx_policy: Policy,
+    /// Most chains per ring per round.
+    pub batch: u16,
+    /// CPU to pin the first shard to (shard `k` goes on the `k`-th CPU after it).
+    pub cpu: Option<usize>,
+    /// How long a transmit-completion call may be held back (interrupt coalescing, like a
+    /// NIC's tx-usecs): calls the driver asked for while this passes go out as one. Never less
+    /// than two wake-ups.
+    pub tx_call_delay: Duration,
+    /// Worker threads (shards).
+    pub shards: usize,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            role: Role::Sink,
+            policy: Policy::Adaptive,
+            rx_policy: Policy::Adaptive,
+            batch: 64,
+            cpu: None,
+            tx_call_delay: Duration::from_micros(150),
+            shards: 1,
+        }
+    }
+}
+
+/// A port that is not a vhost-user frontend, for the switch.
+#[derive(Debug)]
+pub enum HostPort {
+    /// The host kernel's tap device.
+    Tap(Tap),
+    /// Consumes and checks.
+    Sink,
+    /// Produces.
+    Gen(GenSpec),
+}
+
+impl HostPort {
+    /// "tap", "sink" or "gen".
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            HostPort::Tap(_) => "tap",
+            HostPort::Sink => "sink",
+            HostPort::Gen(_) => "gen",
+        }
+    }
+}
+
+/// Every port's counters, one block per queue pair (one writer each), summed for display.
+pub(crate) type Registry = BTreeMap<PortId, Vec<Arc<PortStats>>>;
+
+struct ShardHandle {
+    tx: Sender<Cmd>,
+    pending: Arc<AtomicBool>,
+    wake: Notifier,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Handle to the shards; the control plane's [`DeviceHooks`].
+pub struct Dataplane {
+    cfg: WorkerConfig,
+    shards: Vec<ShardHandle>,
+    registry: Arc<Mutex<Registry>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Dataplane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataplane")
+            .field("shards", &self.shards.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dataplane {
+    /// Starts the shards (each measures its wake-up cost, pinned, before this returns).
+    pub fn start(cfg: WorkerConfig) -> io::Result<Arc<Self>> {
+        let registry = Arc::new(Mutex::new(Registry::new()));
+        let n = cfg.shards.max(1);
+        let mut shards = Vec::with_capacity(n);
+        let mut threads = Vec::with_capacity(n);
+        for index in 0..n {
+            let (tx, rx) = channel();
+            let pending = Arc::new(AtomicBool::new(false));
+            let wake = Notifier::new()?;
+            let mut s = Shard::new(
+                index,
+                cfg,
+                rx,
+                pending.clone(),
+                wake.try_clone()?,
+                registry.clone(),
+            )?;
+            let (measured_tx, measured_rx) = sync_channel::<()>(1);
+            let cpu = cfg.cpu.map(|c| (c + index) % crate::sys::online_cpus());
+            let thread = std::thread::Builder::new()
+                .name(format!("pvnet-shard{index}"))
+                .spawn(move || {
+                    s.pin_and_measure(cpu);
+                    let _ = measured_tx.send(());
+                    s.run(&crate::poll::MonoClock);
+                })?;
+            let _ = measured_rx.recv_timeout(Duration::from_secs(5));
+            threads.push(thread);
+            shards.push(ShardHandle {
+                tx,
+                pending,
+                wake,
+                thread: None,
+            });
+        }
+        Ok(Arc::new(Self {
+            cfg,
+            shards,
+            registry,
+            threads: Mutex::new(threads),
+        }))
+    }
+
+    /// The shard a port lives on (see the module docs).
+    pub fn shard_of(&self, port: PortId) -> usize {
+        let n = self.shards.len();
+        let slot = match self.cfg.role {
+            Role::Switch(_) => 0,
+            Role::Forward => port / 2,
+            _ => port,
+        };
+        usize::try_from(slot).unwrap_or(0) % n
+    }
+
+    fn send(&self, shard: usize, c: Cmd) {
+        let Some(s) = self.shards.get(shard) else {
+            return;
+        };
+        if s.tx.send(c).is_ok() {
+            // Release: the command is in the channel before the shard sees the flag.
+            s.pending.store(true, Ordering::Release);
+            let _ = s.wake.signal();
+        }
+    }
+
+    fn send_port(&self, port: PortId, c: Cmd) {
+        self.send(self.shard_of(port), c);
+    }
+
+    /// Snapshots of every port ever connected, current or gone, each summed over its queue
+    /// pairs.
+    pub fn snapshots(&self) -> Vec<PortSnapshot> {
+        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        r.iter()
+            .map(|(&id, qps)| PortSnapshot::sum(id, qps.iter().map(|s| &**s)))
+            .collect()
+    }
+
+    /// Adds a tap, sink or gen port to the switch (its id must not be used by another port).
+    pub fn add_host(&self, id: PortId, port: HostPort) {
+        self.registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(id)
+            .or_insert_with(|| vec![Arc::default()]);
+        self.send_port(id, Cmd::AddHost(id, Box::new(port)));
+    }
+
+    /// The switch's learned addresses (empty for other roles, or if the shard is gone).
+    pub fn macs(&self) -> Vec<MacEntry> {
+        let (tx, rx) = sync_channel(1);
+        self.send(0, Cmd::Macs(tx));
+        rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default()
+    }
+
+    /// Stops every shard and waits for them.
+    pub fn shutdown(&self) {
+        for k in 0..self.shards.len() {
+            self.send(k, Cmd::Shutdown);
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+        for s in &self.shards {
+            debug_assert!(s.thread.is_none());
+        }
+    }
+}
+
+impl DeviceHooks for Dataplane {
+    fn port_connected(&self, port: PortId) {
+        self.send_port(port, Cmd::AddPort(port));
+    }
+    fn start_queue(&self, port: PortId, q: StartedQueue) {
+        self.send_port(port, Cmd::Start(port, q));
+    }
+    fn stop_queue(&self, port: PortId, index: u16) -> Option<u16> {
+        let (tx, rx) = sync_channel(1);
+        self.send_port(port, Cmd::Stop(port, index, tx));
+        rx.recv().ok().flatten()
+    }
+    fn set_mem(&self, port: PortId, mem: Arc<MemTable>) {
+        self.send_port(port, Cmd::Mem(port, mem));
+    }
+    fn port_gone(&self, port: PortId) {
+        let (tx, rx) = sync_channel(1);
+        self.send_port(port, Cmd::RemovePort(port, tx));
+        let _ = rx.recv();
+    }
+}

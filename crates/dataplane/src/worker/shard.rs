@@ -1,0 +1,435 @@
+//! One shard: a thread that owns its ports and runs the poll loop over them.
+//!
+//! A round: every port's burst through the switch ([`Fabric::round`]); every port says what
+//! its queues want ([`Port::idle`] into a [`Settle`]); if none wants polling, arm them all
+//! (arm, fence, re-check), and only if nothing arrived meanwhile sleep in epoll until a kick,
+//! a command, or the earliest deadline (timerfd). The decisions are the pure
+//! [`crate::poll::plan`]; this file only does the I/O around them.
+
+use super::{GenConfig, HostPort, Registry, Role, WorkerConfig};
+use crate::egress::HoldPolicy;
+use crate::poll::plan::{call_bound, Plan, Settle};
+use crate::poll::{Clock, WakeCost};
+use crate::port::gen::{GenPort, GenSpec};
+use crate::port::sink::{Counting, SinkPort};
+use crate::port::tap::TapPort;
+use crate::port::vhost::{VhostConfig, VhostPort, SERVICED_PAIRS};
+use crate::port::{AnyPort, Port, PortId};
+use crate::stats::PortStats;
+use crate::switch::{Fabric, MacEntry, Router, Wire, HOLD};
+use crate::sys::{pin_current_thread, Epoll, Timer};
+use pvnet_vhost::backend::StartedQueue;
+use pvnet_vhost::eventfd::Notifier;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+use virtq::event::Armed;
+use virtq::MemTable;
+use vmm_sys_util::epoll::EpollEvent;
+
+/// What the control plane asks of a shard.
+pub(crate) enum Cmd {
+    AddPort(PortId),
+    Start(PortId, StartedQueue),
+    Stop(PortId, u16, SyncSender<Option<u16>>),
+    Mem(PortId, Arc<MemTable>),
+    RemovePort(PortId, SyncSender<()>),
+    AddHost(PortId, Box<HostPort>),
+    Macs(SyncSender<Vec<MacEntry>>),
+    Shutdown,
+}
+
+const WAKE_TOKEN: u64 = u64::MAX;
+const TIMER_TOKEN: u64 = u64::MAX - 1;
+/// Queue index in the epoll token of a host port's fd (a tap).
+const HOST_QUEUE: u16 = u16::MAX;
+/// Ids of the ports a bench role puts behind a frontend's port: the frontend's id with a
+/// high bit set (frontends are numbered from 0 in connection order).
+const BEHIND_SINK: PortId = 1 << 31;
+const BEHIND_GEN: PortId = 1 << 30;
+/// Most frames a bench-role generator's frame may be (its frontend's buffers bound it).
+const BENCH_MAX_FRAME: usize = 65536;
+
+fn token(port: PortId, index: u16) -> u64 {
+    (u64::from(port) << 16) | u64::from(index)
+}
+
+/// One shard's state.
+pub(crate) struct Shard {
+    index: usize,
+    cfg: WorkerConfig,
+    rx: Receiver<Cmd>,
+    pending: Arc<AtomicBool>,
+    wake_fd: Notifier,
+    registry: Arc<Mutex<Registry>>,
+    ports: Vec<AnyPort>,
+    fabric: Fabric,
+    epoll: Epoll,
+    timer: Timer,
+    quit: bool,
+    /// Last seen SIGBUS-guard generation (see `pvnet_vhost::fault`).
+    faults: u64,
+    /// Measured sleep/wake cost (bounds the adaptive window and call coalescing).
+    wake: WakeCost,
+}
+
+impl Shard {
+    pub(crate) fn new(
+        index: usize,
+        cfg: WorkerConfig,
+        rx: Receiver<Cmd>,
+        pending: Arc<AtomicBool>,
+        wake_fd: Notifier,
+        registry: Arc<Mutex<Registry>>,
+    ) -> std::io::Result<Self> {
+        let epoll = Epoll::new()?;
+        epoll.add(wake_fd.as_raw_fd(), WAKE_TOKEN);
+        let timer = Timer::new()?;
+        epoll.add(timer.fd(), TIMER_TOKEN);
+        let router = match cfg.role {
+            Role::Switch(sc) => Router::learning(sc),
+            _ => Router::Fixed(Vec::new()),
+        };
+        Ok(Self {
+            index,
+            cfg,
+            rx,
+            pending,
+            wake_fd,
+            registry,
+            ports: Vec::new(),
+            fabric: Fabric::new(router, cfg.batch),
+            epoll,
+            timer,
+            quit: false,
+            faults: 0,
+            wake: WakeCost {
+                typical: Duration::from_micros(30),
+                floor: Duration::from_micros(10),
+            },
+        })
+    }
+
+    /// Pins the thread, then measures the wake-up cost here, as the shard will actually be
+    /// woken (before any frontend can connect: the caller waits).
+    pub(crate) fn pin_and_measure(&mut self, cpu: Option<usize>) {
+        if let Some(cpu) = cpu {
+            if !pin_current_thread(cpu) {
+                warn!(cpu, shard = self.index, "could not pin the shard");
+            }
+        }
+        self.wake = WakeCost::measure(50);
+    }
+
+    fn vhost_config(&self) -> VhostConfig {
+        VhostConfig {
+            tx_policy: self.cfg.policy,
+            rx_policy: self.cfg.rx_policy,
+            batch: usize::from(self.cfg.batch.max(1)),
+            call_bound: call_bound(self.cfg.tx_call_delay, self.wake.typical),
+            hold: match self.cfg.role {
+                Role::Switch(_) => HoldPolicy::Bounded(HOLD),
+                _ => HoldPolicy::Forever,
+            },
+            wake: self.wake,
+        }
+    }
+
+    fn index_of(&self, id: PortId) -> Option<usize> {
+        self.ports.iter().position(|p| p.id() == id)
+    }
+
+    fn vhost(&mut self, id: PortId) -> Option<&mut VhostPort> {
+        let i = self.index_of(id)?;
+        self.ports[i].as_vhost()
+    }
+
+    fn add(&mut self, p: AnyPort) {
+        self.ports.push(p);
+        self.ports
+            .sort_by_key(|p| p.id() & !(BEHIND_SINK | BEHIND_GEN));
+    }
+
+    fn wire(&mut self, from: PortId, to: Wire) {
+        if let Router::Fixed(w) = self.fabric.router_mut() {
+            w.retain(|&(s, _)| s != from);
+            w.push((from, to));
+        }
+    }
+
+    /// A frontend connected: its port, and what a bench role puts behind it.
+    fn add_vhost(&mut self, id: PortId) {
+        // A port keeps its counters across reconnections.
+        let stats: Vec<Arc<PortStats>> = {
+            let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+            let v = r.entry(id).or_default();
+            while v.len() < usize::from(SERVICED_PAIRS) {
+                v.push(Arc::default());
+            }
+            v.clone()
+        };
+        stats[0].up.store(1, Ordering::Relaxed);
+        let first = stats[0].clone();
+        self.add(AnyPort::Vhost(VhostPort::new(
+            id,
+            self.vhost_config(),
+            stats,
+        )));
+        match self.cfg.role {
+            Role::Switch(_) => {}
+            Role::Sink => self.add_behind_sink(id, first),
+            Role::Gen(g) => {
+                self.add_behind_sink(id, first.clone());
+                self.add_behind_gen(id, first, g);
+            }
+            Role::Forward => self.wire(id, Wire::To(id ^ 1)),
+            Role::Echo => self.wire(id, Wire::Hairpin),
+        }
+    }
+
+    fn add_behind_sink(&mut self, id: PortId, stats: Arc<PortStats>) {
+        let sink = id | BEHIND_SINK;
+        self.add(AnyPort::Sink(SinkPort::new(
+            sink,
+            stats,
+            Counting::Behind,
+            BENCH_MAX_FRAME,
+        )));
+        self.wire(id, Wire::To(sink));
+    }
+
+    fn add_behind_gen(&mut self, id: PortId, stats: Arc<PortStats>, g: GenConfig) {
+        let gen = id | BEHIND_GEN;
+        let spec = GenSpec {
+            frame_len: g.frame_len,
+            rate: 0,
+            duration: Some(g.duration),
+            delay: Duration::ZERO,
+            src: [2, 0, 0, 0, 0, 1],
+            dst: [2, 0, 0, 0, 0, 2],
+        };
+        self.add(AnyPort::Gen(GenPort::new(gen, stats, spec, false)));
+        self.wire(gen, Wire::To(id));
+    }
+
+    fn add_host(&mut self, id: PortId, h: HostPort) {
+        if !matches!(self.cfg.role, Role::Switch(_)) {
+            warn!(port = id, "host ports need the switch role");
+            return;
+        }
+        let stats = {
+            let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+            r.entry(id).or_insert_with(|| vec![Arc::default()])[0].clone()
+        };
+        stats.up.store(1, Ordering::Relaxed);
+        info!(port = id, kind = h.kind_name(), "host port added");
+        let port = match h {
+            HostPort::Tap(tap) => {
+                let p = TapPort::new(id, stats, tap);
+                self.epoll.add(p.fd(), token(id, HOST_QUEUE));
+                AnyPort::Tap(p)
+            }
+            HostPort::Sink => AnyPort::Sink(SinkPort::new(
+                id,
+                stats,
+                Counting::Own,
+                crate::sys::tap::RECV_BUF_LEN,
+            )),
+            HostPort::Gen(spec) => AnyPort::Gen(GenPort::new(id, stats, spec, true)),
+        };
+        self.add(port);
+    }
+
+    fn remove(&mut self, id: PortId) {
+        self.stop_queues(id);
+        for pid in [id, id | BEHIND_SINK, id | BEHIND_GEN] {
+            if let Some(i) = self.index_of(pid) {
+                let p = self.ports.remove(i);
+                if let AnyPort::Tap(t) = &p {
+                    self.epoll.remove(t.fd());
+                }
+            }
+            self.fabric.port_down(pid);
+        }
+        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(qps) = r.get(&id) {
+            qps[0].up.store(0, Ordering::Relaxed);
+            info!(port = id, stats = ?crate::stats::PortSnapshot::sum(id, qps.iter().map(|s| &**s)), "port removed");
+        }
+    }
+
+    fn stop_queues(&mut self, id: PortId) {
+        for index in 0..2 * SERVICED_PAIRS {
+            self.stop_queue(id, index);
+        }
+    }
+
+    fn stop_queue(&mut self, id: PortId, index: u16) -> Option<u16> {
+        let (base, fd) = self.vhost(id)?.stop(index)?;
+        if let Some(fd) = fd {
+            self.epoll.remove(fd);
+        }
+        Some(base)
+    }
+
+    fn commands(&mut self, now: Instant) {
+        while let Ok(c) = self.rx.try_recv() {
+            match c {
+                Cmd::AddPort(id) => self.add_vhost(id),
+                Cmd::Start(id, q) => {
+                    if let Some(fd) = q.kick.as_ref().map(AsRawFd::as_raw_fd) {
+                        self.epoll.add(fd, token(id, q.index));
+                    }
+                    match self.vhost(id) {
+                        Some(p) => p.start(q),
+                        None => warn!(port = id, "queue for unknown port"),
+                    }
+                }
+                Cmd::Stop(id, index, reply) => {
+                    if index % 2 == 1 {
+                        self.drain(id, now);
+                    }
+                    let _ = reply.send(self.stop_queue(id, index));
+                }
+                Cmd::Mem(id, mem) => {
+                    if let Some(p) = self.vhost(id) {
+                        p.set_mem(&mem);
+                    }
+                }
+                Cmd::RemovePort(id, reply) => {
+                    self.remove(id);
+                    let _ = reply.send(());
+                }
+                Cmd::AddHost(id, h) => self.add_host(id, *h),
+                Cmd::Macs(reply) => {
+                    let _ = reply.send(self.fabric.macs(now));
+                }
+                Cmd::Shutdown => self.quit = true,
+            }
+        }
+    }
+
+    /// A peer shrank memory it shared and an access faulted: stop every queue whose memory
+    /// table holds a faulted mapping. Everything else goes on.
+    fn check_faults(&mut self) {
+        let g = pvnet_vhost::fault::generation();
+        if g == self.faults {
+            return;
+        }
+        self.faults = g;
+        for p in &mut self.ports {
+            if let Some(v) = p.as_vhost() {
+                v.check_faults();
+            }
+        }
+    }
+
+    /// Runs rounds until nothing moves (at most one ring's worth): a frontend that stops its
+    /// transmit ring (GET_VRING_BASE) has every packet it made available before the stop
+    /// taken, even when the shard was off its CPU when the frontend stopped sending.
+    fn drain(&mut self, id: PortId, now: Instant) {
+        let size = self.vhost(id).map_or(0, |v| v.tx_ring_size());
+        let rounds = usize::from(size / self.cfg.batch.max(1)) + 1;
+        for _ in 0..rounds {
+            if self.fabric.round(&mut self.ports, now) == 0 {
+                break;
+            }
+        }
+    }
+
+    /// After a round: what every port wants, and, if all may sleep, arm them (arm, fence,
+    /// re-check). `None`: poll on (a port wants it, or work arrived while arming).
+    fn settle(&mut self, now: Instant) -> Option<Option<Instant>> {
+        let mut settle = Settle::new();
+        for p in &mut self.ports {
+            p.idle(now, &mut settle);
+        }
+        let Plan::Sleep(deadline) = settle.plan() else {
+            return None;
+        };
+        let mut armed = Armed::Empty;
+        for p in &mut self.ports {
+            if p.arm() == Armed::NotEmpty {
+                armed = Armed::NotEmpty;
+            }
+        }
+        if armed == Armed::NotEmpty || self.pending.load(Ordering::Acquire) {
+            self.disarm(false);
+            return None;
+        }
+        Some(deadline)
+    }
+
+    fn disarm(&mut self, slept: bool) {
+        for p in &mut self.ports {
+            p.disarm(slept);
+        }
+    }
+
+    fn sleep(&mut self, deadline: Option<Instant>, now: Instant) {
+        for p in &mut self.ports {
+            if let Some(v) = p.as_vhost() {
+                v.count_sleep();
+            }
+        }
+        let timed = deadline.map(|t| {
+            t.saturating_duration_since(now)
+                .max(Duration::from_micros(1))
+        });
+        if let Some(d) = timed {
+            self.timer.set(d);
+        }
+        // Deadlines come from the timerfd: epoll itself waits without a timeout.
+        let mut evs = [EpollEvent::default(); 16];
+        let n = self.epoll.wait(-1, &mut evs);
+        if timed.is_some() {
+            self.timer.clear();
+        }
+        for ev in &evs[..n] {
+            let tok = ev.data();
+            if tok == WAKE_TOKEN {
+                self.wake_fd.drain();
+                continue;
+            }
+            if tok == TIMER_TOKEN {
+                self.timer.clear();
+                continue;
+            }
+            let (port, index) = (
+                PortId::try_from(tok >> 16).unwrap_or(PortId::MAX),
+                (tok & 0xffff) as u16,
+            );
+            if let Some(i) = self.index_of(port) {
+                self.ports[i].event(index);
+            }
+        }
+    }
+
+    pub(crate) fn run(&mut self, clock: &impl Clock) {
+        info!(
+            shard = self.index, role = ?self.cfg.role, policy = %self.cfg.policy, rx_policy = %self.cfg.rx_policy,
+            wake_us = self.wake.typical.as_secs_f64() * 1e6, wake_floor_us = self.wake.floor.as_secs_f64() * 1e6, batch = self.cfg.batch, "shard running"
+        );
+        while !self.quit {
+            // Acquire: pairs with the release in `Dataplane::send`; the command is visible.
+            if self.pending.load(Ordering::Relaxed) && self.pending.swap(false, Ordering::Acquire) {
+                self.commands(clock.now());
+                continue;
+            }
+            // One clock read per round (per batch of every queue), not per packet.
+            let now = clock.now();
+            self.fabric.round(&mut self.ports, now);
+            self.check_faults();
+            let Some(deadline) = self.settle(now) else {
+                std::hint::spin_loop();
+                continue;
+            };
+            self.sleep(deadline, now);
+            self.disarm(true);
+        }
+        info!(shard = self.index, "shard stopped");
+    }
+}
