@@ -21,3 +21,6 @@ pub mod stats;
 pub mod switch;
 pub mod sys;
 pub mod worker;
+
+#[cfg(test)]
+mod testing;

@@ -63,20 +63,20 @@ fn backend_to_frontend_exact_counts() {
     b2f(&[]);
 }
 
-/// frontend A TX -> backend forward -> frontend B RX.
-fn f2f(frame_len: u64) {
+/// frontend A TX -> backend forward -> frontend B RX (extra arguments for each).
+fn f2f_with(frame_len: u64, extra_tx: &[&str], extra_rx: &[&str]) {
     let dir = TestDir::new("f2f");
     let (mut b, sock) = backend(&dir, "b", &["--role", "forward", "--sessions", "2"]);
     let len = frame_len.to_string();
     // Ports pair up in connection order: the receiver connects first (port 0), and is fully
     // running before the sender (port 1) connects.
-    let mut rx = frontend("frontend rx", &sock, &["--role", "rx", "--frame-len", &len]);
+    let mut rx_args = vec!["--role", "rx", "--frame-len", &len];
+    rx_args.extend_from_slice(extra_rx);
+    let mut rx = frontend("frontend rx", &sock, &rx_args);
     rx.wait_json("ready", START);
-    let tf = run_frontend(
-        "frontend tx",
-        &sock,
-        &["--role", "tx", "--secs", "0.3", "--frame-len", &len],
-    );
+    let mut tx_args = vec!["--role", "tx", "--secs", "0.3", "--frame-len", &len];
+    tx_args.extend_from_slice(extra_tx);
+    let tf = run_frontend("frontend tx", &sock, &tx_args);
     let rf = rx.finish(RUN);
     let fin = b.finish(RUN);
     let (pa, pb) = (port(&fin, 1), port(&fin, 0));
@@ -109,9 +109,78 @@ fn f2f(frame_len: u64) {
     }
 }
 
+fn f2f(frame_len: u64) {
+    f2f_with(frame_len, &[], &[]);
+}
+
 #[test]
 fn frontend_to_frontend_through_forward() {
     f2f(64);
+}
+
+/// The negotiated features a frontend reports in its `ready` line.
+fn features_of(sock: &std::path::Path, extra: &[&str]) -> u64 {
+    let mut args = vec!["--role", "tx", "--secs", "0"];
+    args.extend_from_slice(extra);
+    let mut f = frontend("frontend", sock, &args);
+    let r = f.wait_json("ready", START);
+    f.finish(RUN);
+    let s = r["features"].as_str().expect("features string").to_string();
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("hex features")
+}
+
+#[test]
+fn legacy_driver_gets_10_byte_headers() {
+    // A driver that negotiates neither VERSION_1 nor MRG_RXBUF puts a 10-byte header in front
+    // of every packet (virtio 1.x 5.1.6); the backend must read and write exactly that.
+    let dir = TestDir::new("legacy");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink", "--sessions", "1"]);
+    let f = features_of(&sock, &["--legacy-hdr"]);
+    assert_eq!(
+        f & ((1 << 32) | (1 << 15)),
+        0,
+        "neither VERSION_1 nor MRG_RXBUF: {f:#x}"
+    );
+    b.finish(RUN);
+    // Both directions, exact (sequence numbers sit right behind the header: one byte off and
+    // every frame would be garbage).
+    f2b(&["--legacy-hdr"], 64);
+    f2b(&["--legacy-hdr", "--frame-len", "1500"], 1500);
+    b2f(&["--legacy-hdr"]);
+}
+
+#[test]
+fn forwarding_between_header_lengths() {
+    // 12-byte sender to a 10-byte receiver and back: the header is rewritten, the frame is not.
+    f2f_with(64, &[], &["--legacy-hdr"]);
+    f2f_with(64, &["--legacy-hdr"], &[]);
+}
+
+#[test]
+fn two_shards_serve_two_frontends_exactly() {
+    // Two worker threads; frontends are spread over them by port id, each counted exactly.
+    let dir = TestDir::new("shards");
+    let (mut b, sock) = backend(
+        &dir,
+        "b",
+        &["--role", "sink", "--sessions", "2", "--shards", "2"],
+    );
+    let mut x = frontend("frontend X", &sock, &["--role", "tx", "--secs", "0.5"]);
+    x.wait_json("ready", START);
+    let mut y = frontend("frontend Y", &sock, &["--role", "tx", "--secs", "0.5"]);
+    let fy = y.finish(RUN);
+    let fx = x.finish(RUN);
+    let fin = b.finish(RUN);
+    assert_eq!(ports(&fin).len(), 2, "{fin}");
+    assert_tx_to_sink_exact(&fx, &port(&fin, 0), 64);
+    assert_tx_to_sink_exact(&fy, &port(&fin, 1), 64);
+    let placed = b.stderr_lines("frontend port placed");
+    for (shard, port) in [("shard=0", "port=0"), ("shard=1", "port=1")] {
+        assert!(
+            placed.iter().any(|l| l.contains(shard) && l.contains(port)),
+            "{port} not on {shard}: {placed:?}"
+        );
+    }
 }
 
 #[test]

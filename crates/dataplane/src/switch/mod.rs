@@ -539,3 +539,6 @@ impl Cx<'_, '_> {
         self.f.touched.clear();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -172,6 +172,7 @@ impl Shard {
             v.clone()
         };
         stats[0].up.store(1, Ordering::Relaxed);
+        info!(shard = self.index, port = id, "frontend port placed");
         let first = stats[0].clone();
         self.add(AnyPort::Vhost(VhostPort::new(
             id,

@@ -1,0 +1,347 @@
+//! The switch over mock frontends: learning, flooding, offload fitting, header lengths,
+//! backpressure, fixed wires and hairpin, each checked by what the frontends receive and by
+//! the counters.
+
+use super::*;
+use crate::egress::HoldPolicy;
+use crate::testing::{frame, get, mac, MockFe, MODERN};
+use pvnet_net::features::VIRTIO_NET_F_GUEST_TSO6;
+use std::time::Duration;
+use std::time::Instant;
+
+#[test]
+fn offload_fit() {
+    let mut h = VnetHdr::default();
+    assert_eq!(fit(&h, 0), Fit::Pass);
+    h.flags = VnetHdr::F_NEEDS_CSUM;
+    assert_eq!(fit(&h, 0), Fit::Csum);
+    assert_eq!(fit(&h, VIRTIO_NET_F_GUEST_CSUM), Fit::Pass);
+    h.gso_type = VnetHdr::GSO_TCPV4;
+    assert_eq!(fit(&h, VIRTIO_NET_F_GUEST_CSUM), Fit::Gso);
+    assert_eq!(
+        fit(&h, VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4),
+        Fit::Pass
+    );
+    h.gso_type = VnetHdr::GSO_TCPV6 | VnetHdr::GSO_ECN;
+    assert_eq!(
+        fit(&h, VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO6),
+        Fit::Gso
+    );
+    h.gso_type = VnetHdr::GSO_UDP_L4;
+    assert_eq!(fit(&h, u64::MAX), Fit::Gso);
+    let b = crate::port::vhost::header_for(
+        &VnetHdr {
+            flags: 2,
+            ..VnetHdr::default()
+        },
+        0,
+    );
+    assert_eq!(b[0], 0);
+}
+
+fn csum(data: &[u8], init: u32) -> u16 {
+    let mut sum = init;
+    for c in data.chunks(2) {
+        let w = if c.len() == 2 {
+            u16::from_be_bytes([c[0], c[1]])
+        } else {
+            u16::from(c[0]) << 8
+        };
+        sum += u32::from(w);
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !u16::try_from(sum).unwrap_or(0xffff)
+}
+
+/// An Ethernet + IPv4 + TCP frame with `payload` bytes; TCP checksum left as the
+/// pseudo-header sum (what a driver hands over with NEEDS_CSUM).
+fn tcp4(dst: [u8; 6], src: [u8; 6], payload: usize) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 20 + payload];
+    f[0..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ip_len = u16::try_from(20 + 20 + payload).unwrap();
+    f[14] = 0x45;
+    f[16..18].copy_from_slice(&ip_len.to_be_bytes());
+    f[18..20].copy_from_slice(&7u16.to_be_bytes());
+    f[22] = 64;
+    f[23] = 6;
+    f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+    f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+    let c = csum(&f[14..34], 0);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f[34..36].copy_from_slice(&5001u16.to_be_bytes());
+    f[36..38].copy_from_slice(&40000u16.to_be_bytes());
+    f[38..42].copy_from_slice(&1000u32.to_be_bytes());
+    f[46] = 5 << 4;
+    f[47] = 0x18; // PSH|ACK
+    for (i, b) in f[54..].iter_mut().enumerate() {
+        *b = u8::try_from(i * 7 % 251).unwrap_or(0);
+    }
+    let pseudo = pseudo_sum(&f, u32::from(ip_len) - 20);
+    f[50..52].copy_from_slice(&(!csum(&[], pseudo)).to_be_bytes());
+    f
+}
+
+fn pseudo_sum(f: &[u8], l4_len: u32) -> u32 {
+    let w = |i: usize| u32::from(u16::from_be_bytes([f[i], f[i + 1]]));
+    w(26) + w(28) + w(30) + w(32) + 6 + l4_len
+}
+
+/// The TCP checksum of a full frame verifies (sums to zero with the pseudo-header).
+fn tcp_ok(f: &[u8]) -> bool {
+    let l4 = u32::from(u16::from_be_bytes([f[16], f[17]])) - 20;
+    csum(&f[34..34 + l4 as usize], pseudo_sum(f, l4)) == 0 && csum(&f[14..34], 0) == 0
+}
+
+fn gso_hdr(payload_mss: u16) -> VnetHdr {
+    VnetHdr {
+        flags: VnetHdr::F_NEEDS_CSUM,
+        gso_type: VnetHdr::GSO_TCPV4,
+        hdr_len: 54,
+        gso_size: payload_mss,
+        csum_start: 34,
+        csum_offset: 16,
+        num_buffers: 0,
+    }
+}
+
+fn run(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) {
+    for _ in 0..4 {
+        f.round(ports, now);
+    }
+}
+
+fn switch() -> Fabric {
+    Fabric::new(Router::learning(SwitchConfig::default()), 64)
+}
+
+fn fe(id: PortId, features: u64) -> (MockFe, AnyPort) {
+    MockFe::new(id, features, 256, HoldPolicy::Bounded(HOLD))
+}
+
+#[test]
+fn floods_unknown_then_forwards_learned_unicast() {
+    let mut f = switch();
+    let ((mut a, pa), (mut b, pb), (mut c, pc)) = (fe(0, MODERN), fe(1, MODERN), fe(2, MODERN));
+    let mut ports = vec![pa, pb, pc];
+    let now = Instant::now();
+    // a -> b's address, unknown: flooded to b and c
+    a.send(&VnetHdr::default(), &tcp4(mac(2), mac(1), 10));
+    run(&mut f, &mut ports, now);
+    assert_eq!(b.received().len(), 1);
+    assert_eq!(c.received().len(), 1);
+    assert_eq!(get(&a.stats.flooded), 1);
+    // b answers a (learned on port 0): only a gets it
+    b.send(&VnetHdr::default(), &tcp4(mac(1), mac(2), 10));
+    run(&mut f, &mut ports, now);
+    assert_eq!(a.received().len(), 1);
+    assert!(c.received().is_empty());
+    // now a -> b is known too
+    a.send(&VnetHdr::default(), &tcp4(mac(2), mac(1), 10));
+    run(&mut f, &mut ports, now);
+    assert_eq!(b.received().len(), 1);
+    assert!(c.received().is_empty());
+    // to a station on its own port: filtered, counted
+    a.send(&VnetHdr::default(), &tcp4(mac(1), mac(3), 10));
+    run(&mut f, &mut ports, now);
+    assert!(b.received().is_empty() && c.received().is_empty());
+    assert_eq!(get(&a.stats.drops[DropReason::Filtered as usize]), 1);
+    let macs: Vec<_> = f.macs(now).iter().map(|e| (e.mac, e.port)).collect();
+    assert_eq!(macs, vec![(mac(1), 0), (mac(3), 0), (mac(2), 1)]);
+    // Every packet taken is accounted for: 3 from a, 1 from b.
+    assert_eq!((get(&a.stats.rx_packets), get(&b.stats.rx_packets)), (3, 1));
+    assert_eq!(a.completed(), 3);
+}
+
+#[test]
+fn gso_packet_is_segmented_for_a_receiver_without_tso() {
+    let mut f = switch();
+    let ((mut a, pa), (mut b, pb)) = (fe(0, MODERN), fe(1, MODERN));
+    let mut ports = vec![pa, pb];
+    let frame = tcp4(mac(2), mac(1), 10_000);
+    a.send(&gso_hdr(1448), &frame);
+    run(&mut f, &mut ports, Instant::now());
+    let got = b.received();
+    assert_eq!(got.len(), 7, "10000 bytes at MSS 1448");
+    let mut payload = Vec::new();
+    for (h, seg) in &got {
+        assert_eq!(
+            (h.flags, h.gso_type),
+            (0, 0),
+            "plain packets for a plain receiver"
+        );
+        assert!(tcp_ok(seg), "segment checksums verify");
+        payload.extend_from_slice(&seg[54..]);
+    }
+    assert_eq!(payload, frame[54..]);
+    assert_eq!((get(&b.stats.sw_gso), get(&b.stats.tx_packets)), (1, 7));
+    assert_eq!(get(&a.stats.rx_packets), 1);
+}
+
+#[test]
+fn gso_packet_passes_whole_to_a_receiver_with_tso() {
+    let mut f = switch();
+    let ((mut a, pa), (mut b, pb)) = (
+        fe(0, MODERN),
+        fe(
+            1,
+            MODERN | VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4,
+        ),
+    );
+    let mut ports = vec![pa, pb];
+    let frame = tcp4(mac(2), mac(1), 10_000);
+    a.send(&gso_hdr(1448), &frame);
+    run(&mut f, &mut ports, Instant::now());
+    let got = b.received();
+    assert_eq!(got.len(), 1);
+    let (h, g) = &got[0];
+    assert_eq!(
+        (h.gso_type, h.gso_size, h.flags),
+        (VnetHdr::GSO_TCPV4, 1448, VnetHdr::F_NEEDS_CSUM)
+    );
+    assert_eq!(h.num_buffers, 5, "10066 bytes over 2048-byte buffers");
+    assert_eq!(g, &frame);
+    assert_eq!(get(&b.stats.sw_gso), 0);
+}
+
+#[test]
+fn partial_checksum_is_completed_for_a_receiver_without_guest_csum() {
+    let mut f = switch();
+    let ((mut a, pa), (mut b, pb)) = (fe(0, MODERN), fe(1, MODERN));
+    let mut ports = vec![pa, pb];
+    let frame = tcp4(mac(2), mac(1), 300);
+    let mut h = gso_hdr(0);
+    h.gso_type = VnetHdr::GSO_NONE;
+    a.send(&h, &frame);
+    run(&mut f, &mut ports, Instant::now());
+    let got = b.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0.flags, 0);
+    assert!(tcp_ok(&got[0].1));
+    assert_eq!(get(&b.stats.sw_csum), 1);
+}
+
+#[test]
+fn headers_change_length_between_legacy_and_modern_drivers() {
+    // A legacy driver (neither VERSION_1 nor MRG_RXBUF) uses a 10-byte header; a modern one
+    // 12 bytes with num_buffers. Frames cross unchanged; headers are rewritten.
+    let mut f = switch();
+    let ((mut old, po), (mut new, pn)) = (fe(0, 0), fe(1, MODERN | VIRTIO_NET_F_GUEST_CSUM));
+    assert_eq!((old.hdr_len, new.hdr_len), (10, 12));
+    let mut ports = vec![po, pn];
+    let now = Instant::now();
+    let to_new = frame(mac(2), mac(1), 7, 100);
+    old.send(&VnetHdr::default(), &to_new);
+    run(&mut f, &mut ports, now);
+    let got = new.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].0.num_buffers, 1,
+        "the modern receiver's header says one buffer"
+    );
+    assert_eq!(got[0].1, to_new, "the frame right behind a 12-byte header");
+    // Back: a partial checksum from the modern side, completed for the legacy receiver, which
+    // gets 10 bytes of header and the frame.
+    let tcp = tcp4(mac(1), mac(2), 200);
+    let mut h = gso_hdr(0);
+    h.gso_type = VnetHdr::GSO_NONE;
+    new.send(&h, &tcp);
+    let plain = frame(mac(1), mac(2), 9, 80);
+    new.send(&VnetHdr::default(), &plain);
+    run(&mut f, &mut ports, now);
+    let got = old.received();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].0.flags, 0);
+    assert!(tcp_ok(&got[0].1));
+    assert_eq!(got[1].1, plain);
+    assert_eq!(get(&old.stats.tx_bytes), (tcp.len() + plain.len()) as u64);
+}
+
+#[test]
+fn a_full_receiver_holds_unicast_for_the_bound_then_drops() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = MockFe::new(1, MODERN, 0, HoldPolicy::Bounded(HOLD));
+    let mut ports = vec![pa, pb];
+    let t0 = Instant::now();
+    // b speaks first (learned), then has no buffers for a's two packets.
+    b.send(&VnetHdr::default(), &frame(mac(1), mac(2), 0, 60));
+    run(&mut f, &mut ports, t0);
+    a.send(&VnetHdr::default(), &frame(mac(2), mac(1), 1, 60));
+    a.send(&VnetHdr::default(), &frame(mac(2), mac(1), 2, 60));
+    run(&mut f, &mut ports, t0);
+    assert_eq!(get(&a.stats.rx_packets), 0, "they wait in a's ring");
+    assert_eq!(a.completed(), 0);
+    // Buffers arrive within the bound: delivered, in order.
+    b.post(1);
+    run(&mut f, &mut ports, t0 + HOLD / 2);
+    let got = b.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1[14], 1);
+    // No more buffers: the second waits out the bound, then is dropped and counted.
+    run(&mut f, &mut ports, t0 + HOLD / 2 + HOLD / 4);
+    assert_eq!(get(&a.stats.rx_packets), 1);
+    run(&mut f, &mut ports, t0 + HOLD * 2);
+    assert_eq!(get(&a.stats.rx_packets), 2);
+    assert_eq!(get(&a.stats.drops[DropReason::NoBuffer as usize]), 1);
+    assert_eq!(a.completed(), 2, "every buffer returned");
+}
+
+#[test]
+fn a_fixed_wire_waits_as_long_as_it_takes() {
+    let mut f = Fabric::new(Router::Fixed(vec![(0, Wire::To(1))]), 64);
+    let (mut a, pa) = MockFe::new(0, MODERN, 256, HoldPolicy::Forever);
+    let (mut b, pb) = MockFe::new(1, MODERN, 0, HoldPolicy::Forever);
+    let mut ports = vec![pa, pb];
+    let t0 = Instant::now();
+    for n in 0..3 {
+        a.send(&VnetHdr::default(), &frame(mac(2), mac(1), n, 60));
+    }
+    run(&mut f, &mut ports, t0);
+    run(&mut f, &mut ports, t0 + Duration::from_secs(60));
+    assert_eq!(get(&a.stats.rx_packets), 0, "nothing lost, nothing taken");
+    b.post(8);
+    run(&mut f, &mut ports, t0 + Duration::from_secs(61));
+    let got: Vec<u8> = b.received().iter().map(|(_, f)| f[14]).collect();
+    assert_eq!(got, [0, 1, 2]);
+    assert_eq!(get(&a.stats.rx_packets), 3);
+    assert_eq!(get(&b.stats.tx_packets), 3);
+    // b has no wire: what it sends is dropped as port_down, counted.
+    b.send(&VnetHdr::default(), &frame(mac(1), mac(2), 9, 60));
+    run(&mut f, &mut ports, t0);
+    assert_eq!(get(&b.stats.drops[DropReason::PortDown as usize]), 1);
+}
+
+#[test]
+fn hairpin_sends_a_frontends_packets_back_to_it() {
+    let mut f = Fabric::new(Router::Fixed(vec![(0, Wire::Hairpin)]), 64);
+    let (mut a, pa) = MockFe::new(0, MODERN, 256, HoldPolicy::Forever);
+    let mut ports = vec![pa];
+    let sent = frame(mac(2), mac(1), 5, 300);
+    a.send(&VnetHdr::default(), &sent);
+    run(&mut f, &mut ports, Instant::now());
+    let got = a.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1, sent);
+    assert_eq!((get(&a.stats.rx_packets), get(&a.stats.tx_packets)), (1, 1));
+}
+
+#[test]
+fn a_short_packet_is_dropped_in_its_place_and_the_rest_go_on() {
+    let mut f = Fabric::new(Router::Fixed(vec![(0, Wire::To(1))]), 64);
+    let (mut a, pa) = MockFe::new(0, MODERN, 256, HoldPolicy::Forever);
+    let (mut b, pb) = MockFe::new(1, MODERN, 256, HoldPolicy::Forever);
+    let mut ports = vec![pa, pb];
+    a.send(&VnetHdr::default(), &frame(mac(2), mac(1), 1, 60));
+    a.send(&VnetHdr::default(), &[0u8; 0]); // header only: no addresses
+    a.send(&VnetHdr::default(), &frame(mac(2), mac(1), 3, 60));
+    run(&mut f, &mut ports, Instant::now());
+    let got: Vec<u8> = b.received().iter().map(|(_, f)| f[14]).collect();
+    assert_eq!(got, [1, 3]);
+    assert_eq!(get(&a.stats.rx_packets), 3);
+    assert_eq!(get(&a.stats.drops[DropReason::Invalid as usize]), 1);
+    assert_eq!(a.completed(), 3);
+}

@@ -1,0 +1,218 @@
+//! Test support: a frontend played by the test over mock rings, behind a real [`VhostPort`],
+//! and a receiver that records what a port hands it.
+
+use crate::egress::HoldPolicy;
+use crate::poll::{Policy, WakeCost};
+use crate::port::vhost::{VhostConfig, VhostPort};
+use crate::port::{AnyPort, Ingress, Pkt, PortId};
+use crate::stats::PortStats;
+use pvnet_net::features::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
+use pvnet_net::{hdr_len, VnetHdr};
+use pvnet_vhost::backend::StartedQueue;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use virtq::mock::MockQueue;
+use virtq::queue::{Buf, Direction, DriverQueue, Format};
+
+/// Receive buffer size of a mock frontend.
+pub const BUF: u32 = 2048;
+/// Features of a modern frontend without offloads.
+pub const MODERN: u64 = VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
+
+/// The settings tests run vhost ports with.
+pub fn vhost_config(hold: HoldPolicy) -> VhostConfig {
+    VhostConfig {
+        tx_policy: Policy::Notify,
+        rx_policy: Policy::Notify,
+        batch: 64,
+        call_bound: Duration::from_micros(150),
+        hold,
+        wake: WakeCost {
+            typical: Duration::from_micros(30),
+            floor: Duration::from_micros(10),
+        },
+    }
+}
+
+/// A frontend played by the test: a transmit ring it fills, a receive ring it posts to.
+pub struct MockFe {
+    /// Its port's counters.
+    pub stats: Arc<PortStats>,
+    /// Bytes of its virtio-net header.
+    pub hdr_len: u32,
+    txm: MockQueue,
+    tx: DriverQueue,
+    rxm: MockQueue,
+    rx: DriverQueue,
+    next_tx: u16,
+}
+
+impl MockFe {
+    /// A frontend that acked `features`, with `posted` receive buffers; and its port.
+    pub fn new(id: PortId, features: u64, posted: u16, hold: HoldPolicy) -> (Self, AnyPort) {
+        let stats: Arc<PortStats> = Arc::default();
+        let mut port = VhostPort::new(id, vhost_config(hold), vec![stats.clone()]);
+        let txm = MockQueue::new(64, 65536 + 64);
+        let (tx, txd) = txm
+            .pair_in(Format::Split, Direction::DeviceReads, false)
+            .expect("tx ring");
+        let rxm = MockQueue::new(256, BUF);
+        let (rx, rxd) = rxm
+            .pair_in(Format::Split, Direction::DeviceWrites, false)
+            .expect("rx ring");
+        for (index, queue) in [(1u16, txd), (0, rxd)] {
+            port.start(StartedQueue {
+                index,
+                queue,
+                kick: None,
+                call: None,
+                err: None,
+                mergeable: features & VIRTIO_NET_F_MRG_RXBUF != 0,
+                features,
+            });
+        }
+        let mut fe = Self {
+            stats,
+            hdr_len: hdr_len(features),
+            txm,
+            tx,
+            rxm,
+            rx,
+            next_tx: 0,
+        };
+        fe.post(posted);
+        (fe, AnyPort::Vhost(port))
+    }
+
+    /// Posts `n` more receive buffers.
+    pub fn post(&mut self, n: u16) {
+        for _ in 0..n {
+            let Some(id) = self.rx.next_free() else { break };
+            self.rx
+                .add_one(Buf {
+                    addr: self.rxm.buf(id),
+                    len: BUF,
+                    write: true,
+                })
+                .expect("post");
+        }
+        self.rx.publish();
+    }
+
+    /// Sends `hdr ++ frame` as one descriptor (the header in this frontend's length).
+    pub fn send(&mut self, hdr: &VnetHdr, frame: &[u8]) {
+        let h = self.hdr_len as usize;
+        let mut full = [0u8; VnetHdr::LEN];
+        hdr.write(&mut full);
+        let mut b = full[..h].to_vec();
+        b.extend_from_slice(frame);
+        let addr = self.txm.buf(self.next_tx);
+        self.next_tx = (self.next_tx + 1) % 64;
+        self.txm.poke(addr, &b);
+        self.tx
+            .add_one(Buf {
+                addr,
+                len: u32::try_from(b.len()).expect("fits"),
+                write: false,
+            })
+            .expect("add");
+        self.tx.publish();
+    }
+
+    /// Transmit buffers the device has returned so far.
+    pub fn completed(&mut self) -> usize {
+        self.tx.used_available().expect("used");
+        let mut n = 0;
+        while self.tx.pop_used().expect("pop").is_some() {
+            n += 1;
+        }
+        n
+    }
+
+    /// Every packet delivered so far: (header, frame), merged buffers joined.
+    pub fn received(&mut self) -> Vec<(VnetHdr, Vec<u8>)> {
+        let h = self.hdr_len as usize;
+        let mut out = Vec::new();
+        let mut cur: Option<(VnetHdr, Vec<u8>, u16)> = None;
+        self.rx.used_available().expect("used");
+        while let Some((id, len)) = self.rx.pop_used().expect("pop used") {
+            let mut b = vec![0u8; len as usize];
+            self.rxm.peek(self.rxm.buf(id), &mut b);
+            match cur.take() {
+                None => {
+                    let hdr = VnetHdr::parse_len(&b, self.hdr_len).expect("header");
+                    let left = hdr.num_buffers.max(1) - 1;
+                    cur = Some((hdr, b[h..].to_vec(), left));
+                }
+                Some((hdr, mut f, left)) => {
+                    f.extend_from_slice(&b);
+                    cur = Some((hdr, f, left - 1));
+                }
+            }
+            if let Some((hdr, f, 0)) = &cur {
+                out.push((*hdr, f.clone()));
+                cur = None;
+            }
+        }
+        out
+    }
+}
+
+/// Reads a counter.
+pub fn get(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// A receiver that keeps copies of what it is handed and takes at most `room` packets a
+/// burst (the rest must wait).
+#[derive(Default)]
+pub struct Collect {
+    /// Each packet taken: (header length, bytes).
+    pub got: Vec<(u32, Vec<u8>)>,
+    /// Packets it takes per burst (`usize::MAX`: all).
+    pub room: usize,
+    /// Whether it claims a receiver exists.
+    pub present: bool,
+}
+
+impl Collect {
+    /// Takes everything.
+    pub fn all() -> Self {
+        Self {
+            got: Vec::new(),
+            room: usize::MAX,
+            present: true,
+        }
+    }
+}
+
+impl Ingress for Collect {
+    fn burst(&mut self, pkts: &[Pkt<'_>], _stats: &PortStats) -> usize {
+        let n = pkts.len().min(self.room);
+        for p in &pkts[..n] {
+            let mut b = vec![0u8; p.len as usize];
+            virtq::mem::read_segs(p.segs, 0, &mut b);
+            self.got.push((p.hdr_len, b));
+        }
+        n
+    }
+
+    fn has_receiver(&self) -> bool {
+        self.present
+    }
+}
+
+/// An Ethernet frame from `src` to `dst` carrying `n` (for bench-free tests).
+pub fn frame(dst: [u8; 6], src: [u8; 6], n: u8, len: usize) -> Vec<u8> {
+    let mut f = vec![n; len.max(60)];
+    f[..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+    f
+}
+
+/// A station address.
+pub fn mac(last: u8) -> [u8; 6] {
+    [2, 0, 0, 0, 0, last]
+}
