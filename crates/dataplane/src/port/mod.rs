@@ -279,3 +279,6 @@ impl AnyPort {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -342,7 +342,7 @@ fn context(e: io::Error, what: &str) -> io::Error {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
     use std::net::{SocketAddr, TcpStream};
@@ -393,7 +393,7 @@ mod tests {
 
     /// A tap named `pvt<tag><pid>`, up, with 10.213.`net`.1/24 and a static neighbour
     /// 10.213.`net`.2 at [`PEER_MAC`].
-    fn setup(tag: &str, net: u8, offloads: bool) -> Tap {
+    pub(crate) fn setup(tag: &str, net: u8, offloads: bool) -> Tap {
         require_tap_env();
         let name = format!("pvt{tag}{}", std::process::id() % 10000);
         let tap = open(&name, offloads).unwrap_or_else(|e| panic!("open tap: {e}"));
@@ -413,7 +413,7 @@ mod tests {
     }
 
     /// Ones'-complement sum of `data` onto `acc` (not folded).
-    fn sum(data: &[u8], mut acc: u32) -> u32 {
+    pub(crate) fn sum(data: &[u8], mut acc: u32) -> u32 {
         let mut chunks = data.chunks_exact(2);
         for c in &mut chunks {
             acc += u32::from(u16::from_be_bytes([c[0], c[1]]));
@@ -425,7 +425,7 @@ mod tests {
     }
 
     /// Folds carries into 16 bits (not complemented).
-    fn fold(mut acc: u32) -> u16 {
+    pub(crate) fn fold(mut acc: u32) -> u16 {
         while acc > 0xffff {
             acc = (acc & 0xffff) + (acc >> 16);
         }
@@ -438,7 +438,13 @@ mod tests {
     }
 
     /// An Ethernet + IPv4 frame around `l4`.
-    fn ipv4_frame(dst_mac: [u8; 6], src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
+    pub(crate) fn ipv4_frame(
+        dst_mac: [u8; 6],
+        src: [u8; 4],
+        dst: [u8; 4],
+        proto: u8,
+        l4: &[u8],
+    ) -> Vec<u8> {
         let mut f = Vec::with_capacity(34 + l4.len());
         f.extend_from_slice(&dst_mac);
         f.extend_from_slice(&PEER_MAC);
@@ -509,12 +515,12 @@ mod tests {
     }
 
     /// An IPv4 packet in a frame.
-    struct Ipv4<'a> {
-        proto: u8,
-        src: [u8; 4],
-        dst: [u8; 4],
+    pub(crate) struct Ipv4<'a> {
+        pub(crate) proto: u8,
+        pub(crate) src: [u8; 4],
+        pub(crate) dst: [u8; 4],
         /// L4 bytes, as far as `tot_len` says.
-        l4: &'a [u8],
+        pub(crate) l4: &'a [u8],
     }
 
     /// The TCP segment in a frame.
@@ -529,7 +535,7 @@ mod tests {
         len: usize,
     }
 
-    fn parse_ipv4(f: &[u8]) -> Option<Ipv4<'_>> {
+    pub(crate) fn parse_ipv4(f: &[u8]) -> Option<Ipv4<'_>> {
         if f.len() < 34 || f[12..14] != [0x08, 0x00] {
             return None;
         }

@@ -274,3 +274,37 @@ impl DeviceHooks for Dataplane {
         let _ = rx.recv();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placement_keeps_what_must_share_a_shard_together() {
+        let mk = |role, shards| {
+            Dataplane::start(WorkerConfig {
+                role,
+                shards,
+                ..WorkerConfig::default()
+            })
+            .expect("start")
+        };
+        let dp = mk(Role::Sink, 2);
+        assert_eq!(
+            (0..4).map(|p| dp.shard_of(p)).collect::<Vec<_>>(),
+            [0, 1, 0, 1]
+        );
+        dp.shutdown();
+        // A forwarding pair (0-1, 2-3) is one shard's.
+        let dp = mk(Role::Forward, 2);
+        assert_eq!(
+            (0..4).map(|p| dp.shard_of(p)).collect::<Vec<_>>(),
+            [0, 0, 1, 1]
+        );
+        dp.shutdown();
+        // The learning switch: every port on shard 0 (no hand-off between shards yet).
+        let dp = mk(Role::Switch(SwitchConfig::default()), 2);
+        assert!((0..8).all(|p| dp.shard_of(p) == 0));
+        dp.shutdown();
+    }
+}
