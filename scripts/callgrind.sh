@@ -5,7 +5,9 @@
 #   out, push_used, publish), driver_offer, driver_reclaim;
 # * the switch path (crates/dataplane/examples/switchpath.rs): switch_vhost (learning switch,
 #   frontend to frontend), forward_vhost (fixed wire), gen_vhost (generator into a frontend),
-#   vhost_sink (frontend into a sink), each through pvnet's ports over mock rings.
+#   vhost_sink (frontend into a sink), switch_gen_vhost and switch_vhost_sink (those two
+#   through the learning switch, as `pvnet switch` gen and sink ports), each through pvnet's
+#   ports over mock rings.
 #
 # Each program runs for N and 2N packets; the difference of each function's inclusive count
 # divided by N is its cost per packet (set-up cancels). Counts do not move with machine noise,
@@ -35,7 +37,7 @@ measure() { # dir label
       valgrind --tool=callgrind --callgrind-out-file="$tmp/$label.$ex.$n" "$bin" "$n" >/dev/null 2>&1
     done
     local fns="device_batch driver_offer driver_reclaim"
-    [ "$ex" = switchpath ] && fns="switch_vhost forward_vhost gen_vhost vhost_sink"
+    [ "$ex" = switchpath ] && fns="switch_vhost forward_vhost gen_vhost vhost_sink switch_gen_vhost switch_vhost_sink"
     for fn in $fns; do
       a=$(inclusive "$tmp/$label.$ex.$N" "$ex" "$fn"); b=$(inclusive "$tmp/$label.$ex.$((2 * N))" "$ex" "$fn")
       awk -v a="$a" -v b="$b" -v n="$N" -v f="$fn" -v l="$label" \

@@ -5,7 +5,9 @@
 //! * `switch_vhost`: the learning switch, frontend A to frontend B (B's address learned);
 //! * `forward_vhost`: a fixed wire, frontend A to frontend B (`pvnet backend --role forward`);
 //! * `gen_vhost`: a generator into a frontend (`--role gen`, a switch's gen port);
-//! * `vhost_sink`: a frontend into a sink (`--role sink`, a switch's sink port).
+//! * `vhost_sink`: a frontend into a sink (`--role sink`);
+//! * `switch_gen_vhost`, `switch_vhost_sink`: the same two through the learning switch (what
+//!   `pvnet switch`'s gen and sink ports do, e.g. beside DPDK in `bench_dpdk.sh`).
 //!
 //! `scripts/callgrind.sh` runs it for N and 2N packets and divides the difference of each
 //! function's inclusive count by N, so set-up cost cancels.
@@ -157,6 +159,16 @@ fn vhost_sink(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
     f.round(ports, now) + black_box(3)
 }
 
+#[inline(never)]
+fn switch_gen_vhost(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
+    f.round(ports, now) + black_box(4)
+}
+
+#[inline(never)]
+fn switch_vhost_sink(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
+    f.round(ports, now) + black_box(5)
+}
+
 fn main() {
     let packets: u64 = std::env::args()
         .nth(1)
@@ -202,7 +214,7 @@ fn main() {
         src: [2, 0, 0, 0, 0, 1],
         dst: b.mac,
     };
-    let gen = AnyPort::Gen(GenPort::new(0, Arc::default(), spec, true));
+    let gen = AnyPort::Gen(GenPort::new(0, Arc::default(), spec, Counting::Own));
     let mut ports = vec![gen, pb];
     let mut f = Fabric::new(Router::Fixed(vec![(0, Wire::To(1))]), BATCH);
     for _ in 0..rounds {
@@ -218,6 +230,32 @@ fn main() {
     for _ in 0..rounds {
         a.offer([2, 0, 0, 0, 0, 9]);
         total += vhost_sink(&mut f, &mut ports, now);
+        a.drain();
+    }
+    // Through the learning switch: a gen port into a frontend, a frontend into a sink port.
+    let (mut b, pb) = fe(1, 2);
+    let spec = GenSpec {
+        frame_len: 64,
+        rate: 0,
+        duration: None,
+        delay: Duration::ZERO,
+        src: [2, 0, 0, 0, 0, 1],
+        dst: b.mac,
+    };
+    let gen = AnyPort::Gen(GenPort::new(5, Arc::default(), spec, Counting::Own));
+    let mut ports = vec![pb, gen];
+    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    for _ in 0..rounds {
+        total += switch_gen_vhost(&mut f, &mut ports, now);
+        b.drain();
+    }
+    let (mut a, pa) = fe(0, 1);
+    let sink = AnyPort::Sink(SinkPort::new(6, Arc::default(), Counting::Own, 2048));
+    let mut ports = vec![pa, sink];
+    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    for _ in 0..rounds {
+        a.offer([2, 0, 0, 0, 0, 9]);
+        total += switch_vhost_sink(&mut f, &mut ports, now);
         a.drain();
     }
     println!("{packets} packets per path, {} moved", black_box(total));

@@ -85,6 +85,9 @@ pub struct PortStats {
     pub sw_csum: AtomicU64,
     /// A frontend is attached (vhost-user) or the port is open (tap, sink, gen): 1, else 0.
     pub up: AtomicU64,
+    /// Why its last queue was stopped (the rule the peer broke), for logs and `pvnet ctl`.
+    /// Written only when a queue stops: never on the packet path.
+    pub last_error: std::sync::Mutex<Option<String>>,
 }
 
 /// Adds `n` to a counter only the caller writes.
@@ -135,6 +138,9 @@ pub struct PortSnapshot {
     pub sw_csum: u64,
     /// See [`PortStats`].
     pub up: bool,
+    /// Why a queue of the port was last stopped, if one was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 impl PortSnapshot {
@@ -170,6 +176,7 @@ impl PortSnapshot {
             t.sw_gso += s.sw_gso;
             t.sw_csum += s.sw_csum;
             t.up |= s.up;
+            t.last_error = t.last_error.or(s.last_error);
         }
         t
     }
@@ -202,6 +209,11 @@ impl PortStats {
             sw_gso: r(&self.sw_gso),
             sw_csum: r(&self.sw_csum),
             up: r(&self.up) != 0,
+            last_error: self
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! `pvnet backend`: a vhost-user net backend whose ports sink, generate or forward.
 
+use crate::error::{io, usage, Result};
 use crate::proc;
 use clap::{Args, ValueEnum};
 use pvnet_dataplane::poll::Policy;
@@ -74,16 +75,16 @@ pub struct BackendArgs {
 }
 
 /// Runs the backend; prints the final per-port counters as one JSON line on stdout.
-pub fn run(a: &BackendArgs) -> anyhow_lite::Result<()> {
+pub fn run(a: &BackendArgs) -> Result<()> {
     proc::install_stop_handler();
     if a.shards == 0 || a.shards > 64 {
-        return Err("--shards must be within 1..=64".into());
+        return Err(usage("--shards must be within 1..=64"));
     }
     if a.batch == 0 {
-        return Err("--batch must be at least 1".into());
+        return Err(usage("--batch must be at least 1"));
     }
     if !(a.gen_secs.is_finite() && a.gen_secs >= 0.0) {
-        return Err("--gen-secs must be a non-negative number".into());
+        return Err(usage("--gen-secs must be a non-negative number"));
     }
     let role = match a.role {
         RoleArg::Sink => Role::Sink,
@@ -105,7 +106,7 @@ pub fn run(a: &BackendArgs) -> anyhow_lite::Result<()> {
         tx_call_delay: Duration::from_micros(a.tx_call_delay),
         shards: a.shards,
     };
-    let dp = Dataplane::start(cfg)?;
+    let dp = Dataplane::start(cfg).map_err(io("starting the dataplane"))?;
     let hooks: Arc<dyn DeviceHooks> = dp.clone();
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {
@@ -141,15 +142,7 @@ pub fn run(a: &BackendArgs) -> anyhow_lite::Result<()> {
     let _ = watcher.join();
     let ports = dp.snapshots();
     dp.shutdown();
-    r?;
+    r.map_err(io(a.socket.display()))?;
     println!("{}", serde_json::json!({ "final": { "ports": ports } }));
     Ok(())
-}
-
-/// A tiny boxed-error alias (no extra dependency).
-pub mod anyhow_lite {
-    /// Any error, with its message.
-    pub type Error = Box<dyn std::error::Error + Send + Sync>;
-    /// Result with [`Error`].
-    pub type Result<T> = std::result::Result<T, Error>;
 }

@@ -3,7 +3,7 @@
 //! backend between two frontends, checks that every count adds up, and prints the result
 //! next to this machine's limits measured in the same run.
 
-use crate::backend_cmd::anyhow_lite::Result;
+use crate::error::{failed, io, usage, Result};
 use crate::limits::{self, Limits};
 use crate::proc;
 use clap::Args;
@@ -81,14 +81,18 @@ pub(crate) struct Proc {
 
 impl Proc {
     pub(crate) fn spawn(name: &'static str, args: &[String]) -> Result<Self> {
-        let exe = std::env::current_exe()?;
+        let exe = std::env::current_exe().map_err(io("finding the pvnet binary"))?;
         let mut child = Command::new(exe)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .spawn()?;
-        let out = child.stdout.take().ok_or("no stdout")?;
+            .spawn()
+            .map_err(io(format!("starting {name}")))?;
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| failed(format!("{name}: no stdout")))?;
         let lines = Arc::new(Mutex::new(Vec::new()));
         let progress = Arc::new(AtomicU64::new(0));
         let (l, p) = (lines.clone(), progress.clone());
@@ -125,10 +129,16 @@ impl Proc {
         let until = Instant::now() + timeout;
         while !self.has(key) {
             if let Some(st) = self.child.try_wait()? {
-                return Err(format!("{} exited ({st}) before '{key}'", self.name).into());
+                return Err(failed(format!(
+                    "{} exited ({st}) before '{key}'",
+                    self.name
+                )));
             }
             if Instant::now() > until {
-                return Err(format!("{} did not report '{key}' in {timeout:?}", self.name).into());
+                return Err(failed(format!(
+                    "{} did not report '{key}' in {timeout:?}",
+                    self.name
+                )));
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -137,7 +147,8 @@ impl Proc {
 
     /// Waits for exit; returns the `final` object and the process's CPU time.
     pub(crate) fn finish(mut self) -> Result<(Value, Duration)> {
-        let (ok, cpu) = proc::wait_child(self.child.id(), Duration::from_secs(60))?;
+        let (ok, cpu) = proc::wait_child(self.child.id(), Duration::from_secs(60))
+            .map_err(io(format!("waiting for {}", self.name)))?;
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }
@@ -149,7 +160,10 @@ impl Proc {
             .find_map(|v| v.get("final").cloned());
         match (ok, fin) {
             (true, Some(f)) => Ok((f, cpu)),
-            (_, f) => Err(format!("{} failed (exit ok: {ok}, report: {f:?})", self.name).into()),
+            (_, f) => Err(failed(format!(
+                "{} failed (exit ok: {ok}, report: {f:?})",
+                self.name
+            ))),
         }
     }
 
@@ -171,10 +185,10 @@ pub(crate) fn wait_socket(p: &Path, backend: &mut Proc) -> Result<()> {
     let until = Instant::now() + Duration::from_secs(10);
     while !p.exists() {
         if let Some(st) = backend.child.try_wait()? {
-            return Err(format!("backend exited early: {st}").into());
+            return Err(failed(format!("backend exited early: {st}")));
         }
         if Instant::now() > until {
-            return Err("backend socket did not appear".into());
+            return Err(failed("backend socket did not appear"));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -537,23 +551,24 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         return crate::sweep::run(s);
     }
     if !(a.secs.is_finite() && a.secs > 0.0) {
-        return Err("--secs must be positive".into());
+        return Err(usage("--secs must be positive"));
     }
     if a.size < pvnet_dataplane::frame::MIN_FRAME || a.size > 2048 - 12 {
-        return Err(format!(
+        return Err(usage(format!(
             "--size must be within {}..={}",
             pvnet_dataplane::frame::MIN_FRAME,
             2048 - 12
-        )
-        .into());
+        )));
     }
     for s in &a.scenarios {
         if !["f2b", "b2f", "f2f", "idle"].contains(&s.as_str()) {
-            return Err(format!("unknown scenario '{s}' (f2b, b2f, f2f, idle)").into());
+            return Err(usage(format!(
+                "unknown scenario '{s}' (f2b, b2f, f2f, idle)"
+            )));
         }
     }
     let dir = std::env::temp_dir().join(format!("pvnet-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(&dir).map_err(io(dir.display()))?;
     let bar = ProgressBar::new(1000);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {msg}")
@@ -636,7 +651,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         print_table(&out);
     }
     if !failures.is_empty() {
-        return Err(format!("scenarios failed: {}", failures.join("; ")).into());
+        return Err(failed(format!("scenarios failed: {}", failures.join("; "))));
     }
     let all_exact = out["scenarios"]
         .as_array()
@@ -644,7 +659,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         .flatten()
         .all(|s| s.get("counts_add_up").is_none_or(|v| v == true));
     if !all_exact {
-        return Err("counts did not add up".into());
+        return Err(failed("counts did not add up"));
     }
     Ok(())
 }

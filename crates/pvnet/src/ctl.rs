@@ -6,7 +6,7 @@
 //! request line, `status`, `ports` or `macs`, and the server answers with one line of JSON,
 //! the whole [`Status`] for any of the three, or `{"error":"..."}`, and closes.
 
-use crate::backend_cmd::anyhow_lite;
+use crate::error::{failed, Error, Result};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -61,6 +61,9 @@ pub struct PortInfo {
     /// Flat counter map (`rx_packets`, `tx_bytes`, `drops_no_buffer`, ...); rendered
     /// generically, so a new counter needs no change here.
     pub counters: BTreeMap<String, u64>,
+    /// Why a queue of the port was last stopped (the rule its peer broke), if one was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One learned MAC address.
@@ -325,35 +328,44 @@ pub fn serve_ctl(
 // Client.
 
 /// Sends one request (`status`, `ports` or `macs`) to the switch listening on `path`.
-pub fn request(path: &Path, req: &str) -> Result<Status, String> {
+pub fn request(path: &Path, req: &str) -> Result<Status> {
     let p = path.display();
     if req.contains(['\n', '\r']) {
-        return Err(format!("request {req:?} contains a line break"));
+        return Err(crate::error::usage(format!(
+            "request {req:?} contains a line break"
+        )));
     }
-    let mut c = UnixStream::connect(path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
-            format!("no switch listening on {p}: {e}")
-        }
-        _ => format!("cannot connect to {p}: {e}"),
+    let c = UnixStream::connect(path).map_err(|source| {
+        let what = match source.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
+                format!("no switch listening on {p}")
+            }
+            _ => format!("cannot connect to {p}"),
+        };
+        Error::Io { what, source }
     })?;
-    let io_err = |e: io::Error| format!("{p}: {e}");
-    c.set_read_timeout(Some(CLIENT_TIMEOUT)).map_err(io_err)?;
-    c.set_write_timeout(Some(CLIENT_TIMEOUT)).map_err(io_err)?;
-    c.write_all(format!("{req}\n").as_bytes()).map_err(io_err)?;
-    let mut line = String::new();
-    BufReader::new(&c).read_line(&mut line).map_err(io_err)?;
+    let io_err = crate::error::io(&p);
+    let exchange = || -> io::Result<String> {
+        c.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+        c.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+        (&c).write_all(format!("{req}\n").as_bytes())?;
+        let mut line = String::new();
+        BufReader::new(&c).read_line(&mut line)?;
+        Ok(line)
+    };
+    let line = exchange().map_err(io_err)?;
     if line.trim().is_empty() {
-        return Err(format!(
+        return Err(failed(format!(
             "{p}: the switch closed the connection without answering"
-        ));
+        )));
     }
     let v: serde_json::Value =
-        serde_json::from_str(&line).map_err(|e| format!("{p}: bad answer: {e}"))?;
+        serde_json::from_str(&line).map_err(|e| failed(format!("{p}: bad answer: {e}")))?;
     if let Some(err) = v.get("error") {
         let msg = err.as_str().map_or_else(|| err.to_string(), str::to_owned);
-        return Err(format!("switch on {p}: {msg}"));
+        return Err(failed(format!("switch on {p}: {msg}")));
     }
-    serde_json::from_value(v).map_err(|e| format!("{p}: bad status: {e}"))
+    serde_json::from_value(v).map_err(|e| failed(format!("{p}: bad status: {e}")))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -384,7 +396,7 @@ pub struct CtlArgs {
 }
 
 /// Runs `pvnet ctl`: asks the switch and prints a table or the JSON.
-pub fn run(a: &CtlArgs) -> anyhow_lite::Result<()> {
+pub fn run(a: &CtlArgs) -> Result<()> {
     let req = match a.what {
         What::Ports => "ports",
         What::Macs => "macs",
@@ -399,7 +411,7 @@ pub fn run(a: &CtlArgs) -> anyhow_lite::Result<()> {
         }
     };
     match io::stdout().lock().write_all(out.as_bytes()) {
-        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(crate::error::io("stdout")(e)),
         _ => Ok(()),
     }
 }
@@ -491,7 +503,13 @@ pub fn render_ports(s: &Status) -> String {
             ]
         })
         .collect();
-    render_table(&head, &right, &rows)
+    let mut out = render_table(&head, &right, &rows);
+    for p in &s.ports {
+        if let Some(e) = &p.error {
+            out += &format!("{}: {}\n", cell(&p.name), cell(e));
+        }
+    }
+    out
 }
 
 /// The `pvnet ctl macs` table, by port then address.
@@ -754,6 +772,7 @@ mod tests {
                         ("calls", 12),
                         ("sw_gso", 5),
                     ]),
+                    error: None,
                 },
                 PortInfo {
                     name: "we\"ird\\po\nrt".into(),
@@ -761,6 +780,7 @@ mod tests {
                     state: "down".into(),
                     detail: "tap0".into(),
                     counters: counters(&[("rx_packets", 5), ("flooded", 9)]),
+                    error: None,
                 },
             ],
             macs: vec![
@@ -843,7 +863,8 @@ mod tests {
         );
         let e = request(&path, "bogus").expect_err("unknown request");
         assert!(
-            e.contains("unknown request 'bogus' (status|ports|macs)"),
+            e.to_string()
+                .contains("unknown request 'bogus' (status|ports|macs)"),
             "{e}"
         );
         // No temporary socket names left behind.
@@ -856,7 +877,7 @@ mod tests {
         stop_and_join(&stop, t);
         assert!(!path.exists(), "socket file removed on exit");
         let e = request(&path, "status").expect_err("gone");
-        assert!(e.starts_with("no switch listening on "), "{e}");
+        assert!(e.to_string().starts_with("no switch listening on "), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -867,7 +888,7 @@ mod tests {
         // Stale: a socket file nobody listens on any more.
         drop(UnixListener::bind(&path).expect("bind"));
         let e = request(&path, "status").expect_err("refused");
-        assert!(e.starts_with("no switch listening on "), "{e}");
+        assert!(e.to_string().starts_with("no switch listening on "), "{e}");
         let stop = Arc::new(AtomicBool::new(false));
         let t = serve_ctl(&path, sample_fn(), stop.clone()).expect("replaces stale socket");
         assert_eq!(request(&path, "ports").expect("ports"), sample());
@@ -936,7 +957,7 @@ mod tests {
         };
         let t = serve_ctl(&path, f, stop.clone()).expect("serve_ctl");
         let e = request(&path, "status").expect_err("panicked");
-        assert!(e.contains("status unavailable"), "{e}");
+        assert!(e.to_string().contains("status unavailable"), "{e}");
         assert_eq!(request(&path, "status").expect("second"), sample());
         stop_and_join(&stop, t);
         let _ = std::fs::remove_dir_all(&dir);

@@ -7,7 +7,7 @@
 //! Idle handling uses the same per-queue [`Poller`] as the backend: poll an empty ring while
 //! the policy says so, then arm, fence, re-check, and only then sleep on the call eventfd.
 
-use crate::backend_cmd::anyhow_lite::Result;
+use crate::error::{failed, usage, Result};
 use crate::limits::pin_current_thread;
 use crate::proc;
 use clap::{Args, ValueEnum};
@@ -150,19 +150,18 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         pin_current_thread(cpu);
     }
     if !(a.secs.is_finite() && a.secs >= 0.0) {
-        return Err("--secs must be a non-negative number".into());
+        return Err(usage("--secs must be a non-negative number"));
     }
     let frame_len = a.frame_len.clamp(frame::MIN_FRAME.max(RR_MIN), 2048 - 12);
     if frame_len != a.frame_len {
-        return Err(format!(
+        return Err(usage(format!(
             "--frame-len must be within {}..={}",
             frame::MIN_FRAME.max(RR_MIN),
             2048 - 12
-        )
-        .into());
+        )));
     }
     if a.flows == 0 || usize::from(a.flows) > usize::from(a.queue_size) {
-        return Err("--flows must be within 1..=queue size".into());
+        return Err(usage("--flows must be within 1..=queue size"));
     }
     let tx_mode = match a.tx_mode {
         TxModeArg::Napi => TxMode::Napi,
@@ -317,7 +316,9 @@ fn tx(
             break;
         }
         if Instant::now() > deadline {
-            return Err("backend stopped taking frames (end marker not queued)".into());
+            return Err(failed(
+                "backend stopped taking frames (end marker not queued)",
+            ));
         }
         idle(c, &mut p, Ring::Tx, Instant::now())?;
     }
@@ -328,7 +329,7 @@ fn tx(
             break;
         }
         if Instant::now() > deadline {
-            return Err("backend did not complete all TX buffers".into());
+            return Err(failed("backend did not complete all TX buffers"));
         }
         if c.arm_tx()? == Armed::Empty {
             c.wait(Duration::from_millis(50))?;
@@ -375,12 +376,11 @@ fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
             continue;
         }
         if now.duration_since(last_frame) > idle_timeout {
-            return Err(format!(
+            return Err(failed(format!(
                 "no frame for {:.0} s (got {} so far)",
                 idle_timeout.as_secs_f64(),
                 check.data
-            )
-            .into());
+            )));
         }
         idle(c, &mut p, Ring::Rx, now)?;
     }
@@ -404,8 +404,8 @@ fn rr(
     mut p: Poller,
 ) -> Result<serde_json::Value> {
     let (mut scratch, tpl) = template(frame_len, [2, 0, 0, 0, 0, 5], [2, 0, 0, 0, 0, 5]);
-    let mut hist =
-        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+        .map_err(|e| failed(format!("histogram: {e}")))?;
     let t0 = Instant::now();
     let dur = Duration::from_secs_f64(a.secs);
     // Warm-up: the first 10% of the run is not recorded.

@@ -4,6 +4,7 @@
 mod backend_cmd;
 mod bench;
 mod ctl;
+mod error;
 mod frontend_cmd;
 mod limits;
 mod proc;
@@ -38,9 +39,9 @@ enum Cmd {
     Frontend(frontend_cmd::FrontendArgs),
     /// Measure this machine's limits: core-to-core hand-off and a 64-byte-slot ring.
     Limits,
-    /// Query a running `pvnet switch`: ports, counters, learned MAC addresses.
     /// Run the switch daemon: vhost-user, tap, sink and gen ports, L2 learning between them.
     Switch(switch_cmd::SwitchArgs),
+    /// Query a running `pvnet switch`: ports, counters, learned MAC addresses.
     Ctl(ctl::CtlArgs),
 }
 

@@ -3,8 +3,8 @@
 //! policy is judged by (DESIGN.md technique 2) are ratios against the other policies
 //! measured in the same run.
 
-use crate::backend_cmd::anyhow_lite::Result;
 use crate::bench::{f, u, wait_socket, Proc};
+use crate::error::{failed, io, usage, Result};
 use crate::proc;
 use clap::Args;
 use pvnet_dataplane::poll::Policy;
@@ -290,7 +290,7 @@ fn csv(path: &Path, rows: &[Value], cols: &[&str]) -> Result<()> {
             .collect();
         s += &(line.join(",") + "\n");
     }
-    std::fs::write(path, s)?;
+    std::fs::write(path, s).map_err(io(path.display()))?;
     Ok(())
 }
 
@@ -328,11 +328,11 @@ fn find<'a>(rows: &'a [Value], policy: &str, key: &str, val: u64) -> Option<&'a 
 /// Runs the sweep.
 pub fn run(a: &SweepArgs) -> Result<()> {
     if a.policies.is_empty() || a.loads.is_empty() {
-        return Err("need at least one policy and one load".into());
+        return Err(usage("need at least one policy and one load"));
     }
     let dir = std::env::temp_dir().join(format!("pvnet-sweep-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    std::fs::create_dir_all(&dir).map_err(io(dir.display()))?;
+    std::fs::create_dir_all(&a.out).map_err(io(a.out.display()))?;
     let r = Run {
         dir: dir.clone(),
         size: a.size,
@@ -361,7 +361,7 @@ pub fn run(a: &SweepArgs) -> Result<()> {
                     }
                 ));
                 let mut row = guarded_load_point(&r, p, rate, a.secs)
-                    .map_err(|e| format!("{p} at {rate} pps: {e}"))?;
+                    .map_err(|e| failed(format!("{p} at {rate} pps: {e}")))?;
                 row["run"] = json!(run + 1);
                 loads.push(row);
                 bar.inc(1);
@@ -372,14 +372,15 @@ pub fn run(a: &SweepArgs) -> Result<()> {
         for &p in &a.policies {
             bar.set_message(format!("{p}: request/response, {fl} flows"));
             rrs.push(
-                rr_point(&r, p, fl, a.rr_secs).map_err(|e| format!("{p} rr {fl} flows: {e}"))?,
+                rr_point(&r, p, fl, a.rr_secs)
+                    .map_err(|e| failed(format!("{p} rr {fl} flows: {e}")))?,
             );
             bar.inc(1);
         }
     }
     for &p in &a.policies {
         bar.set_message(format!("{p}: idle"));
-        idles.push(idle_point(&r, p).map_err(|e| format!("{p} idle: {e}"))?);
+        idles.push(idle_point(&r, p).map_err(|e| failed(format!("{p} idle: {e}")))?);
         bar.inc(1);
     }
     bar.finish_and_clear();

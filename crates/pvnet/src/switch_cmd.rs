@@ -3,8 +3,8 @@
 //! an L2 learning switch between them (`pvnet_dataplane::switch`); `pvnet ctl` on a control
 //! socket, Prometheus metrics on an optional address; final counters as JSON on stdout.
 
-use crate::backend_cmd::anyhow_lite::Result;
 use crate::ctl;
+use crate::error::{io, usage, Result};
 use crate::proc;
 use clap::Args;
 use pvnet_dataplane::poll::Policy;
@@ -200,7 +200,7 @@ fn parse_port_spec(spec: &str) -> Result<PortConfig> {
     for kv in rest.split(',').filter(|s| !s.trim().is_empty()) {
         let (k, v) = kv
             .split_once('=')
-            .ok_or_else(|| format!("--port {spec}: '{kv}' is not key=value"))?;
+            .ok_or_else(|| usage(format!("--port {spec}: '{kv}' is not key=value")))?;
         let v = v.trim();
         let val = if let Ok(i) = v.parse::<i64>() {
             toml::Value::Integer(i)
@@ -213,17 +213,19 @@ fn parse_port_spec(spec: &str) -> Result<PortConfig> {
         };
         t.insert(k.trim().into(), val);
     }
-    PortConfig::deserialize(toml::Value::Table(t)).map_err(|e| format!("--port {spec}: {e}").into())
+    PortConfig::deserialize(toml::Value::Table(t)).map_err(|e| usage(format!("--port {spec}: {e}")))
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6]> {
     let parts: Vec<&str> = s.split(':').collect();
     let mut m = [0u8; 6];
     if parts.len() != 6 {
-        return Err(format!("'{s}' is not a MAC address (aa:bb:cc:dd:ee:ff)").into());
+        return Err(usage(format!(
+            "'{s}' is not a MAC address (aa:bb:cc:dd:ee:ff)"
+        )));
     }
     for (b, p) in m.iter_mut().zip(parts) {
-        *b = u8::from_str_radix(p, 16).map_err(|_| format!("'{s}' is not a MAC address"))?;
+        *b = u8::from_str_radix(p, 16).map_err(|_| usage(format!("'{s}' is not a MAC address")))?;
     }
     Ok(m)
 }
@@ -247,8 +249,9 @@ struct Config {
 fn load(a: &SwitchArgs) -> Result<Config> {
     let file = match &a.config {
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            toml::from_str::<FileConfig>(&text).map_err(|e| format!("{}: {e}", p.display()))?
+            let text = std::fs::read_to_string(p).map_err(io(p.display()))?;
+            toml::from_str::<FileConfig>(&text)
+                .map_err(|e| usage(format!("{}: {e}", p.display())))?
         }
         None => FileConfig::default(),
     };
@@ -257,19 +260,24 @@ fn load(a: &SwitchArgs) -> Result<Config> {
         ports.push(parse_port_spec(s)?);
     }
     if ports.is_empty() {
-        return Err(
-            "no ports: give --port KIND:... or a --config file with [[port]] tables (see --help)"
-                .into(),
-        );
+        return Err(usage(
+            "no ports: give --port KIND:... or a --config file with [[port]] tables (see --help)",
+        ));
     }
     let mut seen = std::collections::BTreeSet::new();
     for p in &ports {
         if p.name().is_empty() || !seen.insert(p.name().to_string()) {
-            return Err(format!("port names must be unique and non-empty ('{}')", p.name()).into());
+            return Err(usage(format!(
+                "port names must be unique and non-empty ('{}')",
+                p.name()
+            )));
         }
         match p {
             PortConfig::VhostUser { queue_pairs, .. } if *queue_pairs == 0 => {
-                return Err(format!("port {}: queue_pairs must be at least 1", p.name()).into())
+                return Err(usage(format!(
+                    "port {}: queue_pairs must be at least 1",
+                    p.name()
+                )))
             }
             PortConfig::Gen {
                 secs,
@@ -279,7 +287,10 @@ fn load(a: &SwitchArgs) -> Result<Config> {
                 ..
             } => {
                 if !(secs.is_finite() && *secs >= 0.0 && delay.is_finite() && *delay >= 0.0) {
-                    return Err(format!("port {}: secs and delay must be >= 0", p.name()).into());
+                    return Err(usage(format!(
+                        "port {}: secs and delay must be >= 0",
+                        p.name()
+                    )));
                 }
                 parse_mac(src)?;
                 parse_mac(dst)?;
@@ -293,13 +304,13 @@ fn load(a: &SwitchArgs) -> Result<Config> {
             (Some(p), _) => Ok(p),
             (None, Some(s)) => s
                 .parse()
-                .map_err(|e| format!("[switch] {what}: {e}").into()),
+                .map_err(|e| usage(format!("[switch] {what}: {e}"))),
             (None, None) => Ok(Policy::Adaptive),
         }
     };
     let batch = a.batch.or(sw.batch).unwrap_or(64);
     if batch == 0 {
-        return Err("batch must be at least 1".into());
+        return Err(usage("batch must be at least 1"));
     }
     let worker = WorkerConfig {
         role: Role::Switch(SwitchConfig {
@@ -352,7 +363,7 @@ fn counters(s: &PortSnapshot) -> BTreeMap<String, u64> {
 pub fn run(a: &SwitchArgs) -> Result<()> {
     proc::install_stop_handler();
     if !(a.duration.is_finite() && a.duration >= 0.0) {
-        return Err("--duration must be a non-negative number".into());
+        return Err(usage("--duration must be a non-negative number"));
     }
     let cfg = load(a)?;
     let dp = Dataplane::start(cfg.worker)?;
@@ -361,7 +372,7 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
     let mut threads = Vec::new();
     let mut details: Vec<(String, &'static str, String)> = Vec::new();
     for (i, p) in cfg.ports.iter().enumerate() {
-        let id = PortId::try_from(i).map_err(|_| "too many ports")?;
+        let id = PortId::try_from(i).map_err(|_| usage("too many ports"))?;
         let detail = match p {
             PortConfig::VhostUser {
                 socket,
@@ -408,9 +419,9 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
             } => {
                 let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
                 let tap = pvnet_dataplane::sys::tap::open(&want, *offloads)
-                    .map_err(|e| format!("port {}: {e}", p.name()))?;
+                    .map_err(io(format!("port {}", p.name())))?;
                 tap.link_up(*mtu)
-                    .map_err(|e| format!("port {}: {e}", p.name()))?;
+                    .map_err(io(format!("port {}", p.name())))?;
                 let name = tap.name().to_string();
                 info!(port = %p.name(), ifname = %name, offloads = *offloads, "tap ready");
                 dp.add_host(id, HostPort::Tap(tap));
@@ -485,6 +496,7 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                         state: state.into(),
                         detail: detail.clone(),
                         counters: counters(&s),
+                        error: s.last_error.clone(),
                     }
                 })
                 .collect();
@@ -511,11 +523,11 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
         let _ = std::fs::create_dir_all(dir);
     }
     let ctl_thread = ctl::serve_ctl(&cfg.ctl_socket, status.clone(), stop.clone())
-        .map_err(|e| format!("control socket {}: {e}", cfg.ctl_socket.display()))?;
+        .map_err(io(format!("control socket {}", cfg.ctl_socket.display())))?;
     let metrics_thread = match cfg.metrics {
         Some(addr) => {
             let (bound, t) = ctl::serve_metrics(addr, status.clone(), stop.clone())
-                .map_err(|e| format!("metrics on {addr}: {e}"))?;
+                .map_err(io(format!("metrics on {addr}")))?;
             info!(%bound, "Prometheus metrics at /metrics");
             Some(t)
         }

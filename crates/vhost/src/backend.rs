@@ -143,6 +143,88 @@ fn invalid(what: &'static str) -> VuError {
     VuError::InvalidOperation(what)
 }
 
+/// Why a session refused a frontend's request. The cause is logged (with the port) where the
+/// request is answered; the frontend sees the vhost-user error code.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// A queue index past the queues this device has.
+    #[error("no queue {index} (the device has {count})")]
+    NoSuchQueue {
+        /// The index asked for.
+        index: u32,
+        /// Queues the device has.
+        count: usize,
+    },
+    /// Features acked that were not offered.
+    #[error("features {acked:#x} acked, only {offered:#x} offered")]
+    UnofferedFeatures {
+        /// What the frontend acked.
+        acked: u64,
+        /// What we offered.
+        offered: u64,
+    },
+    /// A ring size that is not a power of two or above the largest accepted.
+    #[error("queue {index}: size {num} (a power of two up to {max})")]
+    BadQueueSize {
+        /// The queue.
+        index: u32,
+        /// The size asked for.
+        num: u32,
+        /// The largest accepted.
+        max: u32,
+    },
+    /// A value that does not fit its field.
+    #[error("{what} {value} out of range")]
+    OutOfRange {
+        /// Which value.
+        what: &'static str,
+        /// The value given.
+        value: u32,
+    },
+    /// More memory regions than the slots offered.
+    #[error("memory regions full ({max} slots)")]
+    TooManyRegions {
+        /// Slots offered.
+        max: u64,
+    },
+    /// Removing a region that was never added.
+    #[error("no memory region at {gpa:#x}+{len:#x}")]
+    NoSuchRegion {
+        /// Its guest address.
+        gpa: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// A ring the frontend set up cannot run (addresses, size, memory): the virtqueue's own
+    /// reason.
+    #[error("queue {index} cannot start: {source}")]
+    Queue {
+        /// The queue.
+        index: u16,
+        /// What the ring layer found.
+        #[source]
+        source: virtq::Error,
+    },
+}
+
+/// Logs why a request of `port`'s frontend is refused and gives the frontend its error code.
+fn refuse(port: PortId, e: SessionError) -> VuError {
+    warn!(port, "request refused: {e}");
+    VuError::InvalidParam
+}
+
+impl Session {
+    /// [`refuse`] for this session's port.
+    fn refuse(&self, e: SessionError) -> VuError {
+        refuse(self.port, e)
+    }
+
+    /// `value` as a u16, or the request is refused.
+    fn fits_u16(&self, what: &'static str, value: u32) -> VuResult<u16> {
+        u16::try_from(value).map_err(|_| self.refuse(SessionError::OutOfRange { what, value }))
+    }
+}
+
 fn io_err(e: std::io::Error) -> VuError {
     VuError::ReqHandlerError(e)
 }
@@ -164,9 +246,11 @@ impl Session {
     }
 
     fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {
-        self.vrings
-            .get_mut(index as usize)
-            .ok_or(VuError::InvalidParam)
+        let count = self.vrings.len();
+        if index as usize >= count {
+            return Err(self.refuse(SessionError::NoSuchQueue { index, count }));
+        }
+        Ok(&mut self.vrings[index as usize])
     }
 
     fn remap(&mut self) -> VuResult<()> {
@@ -230,10 +314,8 @@ impl Session {
                 Direction::DeviceReads
             },
         };
-        let queue = DeviceQueue::new(mem, &cfg).map_err(|e| {
-            error!(port, queue = index, "cannot start queue: {e}");
-            VuError::InvalidParam
-        })?;
+        let queue = DeviceQueue::new(mem, &cfg)
+            .map_err(|source| refuse(port, SessionError::Queue { index, source }))?;
         let dup = |f: &Option<File>| -> VuResult<Option<Notifier>> {
             f.as_ref()
                 .map(|f| {
@@ -317,11 +399,10 @@ impl VhostUserBackendReqHandlerMut for Session {
 
     fn set_features(&mut self, features: u64) -> VuResult<()> {
         if features & !self.cfg.features != 0 {
-            warn!(
-                port = self.port,
-                features, "frontend acked features we did not offer"
-            );
-            return Err(VuError::InvalidParam);
+            return Err(self.refuse(SessionError::UnofferedFeatures {
+                acked: features,
+                offered: self.cfg.features,
+            }));
         }
         self.acked = features;
         info!(
@@ -355,15 +436,16 @@ impl VhostUserBackendReqHandlerMut for Session {
 
     fn set_vring_num(&mut self, index: u32, num: u32) -> VuResult<()> {
         let max = u32::from(self.cfg.max_queue_size);
-        let v = self.vring(index)?;
+        self.vring(index)?;
         // 0 is accepted and leaves the ring unable to start: DPDK virtio-user sends
         // SET_VRING_NUM 0 (then its address and kick) for queues of its device that the
         // application did not set up (e.g. `queues=2` with one testpmd queue); DPDK's vhost
         // library accepts that (0 passes its power-of-two check), refusing it ends the session.
         if num > max || (num != 0 && !num.is_power_of_two()) {
-            return Err(VuError::InvalidParam);
+            return Err(self.refuse(SessionError::BadQueueSize { index, num, max }));
         }
-        v.num = u16::try_from(num).map_err(|_| VuError::InvalidParam)?;
+        let num = self.fits_u16("queue size", num)?;
+        self.vring(index)?.num = num;
         Ok(())
     }
 
@@ -386,13 +468,13 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn set_vring_base(&mut self, index: u32, base: u32) -> VuResult<()> {
-        let v = self.vring(index)?;
-        v.base = u16::try_from(base).map_err(|_| VuError::InvalidParam)?;
+        let base = self.fits_u16("ring base", base)?;
+        self.vring(index)?.base = base;
         Ok(())
     }
 
     fn get_vring_base(&mut self, index: u32) -> VuResult<VhostUserVringState> {
-        let i = u16::try_from(index).map_err(|_| VuError::InvalidParam)?;
+        let i = self.fits_u16("queue index", index)?;
         let base = self.stop(i)?;
         // The ring is stopped; a new SET_VRING_KICK starts it again.
         self.vring(index)?.kick = None;
@@ -444,7 +526,7 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn set_vring_enable(&mut self, index: u32, enable: bool) -> VuResult<()> {
-        let i = u16::try_from(index).map_err(|_| VuError::InvalidParam)?;
+        let i = self.fits_u16("queue index", index)?;
         if enable {
             self.vring(index)?.enabled = true;
             self.maybe_start(i)
@@ -490,7 +572,9 @@ impl VhostUserBackendReqHandlerMut for Session {
         _postcopy: Option<bool>,
     ) -> VuResult<Option<u64>> {
         if self.regions.len() as u64 >= self.cfg.mem_slots {
-            return Err(VuError::InvalidParam);
+            return Err(self.refuse(SessionError::TooManyRegions {
+                max: self.cfg.mem_slots,
+            }));
         }
         self.regions.push(Region {
             gpa: r.guest_phys_addr,
@@ -511,7 +595,10 @@ impl VhostUserBackendReqHandlerMut for Session {
         self.regions
             .retain(|x| !(x.gpa == r.guest_phys_addr && x.len == r.memory_size));
         if self.regions.len() == before {
-            return Err(VuError::InvalidParam);
+            return Err(self.refuse(SessionError::NoSuchRegion {
+                gpa: r.guest_phys_addr,
+                len: r.memory_size,
+            }));
         }
         if self.regions.is_empty() {
             self.mem = None;

@@ -9,6 +9,7 @@ use super::{Caps, Ingress, Pkt, PortId, TxOut, MAX_BURST};
 use crate::frame;
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
+use crate::port::sink::Counting;
 use crate::stats::{bump, PortStats};
 use pvnet_net::{VnetHdr, HDR_LEN};
 use std::sync::Arc;
@@ -44,9 +45,10 @@ pub struct GenSpec {
 pub struct GenPort {
     id: PortId,
     stats: Arc<PortStats>,
-    /// Counts what it sends as its own `rx_packets` (a port of its own), or not (behind a
-    /// port whose counters count the frames as delivered).
-    counts: bool,
+    /// A port of its own (counts what it sends as its `rx_packets`; polls while its receiver
+    /// is full, as a switch port always did) or behind a frontend's port (bench role gen: that
+    /// port counts the frames; a full receiver is waited on through its ring's policy).
+    counting: Counting,
     spec: GenSpec,
     /// [`MAX_BURST`] copies of header + frame, each numbered before its burst goes out.
     frames: Vec<u8>,
@@ -62,8 +64,8 @@ pub struct GenPort {
 }
 
 impl GenPort {
-    /// A generator; `counts` as for [`crate::port::sink::Counting`].
-    pub fn new(id: PortId, stats: Arc<PortStats>, spec: GenSpec, counts: bool) -> Self {
+    /// A generator (see [`Counting`]).
+    pub fn new(id: PortId, stats: Arc<PortStats>, spec: GenSpec, counting: Counting) -> Self {
         let len = spec.frame_len.max(frame::MIN_FRAME);
         let frame_bytes = HDR_LEN as usize + len;
         let mut frames = vec![0u8; frame_bytes * MAX_BURST];
@@ -73,7 +75,7 @@ impl GenPort {
         Self {
             id,
             stats,
-            counts,
+            counting,
             spec,
             frames,
             frame_bytes,
@@ -198,7 +200,7 @@ impl super::Port for GenPort {
         } else {
             self.seq += sent as u64;
         }
-        if self.counts {
+        if self.counting == Counting::Own {
             bump(&self.stats.rx_packets, sent as u64);
             bump(&self.stats.rx_bytes, sent as u64 * u64::from(len - HDR_LEN));
         }
@@ -217,9 +219,9 @@ impl super::Port for GenPort {
     fn tx_commit(&mut self) {}
 
     /// `Poll` while unpaced frames are owed; `Until` the next paced frame, or the end of the
-    /// start delay; nothing once done. A generator waiting for its receiver's buffers leaves
-    /// the waiting to that receiver's ring (its policy; a kick when buffers come), but still
-    /// has an end to keep: it wakes the shard at least every [`WAIT_CAP`].
+    /// start delay; nothing once done. A generator behind a frontend's port that waits for its
+    /// buffers leaves the waiting to that ring (its policy; a kick when buffers come), but
+    /// still has an end to keep: it wakes the shard at least every [`WAIT_CAP`].
     fn idle(&mut self, now: Instant, settle: &mut Settle) {
         if self.done {
             return;
@@ -230,7 +232,7 @@ impl super::Port for GenPort {
             }
             return;
         }
-        if self.waiting {
+        if self.waiting && self.counting == Counting::Behind {
             settle.wake_by(now + WAIT_CAP);
             return;
         }

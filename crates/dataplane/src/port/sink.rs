@@ -16,13 +16,14 @@ use std::time::Instant;
 use virtq::event::Armed;
 use virtq::mem::read_segs;
 
-/// How a sink counts.
+/// Whether a sink or generator is a port of its own or stands behind a frontend's port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counting {
-    /// A port of its own: what it takes is its `tx_packets` / `tx_bytes`.
+    /// A port of its own (`pvnet switch`'s sink and gen ports): what it takes is its
+    /// `tx_packets`, what it makes its `rx_packets`.
     Own,
-    /// Behind another port (a bench role's consumer, sharing that port's counters, which
-    /// already count the packets as received): only the sequence check is recorded.
+    /// Behind a frontend's port (the bench roles of `pvnet backend`), sharing that port's
+    /// counters, which already count the packets: only the sequence check is recorded.
     Behind,
 }
 

@@ -130,7 +130,7 @@ fn gen_port_numbers_frames_regenerates_what_waits_and_ends_with_a_marker() {
         src: mac(1),
         dst: mac(2),
     };
-    let mut port = AnyPort::Gen(GenPort::new(3, stats.clone(), spec, true));
+    let mut port = AnyPort::Gen(GenPort::new(3, stats.clone(), spec, Counting::Own));
     assert!(!port.caps().receives);
     let t0 = Instant::now();
     // Nobody to receive: it does not start.

@@ -94,6 +94,8 @@ impl QueueSlot {
             error!(port, queue = self.index, "queue stopped: {e}");
             self.broken = true;
             bump(&stats.queue_errors, 1);
+            *stats.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(format!("queue {}: {e}", self.index));
             if let Some(err) = &self.err {
                 let _ = err.signal();
             }

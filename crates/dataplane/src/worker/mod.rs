@@ -122,7 +122,6 @@ struct ShardHandle {
     tx: Sender<Cmd>,
     pending: Arc<AtomicBool>,
     wake: Notifier,
-    thread: Option<JoinHandle<()>>,
 }
 
 /// Handle to the shards; the control plane's [`DeviceHooks`].
@@ -171,12 +170,7 @@ impl Dataplane {
                 })?;
             let _ = measured_rx.recv_timeout(Duration::from_secs(5));
             threads.push(thread);
-            shards.push(ShardHandle {
-                tx,
-                pending,
-                wake,
-                thread: None,
-            });
+            shards.push(ShardHandle { tx, pending, wake });
         }
         Ok(Arc::new(Self {
             cfg,
@@ -246,9 +240,6 @@ impl Dataplane {
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
             let _ = t.join();
-        }
-        for s in &self.shards {
-            debug_assert!(s.thread.is_none());
         }
     }
 }

@@ -212,7 +212,12 @@ impl Shard {
             src: [2, 0, 0, 0, 0, 1],
             dst: [2, 0, 0, 0, 0, 2],
         };
-        self.add(AnyPort::Gen(GenPort::new(gen, stats, spec, false)));
+        self.add(AnyPort::Gen(GenPort::new(
+            gen,
+            stats,
+            spec,
+            Counting::Behind,
+        )));
         self.wire(gen, Wire::To(id));
     }
 
@@ -239,7 +244,7 @@ impl Shard {
                 Counting::Own,
                 crate::sys::tap::RECV_BUF_LEN,
             )),
-            HostPort::Gen(spec) => AnyPort::Gen(GenPort::new(id, stats, spec, true)),
+            HostPort::Gen(spec) => AnyPort::Gen(GenPort::new(id, stats, spec, Counting::Own)),
         };
         self.add(port);
     }
