@@ -135,38 +135,37 @@ impl Fe {
     }
 }
 
-#[inline(never)]
-fn switch_vhost(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
-    // A distinct constant each, so the four functions are not merged into one symbol.
-    f.round(ports, now) + black_box(0)
+/// The counted functions: one round each, a distinct constant each so that they are not
+/// merged into one symbol (their bodies are otherwise the same).
+macro_rules! counted {
+    ($($name:ident = $k:literal),*) => {$(
+        #[inline(never)]
+        fn $name(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
+            f.round(ports, now) + black_box($k)
+        }
+    )*};
 }
 
-#[inline(never)]
-fn forward_vhost(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
-    // A distinct constant each, so the four functions are not merged into one symbol.
-    f.round(ports, now) + black_box(1)
-}
+counted!(
+    switch_vhost = 0,
+    forward_vhost = 1,
+    gen_vhost = 2,
+    vhost_sink = 3,
+    switch_gen_vhost = 4,
+    switch_vhost_sink = 5
+);
 
-#[inline(never)]
-fn gen_vhost(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
-    // A distinct constant each, so the four functions are not merged into one symbol.
-    f.round(ports, now) + black_box(2)
-}
-
-#[inline(never)]
-fn vhost_sink(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
-    // A distinct constant each, so the four functions are not merged into one symbol.
-    f.round(ports, now) + black_box(3)
-}
-
-#[inline(never)]
-fn switch_gen_vhost(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
-    f.round(ports, now) + black_box(4)
-}
-
-#[inline(never)]
-fn switch_vhost_sink(f: &mut Fabric, ports: &mut [AnyPort], now: Instant) -> usize {
-    f.round(ports, now) + black_box(5)
+/// A generator of 64-byte frames to `dst`, as fast as it may.
+fn gen_to(id: u32, dst: [u8; 6]) -> AnyPort {
+    let spec = GenSpec {
+        frame_len: 64,
+        rate: 0,
+        duration: None,
+        delay: Duration::ZERO,
+        src: [2, 0, 0, 0, 0, 1],
+        dst,
+    };
+    AnyPort::Gen(GenPort::new(id, Arc::default(), spec, Counting::Own))
 }
 
 fn main() {
@@ -206,15 +205,7 @@ fn main() {
 
     // A generator into a frontend.
     let (mut b, pb) = fe(1, 2);
-    let spec = GenSpec {
-        frame_len: 64,
-        rate: 0,
-        duration: None,
-        delay: Duration::ZERO,
-        src: [2, 0, 0, 0, 0, 1],
-        dst: b.mac,
-    };
-    let gen = AnyPort::Gen(GenPort::new(0, Arc::default(), spec, Counting::Own));
+    let gen = gen_to(0, b.mac);
     let mut ports = vec![gen, pb];
     let mut f = Fabric::new(Router::Fixed(vec![(0, Wire::To(1))]), BATCH);
     for _ in 0..rounds {
@@ -234,15 +225,7 @@ fn main() {
     }
     // Through the learning switch: a gen port into a frontend, a frontend into a sink port.
     let (mut b, pb) = fe(1, 2);
-    let spec = GenSpec {
-        frame_len: 64,
-        rate: 0,
-        duration: None,
-        delay: Duration::ZERO,
-        src: [2, 0, 0, 0, 0, 1],
-        dst: b.mac,
-    };
-    let gen = AnyPort::Gen(GenPort::new(5, Arc::default(), spec, Counting::Own));
+    let gen = gen_to(5, b.mac);
     let mut ports = vec![pb, gen];
     let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
     for _ in 0..rounds {

@@ -140,6 +140,26 @@ pub enum TxOut {
     Dropped(crate::stats::DropReason),
 }
 
+/// Every receive offload a virtio-net driver can take (`VIRTIO_NET_F_GUEST_*`): what a port
+/// that takes metadata as it is (the kernel, a sink) says it takes.
+pub const RX_OFFLOADS: u64 = pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM
+    | pvnet_net::features::VIRTIO_NET_F_GUEST_TSO4
+    | pvnet_net::features::VIRTIO_NET_F_GUEST_TSO6
+    | pvnet_net::features::VIRTIO_NET_F_GUEST_ECN;
+
+/// Offers `pkts` one by one to `take` until one is not sent: how many were, and what became
+/// of that one (a receiver's `tx_burst` over its per-packet step).
+#[inline]
+pub fn offer_each(pkts: &[Pkt<'_>], mut take: impl FnMut(&Pkt<'_>) -> TxOut) -> (usize, TxOut) {
+    for (k, p) in pkts.iter().enumerate() {
+        match take(p) {
+            TxOut::Sent => {}
+            other => return (k, other),
+        }
+    }
+    (pkts.len(), TxOut::Sent)
+}
+
 /// What a port can take, so the switch can fit packets to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Caps {

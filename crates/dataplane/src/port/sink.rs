@@ -2,14 +2,10 @@
 //! (`crate::frame`). The one consumer behind `pvnet switch`'s sink ports and `pvnet backend
 //! --role sink`.
 
-use super::{Caps, Ingress, Pkt, PortId, TxOut};
+use super::{Caps, Ingress, Pkt, PortId, TxOut, RX_OFFLOADS};
 use crate::frame::{self, SeqCheck};
 use crate::poll::plan::Settle;
 use crate::stats::{bump, PortStats};
-use pvnet_net::features::{
-    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
-    VIRTIO_NET_F_GUEST_TSO6,
-};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -67,10 +63,7 @@ impl super::Port for SinkPort {
         // It reads bytes and nothing else: any metadata may stay.
         Caps {
             receives: true,
-            offloads: VIRTIO_NET_F_GUEST_CSUM
-                | VIRTIO_NET_F_GUEST_TSO4
-                | VIRTIO_NET_F_GUEST_TSO6
-                | VIRTIO_NET_F_GUEST_ECN,
+            offloads: RX_OFFLOADS,
         }
     }
 

@@ -7,16 +7,12 @@
 //! Transmitting: one `writev` per packet straight from the sender's memory (the kernel's copy
 //! is the only one); a full kernel queue drops it (`no_buffer`).
 
-use super::{read_head, Caps, Ingress, Pkt, PortId, TxOut, MACS};
+use super::{offer_each, read_head, Caps, Ingress, Pkt, PortId, TxOut, MACS, RX_OFFLOADS};
 use crate::egress::{Egress, HoldPolicy};
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
 use crate::stats::{bump, DropReason, PortStats};
 use crate::sys::tap::{Tap, RECV_BUF_LEN};
-use pvnet_net::features::{
-    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
-    VIRTIO_NET_F_GUEST_TSO6,
-};
 use pvnet_net::HDR_LEN;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -111,10 +107,7 @@ impl super::Port for TapPort {
         // The kernel takes partial checksums and GSO packets as they are.
         Caps {
             receives: true,
-            offloads: VIRTIO_NET_F_GUEST_CSUM
-                | VIRTIO_NET_F_GUEST_TSO4
-                | VIRTIO_NET_F_GUEST_TSO6
-                | VIRTIO_NET_F_GUEST_ECN,
+            offloads: RX_OFFLOADS,
         }
     }
 
@@ -185,13 +178,7 @@ impl super::Port for TapPort {
 
     /// One `writev` per packet (a tap takes no batches).
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
-        for (k, p) in pkts.iter().enumerate() {
-            match self.write(p) {
-                TxOut::Sent => {}
-                other => return (k, other),
-            }
-        }
-        (pkts.len(), TxOut::Sent)
+        offer_each(pkts, |p| self.write(p))
     }
 
     fn tx_commit(&mut self) {}

@@ -4,7 +4,7 @@
 use super::gen::{GenPort, GenSpec};
 use super::sink::{Counting, SinkPort};
 use super::tap::TapPort;
-use super::{AnyPort, Pkt, Port, TxOut, EMPTY};
+use super::{AnyPort, Pkt, Port, TxOut};
 use crate::egress::HoldPolicy;
 use crate::frame;
 use crate::poll::plan::{Plan, Settle};
@@ -15,6 +15,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use virtq::event::Armed;
 use virtq::Seg;
+
+/// One-segment packets over `segs` (each a 12-byte header and a 64-byte frame).
+fn pkts_over<'a>(segs: &'a [[Seg<'a>; 1]]) -> Vec<Pkt<'a>> {
+    segs.iter()
+        .map(|s| Pkt {
+            segs: s,
+            len: 76,
+            hdr_len: HDR_LEN,
+            hdr: VnetHdr::default(),
+            macs: [0; 12],
+        })
+        .collect()
+}
 
 fn bench_frame(seq: u64) -> Vec<u8> {
     let mut f = vec![0u8; HDR_LEN as usize + 64];
@@ -45,16 +58,7 @@ fn vhost_port_hands_out_bursts_keeps_what_waits_and_delivers_in_order() {
     // Transmit: 4 buffers posted, 5 offered: 4 taken, then no room.
     let mut bufs: Vec<Vec<u8>> = (0..5).map(bench_frame).collect();
     let segs: Vec<[Seg<'_>; 1]> = bufs.iter_mut().map(|b| [Seg::from_mut(b)]).collect();
-    let mut pkts = [EMPTY; 5];
-    for (p, s) in pkts.iter_mut().zip(&segs) {
-        *p = Pkt {
-            segs: s,
-            len: 76,
-            hdr_len: HDR_LEN,
-            hdr: VnetHdr::default(),
-            macs: [0; 12],
-        };
-    }
+    let pkts = pkts_over(&segs);
     assert!(port.tx_begin(now, 5));
     assert_eq!(port.tx_burst(&pkts), (4, TxOut::NoRoom));
     port.tx_commit();
@@ -91,16 +95,7 @@ fn sink_port_reads_every_frame_and_checks_the_sequence() {
     frame::set_end(&mut end[HDR_LEN as usize..], 4);
     bufs.push(end);
     let segs: Vec<[Seg<'_>; 1]> = bufs.iter_mut().map(|b| [Seg::from_mut(b)]).collect();
-    let mut pkts = [EMPTY; 4];
-    for (p, s) in pkts.iter_mut().zip(&segs) {
-        *p = Pkt {
-            segs: s,
-            len: 76,
-            hdr_len: HDR_LEN,
-            hdr: VnetHdr::default(),
-            macs: [0; 12],
-        };
-    }
+    let pkts = pkts_over(&segs);
     assert!(port.tx_begin(now, 4));
     assert_eq!(port.tx_burst(&pkts), (4, TxOut::Sent));
     port.tx_commit();

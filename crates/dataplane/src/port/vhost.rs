@@ -12,15 +12,11 @@
 //! pairs its shard owns, each with its own counters (one writer each); today one shard owns
 //! pair 0 and later pairs are left idle (the multiqueue issue places them).
 
-use super::{read_head, Caps, Ingress, Pkt, PortId, TxOut, MACS};
+use super::{offer_each, read_head, Caps, Ingress, Pkt, PortId, TxOut, MACS, RX_OFFLOADS};
 use crate::egress::{Egress, HoldPolicy};
 use crate::poll::plan::{Calls, Settle};
 use crate::poll::{Policy, Poller, WakeCost};
 use crate::stats::{bump, DropReason, PortStats};
-use pvnet_net::features::{
-    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
-    VIRTIO_NET_F_GUEST_TSO6,
-};
 use pvnet_net::{hdr_len, VnetHdr, HDR_LEN, NUM_BUFFERS_OFF};
 use pvnet_vhost::backend::StartedQueue;
 use pvnet_vhost::eventfd::Notifier;
@@ -272,7 +268,7 @@ pub fn deliver(
 pub fn header_for(h: &VnetHdr, features: u64) -> [u8; VnetHdr::LEN] {
     let mut out = *h;
     out.num_buffers = 0;
-    if features & VIRTIO_NET_F_GUEST_CSUM == 0 {
+    if features & pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM == 0 {
         // 5.1.6.4: without GUEST_CSUM the device sets no flags.
         out.flags = 0;
     }
@@ -307,12 +303,33 @@ fn copy_with_header(
     done
 }
 
-/// Adds a batch's deliveries to the counters.
-#[inline]
-fn count_sent(stats: &PortStats, sent: &mut [u64; 2]) {
-    bump(&stats.tx_packets, sent[0]);
-    bump(&stats.tx_bytes, sent[1]);
-    *sent = [0; 2];
+impl RxState {
+    /// Opens the receive batch with `want` chains, once per source batch. False if the ring
+    /// just failed.
+    fn open(&mut self, rx: &mut QueueSlot, id: PortId, stats: &PortStats, want: usize) -> bool {
+        if !self.open {
+            if let Err(e) = self.rxb.fill(&mut rx.q, want.max(1)) {
+                rx.fail(id, stats, e);
+                return false;
+            }
+            self.open = true;
+            self.retry = true;
+        }
+        true
+    }
+
+    /// Publishes the open batch and counts what it delivered (once per batch: no per-packet
+    /// counter stores).
+    fn commit(&mut self, rx: &mut QueueSlot, stats: &PortStats) {
+        if std::mem::take(&mut self.open) {
+            self.rxb.finish(&mut rx.q);
+            rx.worked = true;
+            rx.publish(stats);
+            bump(&stats.tx_packets, self.sent[0]);
+            bump(&stats.tx_bytes, self.sent[1]);
+            self.sent = [0; 2];
+        }
+    }
 }
 
 /// One queue pair of a port: the frontend's transmit ring (our ingress), its receive ring
@@ -325,16 +342,23 @@ pub struct QueuePair {
     pub tx: Option<QueueSlot>,
     /// This pair's counters (its only writer is the shard that owns it).
     pub stats: Arc<PortStats>,
+    /// What the receive side keeps between packets of a batch and between rounds.
+    out: RxState,
+    /// Transmit chains of the current batch.
+    chains: Vec<Chain>,
+    /// The shard waits on the receive ring (packets waited for its buffers last round).
+    rx_wanted: bool,
+}
+
+/// The receive side's state of a pair, apart from its ring.
+#[derive(Debug)]
+struct RxState {
     rxb: RxBatch,
     /// The receive batch is open (opened this source batch, not yet published).
     open: bool,
     /// The open receive batch may still look once for more buffers.
     retry: bool,
-    /// Transmit chains of the current batch.
-    chains: Vec<Chain>,
     egress: Egress,
-    /// The shard waits on the receive ring (packets waited for its buffers last round).
-    rx_wanted: bool,
     /// Delivered into the open batch, not yet counted: packets, frame bytes.
     sent: [u64; 2],
 }
@@ -346,26 +370,15 @@ struct RxSide<'a> {
     features: u64,
     hdr_len: u32,
     rx: &'a mut QueueSlot,
-    rxb: &'a mut RxBatch,
-    retry: &'a mut bool,
+    st: &'a mut RxState,
     stats: &'a PortStats,
-    egress: &'a mut Egress,
-    /// Packets and frame bytes delivered since the batch opened (counted at its commit: no
-    /// per-packet counter stores).
-    sent: &'a mut [u64; 2],
 }
 
 impl RxSide<'_> {
     /// Takes packets in order until one is not taken: how many, and what became of that one.
     #[inline]
     fn take_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
-        for (k, p) in pkts.iter().enumerate() {
-            match self.take(p) {
-                TxOut::Sent => {}
-                other => return (k, other),
-            }
-        }
-        (pkts.len(), TxOut::Sent)
+        offer_each(pkts, |p| self.take(p))
     }
 
     /// Delivers into the receive batch; when the batch runs out the first time, publishes
@@ -378,14 +391,14 @@ impl RxSide<'_> {
         len: u32,
         mut copy: impl FnMut(&[Seg<'_>], u32, u32, u32) -> u32,
     ) -> Result<Delivered, virtq::Error> {
-        let r = deliver(&mut self.rx.q, self.rxb, len, &mut copy)?;
-        if r != Delivered::NoRoom || !std::mem::take(self.retry) {
+        let r = deliver(&mut self.rx.q, &mut self.st.rxb, len, &mut copy)?;
+        if r != Delivered::NoRoom || !std::mem::take(&mut self.st.retry) {
             return Ok(r);
         }
-        self.rxb.finish(&mut self.rx.q);
+        self.st.rxb.finish(&mut self.rx.q);
         self.rx.publish(self.stats);
-        self.rxb.fill(&mut self.rx.q, MAX_MERGE)?;
-        deliver(&mut self.rx.q, self.rxb, len, copy)
+        self.st.rxb.fill(&mut self.rx.q, MAX_MERGE)?;
+        deliver(&mut self.rx.q, &mut self.st.rxb, len, copy)
     }
 
     /// One packet into the frontend's receive ring: the whole packet in one copy when its
@@ -408,9 +421,9 @@ impl RxSide<'_> {
         };
         match r {
             Ok(Delivered::Done) => {
-                self.sent[0] += 1;
-                self.sent[1] += u64::from(pkt.frame_len());
-                self.egress.sent();
+                self.st.sent[0] += 1;
+                self.st.sent[1] += u64::from(pkt.frame_len());
+                self.st.egress.sent();
                 TxOut::Sent
             }
             Ok(Delivered::NoRoom) => TxOut::NoRoom,
@@ -429,13 +442,15 @@ impl QueuePair {
             rx: None,
             tx: None,
             stats,
-            rxb: RxBatch::new(mergeable, hdr_len),
-            open: false,
-            retry: false,
+            out: RxState {
+                rxb: RxBatch::new(mergeable, hdr_len),
+                open: false,
+                retry: false,
+                egress: Egress::new(hold),
+                sent: [0; 2],
+            },
             chains: Vec::with_capacity(256),
-            egress: Egress::new(hold),
             rx_wanted: false,
-            sent: [0; 2],
         }
     }
 
@@ -446,26 +461,13 @@ impl QueuePair {
         let Some(rx) = QueueSlot::usable(&mut self.rx) else {
             return false;
         };
-        if !self.open {
-            if let Err(e) = self.rxb.fill(&mut rx.q, want.max(1)) {
-                rx.fail(id, &self.stats, e);
-                return false;
-            }
-            self.open = true;
-            self.retry = true;
-        }
-        true
+        self.out.open(rx, id, &self.stats, want)
     }
 
     /// Publishes the open receive batch and counts what it delivered.
     fn commit(&mut self) {
-        if std::mem::take(&mut self.open) {
-            if let Some(rx) = self.rx.as_mut() {
-                self.rxb.finish(&mut rx.q);
-                rx.worked = true;
-                rx.publish(&self.stats);
-            }
-            count_sent(&self.stats, &mut self.sent);
+        if let Some(rx) = self.rx.as_mut() {
+            self.out.commit(rx, &self.stats);
         }
     }
 }
@@ -547,7 +549,7 @@ impl VhostPort {
         let qp =
             self.qps[pair].get_or_insert_with(|| QueuePair::new(stats, mergeable, hdr_len, hold));
         // A pair's header length and merging follow the features of its latest start.
-        qp.rxb = RxBatch::new(mergeable, hdr_len);
+        qp.out.rxb = RxBatch::new(mergeable, hdr_len);
         let mut slot = QueueSlot::new(q, policy, self.cfg.wake);
         // The shard polls a new queue first: tell the driver not to kick until we arm. A
         // ring starts with `used->flags == 0` ("kick me"); left so, a driver without
@@ -565,7 +567,7 @@ impl VhostPort {
     pub fn stop(&mut self, index: u16) -> Option<(u16, Option<i32>)> {
         let qp = self.qps.get_mut(usize::from(index / 2))?.as_mut()?;
         let slot = if index.is_multiple_of(2) {
-            qp.open = false;
+            qp.out.open = false;
             qp.rx.take()
         } else {
             qp.tx.take()
@@ -641,6 +643,7 @@ impl VhostPort {
         );
         &mut self.qps[k]
             .get_or_insert_with(|| QueuePair::new(stats, m, h, hold))
+            .out
             .egress
     }
 
@@ -663,12 +666,8 @@ impl VhostPort {
                 rx,
                 tx,
                 stats,
-                rxb,
-                open,
-                retry,
+                out,
                 chains,
-                egress,
-                sent,
                 ..
             } = qp;
             let Some(tx) = QueueSlot::usable(tx) else {
@@ -684,13 +683,9 @@ impl VhostPort {
                     features,
                     hdr_len,
                     rx,
-                    rxb,
-                    retry,
+                    st: out,
                     stats,
-                    egress,
-                    sent,
                 },
-                open,
                 now,
             };
             work += ingress(id, hdr_len, tx, chains, stats, max, &mut back);
@@ -711,20 +706,14 @@ impl VhostPort {
 /// burst (an idle round touches no receive ring).
 struct Hairpin<'a> {
     side: RxSide<'a>,
-    open: &'a mut bool,
     now: Instant,
 }
 
 impl Ingress for Hairpin<'_> {
     fn burst(&mut self, pkts: &[Pkt<'_>], stats: &PortStats) -> usize {
         let s = &mut self.side;
-        if !*self.open && !s.rx.broken {
-            if let Err(e) = s.rxb.fill(&mut s.rx.q, pkts.len().max(1)) {
-                s.rx.fail(s.id, s.stats, e);
-            } else {
-                *self.open = true;
-                *s.retry = true;
-            }
+        if !s.rx.broken {
+            s.st.open(s.rx, s.id, s.stats, pkts.len());
         }
         let mut k = 0;
         while k < pkts.len() {
@@ -739,7 +728,8 @@ impl Ingress for Hairpin<'_> {
             }
             let r = match why {
                 TxOut::Sent => continue,
-                TxOut::NoRoom => match s.egress.no_room(crate::egress::Offer::Unicast, self.now) {
+                TxOut::NoRoom => match s.st.egress.no_room(crate::egress::Offer::Unicast, self.now)
+                {
                     crate::egress::Backpressure::Wait => break,
                     crate::egress::Backpressure::Drop(r) => r,
                 },
@@ -748,12 +738,7 @@ impl Ingress for Hairpin<'_> {
             bump(&stats.drops[r as usize], 1);
             k += 1;
         }
-        if std::mem::take(self.open) {
-            s.rxb.finish(&mut s.rx.q);
-            s.rx.worked = true;
-            s.rx.publish(s.stats);
-            count_sent(s.stats, s.sent);
-        }
+        s.st.commit(s.rx, s.stats);
         k
     }
 
@@ -881,10 +866,8 @@ impl super::Port for VhostPort {
     }
 
     fn tx_stats(&self) -> &PortStats {
-        self.qps
-            .iter()
-            .flatten()
-            .find(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken))
+        self.egress_pair()
+            .and_then(|k| self.qps[k].as_ref())
             .map_or(&self.stats[0], |qp| &qp.stats)
     }
 
@@ -897,11 +880,7 @@ impl super::Port for VhostPort {
             .any(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken));
         Caps {
             receives,
-            offloads: self.features
-                & (VIRTIO_NET_F_GUEST_CSUM
-                    | VIRTIO_NET_F_GUEST_TSO4
-                    | VIRTIO_NET_F_GUEST_TSO6
-                    | VIRTIO_NET_F_GUEST_ECN),
+            offloads: self.features & RX_OFFLOADS,
         }
     }
 
@@ -930,34 +909,23 @@ impl super::Port for VhostPort {
     #[inline]
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
         let (id, features, hdr_len) = (self.id, self.features, self.hdr_len);
-        let Some(QueuePair {
-            rx: Some(rx),
-            stats,
-            rxb,
-            retry,
-            egress,
-            sent,
-            open: true,
-            ..
-        }) = self.qps.get_mut(self.tx_qp).and_then(Option::as_mut)
-        else {
-            return (0, TxOut::Dropped(DropReason::PortDown));
-        };
-        if rx.broken {
-            return (0, TxOut::Dropped(DropReason::PortDown));
+        match self.qps.get_mut(self.tx_qp).and_then(Option::as_mut) {
+            Some(QueuePair {
+                rx: Some(rx),
+                stats,
+                out,
+                ..
+            }) if out.open && !rx.broken => RxSide {
+                id,
+                features,
+                hdr_len,
+                rx,
+                st: out,
+                stats,
+            }
+            .take_burst(pkts),
+            _ => (0, TxOut::Dropped(DropReason::PortDown)),
         }
-        RxSide {
-            id,
-            features,
-            hdr_len,
-            rx,
-            rxb,
-            retry,
-            stats,
-            egress,
-            sent,
-        }
-        .take_burst(pkts)
     }
 
     #[inline]
@@ -985,8 +953,8 @@ impl super::Port for VhostPort {
             }
             // A receive ring matters only while packets wait for its buffers: those of the
             // round that just ended (a sender that still waits blocks it again next round).
-            qp.rx_wanted = qp.egress.blocked();
-            qp.egress.new_round();
+            qp.rx_wanted = qp.out.egress.blocked();
+            qp.out.egress.new_round();
             if let Some(s) = qp.rx.as_mut() {
                 Self::report_ring(s, qp.rx_wanted, now, settle);
             }
