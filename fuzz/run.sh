@@ -20,7 +20,7 @@ set -euo pipefail
 SECONDS_PER_TARGET="${1:-20}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE"
-TARGETS="${TARGETS:-desc_chain driver_used gso}"
+TARGETS="${TARGETS:-desc_chain packed_chain driver_used gso}"
 HOST="$(rustc -vV | sed -n 's/^host: //p')"
 LOGDIR="$HERE/target/run-logs"
 mkdir -p "$LOGDIR"

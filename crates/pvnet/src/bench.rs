@@ -42,6 +42,9 @@ pub struct BenchArgs {
     /// The backend's polling/notification policy (adaptive, notify, timer:<us>, spin:<n>, busy).
     #[arg(long, default_value = "adaptive")]
     pub policy: Policy,
+    /// Run the frontends on the packed virtqueue (virtio 1.1) instead of the split one.
+    #[arg(long)]
+    pub packed: bool,
     #[command(subcommand)]
     pub sub: Option<BenchSub>,
 }
@@ -65,6 +68,7 @@ impl Default for BenchArgs {
             json: false,
             no_limits: false,
             policy: Policy::Adaptive,
+            packed: false,
             sub: None,
         }
     }
@@ -271,6 +275,9 @@ impl Ctx<'_> {
         .to_vec();
         if let Some(c) = cpu {
             args.extend(["--cpu".into(), c.to_string()]);
+        }
+        if self.a.packed {
+            args.push("--packed".into());
         }
         Proc::spawn("frontend", &args)
     }
@@ -482,8 +489,10 @@ fn idle(cx: &Ctx<'_>) -> Result<Value> {
 fn print_table(out: &Value) {
     let size = out["frame_len"].as_u64().unwrap_or(0);
     println!(
-        "\npvnet bench: {size}-byte frames, queue {}, {} s per scenario",
-        out["queue_size"], out["secs"]
+        "\npvnet bench: {size}-byte frames, {} ring of {}, {} s per scenario",
+        out["ring"].as_str().unwrap_or("split"),
+        out["queue_size"],
+        out["secs"]
     );
     if let Some(l) = out.get("limits").filter(|l| !l.is_null()) {
         println!(
@@ -616,6 +625,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     });
     let mut out = json!({
         "frame_len": a.size, "queue_size": a.queue_size, "secs": a.secs,
+        "ring": if a.packed { "packed" } else { "split" },
         "limits": limits, "scenarios": scenarios, "failures": failures,
     });
     // The headline figures are the one-way frontend -> backend run.

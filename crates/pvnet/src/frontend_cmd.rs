@@ -98,6 +98,10 @@ pub struct FrontendArgs {
     /// every packet then carries the 10-byte virtio-net header instead of 12.
     #[arg(long)]
     pub legacy_hdr: bool,
+    /// Ask for the packed virtqueue (VIRTIO_F_RING_PACKED, virtio 1.1); split if the backend
+    /// does not offer it. The `ready` line shows what was negotiated.
+    #[arg(long)]
+    pub packed: bool,
 }
 
 fn emit(v: &serde_json::Value) {
@@ -175,6 +179,7 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         event_idx: !a.no_event_idx,
         tx_mode,
         legacy_hdr: a.legacy_hdr,
+        packed: a.packed,
     };
     let wake = WakeCost::measure(30);
     let mut c = NetClient::connect(&a.socket, cfg)?;

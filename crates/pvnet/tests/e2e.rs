@@ -157,6 +157,26 @@ fn forwarding_between_header_lengths() {
 }
 
 #[test]
+fn packed_ring_both_ways_and_through_forward() {
+    // The packed virtqueue (virtio 1.1, 2.8) negotiated end to end, counts exact each way.
+    let dir = TestDir::new("packed");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink", "--sessions", "2"]);
+    let f = features_of(&sock, &["--packed"]);
+    assert_ne!(f & (1 << 34), 0, "VIRTIO_F_RING_PACKED negotiated: {f:#x}");
+    let split = features_of(&sock, &[]);
+    assert_eq!(split & (1 << 34), 0, "split unless asked: {split:#x}");
+    b.finish(RUN);
+    f2b(&["--packed"], 64);
+    f2b(&["--packed", "--frame-len", "1500"], 1500);
+    f2b(&["--packed", "--no-event-idx"], 64);
+    b2f(&["--packed"]);
+    b2f(&["--packed", "--no-event-idx"]);
+    f2f_with(64, &["--packed"], &["--packed"]);
+    // One side packed, the other split: formats are per frontend.
+    f2f_with(64, &["--packed"], &[]);
+}
+
+#[test]
 fn two_shards_serve_two_frontends_exactly() {
     // Two worker threads; frontends are spread over them by port id, each counted exactly.
     let dir = TestDir::new("shards");

@@ -15,8 +15,12 @@ pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
 /// cheaper path; the used ring is still written entry by entry.
 pub const VIRTIO_F_IN_ORDER: u64 = 1 << 35;
 
+/// The packed virtqueue (virtio 1.1+, 2.8).
+pub const VIRTIO_F_RING_PACKED: u64 = 1 << 34;
+
 /// What pvnet's device offers.
 pub const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1
+    | VIRTIO_F_RING_PACKED
     | VIRTIO_F_IN_ORDER
     | VIRTIO_F_EVENT_IDX
     | VIRTIO_NET_F_MRG_RXBUF

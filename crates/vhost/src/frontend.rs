@@ -11,8 +11,8 @@
 //! interrupt only when the ring is full and it must wait.
 
 use crate::features::{
-    RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1,
-    VIRTIO_NET_F_MRG_RXBUF,
+    RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_RING_PACKED,
+    VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF,
 };
 use pvnet_net::hdr::{hdr_len, HDR_LEN};
 use std::fs::File;
@@ -75,6 +75,8 @@ pub struct ClientConfig {
     /// Negotiate neither `VIRTIO_F_VERSION_1` nor `VIRTIO_NET_F_MRG_RXBUF`, as a legacy
     /// driver does: every packet then carries the 10-byte header (virtio 1.x 5.1.6).
     pub legacy_hdr: bool,
+    /// Ask for the packed ring (`VIRTIO_F_RING_PACKED`); split if the backend does not offer it.
+    pub packed: bool,
 }
 
 /// How completed TX buffers come back (the Linux virtio-net "tx napi" series and what it
@@ -103,6 +105,7 @@ impl Default for ClientConfig {
             event_idx: true,
             tx_mode: TxMode::Napi,
             legacy_hdr: false,
+            packed: false,
         }
     }
 }
@@ -327,6 +330,9 @@ impl NetClient {
         if !cfg.legacy_hdr {
             want |= VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
         }
+        if cfg.packed {
+            want |= VIRTIO_F_RING_PACKED;
+        }
         if cfg.event_idx {
             want |= VIRTIO_F_EVENT_IDX;
         }
@@ -357,8 +363,13 @@ impl NetClient {
         // SAFETY: the spec is exactly the mapping owned by `shm`, which moves into the table.
         let mem = Arc::new(unsafe { MemTable::new(&[spec], Box::new(shm)) }?);
         let event_idx = features & VIRTIO_F_EVENT_IDX != 0;
+        let format = if features & VIRTIO_F_RING_PACKED != 0 {
+            Format::Packed
+        } else {
+            Format::Split
+        };
         let qcfg = |addrs, direction| QueueConfig {
-            format: Format::Split,
+            format,
             size: cfg.queue_size,
             addrs,
             space: AddrSpace::Guest,
@@ -381,7 +392,7 @@ impl NetClient {
         for (q, addrs) in [(RX_QUEUE, lay.rx), (TX_QUEUE, lay.tx)] {
             let to_u = |gpa: u64| gpa - GPA_BASE + uaddr;
             fe.set_vring_num(q, cfg.queue_size)?;
-            fe.set_vring_base(q, 0)?;
+            fe.set_vring_base(q, format.fresh_base())?;
             fe.set_vring_addr(
                 q,
                 &VringConfigData {

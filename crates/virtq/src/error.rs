@@ -62,6 +62,10 @@ pub enum Error {
     /// The shared memory behind the queue became inaccessible (the peer truncated its file).
     #[error("shared memory fault: the peer shrank or revoked the memory it shared")]
     MemoryFault,
+    /// A packed-ring chain continues into a slot that is not available (the driver must make
+    /// a chain's head available last).
+    #[error("descriptor {index} of a chain is not available")]
+    DescNotAvailable { index: u16 },
     /// The driver has no free descriptors for this buffer.
     #[error("no free descriptors")]
     NoFreeDescriptors,

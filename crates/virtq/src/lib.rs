@@ -23,7 +23,9 @@ pub mod chain;
 pub mod error;
 pub mod event;
 pub mod mem;
+pub mod packed;
 pub mod queue;
+mod ring;
 pub mod split;
 pub mod xlate;
 

@@ -142,6 +142,7 @@ impl MockQueue {
     ) -> Result<(queue::DriverQueue, queue::DeviceQueue)> {
         let cfg = QueueConfig {
             format,
+            base: format.fresh_base(),
             ..self.config(direction, event_idx, true)
         };
         let drv = queue::DriverQueue::new(self.mem.clone(), &cfg)?;

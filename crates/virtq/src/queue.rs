@@ -18,8 +18,8 @@ use crate::chain::Chain;
 use crate::error::Result;
 use crate::event::Armed;
 use crate::mem::{AddrSpace, MemTable, Seg};
-use crate::split;
 use crate::xlate::Translate;
+use crate::{packed, split};
 use std::sync::Arc;
 
 /// A ring format (virtio 1.x 2.6).
@@ -28,11 +28,22 @@ pub enum Format {
     /// The split virtqueue (2.7): descriptor table, avail ring, used ring.
     #[default]
     Split,
+    /// The packed virtqueue (2.8): one descriptor ring, two event suppression areas.
+    Packed,
 }
 
 impl Format {
     /// Every format this build implements (the format tests run each).
-    pub const ALL: &'static [Format] = &[Format::Split];
+    pub const ALL: &'static [Format] = &[Format::Split, Format::Packed];
+
+    /// The base of a queue that starts fresh (vhost-user's encoding: the packed ring carries
+    /// its wrap counter, 1 at start, in bit 15).
+    pub fn fresh_base(self) -> u16 {
+        match self {
+            Format::Split => 0,
+            Format::Packed => 0x8000,
+        }
+    }
 }
 
 /// Which way data moves in a queue's buffers, as the device sees it.
@@ -47,7 +58,7 @@ pub enum Direction {
 }
 
 /// The three ring addresses as the peer gave them (split: descriptor table, avail ring,
-/// used ring).
+/// used ring; packed: descriptor ring, driver event area, device event area).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RingAddrs {
     /// Descriptor table.
@@ -69,7 +80,8 @@ pub struct QueueConfig {
     pub addrs: RingAddrs,
     /// The space `addrs` are in (vhost-user uses the frontend's user addresses).
     pub space: AddrSpace,
-    /// First avail index to consume (vhost-user `SET_VRING_BASE`).
+    /// First avail index to consume (vhost-user `SET_VRING_BASE`; packed: the slot in bits
+    /// 0-14 and the wrap counter in bit 15, see [`Format::fresh_base`]).
     pub base: u16,
     /// `VIRTIO_F_EVENT_IDX` negotiated.
     pub event_idx: bool,
@@ -84,6 +96,7 @@ macro_rules! dispatch {
     ($self:ident, $q:ident => $e:expr) => {
         match $self {
             Self::Split($q) => $e,
+            Self::Packed($q) => $e,
         }
     };
 }
@@ -93,6 +106,8 @@ macro_rules! dispatch {
 pub enum DeviceQueue<M: Translate = MemTable> {
     /// A split ring.
     Split(split::DeviceQueue<M>),
+    /// A packed ring.
+    Packed(packed::DeviceQueue<M>),
 }
 
 impl<M: Translate> DeviceQueue<M> {
@@ -101,13 +116,17 @@ impl<M: Translate> DeviceQueue<M> {
     pub fn new(mem: Arc<M>, cfg: &QueueConfig) -> Result<Self> {
         match cfg.format {
             Format::Split => split::DeviceQueue::new(mem, cfg).map(Self::Split),
+            Format::Packed => packed::DeviceQueue::new(mem, cfg).map(Self::Packed),
         }
     }
 
     /// The ring format.
     #[inline]
     pub fn format(&self) -> Format {
-        dispatch!(self, _q => Format::Split)
+        match self {
+            Self::Split(_) => Format::Split,
+            Self::Packed(_) => Format::Packed,
+        }
     }
 
     /// Queue size.
@@ -225,6 +244,8 @@ impl<M: Translate> DeviceQueue<M> {
 pub enum DriverQueue {
     /// A split ring.
     Split(split::DriverQueue),
+    /// A packed ring.
+    Packed(packed::DriverQueue),
 }
 
 impl DriverQueue {
@@ -232,13 +253,17 @@ impl DriverQueue {
     pub fn new(mem: Arc<MemTable>, cfg: &QueueConfig) -> Result<Self> {
         match cfg.format {
             Format::Split => split::DriverQueue::new(mem, cfg).map(Self::Split),
+            Format::Packed => packed::DriverQueue::new(mem, cfg).map(Self::Packed),
         }
     }
 
     /// The ring format.
     #[inline]
     pub fn format(&self) -> Format {
-        dispatch!(self, _q => Format::Split)
+        match self {
+            Self::Split(_) => Format::Split,
+            Self::Packed(_) => Format::Packed,
+        }
     }
 
     /// Queue size.

@@ -29,7 +29,8 @@ use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 use virtq::event::Armed;
 use virtq::mock::MockQueue;
-use virtq::split::{Buf, DeviceQueue, Direction, DriverQueue};
+use virtq::queue::{Buf, DeviceQueue, Direction, DriverQueue, QueueConfig};
+use virtq::Format;
 
 /// A counting wake-up primitive: `kick` adds one and wakes the registered waiter, `wait`
 /// consumes everything pending or times out.
@@ -119,6 +120,7 @@ fn low16(v: u64) -> u16 {
 
 #[derive(Debug, Clone, Copy)]
 struct Params {
+    format: Format,
     size: u16,
     event_idx: bool,
     handoffs: u64,
@@ -134,9 +136,10 @@ struct Params {
 }
 
 impl Params {
-    fn stress(event_idx: bool) -> Self {
+    fn stress(format: Format, event_idx: bool) -> Self {
         let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
         Self {
+            format,
             size: 16,
             event_idx,
             handoffs: env("VIRTQ_RACE_HANDOFFS").unwrap_or(200_000),
@@ -199,10 +202,19 @@ impl Shared {
     }
 }
 
+/// The queue both sides build, in the run's format.
+fn config(mq: &MockQueue, p: &Params) -> QueueConfig {
+    QueueConfig {
+        format: p.format,
+        base: p.format.fresh_base(),
+        ..mq.config(Direction::DeviceReads, p.event_idx, false)
+    }
+}
+
 /// The driver side: publish, kick when told to, reclaim; wait for calls when full or in
 /// request/response mode.
 fn producer(mq: &MockQueue, sh: &Shared, p: &Params, start: &Barrier) -> Result<Side, String> {
-    let cfg = mq.config(Direction::DeviceReads, p.event_idx, false);
+    let cfg = config(mq, p);
     let mut drv = DriverQueue::new(mq.mem.clone(), &cfg).map_err(|e| sh.fail(e.to_string()))?;
     sh.call.register();
     start.wait(); // rings initialised: the device may build its side
@@ -305,8 +317,9 @@ fn producer(mq: &MockQueue, sh: &Shared, p: &Params, start: &Barrier) -> Result<
 /// The device side: drain with kicks off; when empty, arm / fence / re-check, then sleep.
 fn consumer(mq: &MockQueue, sh: &Shared, p: &Params, start: &Barrier) -> Result<Side, String> {
     start.wait();
-    let cfg = mq.config(Direction::DeviceReads, p.event_idx, false);
-    let mut dev = DeviceQueue::new(mq.mem.clone(), &cfg).map_err(|e| sh.fail(e.to_string()))?;
+    let cfg = config(mq, p);
+    let mut dev: DeviceQueue =
+        DeviceQueue::new(mq.mem.clone(), &cfg).map_err(|e| sh.fail(e.to_string()))?;
     sh.kick.register();
     start.wait();
     dev.disable_notify();
@@ -330,11 +343,11 @@ fn consumer(mq: &MockQueue, sh: &Shared, p: &Params, start: &Barrier) -> Result<
                 s.notified += 1;
             }
             // Release: the publish and the call above happen before a reader of this mark.
-            sh.used_done.store(dev.used_idx(), Ordering::Release);
+            sh.used_done.store(low16(s.items), Ordering::Release);
             continue;
         }
         if sh.stop.load(Ordering::Acquire)
-            && sh.avail_done.load(Ordering::Acquire) == dev.last_avail()
+            && sh.avail_done.load(Ordering::Acquire) == low16(s.items)
         {
             break;
         }
@@ -357,11 +370,12 @@ fn consumer(mq: &MockQueue, sh: &Shared, p: &Params, start: &Barrier) -> Result<
             if sh.kick.pending() {
                 break;
             }
-            if mark != dev.last_avail() {
+            if mark != low16(s.items) {
                 s.lost += 1;
                 eprintln!(
-                    "lost kick: driver published up to {mark}, device armed at {} (event_idx {})",
-                    dev.last_avail(),
+                    "lost kick: driver published up to {mark}, device armed at {} ({:?}, event_idx {})",
+                    low16(s.items),
+                    p.format,
                     p.event_idx
                 );
                 sh.lost(p);
@@ -403,9 +417,9 @@ fn run(p: Params) -> (Side, Side, Duration) {
 /// The stress runs share the machine's two CPUs: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn stress(event_idx: bool) {
+fn stress(format: Format, event_idx: bool) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (prod, cons, _) = run(Params::stress(event_idx));
+    let (prod, cons, _) = run(Params::stress(format, event_idx));
     assert_eq!(prod.lost, 0, "lost calls (device -> driver)");
     assert_eq!(cons.lost, 0, "lost kicks (driver -> device)");
     // Everything published was consumed, and the run exercised the arm path both ways.
@@ -427,7 +441,7 @@ fn stress(event_idx: bool) {
     ignore = "fences are off: unfenced_loses_wakeups is the check"
 )]
 fn no_lost_wakeup_event_idx() {
-    stress(true);
+    stress(Format::Split, true);
 }
 
 #[test]
@@ -436,7 +450,25 @@ fn no_lost_wakeup_event_idx() {
     ignore = "fences are off: unfenced_loses_wakeups is the check"
 )]
 fn no_lost_wakeup_flags() {
-    stress(false);
+    stress(Format::Split, false);
+}
+
+#[test]
+#[cfg_attr(
+    feature = "unfenced-for-test",
+    ignore = "fences are off: unfenced_loses_wakeups is the check"
+)]
+fn no_lost_wakeup_packed_event_idx() {
+    stress(Format::Packed, true);
+}
+
+#[test]
+#[cfg_attr(
+    feature = "unfenced-for-test",
+    ignore = "fences are off: unfenced_loses_wakeups is the check"
+)]
+fn no_lost_wakeup_packed_flags() {
+    stress(Format::Packed, false);
 }
 
 /// Negative control: with `unfenced-for-test` the StoreLoad fences are compiler fences only,
@@ -447,7 +479,12 @@ fn no_lost_wakeup_flags() {
 fn unfenced_loses_wakeups() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut total = 0;
-    for event_idx in [true, false] {
+    for (format, event_idx) in [
+        (Format::Split, true),
+        (Format::Split, false),
+        (Format::Packed, true),
+        (Format::Packed, false),
+    ] {
         let p = Params {
             handoffs: u64::MAX,
             budget: Duration::from_secs(10),
@@ -457,11 +494,11 @@ fn unfenced_loses_wakeups() {
             spin: Duration::from_millis(5),
             jitter: 4,
             stop_at_first_loss: true,
-            ..Params::stress(event_idx)
+            ..Params::stress(format, event_idx)
         };
         let (prod, cons, el) = run(p);
         eprintln!(
-            "unfenced, event_idx {event_idx}: {} lost kicks, {} lost calls after {} handoffs in {el:.2?}",
+            "unfenced, {format:?}, event_idx {event_idx}: {} lost kicks, {} lost calls after {} handoffs in {el:.2?}",
             cons.lost, prod.lost, prod.items
         );
         total += cons.lost + prod.lost;
@@ -474,15 +511,22 @@ fn unfenced_loses_wakeups() {
 
 // ------------------------------------------------------- the re-check, deterministically
 
+/// Every ring format, with and without event indexes.
+fn every_format_and_mode() -> impl Iterator<Item = (Format, bool)> {
+    Format::ALL.iter().flat_map(|&f| [(f, false), (f, true)])
+}
+
 /// The window the re-check closes, in one thread: the device drains and sees an empty ring,
 /// the driver publishes while the device still polls (no kick asked), then the device arms.
 /// A consumer that ignores the `Armed` result sleeps with work pending; with event_idx no
 /// later publish crosses `avail_event` again, so the wake-up is lost for good.
 #[test]
 fn ignoring_armed_not_empty_sleeps_with_work_pending() {
-    for event_idx in [false, true] {
+    for (format, event_idx) in every_format_and_mode() {
         let mq = MockQueue::new(8, 64);
-        let (mut drv, mut dev) = mq.pair(Direction::DeviceReads, event_idx).expect("pair");
+        let (mut drv, mut dev) = mq
+            .pair_in(format, Direction::DeviceReads, event_idx)
+            .expect("pair");
         let kick = EventFd::default();
         let buf = Buf {
             addr: mq.buf(0),
@@ -538,9 +582,11 @@ fn ignoring_armed_not_empty_sleeps_with_work_pending() {
 /// that goes to sleep is woken.
 #[test]
 fn publish_after_arm_kicks() {
-    for event_idx in [false, true] {
+    for (format, event_idx) in every_format_and_mode() {
         let mq = MockQueue::new(8, 64);
-        let (mut drv, mut dev) = mq.pair(Direction::DeviceReads, event_idx).expect("pair");
+        let (mut drv, mut dev) = mq
+            .pair_in(format, Direction::DeviceReads, event_idx)
+            .expect("pair");
         let kick = EventFd::default();
         dev.disable_notify();
         assert_eq!(dev.arm_notify(), Ok(Armed::Empty));
@@ -561,9 +607,11 @@ fn publish_after_arm_kicks() {
 /// publishes while the driver polls (no call asked), then the driver arms.
 #[test]
 fn ignoring_armed_used_not_empty_sleeps_with_work_pending() {
-    for event_idx in [false, true] {
+    for (format, event_idx) in every_format_and_mode() {
         let mq = MockQueue::new(8, 64);
-        let (mut drv, mut dev) = mq.pair(Direction::DeviceWrites, event_idx).expect("pair");
+        let (mut drv, mut dev) = mq
+            .pair_in(format, Direction::DeviceWrites, event_idx)
+            .expect("pair");
         let call = EventFd::default();
         let buf = Buf {
             addr: mq.buf(0),

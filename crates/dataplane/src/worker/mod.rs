@@ -249,7 +249,7 @@ impl DeviceHooks for Dataplane {
         self.send_port(port, Cmd::AddPort(port));
     }
     fn start_queue(&self, port: PortId, q: StartedQueue) {
-        self.send_port(port, Cmd::Start(port, q));
+        self.send_port(port, Cmd::Start(port, Box::new(q)));
     }
     fn stop_queue(&self, port: PortId, index: u16) -> Option<u16> {
         let (tx, rx) = sync_channel(1);

@@ -33,7 +33,7 @@ use vmm_sys_util::epoll::EpollEvent;
 /// What the control plane asks of a shard.
 pub(crate) enum Cmd {
     AddPort(PortId),
-    Start(PortId, StartedQueue),
+    Start(PortId, Box<StartedQueue>),
     Stop(PortId, u16, SyncSender<Option<u16>>),
     Mem(PortId, Arc<MemTable>),
     RemovePort(PortId, SyncSender<()>),
@@ -290,7 +290,7 @@ impl Shard {
                         self.epoll.add(fd, token(id, q.index));
                     }
                     match self.vhost(id) {
-                        Some(p) => p.start(q),
+                        Some(p) => p.start(*q),
                         None => warn!(port = id, "queue for unknown port"),
                     }
                 }

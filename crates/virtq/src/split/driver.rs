@@ -10,6 +10,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::MemTable;
+use crate::ring::IdFifo;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -25,47 +26,6 @@ pub struct Buf {
 }
 
 const NONE: u16 = u16::MAX;
-
-/// Free descriptor ids, first in first out: when the device completes in order, ids (and
-/// the buffers a driver ties to them) cycle through the table in order, so descriptor lines
-/// and buffers are touched sequentially and hardware prefetchers can follow.
-#[derive(Debug)]
-struct IdFifo {
-    ids: Box<[u16]>,
-    head: usize,
-    len: usize,
-}
-
-impl IdFifo {
-    fn full(size: u16) -> Self {
-        Self {
-            ids: (0..size).collect(),
-            head: 0,
-            len: usize::from(size),
-        }
-    }
-
-    #[inline]
-    fn front(&self) -> Option<u16> {
-        (self.len > 0).then(|| self.ids[self.head])
-    }
-
-    #[inline]
-    fn pop(&mut self) -> Option<u16> {
-        let id = self.front()?;
-        self.head = (self.head + 1) & (self.ids.len() - 1);
-        self.len -= 1;
-        Some(id)
-    }
-
-    /// Never overflows: only ids that were popped are pushed back (validated in-flight).
-    #[inline]
-    fn push(&mut self, id: u16) {
-        let tail = (self.head + self.len) & (self.ids.len() - 1);
-        self.ids[tail] = id;
-        self.len += 1;
-    }
-}
 
 /// The driver side of one split virtqueue.
 #[derive(Debug)]

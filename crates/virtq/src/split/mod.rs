@@ -20,7 +20,6 @@ use crate::mem::AddrSpace;
 use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU16;
-use std::sync::Arc;
 
 /// This descriptor continues via the `next` field.
 pub const DESC_F_NEXT: u16 = 1;
@@ -236,60 +235,17 @@ impl Ring {
     }
 }
 
-/// A full memory fence between a store that enables notifications (or publishes an index)
-/// and the load that follows it (StoreLoad). Both sides use it; without it each side can
-/// read the other's stale value and both go to sleep: the lost wake-up.
-#[inline]
-pub(crate) fn store_load_fence() {
-    #[cfg(not(feature = "unfenced-for-test"))]
-    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    #[cfg(feature = "unfenced-for-test")]
-    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
-}
+pub(crate) use crate::ring::{store_load_fence, Mapped as RingMapped};
 
-/// Shared by both roles: keeps the translator alive and rebuilds the ring when it changes.
-#[derive(Debug)]
-pub(crate) struct Mapped<M: Translate> {
-    pub(crate) mem: Arc<M>,
-    pub(crate) ring: Ring,
-    pub(crate) addrs: RingAddrs,
-    pub(crate) space: AddrSpace,
-    /// The translator's generation the ring pointers were made at.
-    generation: u64,
-}
+/// The split ring's validated pointers, kept alive by the queue's translator.
+pub(crate) type Mapped<M> = RingMapped<M, Ring>;
 
-impl<M: Translate> Mapped<M> {
-    pub(crate) fn new(mem: Arc<M>, cfg: &QueueConfig) -> Result<Self> {
-        let generation = mem.generation();
-        let ring = Ring::new(&*mem, cfg.space, cfg.addrs, cfg.size)?;
-        Ok(Self {
-            mem,
-            ring,
-            addrs: cfg.addrs,
-            space: cfg.space,
-            generation,
-        })
+impl crate::ring::Layout for Ring {
+    fn new<M: Translate>(mem: &M, space: AddrSpace, a: RingAddrs, size: u16) -> Result<Self> {
+        Ring::new(mem, space, a, size)
     }
-
-    /// Re-translates the ring after a translator change (vhost-user requires it).
-    pub(crate) fn remap(&mut self, mem: Arc<M>) -> Result<()> {
-        let generation = mem.generation();
-        self.ring = Ring::new(&*mem, self.space, self.addrs, self.ring.size)?;
-        self.mem = mem;
-        self.generation = generation;
-        Ok(())
-    }
-
-    /// Re-translates the ring if the translator revoked anything since it was translated
-    /// (once per batch; a constant compare for a table that never changes).
-    #[inline]
-    pub(crate) fn refresh(&mut self) -> Result<()> {
-        let g = self.mem.generation();
-        if g != self.generation {
-            self.ring = Ring::new(&*self.mem, self.space, self.addrs, self.ring.size)?;
-            self.generation = g;
-        }
-        Ok(())
+    fn size(&self) -> u16 {
+        self.size
     }
 }
 

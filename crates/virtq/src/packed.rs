@@ -1,0 +1,1028 @@
+//! The packed virtqueue format (virtio 1.1+, section 2.8), both roles.
+//!
+//! ```text
+//! ring         : [PackedDesc; size]  addr u64 | len u32 | id u16 | flags u16   16-byte aligned
+//! driver area  : off_wrap u16 | flags u16  (the driver's event suppression)      4-byte aligned
+//! device area  : off_wrap u16 | flags u16  (the device's event suppression)      4-byte aligned
+//! ```
+//!
+//! One ring carries both directions: the driver makes a descriptor available by writing it
+//! with `AVAIL` = its wrap counter and `USED` = the opposite; the device returns a buffer by
+//! writing one used descriptor (`AVAIL` = `USED` = its wrap counter, the buffer id, the bytes
+//! written) in the next used slot and skipping as many slots as the chain had descriptors
+//! (2.8.6). Each side's wrap counter flips when its index wraps. vhost-user passes the driver
+//! area as the "avail" address and the device area as the "used" address, and carries the
+//! avail wrap counter in bit 15 of `SET_VRING_BASE` / `GET_VRING_BASE`.
+//!
+//! The same discipline as the split ring: a descriptor is read once (its flags with acquire
+//! first, then the rest) into a local copy and validated (buffer ids, lengths, chains bounded
+//! by the ring, indirect rules, directions, addresses); used descriptors of a batch are written
+//! with the first one's flags last (one release store makes the batch visible); notification
+//! arming is arm, fence, re-check. pvnet's device completes chains in the order it popped them.
+
+use crate::chain::Chain;
+use crate::error::{Error, Result};
+use crate::event::{need_event, Armed};
+use crate::mem::{AddrSpace, MemTable, Seg};
+use crate::queue::{Direction, QueueConfig, RingAddrs};
+use crate::ring::{store_load_fence, IdFifo, Layout, Mapped};
+use crate::xlate::{Miss, Perm, Translate};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+
+/// This descriptor continues in the next slot.
+pub const DESC_F_NEXT: u16 = 1;
+/// The device writes this buffer.
+pub const DESC_F_WRITE: u16 = 2;
+/// The buffer holds a table of descriptors (used in order, no `NEXT`).
+pub const DESC_F_INDIRECT: u16 = 4;
+/// Available: equals the driver's wrap counter when the descriptor is made available.
+pub const DESC_F_AVAIL: u16 = 1 << 7;
+/// Used: equals the device's wrap counter when the descriptor is used.
+pub const DESC_F_USED: u16 = 1 << 15;
+/// Event suppression: notify.
+pub const EVENT_ENABLE: u16 = 0;
+/// Event suppression: do not notify.
+pub const EVENT_DISABLE: u16 = 1;
+/// Event suppression: notify when the ring passes `off_wrap` (needs `VIRTIO_F_EVENT_IDX`).
+pub const EVENT_DESC: u16 = 2;
+
+/// A packed-ring descriptor, exactly as in shared memory (little-endian hosts).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PackedDesc {
+    /// Buffer address.
+    pub addr: u64,
+    /// Buffer length (device to driver: bytes written).
+    pub len: u32,
+    /// Buffer id.
+    pub id: u16,
+    /// `DESC_F_*`.
+    pub flags: u16,
+}
+
+/// Bytes of each part for `size` entries: ring, driver area, device area.
+#[must_use]
+pub fn ring_sizes(size: u16) -> (u64, u64, u64) {
+    (16 * u64::from(size), 4, 4)
+}
+
+/// `AVAIL`/`USED` bits of a descriptor the driver makes available with `wrap`.
+#[inline]
+fn avail_bits(wrap: bool) -> u16 {
+    if wrap {
+        DESC_F_AVAIL
+    } else {
+        DESC_F_USED
+    }
+}
+
+/// `AVAIL`/`USED` bits of a descriptor the device marks used with `wrap`.
+#[inline]
+fn used_bits(wrap: bool) -> u16 {
+    if wrap {
+        DESC_F_AVAIL | DESC_F_USED
+    } else {
+        0
+    }
+}
+
+/// Whether `flags` say available for a side whose avail wrap counter is `wrap`.
+#[inline]
+fn is_avail(flags: u16, wrap: bool) -> bool {
+    (flags & DESC_F_AVAIL != 0) == wrap && (flags & DESC_F_USED != 0) != wrap
+}
+
+/// Whether `flags` say used for a side whose used wrap counter is `wrap`.
+#[inline]
+fn is_used(flags: u16, wrap: bool) -> bool {
+    (flags & DESC_F_AVAIL != 0) == wrap && (flags & DESC_F_USED != 0) == wrap
+}
+
+/// Validated pointers to the three parts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ring {
+    desc: NonNull<PackedDesc>,
+    driver: NonNull<u8>,
+    device: NonNull<u8>,
+    size: u16,
+}
+
+// SAFETY: as for the split ring: the pointers point into a mapping kept alive by the `Arc`
+// translator stored next to the ring (in `Mapped`); one thread drives a queue.
+unsafe impl Send for Ring {}
+
+impl Layout for Ring {
+    fn new<M: Translate>(mem: &M, space: AddrSpace, a: RingAddrs, size: u16) -> Result<Self> {
+        // Any size up to 2^15 is allowed by 2.8; pvnet takes powers of two, as for split.
+        if size == 0 || !size.is_power_of_two() || size > crate::split::MAX_QUEUE_SIZE {
+            return Err(Error::BadQueueSize(u32::from(size)));
+        }
+        for (part, addr, align) in [
+            ("desc", a.desc, 16),
+            ("driver", a.avail, 4),
+            ("device", a.used, 4),
+        ] {
+            if !addr.is_multiple_of(align) {
+                return Err(Error::RingMisaligned { part, addr });
+            }
+        }
+        let (rl, dl, vl) = ring_sizes(size);
+        // The ring is read and written (used descriptors); the driver area only read, the
+        // device area written.
+        let part = |addr, len, perm| {
+            mem.translate_range(space, addr, len, perm)
+                .map_err(|m| mem.miss_error(m))
+        };
+        let desc = part(a.desc, rl, Perm::ReadWrite)?.cast::<PackedDesc>();
+        let driver = part(a.avail, dl, Perm::Read)?;
+        let device = part(a.used, vl, Perm::ReadWrite)?;
+        let misaligned = |p: *const u8, a: usize| !(p as usize).is_multiple_of(a);
+        if misaligned(desc.as_ptr().cast(), 16)
+            || misaligned(driver.as_ptr(), 4)
+            || misaligned(device.as_ptr(), 4)
+        {
+            return Err(Error::RingMisaligned {
+                part: "host",
+                addr: a.desc,
+            });
+        }
+        Ok(Self {
+            desc,
+            driver,
+            device,
+            size,
+        })
+    }
+
+    fn size(&self) -> u16 {
+        self.size
+    }
+}
+
+impl Ring {
+    /// The flags of slot `i`, as an atomic (the one field whose store publishes a descriptor).
+    #[inline]
+    fn flags(&self, i: u16) -> &AtomicU16 {
+        debug_assert!(i < self.size);
+        // SAFETY: i < size (callers keep indexes in range); the flags field sits at offset 14
+        // of a 16-byte aligned descriptor inside the validated ring, so it is 2-byte aligned.
+        // Both sides access it atomically only; the reference lives as long as `&self`, and
+        // the mapping outlives the ring (see `Mapped`).
+        unsafe { AtomicU16::from_ptr(self.desc.as_ptr().add(usize::from(i)).cast::<u16>().add(7)) }
+    }
+
+    /// Reads descriptor `i` once into a local copy (its flags re-read as part of the copy:
+    /// validation uses the copy only).
+    #[inline]
+    fn desc(&self, i: u16) -> PackedDesc {
+        debug_assert!(i < self.size);
+        // SAFETY: i < size; the ring is validated for size*16 bytes, 16-byte aligned.
+        unsafe { self.desc.as_ptr().add(usize::from(i)).read_volatile() }
+    }
+
+    /// Writes a descriptor's address, length and id (not its flags).
+    #[inline]
+    fn set_body(&self, i: u16, addr: u64, len: u32, id: u16) {
+        debug_assert!(i < self.size);
+        // SAFETY: i < size; the 12 bytes written are inside the validated descriptor; the
+        // writer owns the slot (the driver before making it available, the device after it
+        // took the chain and before marking it used).
+        unsafe {
+            let d = self.desc.as_ptr().add(usize::from(i));
+            (&raw mut (*d).addr).write_volatile(addr);
+            (&raw mut (*d).len).write_volatile(len);
+            (&raw mut (*d).id).write_volatile(id);
+        }
+    }
+
+    /// Writes a used descriptor's length and id (its flags are stored separately, last).
+    #[inline]
+    fn set_used(&self, i: u16, len: u32, id: u16) {
+        debug_assert!(i < self.size);
+        // SAFETY: i < size; the 6 bytes are inside the validated descriptor, which the device
+        // owns between taking the chain and marking it used.
+        unsafe {
+            let d = self.desc.as_ptr().add(usize::from(i));
+            (&raw mut (*d).len).write_volatile(len);
+            (&raw mut (*d).id).write_volatile(id);
+        }
+    }
+
+    /// An event suppression field: `part` is the driver or device area, `off` 0 (off_wrap)
+    /// or 2 (flags).
+    #[inline]
+    fn event(&self, part: NonNull<u8>, off: usize) -> &AtomicU16 {
+        // SAFETY: both areas are validated for 4 bytes, 4-byte aligned; off is 0 or 2.
+        unsafe { AtomicU16::from_ptr(part.as_ptr().add(off).cast::<u16>()) }
+    }
+}
+
+/// The next slot after `i`, flipping `wrap` when the ring wraps.
+#[inline]
+fn advance(i: u16, wrap: &mut bool, by: u16, size: u16) -> u16 {
+    let n = u32::from(i) + u32::from(by);
+    if n >= u32::from(size) {
+        *wrap = !*wrap;
+        u16::try_from(n - u32::from(size)).unwrap_or(0)
+    } else {
+        u16::try_from(n).unwrap_or(0)
+    }
+}
+
+/// The slot `by` before `i`, flipping `wrap` back when it crosses the start.
+#[inline]
+fn retreat(i: u16, wrap: &mut bool, by: u16, size: u16) -> u16 {
+    if by > i {
+        *wrap = !*wrap;
+        size - (by - i)
+    } else {
+        i - by
+    }
+}
+
+/// `vring_need_event` for a packed ring: the peer asked for a notification at `off_wrap`;
+/// entries `old..new` (slot indexes, wrap counter `wrap` at `new`) went out since the last
+/// decision.
+#[inline]
+fn need_event_packed(off_wrap: u16, new: u16, old: u16, wrap: bool, size: u16) -> bool {
+    let mut off = off_wrap & 0x7fff;
+    if (off_wrap >> 15 != 0) != wrap {
+        off = off.wrapping_sub(size);
+    }
+    need_event(off, new, old)
+}
+
+/// The device side of one packed virtqueue.
+#[derive(Debug)]
+pub struct DeviceQueue<M: Translate = MemTable> {
+    m: Mapped<M, Ring>,
+    size: u16,
+    dir: Direction,
+    event_idx: bool,
+    indirect: bool,
+    /// Next slot to consume, and the wrap counter there.
+    last_avail: u16,
+    avail_wrap: bool,
+    /// Chains `available()` saw and not yet popped.
+    pending: u16,
+    /// Next used slot, and the wrap counter there.
+    used_idx: u16,
+    used_wrap: bool,
+    /// Used entries (id, len, descriptors) pushed since the last publish, in order.
+    shadow: Vec<(u16, u32, u16)>,
+    /// Descriptors of each buffer id in flight (to skip them when it is used).
+    ndesc: Box<[u16]>,
+    /// Descriptors of each chain popped in the current batch, in order (for `unpop`).
+    popped: Vec<u16>,
+    /// Used slot and wrap at the last call decision.
+    signalled: (u16, bool),
+    signalled_valid: bool,
+    notify_on: bool,
+    hint: usize,
+    /// Segments of the current batch (see the split ring's).
+    segs: Vec<Seg<'static>>,
+}
+
+impl<M: Translate> DeviceQueue<M> {
+    /// Starts the device side: the ring validated and translated once; `cfg.base` is the next
+    /// slot in bits 0-14 and the avail wrap counter in bit 15 (vhost-user's encoding); every
+    /// buffer before it has been returned.
+    pub fn new(mem: Arc<M>, cfg: &QueueConfig) -> Result<Self> {
+        let m = Mapped::new(mem, cfg)?;
+        let idx = cfg.base & 0x7fff;
+        if idx >= cfg.size {
+            return Err(Error::DescIndexOutOfRange {
+                index: idx,
+                size: cfg.size,
+            });
+        }
+        let wrap = cfg.base & 0x8000 != 0;
+        Ok(Self {
+            m,
+            size: cfg.size,
+            dir: cfg.direction,
+            event_idx: cfg.event_idx,
+            indirect: cfg.indirect,
+            last_avail: idx,
+            avail_wrap: wrap,
+            pending: 0,
+            used_idx: idx,
+            used_wrap: wrap,
+            shadow: Vec::with_capacity(usize::from(cfg.size)),
+            ndesc: vec![0; usize::from(cfg.size)].into_boxed_slice(),
+            popped: Vec::with_capacity(usize::from(cfg.size)),
+            signalled: (idx, wrap),
+            signalled_valid: false,
+            notify_on: true,
+            hint: 0,
+            segs: Vec::with_capacity(4 * usize::from(cfg.size)),
+        })
+    }
+
+    /// Queue size.
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// Next slot to consume with the wrap counter in bit 15 (what `GET_VRING_BASE` returns).
+    pub fn last_avail(&self) -> u16 {
+        self.last_avail | (u16::from(self.avail_wrap) << 15)
+    }
+
+    /// The translator.
+    pub fn mem(&self) -> &Arc<M> {
+        &self.m.mem
+    }
+
+    /// Switches to a new translator, re-translating the ring.
+    pub fn set_mem(&mut self, mem: Arc<M>) -> Result<()> {
+        self.segs.clear();
+        self.m.remap(mem)
+    }
+
+    /// Starts a batch: walks the flags from the next slot (one acquire load each) and returns
+    /// how many whole chains are available, at most a ring's worth.
+    #[inline]
+    pub fn available(&mut self) -> Result<u16> {
+        self.segs.clear();
+        self.popped.clear();
+        self.m.refresh()?;
+        let (mut i, mut wrap) = (self.last_avail, self.avail_wrap);
+        let (mut chains, mut descs) = (0u16, 0u16);
+        // A chain whose tail is not available yet is not counted (a driver makes the head
+        // available last; one that does not is caught when the chain is parsed).
+        while descs < self.size {
+            // Acquire: the descriptor's other fields, written before its flags, are visible
+            // to the reads that follow (pairs with the driver's release store of the flags).
+            let f = self.m.ring.flags(i).load(Ordering::Acquire);
+            if !is_avail(f, wrap) {
+                break;
+            }
+            descs += 1;
+            if f & DESC_F_NEXT == 0 {
+                chains += 1;
+            }
+            i = advance(i, &mut wrap, 1, self.size);
+        }
+        self.pending = chains;
+        Ok(chains)
+    }
+
+    /// Chains left in the current batch.
+    #[inline]
+    pub fn pending(&self) -> u16 {
+        self.pending
+    }
+
+    /// Parses the next chain of the batch (`None`: the batch is done).
+    #[inline]
+    pub fn pop(&mut self) -> Result<Option<Chain>> {
+        if self.pending == 0 {
+            return Ok(None);
+        }
+        let start = self.segs.len();
+        match self.parse() {
+            Ok(mut c) => {
+                c.start = u32::try_from(start).unwrap_or(u32::MAX);
+                self.pending -= 1;
+                Ok(Some(c))
+            }
+            Err(Error::ChainTooLong { .. })
+                if start > 0 && self.segs.len() == self.segs.capacity() =>
+            {
+                // Scratch full mid-batch: the chain is parsed again next batch.
+                self.segs.truncate(start);
+                self.pending = 0;
+                Ok(None)
+            }
+            Err(e) => {
+                self.segs.truncate(start);
+                if e.is_retryable() {
+                    self.pending = 0;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Pops up to `max` chains into `out`, calling `each` with each chain's segments.
+    #[inline]
+    pub fn pop_batch(
+        &mut self,
+        out: &mut Vec<Chain>,
+        max: usize,
+        mut each: impl FnMut(&[Seg<'_>]),
+    ) -> Result<usize> {
+        let mut n = 0;
+        while n < max {
+            let Some(c) = self.pop()? else { break };
+            each(self.segs(&c));
+            out.push(c);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Takes back the last `n` chains popped, unconsumed.
+    pub fn unpop(&mut self, n: u16) {
+        let n = usize::from(n).min(self.popped.len());
+        let back: u32 = self
+            .popped
+            .drain(self.popped.len() - n..)
+            .map(u32::from)
+            .sum();
+        let back = u16::try_from(back).unwrap_or(0);
+        self.last_avail = retreat(self.last_avail, &mut self.avail_wrap, back, self.size);
+        self.pending = 0;
+    }
+
+    /// All segments of a chain.
+    #[inline]
+    pub fn segs(&self, c: &Chain) -> &[Seg<'_>] {
+        let s = c.start as usize;
+        self.segs.get(s..s + c.nsegs as usize).unwrap_or(&[])
+    }
+
+    /// The device-readable segments of a chain.
+    #[inline]
+    pub fn readable(&self, c: &Chain) -> &[Seg<'_>] {
+        let s = c.start as usize;
+        self.segs.get(s..s + c.nread as usize).unwrap_or(&[])
+    }
+
+    /// The device-writable segments of a chain.
+    #[inline]
+    pub fn writable(&self, c: &Chain) -> &[Seg<'_>] {
+        let s = (c.start + c.nread) as usize;
+        self.segs
+            .get(s..(c.start + c.nsegs) as usize)
+            .unwrap_or(&[])
+    }
+
+    /// Walks one chain from `last_avail`: each descriptor read once, checked available with
+    /// the wrap counter of its slot, validated and translated; the buffer id is the last
+    /// descriptor's (2.8.6). Consumes the chain's slots only if it is whole and valid.
+    fn parse(&mut self) -> Result<Chain> {
+        let mut c = Chain {
+            head: 0,
+            readable: 0,
+            writable: 0,
+            start: 0,
+            nread: 0,
+            nsegs: 0,
+        };
+        let (mut i, mut wrap) = (self.last_avail, self.avail_wrap);
+        let mut count = 0u16;
+        let mut saw_write = false;
+        loop {
+            let d = self.m.ring.desc(i);
+            if !is_avail(d.flags, wrap) {
+                return Err(Error::DescNotAvailable { index: i });
+            }
+            count += 1;
+            if count > self.size {
+                return Err(Error::ChainTooLong {
+                    max: u32::from(self.size),
+                });
+            }
+            c.head = d.id;
+            i = advance(i, &mut wrap, 1, self.size);
+            if d.flags & DESC_F_INDIRECT != 0 {
+                if !self.indirect {
+                    return Err(Error::IndirectNotNegotiated);
+                }
+                if d.flags & DESC_F_NEXT != 0 {
+                    return Err(Error::IndirectNested);
+                }
+                self.parse_indirect(&d, &mut c, &mut saw_write)?;
+                break;
+            }
+            self.add_desc(d.addr, d.len, d.flags, &mut c, &mut saw_write)?;
+            if d.flags & DESC_F_NEXT == 0 {
+                break;
+            }
+        }
+        if c.head >= self.size {
+            return Err(Error::DescIndexOutOfRange {
+                index: c.head,
+                size: self.size,
+            });
+        }
+        self.ndesc[usize::from(c.head)] = count;
+        self.popped.push(count);
+        self.last_avail = i;
+        self.avail_wrap = wrap;
+        Ok(c)
+    }
+
+    /// An indirect table (2.8.7): `len / 16` descriptors used in order, read once each.
+    fn parse_indirect(
+        &mut self,
+        d: &PackedDesc,
+        c: &mut Chain,
+        saw_write: &mut bool,
+    ) -> Result<()> {
+        let len = d.len;
+        if len == 0 || !len.is_multiple_of(16) || len / 16 > u32::from(self.size) {
+            return Err(Error::IndirectBadLen { len });
+        }
+        let miss = Miss {
+            addr: d.addr,
+            len: u64::from(len),
+            perm: Perm::Read,
+        };
+        let table = match self.m.mem.translate(d.addr, Perm::Read, &mut self.hint) {
+            Ok((p, contig)) if contig >= u64::from(len) => p,
+            Ok(_) => {
+                return Err(Error::AddrNotMapped {
+                    addr: d.addr,
+                    len: u64::from(len),
+                })
+            }
+            Err(_) => return Err(self.m.mem.miss_error(miss)),
+        };
+        for k in 0..len / 16 {
+            // SAFETY: k < len/16 and the table of len bytes was validated inside one region;
+            // read_unaligned: the spec does not force the table's alignment.
+            let e: PackedDesc = unsafe {
+                table
+                    .as_ptr()
+                    .add(k as usize * 16)
+                    .cast::<PackedDesc>()
+                    .read_unaligned()
+            };
+            if e.flags & DESC_F_INDIRECT != 0 {
+                return Err(Error::IndirectNested);
+            }
+            self.add_desc(e.addr, e.len, e.flags, c, saw_write)?;
+        }
+        Ok(())
+    }
+
+    /// Validates one descriptor (a local copy's fields) and appends its translated segments.
+    fn add_desc(
+        &mut self,
+        addr: u64,
+        len: u32,
+        flags: u16,
+        c: &mut Chain,
+        saw_write: &mut bool,
+    ) -> Result<()> {
+        let write = flags & DESC_F_WRITE != 0;
+        match (self.dir, write) {
+            (Direction::DeviceReads, true) => {
+                return Err(Error::DirectionMismatch {
+                    found: "writable",
+                    queue: "device-reads",
+                })
+            }
+            (Direction::DeviceWrites, false) => {
+                return Err(Error::DirectionMismatch {
+                    found: "readable",
+                    queue: "device-writes",
+                })
+            }
+            (Direction::Mixed, false) if *saw_write => return Err(Error::ReadableAfterWritable),
+            _ => {}
+        }
+        if write {
+            *saw_write = true;
+            c.writable = c.writable.checked_add(len).ok_or(Error::LenOverflow)?;
+        } else {
+            c.readable = c.readable.checked_add(len).ok_or(Error::LenOverflow)?;
+        }
+        c.readable
+            .checked_add(c.writable)
+            .ok_or(Error::LenOverflow)?;
+        let perm = if write { Perm::Write } else { Perm::Read };
+        let (mut at, mut left) = (addr, len);
+        while left > 0 {
+            let (p, contig) = match self.m.mem.translate(at, perm, &mut self.hint) {
+                Ok(t) => t,
+                Err(_) => {
+                    return Err(self.m.mem.miss_error(Miss {
+                        addr,
+                        len: u64::from(len),
+                        perm,
+                    }))
+                }
+            };
+            let n = u32::try_from(contig.min(u64::from(left))).unwrap_or(left);
+            if self.segs.len() == self.segs.capacity() {
+                return Err(Error::ChainTooLong {
+                    max: u32::from(self.size),
+                });
+            }
+            self.segs.push(Seg::new(p, n));
+            c.nsegs += 1;
+            if !write {
+                c.nread += 1;
+            }
+            left -= n;
+            // Cannot overflow: the translation found at..at+n inside one region.
+            at += u64::from(n);
+        }
+        Ok(())
+    }
+
+    /// Records a used entry for buffer `id` (popped in this queue); nothing reaches the ring
+    /// until [`publish`](Self::publish).
+    #[inline]
+    pub fn push_used(&mut self, id: u16, len: u32) {
+        let n = self.ndesc.get(usize::from(id)).copied().unwrap_or(1).max(1);
+        self.shadow.push((id, len, n));
+    }
+
+    /// Used entries pushed and not yet published.
+    #[inline]
+    pub fn unpublished(&self) -> u16 {
+        u16::try_from(self.shadow.len()).unwrap_or(u16::MAX)
+    }
+
+    /// Writes the batch's used descriptors, the first one's flags last (one release store
+    /// makes the batch visible), then takes the batch's one call decision.
+    #[inline]
+    pub fn publish(&mut self) -> bool {
+        if self.shadow.is_empty() {
+            return false;
+        }
+        let (first, first_flags) = (self.used_idx, used_bits(self.used_wrap));
+        for (k, &(id, len, n)) in self.shadow.iter().enumerate() {
+            self.m.ring.set_used(self.used_idx, len, id);
+            if k > 0 {
+                // Relaxed: the driver looks at these only after the first one's flags, whose
+                // release store below orders them.
+                self.m
+                    .ring
+                    .flags(self.used_idx)
+                    .store(used_bits(self.used_wrap), Ordering::Relaxed);
+            }
+            self.used_idx = advance(self.used_idx, &mut self.used_wrap, n, self.size);
+        }
+        self.shadow.clear();
+        // Release: every used descriptor of the batch and the data written into the buffers
+        // are visible before the first one is marked used (pairs with the driver's acquire
+        // load of that descriptor's flags).
+        self.m
+            .ring
+            .flags(first)
+            .store(first_flags, Ordering::Release);
+        // StoreLoad: the used descriptors are visible before we read the driver's event
+        // suppression (pairs with the fence in the driver's arm).
+        store_load_fence();
+        self.need_call()
+    }
+
+    /// The batch's call decision, as DPDK's vhost and Linux decide it (2.8.10).
+    fn need_call(&mut self) -> bool {
+        let flags = self
+            .m
+            .ring
+            .event(self.m.ring.driver, 2)
+            .load(Ordering::Relaxed);
+        let prev = std::mem::replace(&mut self.signalled, (self.used_idx, self.used_wrap));
+        if !std::mem::replace(&mut self.signalled_valid, true) {
+            return true;
+        }
+        if flags != EVENT_DESC || !self.event_idx {
+            return flags != EVENT_DISABLE;
+        }
+        let off_wrap = self
+            .m
+            .ring
+            .event(self.m.ring.driver, 0)
+            .load(Ordering::Relaxed);
+        let (new, mut old) = (self.used_idx, prev.0);
+        if new <= old {
+            old = old.wrapping_sub(self.size);
+        }
+        need_event_packed(off_wrap, new, old, self.used_wrap, self.size)
+    }
+
+    /// Not known for a packed ring: callers must assume the driver may be waiting.
+    #[inline]
+    pub fn driver_backlog(&self) -> Option<u16> {
+        None
+    }
+
+    /// Stops asking for kicks (we are polling).
+    #[inline]
+    pub fn disable_notify(&mut self) {
+        if !self.notify_on {
+            return;
+        }
+        self.notify_on = false;
+        // Relaxed: a hint; being late only costs a spurious kick.
+        self.m
+            .ring
+            .event(self.m.ring.device, 2)
+            .store(EVENT_DISABLE, Ordering::Relaxed);
+    }
+
+    /// Arm, fence, re-check: asks for a kick at the next slot, then looks at it again.
+    #[inline]
+    pub fn arm_notify(&mut self) -> Result<Armed> {
+        self.notify_on = true;
+        let dev = self.m.ring.device;
+        if self.event_idx {
+            let off = self.last_avail | (u16::from(self.avail_wrap) << 15);
+            self.m.ring.event(dev, 0).store(off, Ordering::Relaxed);
+            self.m
+                .ring
+                .event(dev, 2)
+                .store(EVENT_DESC, Ordering::Relaxed);
+        } else {
+            self.m
+                .ring
+                .event(dev, 2)
+                .store(EVENT_ENABLE, Ordering::Relaxed);
+        }
+        // StoreLoad: the arming stores are visible before we re-read the next slot's flags
+        // (pairs with the driver's fence between making descriptors available and reading
+        // our event suppression).
+        store_load_fence();
+        Ok(if self.available()? > 0 {
+            Armed::NotEmpty
+        } else {
+            Armed::Empty
+        })
+    }
+}
+
+/// The driver side of one packed virtqueue: pvnet's own frontend.
+///
+/// The device is not trusted: a used descriptor must name a buffer in flight and its length
+/// must fit in it; the chain length of each buffer comes from our own bookkeeping.
+#[derive(Debug)]
+pub struct DriverQueue {
+    m: Mapped<MemTable, Ring>,
+    size: u16,
+    event_idx: bool,
+    free: IdFifo,
+    /// Free slots.
+    free_slots: u16,
+    /// Descriptors of each buffer id in flight, and its writable capacity.
+    ndesc: Box<[u16]>,
+    cap: Box<[Option<u32>]>,
+    in_flight: u16,
+    next_avail: u16,
+    avail_wrap: bool,
+    /// The first descriptor added since the last publish: its slot and the flags withheld.
+    held: Option<(u16, u16)>,
+    /// Slots made available since the last kick decision.
+    added: u16,
+    next_used: u16,
+    used_wrap: bool,
+    /// Used buffers `used_available` counted and not yet popped.
+    used_pending: u16,
+    irq_on: bool,
+}
+
+impl DriverQueue {
+    /// Lays out a fresh queue (every slot unavailable, both wrap counters 1).
+    pub fn new(mem: Arc<MemTable>, cfg: &QueueConfig) -> Result<Self> {
+        let m: Mapped<MemTable, Ring> = Mapped::new(mem, cfg)?;
+        for i in 0..cfg.size {
+            m.ring.set_body(i, 0, 0, 0);
+            m.ring.flags(i).store(0, Ordering::Relaxed);
+        }
+        for part in [m.ring.driver, m.ring.device] {
+            m.ring.event(part, 0).store(0, Ordering::Relaxed);
+            m.ring.event(part, 2).store(EVENT_ENABLE, Ordering::Relaxed);
+        }
+        Ok(Self {
+            m,
+            size: cfg.size,
+            event_idx: cfg.event_idx,
+            free: IdFifo::full(cfg.size),
+            free_slots: cfg.size,
+            ndesc: vec![0; usize::from(cfg.size)].into_boxed_slice(),
+            cap: vec![None; usize::from(cfg.size)].into_boxed_slice(),
+            in_flight: 0,
+            next_avail: 0,
+            avail_wrap: true,
+            held: None,
+            added: 0,
+            next_used: 0,
+            used_wrap: true,
+            used_pending: 0,
+            irq_on: true,
+        })
+    }
+
+    /// Queue size.
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// Free buffer ids.
+    pub fn free_count(&self) -> usize {
+        self.free.len.min(usize::from(self.free_slots))
+    }
+
+    /// The id the next add will use, if any is free.
+    #[inline]
+    pub fn next_free(&self) -> Option<u16> {
+        self.free.front()
+    }
+
+    /// Buffers the device holds.
+    pub fn in_flight(&self) -> u16 {
+        self.in_flight
+    }
+
+    /// The memory table.
+    pub fn mem(&self) -> &Arc<MemTable> {
+        &self.m.mem
+    }
+
+    /// Writes one descriptor at the next slot; the first of a publish has its flags held back.
+    #[inline]
+    fn put(&mut self, b: &crate::split::Buf, id: u16, next: bool) {
+        let slot = self.next_avail;
+        self.m.ring.set_body(slot, b.addr, b.len, id);
+        let mut flags = avail_bits(self.avail_wrap);
+        if b.write {
+            flags |= DESC_F_WRITE;
+        }
+        if next {
+            flags |= DESC_F_NEXT;
+        }
+        if self.held.is_none() {
+            self.held = Some((slot, flags));
+        } else {
+            // Relaxed: the device reads this slot only after the held first one is made
+            // available by the release store in `publish`.
+            self.m.ring.flags(slot).store(flags, Ordering::Relaxed);
+        }
+        self.next_avail = advance(slot, &mut self.avail_wrap, 1, self.size);
+        self.free_slots -= 1;
+        self.added += 1;
+    }
+
+    /// Adds a one-descriptor buffer (unpublished). Returns its id.
+    #[inline]
+    pub fn add_one(&mut self, b: crate::split::Buf) -> Result<u16> {
+        if self.free_slots == 0 {
+            return Err(Error::NoFreeDescriptors);
+        }
+        let id = self.free.pop().ok_or(Error::NoFreeDescriptors)?;
+        self.put(&b, id, false);
+        self.ndesc[usize::from(id)] = 1;
+        self.cap[usize::from(id)] = Some(if b.write { b.len } else { 0 });
+        self.in_flight += 1;
+        Ok(id)
+    }
+
+    /// Adds a chain in consecutive slots (readable buffers first). Returns its id.
+    pub fn add_chain(&mut self, bufs: &[crate::split::Buf]) -> Result<u16> {
+        let n = u16::try_from(bufs.len()).map_err(|_| Error::NoFreeDescriptors)?;
+        if n == 0 || n > self.free_slots {
+            return Err(Error::NoFreeDescriptors);
+        }
+        let id = self.free.pop().ok_or(Error::NoFreeDescriptors)?;
+        let mut cap = 0u32;
+        for (k, b) in bufs.iter().enumerate() {
+            if b.write {
+                cap = cap.saturating_add(b.len);
+            }
+            self.put(b, id, k + 1 < bufs.len());
+        }
+        self.ndesc[usize::from(id)] = n;
+        self.cap[usize::from(id)] = Some(cap);
+        self.in_flight += 1;
+        Ok(id)
+    }
+
+    /// Makes every added descriptor available with one release store (the first one's flags),
+    /// then decides whether the device wants a kick.
+    #[inline]
+    pub fn publish(&mut self) -> bool {
+        let Some((slot, flags)) = self.held.take() else {
+            return false;
+        };
+        // Release: every descriptor of the batch (and the data in the buffers) is visible
+        // before the first is made available (pairs with the device's acquire load).
+        self.m.ring.flags(slot).store(flags, Ordering::Release);
+        // StoreLoad: made available before we read the device's event suppression (pairs
+        // with the fence in the device's arm).
+        store_load_fence();
+        let new = self.next_avail;
+        let old = new.wrapping_sub(std::mem::take(&mut self.added));
+        let dev = self.m.ring.device;
+        let flags = self.m.ring.event(dev, 2).load(Ordering::Relaxed);
+        if flags != EVENT_DESC || !self.event_idx {
+            return flags != EVENT_DISABLE;
+        }
+        let off_wrap = self.m.ring.event(dev, 0).load(Ordering::Relaxed);
+        need_event_packed(off_wrap, new, old, self.avail_wrap, self.size)
+    }
+
+    /// Walks the used descriptors from the next used slot (one acquire load each) and
+    /// returns how many buffers came back, validating each id against what is in flight.
+    #[inline]
+    pub fn used_available(&mut self) -> Result<u16> {
+        let (mut i, mut wrap) = (self.next_used, self.used_wrap);
+        let mut n = 0u16;
+        while n < self.in_flight {
+            // Acquire: the descriptor's id and length, written before its flags, are visible
+            // (pairs with the device's release store).
+            let f = self.m.ring.flags(i).load(Ordering::Acquire);
+            if !is_used(f, wrap) {
+                break;
+            }
+            let id = self.m.ring.desc(i).id;
+            let k = self.in_flight_desc(id)?;
+            i = advance(i, &mut wrap, k, self.size);
+            n += 1;
+        }
+        self.used_pending = n;
+        Ok(n)
+    }
+
+    fn in_flight_desc(&self, id: u16) -> Result<u16> {
+        match (
+            self.cap.get(usize::from(id)),
+            self.ndesc.get(usize::from(id)),
+        ) {
+            (Some(Some(_)), Some(&k)) => Ok(k),
+            _ => Err(Error::UsedIdInvalid { id: u32::from(id) }),
+        }
+    }
+
+    /// Takes the next used buffer of the batch: (id, len), validated, its slots freed.
+    #[inline]
+    pub fn pop_used(&mut self) -> Result<Option<(u16, u32)>> {
+        if self.used_pending == 0 {
+            return Ok(None);
+        }
+        let d = self.m.ring.desc(self.next_used);
+        if !is_used(d.flags, self.used_wrap) {
+            return Err(Error::UsedIdInvalid {
+                id: u32::from(d.id),
+            });
+        }
+        let id = d.id;
+        let k = self.in_flight_desc(id)?;
+        let slot = &mut self.cap[usize::from(id)];
+        let cap = slot.unwrap_or(0);
+        if d.len > cap {
+            return Err(Error::UsedLenTooBig {
+                id,
+                len: d.len,
+                cap,
+            });
+        }
+        *slot = None;
+        self.next_used = advance(self.next_used, &mut self.used_wrap, k, self.size);
+        self.free_slots += k;
+        self.free.push(id);
+        self.in_flight -= 1;
+        self.used_pending -= 1;
+        Ok(Some((id, d.len)))
+    }
+
+    /// Asks the device not to interrupt us.
+    #[inline]
+    pub fn disable_used_notify(&mut self) {
+        if !self.irq_on {
+            return;
+        }
+        self.irq_on = false;
+        // Relaxed: a hint.
+        self.m
+            .ring
+            .event(self.m.ring.driver, 2)
+            .store(EVENT_DISABLE, Ordering::Relaxed);
+    }
+
+    /// Arm, fence, re-check for used buffers.
+    #[inline]
+    pub fn arm_used_notify(&mut self) -> Result<Armed> {
+        self.irq_on = true;
+        let drv = self.m.ring.driver;
+        if self.event_idx {
+            let off = self.next_used | (u16::from(self.used_wrap) << 15);
+            self.m.ring.event(drv, 0).store(off, Ordering::Relaxed);
+            self.m
+                .ring
+                .event(drv, 2)
+                .store(EVENT_DESC, Ordering::Relaxed);
+        } else {
+            self.m
+                .ring
+                .event(drv, 2)
+                .store(EVENT_ENABLE, Ordering::Relaxed);
+        }
+        // StoreLoad: the arming stores are visible before we look at the next used slot
+        // (pairs with the device's fence after marking descriptors used).
+        store_load_fence();
+        Ok(if self.used_available()? > 0 {
+            Armed::NotEmpty
+        } else {
+            Armed::Empty
+        })
+    }
+}

@@ -1,0 +1,117 @@
+//! What every ring format shares: the validated pointers kept alive by the translator they
+//! came from (and redone when it revokes), the StoreLoad fence of arm / re-check, and the
+//! driver's free-id list.
+
+use crate::error::Result;
+use crate::mem::AddrSpace;
+use crate::queue::{QueueConfig, RingAddrs};
+use crate::xlate::Translate;
+use std::sync::Arc;
+
+/// A format's ring pointers, validated against a translator.
+pub(crate) trait Layout: Sized {
+    /// Translates and validates the ring parts at `a` for `size` entries.
+    fn new<M: Translate>(mem: &M, space: AddrSpace, a: RingAddrs, size: u16) -> Result<Self>;
+    /// Entries.
+    fn size(&self) -> u16;
+}
+
+/// A full memory fence between a store that enables notifications (or publishes an index)
+/// and the load that follows it (StoreLoad). Both sides use it; without it each side can
+/// read the other's stale value and both go to sleep: the lost wake-up.
+#[inline]
+pub(crate) fn store_load_fence() {
+    #[cfg(not(feature = "unfenced-for-test"))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    #[cfg(feature = "unfenced-for-test")]
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Shared by both roles of every format: keeps the translator alive and rebuilds the ring
+/// pointers when it changes.
+#[derive(Debug)]
+pub(crate) struct Mapped<M: Translate, R> {
+    pub(crate) mem: Arc<M>,
+    pub(crate) ring: R,
+    pub(crate) addrs: RingAddrs,
+    pub(crate) space: AddrSpace,
+    /// The translator's generation the ring pointers were made at.
+    generation: u64,
+}
+
+impl<M: Translate, R: Layout> Mapped<M, R> {
+    pub(crate) fn new(mem: Arc<M>, cfg: &QueueConfig) -> Result<Self> {
+        let generation = mem.generation();
+        let ring = R::new(&*mem, cfg.space, cfg.addrs, cfg.size)?;
+        Ok(Self {
+            mem,
+            ring,
+            addrs: cfg.addrs,
+            space: cfg.space,
+            generation,
+        })
+    }
+
+    /// Re-translates the ring after a translator change (vhost-user requires it).
+    pub(crate) fn remap(&mut self, mem: Arc<M>) -> Result<()> {
+        let generation = mem.generation();
+        self.ring = R::new(&*mem, self.space, self.addrs, self.ring.size())?;
+        self.mem = mem;
+        self.generation = generation;
+        Ok(())
+    }
+
+    /// Re-translates the ring if the translator revoked anything since it was translated
+    /// (once per batch; a constant compare for a table that never changes).
+    #[inline]
+    pub(crate) fn refresh(&mut self) -> Result<()> {
+        let g = self.mem.generation();
+        if g != self.generation {
+            self.ring = R::new(&*self.mem, self.space, self.addrs, self.ring.size())?;
+            self.generation = g;
+        }
+        Ok(())
+    }
+}
+
+/// Free descriptor (or buffer) ids, first in first out: when the device completes in order,
+/// ids (and the buffers a driver ties to them) cycle through the table in order, so
+/// descriptor lines and buffers are touched sequentially and hardware prefetchers can follow.
+#[derive(Debug)]
+pub(crate) struct IdFifo {
+    ids: Box<[u16]>,
+    head: usize,
+    pub(crate) len: usize,
+}
+
+impl IdFifo {
+    /// Every id of a `size` (a power of two) table, in order.
+    pub(crate) fn full(size: u16) -> Self {
+        Self {
+            ids: (0..size).collect(),
+            head: 0,
+            len: usize::from(size),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn front(&self) -> Option<u16> {
+        (self.len > 0).then(|| self.ids[self.head])
+    }
+
+    #[inline]
+    pub(crate) fn pop(&mut self) -> Option<u16> {
+        let id = self.front()?;
+        self.head = (self.head + 1) & (self.ids.len() - 1);
+        self.len -= 1;
+        Some(id)
+    }
+
+    /// Never overflows: only ids that were popped are pushed back (validated in flight).
+    #[inline]
+    pub(crate) fn push(&mut self, id: u16) {
+        let tail = (self.head + self.len) & (self.ids.len() - 1);
+        self.ids[tail] = id;
+        self.len += 1;
+    }
+}
