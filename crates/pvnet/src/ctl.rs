@@ -834,6 +834,25 @@ mod tests {
     }
 
     #[test]
+    fn a_stopped_queue_shows_its_cause() {
+        let mut s = sample();
+        s.ports[0].error = Some("queue 1: avail index jumped from 0 to 999".into());
+        let out = render_ports(&s);
+        assert!(
+            out.lines()
+                .any(|l| l.ends_with("queue 1: avail index jumped from 0 to 999")),
+            "{out}"
+        );
+        // The JSON carries it; a port without one carries no field.
+        let j = serde_json::to_value(&s).expect("json");
+        assert_eq!(
+            j["ports"][0]["error"],
+            "queue 1: avail index jumped from 0 to 999"
+        );
+        assert!(j["ports"][1].get("error").is_none());
+    }
+
+    #[test]
     fn ctl_round_trip_unknown_and_exit() {
         let dir = temp_dir("rt");
         let path = dir.join("ctl.sock");
