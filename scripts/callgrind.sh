@@ -2,7 +2,8 @@
 # Instruction count per packet of the fast paths, from valgrind --tool=callgrind:
 #
 # * the ring (crates/virtq/examples/fastpath.rs): device_batch (available, pop, copy 76 bytes
-#   out, push_used, publish), driver_offer, driver_reclaim;
+#   out, push_used, publish), driver_offer, driver_reclaim, and the same on the packed ring
+#   (`_packed`; an older checkout without it prints n/a);
 # * the switch path (crates/dataplane/examples/switchpath.rs): switch_vhost (learning switch,
 #   frontend to frontend), forward_vhost (fixed wire), gen_vhost (generator into a frontend),
 #   vhost_sink (frontend into a sink), switch_gen_vhost and switch_vhost_sink (those two
@@ -36,7 +37,7 @@ measure() { # dir label
     for n in "$N" "$((2 * N))"; do
       valgrind --tool=callgrind --callgrind-out-file="$tmp/$label.$ex.$n" "$bin" "$n" >/dev/null 2>&1
     done
-    local fns="device_batch driver_offer driver_reclaim"
+    local fns="device_batch driver_offer driver_reclaim device_batch_packed driver_offer_packed driver_reclaim_packed"
     [ "$ex" = switchpath ] && fns="switch_vhost forward_vhost gen_vhost vhost_sink switch_gen_vhost switch_vhost_sink"
     for fn in $fns; do
       a=$(inclusive "$tmp/$label.$ex.$N" "$ex" "$fn"); b=$(inclusive "$tmp/$label.$ex.$((2 * N))" "$ex" "$fn")

@@ -30,6 +30,8 @@
 #        QUIET_PCT=15 QUIET_WAIT=60 (wait up to 60 s for the CPUs to be <15% busy)
 #        OTHER_MAX=10 (a run during which other processes took >10% of the CPUs is redone, 3x)
 #        PVNET_ARGS="--policy busy" (extra arguments for pvnet, e.g. its poll policy)
+#        RING=packed (the frontend offers the packed ring: net_virtio_user packed_vq=1; both
+#        backends take it; default split)
 #        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles,
 #        "alt" / "altbackend" for `pvnet switch` / `pvnet backend` from the binary ALT_BIN: an
 #        A/B of two builds in one run)
@@ -42,6 +44,7 @@ need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"; SIZES="${SIZES:-64 1500}"
 DOC="${DOC-$PVNET_ROOT/docs/interop.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
 PVNET_ARGS="${PVNET_ARGS:-}"; PERF="${PERF:-}"; IMPLS="${IMPLS:-switch dpdk}"; ALT_BIN="${ALT_BIN:-}"
+RING="${RING:-split}"; case "$RING" in split) VU_RING= ;; packed) VU_RING=",packed_vq=1" ;; *) die "RING must be split or packed";; esac
 case " $IMPLS " in *" alt "*|*" altbackend "*) [ -x "$ALT_BIN" ] || die "IMPLS has alt: ALT_BIN must name a pvnet binary";; esac
 "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 build_pvnet
@@ -53,7 +56,7 @@ RES="$B/results.txt"; : > "$RES"
 SOCK="$B/vu.sock"; TCK=$(getconf CLK_TCK)
 FE_PREFIX=pvnet_bench_fe; BE_PREFIX=pvnet_bench_be
 FE_ARGS=(-l "0,1" --main-lcore 1 --socket-mem 512 --single-file-segments --file-prefix "$FE_PREFIX" --no-pci
-         --vdev "net_virtio_user0,path=$SOCK,queues=1,queue_size=256")
+         --vdev "net_virtio_user0,path=$SOCK,queues=1,queue_size=256$VU_RING")
 BE_ARGS=(-l "0,1" --main-lcore 0 --socket-mem 512 --file-prefix "$BE_PREFIX" --no-pci
          --vdev "net_vhost0,iface=$SOCK,queues=1")
 APP_ARGS=(--nb-cores=1 --total-num-mbufs=32768 -i)
@@ -185,7 +188,7 @@ measure() {
   cat "$B/$tag.result" >> "$RES"
 }
 
-log "bench: $ROUNDS rounds x {$DIRS} x {$SIZES} B x {$IMPLS}, ${WARM}s warm-up + ${DUR}s measured per run"
+log "bench: $ROUNDS rounds x {$DIRS} x {$SIZES} B x {$IMPLS}, $RING ring, ${WARM}s warm-up + ${DUR}s measured per run"
 read -ra impls <<< "$IMPLS"
 for r in $(seq "$ROUNDS"); do
   for size in $SIZES; do
@@ -241,7 +244,7 @@ PY
 
 if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q '<!-- bench_dpdk:begin -->' "$DOC"; then
   {
-    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM SIZES=\"$SIZES\" IMPLS=\"$IMPLS\"${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
+    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM SIZES=\"$SIZES\" IMPLS=\"$IMPLS\" RING=$RING${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
          "DPDK $(dpkg-query -W -f='${Version}' dpdk-dev), pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)," \
          "$(nproc) CPUs, $(uname -r)."
     echo

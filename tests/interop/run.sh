@@ -12,6 +12,9 @@
 #   dpdk_two_frontends    two frontends through the switch: pvnet's frontend (port "pv") ->
 #                         testpmd rxonly (port "fe"): sent == pv rx, testpmd RX == fe tx,
 #                         pv rx == fe tx + counted drops.
+#   dpdk_packed_txonly_to_sink, dpdk_packed_rxonly_from_gen
+#                         the first two with net_virtio_user packed_vq=1: the packed ring
+#                         (VIRTIO_F_RING_PACKED) must be acked, counts as exact.
 #   guest_pktgen_to_sink  Debian 6.1 guest (virtio_net, QEMU 7.2 virtio-net-pci, -netdev
 #                         vhost-user, memfd RAM), kernel pktgen 60 B frames -> sink: the
 #                         guest's eth0 tx_packets == fe rx_packets.
@@ -19,6 +22,7 @@
 #   guest_tap             guest <-> switch <-> tap <-> host kernel, offloads negotiated: ping
 #                         both ways, iperf3 TCP both ways, UDP 64 B both ways; the guest's
 #                         counters == the vm port's, the kernel's tap counters == the tap port's.
+#   guest_tap_packed      guest_tap with virtio-net-pci packed=on (the packed ring acked).
 #
 # Each case is bounded in time, prints `PASS name` or `FAIL name: reason` (details on indented
 # lines before it), and the run ends with `N passed, N failed`; the exit status is non-zero on
@@ -186,14 +190,14 @@ PY
 # pvnet worker. --single-file-segments keeps virtio-user's hugepage memory within its limit of
 # 8 vhost-user regions.
 DUR=3
-dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS]
-  local name="$1" role="$2" fwd="$3" qp="${4:-1}" t0 tag tplog
+dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS [VDEV_OPTIONS]]
+  local name="$1" role="$2" fwd="$3" qp="${4:-1}" vopt="${5:-}" t0 tag tplog
   t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
   local free; free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
   [ "$free" -ge 256 ] || { fail "$name" "only $free free 2 MiB hugepages (testpmd needs 256; another DPDK process?)"; return; }
   fe_start "$tag" "$role" "$qp" "$DUR" || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
   testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
-    --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=$qp,queue_size=256" \
+    --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=$qp,queue_size=256$vopt" \
     -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i --forward-mode="$fwd"
   if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
     testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish
@@ -224,6 +228,9 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS]
   if [ "$tprc" != 0 ]; then fail "$name" "testpmd did not quit cleanly (status $tprc)"; return; fi
   if [ "$berc" != 0 ] || [ "$pv_rx" = missing ]; then fail "$name" "pvnet switch did not report (status $berc)"; return; fi
   if ! bad=$(fe_clean "$tag"); then fail "$name" "pvnet $bad"; return; fi
+  case "$vopt" in *packed_vq=1*)
+    acked_features "$D/$tag.pvnet.log" | grep -qw RING_PACKED || { fail "$name" "packed ring not negotiated"; return; } ;;
+  esac
   if [ "$role" = sink ]; then
     [ "${tp_tx:-0}" -gt 0 ] || { fail "$name" "testpmd sent nothing"; return; }
     [ "$tp_tx" = "$tp_sum" ] || { fail "$name" "testpmd port TX $tp_tx != forward summary $tp_sum"; return; }
@@ -366,8 +373,8 @@ guest_case() {   # guest_case NAME ROLE
 
 # ---- pvnet switch: a Linux guest and the host kernel (tap) ----------------------------------------
 TAPIF=pvit0
-guest_tap_case() {   # guest_tap_case NAME
-  local name="$1" t0 tag glog acc vec=""
+guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS]
+  local name="$1" dopt="${2:-}" t0 tag glog acc vec=""
   t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
   acc=$(guest_accel)
   case "$acc" in *tcg*) vec=",vectors=0" ;; esac
@@ -381,7 +388,7 @@ guest_tap_case() {   # guest_tap_case NAME
   timeout -k 2 120 iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
   local ip3=$!; PIDS+=("$ip3")
   guest_start 120 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=100 ipv6.disable=1" \
-    "virtio-net-pci,netdev=n0,mac=$GMAC$vec" -chardev socket,id=c0,path="$D/$tag.sock" \
+    "virtio-net-pci,netdev=n0,mac=$GMAC$vec$dopt" -chardev socket,id=c0,path="$D/$tag.sock" \
     -netdev vhost-user,id=n0,chardev=c0
   local qp=$GUEST_PID; PIDS+=("$qp")
   local hping="no reply"
@@ -412,6 +419,9 @@ guest_tap_case() {   # guest_tap_case NAME
   if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
   if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
   [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  case "$dopt" in *packed=on*)
+    acked_features "$D/$tag.pvnet.log" | grep -qw RING_PACKED || { fail "$name" "packed ring not negotiated"; return; } ;;
+  esac
   [ "$hping" = "3 received" ] || { fail "$name" "host->guest ping: $hping"; return; }
   grep -q 'GUEST_PING 3 packets received' "$glog.txt" || { fail "$name" "guest->host ping failed"; return; }
   local t
@@ -425,7 +435,9 @@ guest_tap_case() {   # guest_tap_case NAME
 }
 
 # ---- run ----------------------------------------------------------------------------------------
-ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends guest_pktgen_to_sink guest_rx_from_gen guest_tap)
+ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends
+  dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen
+  guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed)
 # INTEROP_CASES="a b": run only those (names above); default all.
 read -r -a CASES <<< "${INTEROP_CASES:-${ALL_CASES[*]}}"
 
@@ -437,9 +449,12 @@ for c in "${CASES[@]}"; do
     dpdk_rxonly_from_gen) dpdk_case "$c" gen rxonly ;;
     dpdk_two_pairs_one_used) dpdk_case "$c" sink txonly 2 ;;
     dpdk_two_frontends)   dpdk_two_frontends "$c" ;;
+    dpdk_packed_txonly_to_sink)  dpdk_case "$c" sink txonly 1 ",packed_vq=1" ;;
+    dpdk_packed_rxonly_from_gen) dpdk_case "$c" gen rxonly 1 ",packed_vq=1" ;;
     guest_pktgen_to_sink) guest_case "$c" sink ;;
     guest_rx_from_gen)    guest_case "$c" gen ;;
     guest_tap)            guest_tap_case "$c" ;;
+    guest_tap_packed)     guest_tap_case "$c" ",packed=on" ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]})" ;;
   esac
 done

@@ -473,7 +473,15 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn set_vring_base(&mut self, index: u32, base: u32) -> VuResult<()> {
-        let base = self.fits_u16("ring base", base)?;
+        // Packed ring: bits 0-14 the next avail slot, bit 15 its wrap counter; QEMU adds the
+        // used slot and wrap in bits 16-31. pvnet's device restarts with every buffer before
+        // the base returned (it completes or gives back every chain before it stops), so the
+        // used half equals the avail half and only the avail half is kept (as DPDK does).
+        let base = if self.acked & VIRTIO_F_RING_PACKED != 0 {
+            (base & 0xffff) as u16
+        } else {
+            self.fits_u16("ring base", base)?
+        };
         self.vring(index)?.base = base;
         Ok(())
     }
@@ -483,7 +491,14 @@ impl VhostUserBackendReqHandlerMut for Session {
         let base = self.stop(i)?;
         // The ring is stopped; a new SET_VRING_KICK starts it again.
         self.vring(index)?.kick = None;
-        Ok(VhostUserVringState::new(index, u32::from(base)))
+        // Packed ring: the used half (bits 16-31, QEMU reads it) is the avail half: every
+        // buffer before the base has been returned.
+        let num = if self.acked & VIRTIO_F_RING_PACKED != 0 {
+            u32::from(base) | u32::from(base) << 16
+        } else {
+            u32::from(base)
+        };
+        Ok(VhostUserVringState::new(index, num))
     }
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
