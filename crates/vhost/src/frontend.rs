@@ -461,16 +461,14 @@ impl NetClient {
 
     /// Posts every free RX buffer and kicks if the backend asked for it.
     pub fn refill_rx(&mut self) -> Result<(), Error> {
-        let mut added = false;
-        while let Some(id) = self.rx.next_free() {
-            let addr = self.lay.rx_bufs + u64::from(id) * u64::from(self.cfg.buf_size);
-            self.rx.add_one(Buf {
-                addr,
-                len: self.cfg.buf_size,
+        let (base, bs) = (self.lay.rx_bufs, self.cfg.buf_size);
+        let added = self.rx.add_many(usize::MAX, |_, id| {
+            Some(Buf {
+                addr: base + u64::from(id) * u64::from(bs),
+                len: bs,
                 write: true,
-            })?;
-            added = true;
-        }
+            })
+        })? > 0;
         if added && self.rx.publish() {
             self.kick(RX_QUEUE);
         }
@@ -526,10 +524,9 @@ impl NetClient {
         let bs = self.cfg.buf_size as usize;
         let h = self.hdr_len;
         let lim = scratch.len().min(bs - h);
-        let mut sent = 0;
-        while sent < max {
-            let Some(id) = self.tx.next_free() else { break };
-            let len = fill(sent, &mut scratch[h..]).min(lim - h.min(lim));
+        let (pool, base) = (self.tx_pool, self.lay.tx_bufs);
+        let sent = self.tx.add_many(max, |k, id| {
+            let len = fill(k, &mut scratch[h..]).min(lim - h.min(lim));
             scratch[..h].fill(0);
             let total = h + len;
             // SAFETY: id < queue size, total <= buf_size: inside buffer `id` of the TX pool,
@@ -537,19 +534,17 @@ impl NetClient {
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     scratch.as_ptr(),
-                    self.tx_pool.as_ptr().add(usize::from(id) * bs),
+                    pool.as_ptr().add(usize::from(id) * bs),
                     total,
                 );
             }
-            let addr = self.lay.tx_bufs + u64::from(id) * u64::from(self.cfg.buf_size);
             #[allow(clippy::cast_possible_truncation)] // total <= buf_size (u32)
-            self.tx.add_one(Buf {
-                addr,
+            Some(Buf {
+                addr: base + u64::from(id) * bs as u64,
                 len: total as u32,
                 write: false,
-            })?;
-            sent += 1;
-        }
+            })
+        })?;
         if sent > 0 {
             self.stats.tx_packets += sent as u64;
             if self.tx.publish() {

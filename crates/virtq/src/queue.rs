@@ -154,13 +154,13 @@ impl<M: Translate> DeviceQueue<M> {
 
     /// Starts a batch: loads the driver's index once; returns how many chains are available.
     /// Chains (and their segments) of the previous batch must be finished.
-    #[inline]
+    #[inline(always)]
     pub fn available(&mut self) -> Result<u16> {
         dispatch!(self, q => q.available())
     }
 
     /// Parses the next chain of the batch (`None`: the batch is done).
-    #[inline]
+    #[inline(always)]
     pub fn pop(&mut self) -> Result<Option<Chain>> {
         dispatch!(self, q => q.pop())
     }
@@ -184,13 +184,13 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// The device-readable segments of a chain of the current batch.
-    #[inline]
+    #[inline(always)]
     pub fn readable(&self, c: &Chain) -> &[Seg<'_>] {
         dispatch!(self, q => q.readable(c))
     }
 
     /// The device-writable segments of a chain of the current batch.
-    #[inline]
+    #[inline(always)]
     pub fn writable(&self, c: &Chain) -> &[Seg<'_>] {
         dispatch!(self, q => q.writable(c))
     }
@@ -202,9 +202,20 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// Records a used entry (nothing reaches the ring until `publish`).
-    #[inline]
+    #[inline(always)]
     pub fn push_used(&mut self, head: u16, len: u32) {
         dispatch!(self, q => q.push_used(head, len))
+    }
+
+    /// Records a used entry of `len` bytes for each of `chains`, in order: the format chosen
+    /// once for the run.
+    #[inline]
+    pub fn push_used_all(&mut self, chains: &[Chain], len: u32) {
+        dispatch!(self, q => {
+            for c in chains {
+                q.push_used(c.head, len);
+            }
+        })
     }
 
     /// Used entries pushed and not yet published.
@@ -214,7 +225,7 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// Publishes the batch's used entries; true if the driver must be notified.
-    #[inline]
+    #[inline(always)]
     pub fn publish(&mut self) -> bool {
         dispatch!(self, q => q.publish())
     }
@@ -279,7 +290,7 @@ impl DriverQueue {
     }
 
     /// The id the next [`add_one`](Self::add_one) will use, if any is free.
-    #[inline]
+    #[inline(always)]
     pub fn next_free(&self) -> Option<u16> {
         dispatch!(self, q => q.next_free())
     }
@@ -297,9 +308,31 @@ impl DriverQueue {
     }
 
     /// Adds a one-descriptor buffer (unpublished). Returns its id.
-    #[inline]
+    #[inline(always)]
     pub fn add_one(&mut self, b: Buf) -> Result<u16> {
         dispatch!(self, q => q.add_one(b))
+    }
+
+    /// Adds up to `max` one-descriptor buffers in one run, the format chosen once for the
+    /// run rather than per buffer: `buf(k, id)` gives the `k`-th buffer, which will carry id
+    /// `id` (a driver with a buffer per id fills that one first); `None` ends the run.
+    /// Returns how many were added (unpublished).
+    #[inline]
+    pub fn add_many(
+        &mut self,
+        max: usize,
+        mut buf: impl FnMut(usize, u16) -> Option<Buf>,
+    ) -> Result<usize> {
+        dispatch!(self, q => {
+            let mut n = 0;
+            while n < max {
+                let Some(id) = q.next_free() else { break };
+                let Some(b) = buf(n, id) else { break };
+                q.add_one(b)?;
+                n += 1;
+            }
+            Ok(n)
+        })
     }
 
     /// Adds a chain of buffers (unpublished). Returns its id.
@@ -309,19 +342,19 @@ impl DriverQueue {
     }
 
     /// Makes the added buffers visible with one index store; true if the device must be kicked.
-    #[inline]
+    #[inline(always)]
     pub fn publish(&mut self) -> bool {
         dispatch!(self, q => q.publish())
     }
 
     /// Starts a reclaim batch: loads the device's index once; returns used entries waiting.
-    #[inline]
+    #[inline(always)]
     pub fn used_available(&mut self) -> Result<u16> {
         dispatch!(self, q => q.used_available())
     }
 
     /// The next used buffer of the batch: (id, bytes written), validated.
-    #[inline]
+    #[inline(always)]
     pub fn pop_used(&mut self) -> Result<Option<(u16, u32)>> {
         dispatch!(self, q => q.pop_used())
     }

@@ -844,9 +844,7 @@ fn ingress(
         }
     }
     // Every chain taken (delivered, dropped, or too short) is returned, in order.
-    for c in &chains[..taken] {
-        tx.q.push_used(c.head, 0);
-    }
+    tx.q.push_used_all(&chains[..taken], 0);
     // Chains not taken wait in the ring for the next round.
     tx.q.unpop(u16::try_from(chains.len() - taken).unwrap_or(0));
     tx.publish(stats);

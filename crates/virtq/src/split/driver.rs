@@ -110,7 +110,7 @@ impl DriverQueue {
     }
 
     /// Adds a one-descriptor buffer to the avail ring (unpublished). Returns its id.
-    #[inline]
+    #[inline(always)]
     pub fn add_one(&mut self, b: Buf) -> Result<u16> {
         let id = self.free.pop().ok_or(Error::NoFreeDescriptors)?;
         let flags = if b.write { DESC_F_WRITE } else { 0 };
