@@ -254,6 +254,9 @@ fn need_event_packed(off_wrap: u16, new: u16, old: u16, wrap: bool, size: u16) -
     need_event(off, new, old)
 }
 
+/// Most descriptors `available()` walks when whole chains are found (a batch's worth).
+pub const SCAN: u16 = 64;
+
 /// The device side of one packed virtqueue.
 #[derive(Debug)]
 pub struct DeviceQueue<M: Translate = MemTable> {
@@ -343,7 +346,9 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// Starts a batch: walks the flags from the next slot (one acquire load each) and returns
-    /// how many whole chains are available, at most a ring's worth.
+    /// how many whole chains are available within the next [`SCAN`] descriptors (a packed
+    /// ring has no index to read: the walk touches the lines the parse reads next, and is
+    /// bounded so that a full ring does not cost a walk of all of it per batch).
     #[inline]
     pub fn available(&mut self) -> Result<u16> {
         self.segs.clear();
@@ -352,8 +357,10 @@ impl<M: Translate> DeviceQueue<M> {
         let (mut i, mut wrap) = (self.last_avail, self.avail_wrap);
         let (mut chains, mut descs) = (0u16, 0u16);
         // A chain whose tail is not available yet is not counted (a driver makes the head
-        // available last; one that does not is caught when the chain is parsed).
-        while descs < self.size {
+        // available last; one that does not is caught when the chain is parsed). A chain
+        // longer than the window is still counted once it is whole.
+        let window = self.size.min(SCAN);
+        while descs < self.size && (descs < window || chains == 0) {
             // Acquire: the descriptor's other fields, written before its flags, are visible
             // to the reads that follow (pairs with the driver's release store of the flags).
             let f = self.m.ring.flags(i).load(Ordering::Acquire);
