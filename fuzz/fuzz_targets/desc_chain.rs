@@ -20,37 +20,15 @@
 
 #![no_main]
 
+mod common;
+
+use common::{fold_descs, take};
 use libfuzzer_sys::fuzz_target;
 use virtq::mem::{read_segs, write_segs};
-use virtq::mock::{MockQueue, GPA_BASE};
+use virtq::mock::MockQueue;
 use virtq::split::{DeviceQueue, Direction};
 
 const BUF: u32 = 256;
-
-/// Takes `n` bytes from the front of the input, zero-padded if it is short.
-fn take(data: &mut &[u8], n: usize) -> Vec<u8> {
-    let k = n.min(data.len());
-    let (head, tail) = data.split_at(k);
-    *data = tail;
-    let mut v = head.to_vec();
-    v.resize(n, 0);
-    v
-}
-
-/// Folds descriptor addresses and lengths toward the mapped region (see the module doc).
-fn fold_descs(bytes: &mut [u8], span: u64) {
-    for d in bytes.chunks_exact_mut(16) {
-        let addr = u64::from_le_bytes(d[0..8].try_into().expect("8 bytes"));
-        if addr >> 63 == 0 {
-            let a = (GPA_BASE - 64) + addr % (span + 128);
-            d[0..8].copy_from_slice(&a.to_le_bytes());
-        }
-        let len = u32::from_le_bytes(d[8..12].try_into().expect("4 bytes"));
-        if len >> 31 == 0 {
-            d[8..12].copy_from_slice(&(len % 1024).to_le_bytes());
-        }
-    }
-}
 
 fuzz_target!(|data: &[u8]| {
     let Some((&cfg_byte, mut data)) = data.split_first() else {

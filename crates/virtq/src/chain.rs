@@ -1,4 +1,10 @@
-//! A parsed, validated descriptor chain, whatever ring format it came from.
+//! A parsed, validated descriptor chain, whatever ring format it came from, and the one
+//! validation every format applies to each descriptor of a chain.
+
+use crate::error::{Error, Result};
+use crate::mem::Seg;
+use crate::queue::Direction;
+use crate::xlate::{Miss, Perm, Translate};
 
 /// One parsed, validated descriptor chain. Its segments are in the queue's scratch space
 /// (read them with the queue's `readable` / `writable`) until the next batch starts.
@@ -17,4 +23,79 @@ pub struct Chain {
     pub(crate) nread: u32,
     /// All segments.
     pub(crate) nsegs: u32,
+}
+
+/// What a chain parse carries from one descriptor to the next.
+#[derive(Debug)]
+pub(crate) struct Walk<'a, M: Translate> {
+    pub(crate) mem: &'a M,
+    pub(crate) hint: &'a mut usize,
+    pub(crate) segs: &'a mut Vec<Seg<'static>>,
+    pub(crate) dir: Direction,
+    /// Queue size (the bound reported when the segment scratch is full).
+    pub(crate) size: u16,
+    /// A device-writable descriptor was seen (readable ones may not follow).
+    pub(crate) saw_write: bool,
+}
+
+impl<M: Translate> Walk<'_, M> {
+    /// Validates one descriptor (fields of a local copy: address, length, whether the device
+    /// writes it) against the queue's direction and the chain's order, adds its length with
+    /// overflow checks, and appends its translated segments (a descriptor may span regions).
+    #[inline]
+    pub(crate) fn add(&mut self, addr: u64, len: u32, write: bool, c: &mut Chain) -> Result<()> {
+        match (self.dir, write) {
+            (Direction::DeviceReads, true) => {
+                return Err(Error::DirectionMismatch {
+                    found: "writable",
+                    queue: "device-reads",
+                })
+            }
+            (Direction::DeviceWrites, false) => {
+                return Err(Error::DirectionMismatch {
+                    found: "readable",
+                    queue: "device-writes",
+                })
+            }
+            (Direction::Mixed, false) if self.saw_write => {
+                return Err(Error::ReadableAfterWritable)
+            }
+            _ => {}
+        }
+        if write {
+            self.saw_write = true;
+            c.writable = c.writable.checked_add(len).ok_or(Error::LenOverflow)?;
+        } else {
+            c.readable = c.readable.checked_add(len).ok_or(Error::LenOverflow)?;
+        }
+        c.readable
+            .checked_add(c.writable)
+            .ok_or(Error::LenOverflow)?;
+        let perm = if write { Perm::Write } else { Perm::Read };
+        let (mut at, mut left) = (addr, len);
+        while left > 0 {
+            let Ok((p, contig)) = self.mem.translate(at, perm, self.hint) else {
+                return Err(self.mem.miss_error(Miss {
+                    addr,
+                    len: u64::from(len),
+                    perm,
+                }));
+            };
+            let n = u32::try_from(contig.min(u64::from(left))).unwrap_or(left);
+            if self.segs.len() == self.segs.capacity() {
+                return Err(Error::ChainTooLong {
+                    max: u32::from(self.size),
+                });
+            }
+            self.segs.push(Seg::new(p, n));
+            c.nsegs += 1;
+            if !write {
+                c.nread += 1;
+            }
+            left -= n;
+            // Cannot overflow: the translation found at..at+n inside one region.
+            at += u64::from(n);
+        }
+        Ok(())
+    }
 }

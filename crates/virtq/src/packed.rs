@@ -20,7 +20,7 @@
 //! with the first one's flags last (one release store makes the batch visible); notification
 //! arming is arm, fence, re-check. pvnet's device completes chains in the order it popped them.
 
-use crate::chain::Chain;
+use crate::chain::{Chain, Walk};
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{AddrSpace, MemTable, Seg};
@@ -568,7 +568,9 @@ impl<M: Translate> DeviceQueue<M> {
         Ok(())
     }
 
-    /// Validates one descriptor (a local copy's fields) and appends its translated segments.
+    /// Validates one descriptor (a local copy's fields) and appends its translated segments:
+    /// the rules every format shares ([`Walk::add`]).
+    #[inline]
     fn add_desc(
         &mut self,
         addr: u64,
@@ -577,61 +579,17 @@ impl<M: Translate> DeviceQueue<M> {
         c: &mut Chain,
         saw_write: &mut bool,
     ) -> Result<()> {
-        let write = flags & DESC_F_WRITE != 0;
-        match (self.dir, write) {
-            (Direction::DeviceReads, true) => {
-                return Err(Error::DirectionMismatch {
-                    found: "writable",
-                    queue: "device-reads",
-                })
-            }
-            (Direction::DeviceWrites, false) => {
-                return Err(Error::DirectionMismatch {
-                    found: "readable",
-                    queue: "device-writes",
-                })
-            }
-            (Direction::Mixed, false) if *saw_write => return Err(Error::ReadableAfterWritable),
-            _ => {}
-        }
-        if write {
-            *saw_write = true;
-            c.writable = c.writable.checked_add(len).ok_or(Error::LenOverflow)?;
-        } else {
-            c.readable = c.readable.checked_add(len).ok_or(Error::LenOverflow)?;
-        }
-        c.readable
-            .checked_add(c.writable)
-            .ok_or(Error::LenOverflow)?;
-        let perm = if write { Perm::Write } else { Perm::Read };
-        let (mut at, mut left) = (addr, len);
-        while left > 0 {
-            let (p, contig) = match self.m.mem.translate(at, perm, &mut self.hint) {
-                Ok(t) => t,
-                Err(_) => {
-                    return Err(self.m.mem.miss_error(Miss {
-                        addr,
-                        len: u64::from(len),
-                        perm,
-                    }))
-                }
-            };
-            let n = u32::try_from(contig.min(u64::from(left))).unwrap_or(left);
-            if self.segs.len() == self.segs.capacity() {
-                return Err(Error::ChainTooLong {
-                    max: u32::from(self.size),
-                });
-            }
-            self.segs.push(Seg::new(p, n));
-            c.nsegs += 1;
-            if !write {
-                c.nread += 1;
-            }
-            left -= n;
-            // Cannot overflow: the translation found at..at+n inside one region.
-            at += u64::from(n);
-        }
-        Ok(())
+        let mut w = Walk {
+            mem: &*self.m.mem,
+            hint: &mut self.hint,
+            segs: &mut self.segs,
+            dir: self.dir,
+            size: self.size,
+            saw_write: *saw_write,
+        };
+        let r = w.add(addr, len, flags & DESC_F_WRITE != 0, c);
+        *saw_write = w.saw_write;
+        r
     }
 
     /// Records a used entry for buffer `id` (popped in this queue); nothing reaches the ring

@@ -16,7 +16,7 @@ use super::{
     store_load_fence, Desc, Direction, Mapped, QueueConfig, AVAIL_F_NO_INTERRUPT, DESC_F_INDIRECT,
     DESC_F_NEXT, DESC_F_WRITE, USED_F_NO_NOTIFY,
 };
-use crate::chain::Chain;
+use crate::chain::{Chain, Walk};
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{MemTable, Seg};
@@ -416,65 +416,21 @@ impl<M: Translate> DeviceQueue<M> {
         }
     }
 
-    /// Validates one (local copy of a) descriptor and appends its translated segments.
+    /// Validates one (local copy of a) descriptor and appends its translated segments: the
+    /// rules every format shares ([`Walk::add`]).
     #[inline]
     fn add_desc(&mut self, d: &Desc, c: &mut Chain, saw_write: &mut bool) -> Result<()> {
-        let write = d.flags & DESC_F_WRITE != 0;
-        match (self.dir, write) {
-            (Direction::DeviceReads, true) => {
-                return Err(Error::DirectionMismatch {
-                    found: "writable",
-                    queue: "device-reads",
-                })
-            }
-            (Direction::DeviceWrites, false) => {
-                return Err(Error::DirectionMismatch {
-                    found: "readable",
-                    queue: "device-writes",
-                })
-            }
-            (Direction::Mixed, false) if *saw_write => return Err(Error::ReadableAfterWritable),
-            _ => {}
-        }
-        if write {
-            *saw_write = true;
-            c.writable = c.writable.checked_add(d.len).ok_or(Error::LenOverflow)?;
-        } else {
-            c.readable = c.readable.checked_add(d.len).ok_or(Error::LenOverflow)?;
-        }
-        c.readable
-            .checked_add(c.writable)
-            .ok_or(Error::LenOverflow)?;
-        let perm = if write { Perm::Write } else { Perm::Read };
-        let mut addr = d.addr;
-        let mut left = d.len;
-        while left > 0 {
-            let (p, contig) = match self.m.mem.translate(addr, perm, &mut self.hint) {
-                Ok(t) => t,
-                Err(_) => {
-                    return Err(self.m.mem.miss_error(crate::xlate::Miss {
-                        addr: d.addr,
-                        len: u64::from(d.len),
-                        perm,
-                    }))
-                }
-            };
-            let n = u32::try_from(contig.min(u64::from(left))).unwrap_or(left);
-            if self.segs.len() == self.segs.capacity() {
-                return Err(Error::ChainTooLong {
-                    max: u32::from(self.size),
-                });
-            }
-            self.segs.push(Seg::new(p, n));
-            c.nsegs += 1;
-            if !write {
-                c.nread += 1;
-            }
-            left -= n;
-            // Cannot overflow: translate() found addr..addr+n inside one region.
-            addr += u64::from(n);
-        }
-        Ok(())
+        let mut w = Walk {
+            mem: &*self.m.mem,
+            hint: &mut self.hint,
+            segs: &mut self.segs,
+            dir: self.dir,
+            size: self.size,
+            saw_write: *saw_write,
+        };
+        let r = w.add(d.addr, d.len, d.flags & DESC_F_WRITE != 0, c);
+        *saw_write = w.saw_write;
+        r
     }
 
     /// Records a used entry for the next unpublished slot. Nothing reaches the ring, let alone
