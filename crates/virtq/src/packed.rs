@@ -389,6 +389,17 @@ impl<M: Translate> DeviceQueue<M> {
         if self.pending == 0 {
             return Ok(None);
         }
+        if let Some(c) = self.simple() {
+            self.pending -= 1;
+            return Ok(Some(c));
+        }
+        self.pop_slow()
+    }
+
+    /// [`pop`](Self::pop) for a chain the fast path did not take: the general walk, its
+    /// errors and the scratch-full rollback.
+    #[cold]
+    fn pop_slow(&mut self) -> Result<Option<Chain>> {
         let start = self.segs.len();
         match self.parse() {
             Ok(mut c) => {
@@ -415,6 +426,8 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// Pops up to `max` chains into `out`, calling `each` with each chain's segments.
+    /// Single-descriptor chains (almost every network buffer) take [`simple`](Self::simple),
+    /// their chain never on the stack; anything else, errors included, the general walk.
     #[inline]
     pub fn pop_batch(
         &mut self,
@@ -423,13 +436,62 @@ impl<M: Translate> DeviceQueue<M> {
         mut each: impl FnMut(&[Seg<'_>]),
     ) -> Result<usize> {
         let mut n = 0;
-        while n < max {
-            let Some(c) = self.pop()? else { break };
-            each(self.segs(&c));
-            out.push(c);
+        while n < max && self.pending > 0 {
+            if let Some(c) = self.simple() {
+                self.pending -= 1;
+                each(self.segs(&c));
+                out.push(c);
+            } else {
+                let Some(c) = self.pop_slow()? else { break };
+                each(self.segs(&c));
+                out.push(c);
+            }
             n += 1;
         }
         Ok(n)
+    }
+
+    /// The fast path: one available descriptor, no `NEXT` or `INDIRECT`, in the queue's
+    /// direction, its id inside the ring and its bytes inside one region. The same checks as
+    /// the general walk, without its loop; `None` sends the chain there (which also reports
+    /// every error).
+    #[inline(always)]
+    fn simple(&mut self) -> Option<Chain> {
+        let d = self.m.ring.desc(self.last_avail);
+        let write = d.flags & DESC_F_WRITE != 0;
+        let dir_ok = match self.dir {
+            Direction::DeviceReads => !write,
+            Direction::DeviceWrites => write,
+            Direction::Mixed => true,
+        };
+        if !is_avail(d.flags, self.avail_wrap)
+            || d.flags & (DESC_F_NEXT | DESC_F_INDIRECT) != 0
+            || d.len == 0
+            || d.id >= self.size
+            || !dir_ok
+            || self.segs.len() == self.segs.capacity()
+        {
+            return None;
+        }
+        let perm = if write { Perm::Write } else { Perm::Read };
+        let (p, contig) = self.m.mem.translate(d.addr, perm, &mut self.hint).ok()?;
+        if u64::from(d.len) > contig {
+            return None;
+        }
+        let start = u32::try_from(self.segs.len()).unwrap_or(u32::MAX);
+        self.segs.push(Seg::new(p, d.len));
+        self.ndesc[usize::from(d.id)] = 1;
+        self.popped.push(1);
+        self.last_avail = advance(self.last_avail, &mut self.avail_wrap, 1, self.size);
+        let (readable, writable) = if write { (0, d.len) } else { (d.len, 0) };
+        Some(Chain {
+            head: d.id,
+            readable,
+            writable,
+            start,
+            nread: u32::from(!write),
+            nsegs: 1,
+        })
     }
 
     /// Takes back the last `n` chains popped, unconsumed.
