@@ -91,13 +91,13 @@ fn used_bits(wrap: bool) -> u16 {
 /// Whether `flags` say available for a side whose avail wrap counter is `wrap`.
 #[inline]
 fn is_avail(flags: u16, wrap: bool) -> bool {
-    (flags & DESC_F_AVAIL != 0) == wrap && (flags & DESC_F_USED != 0) != wrap
+    flags & (DESC_F_AVAIL | DESC_F_USED) == avail_bits(wrap)
 }
 
 /// Whether `flags` say used for a side whose used wrap counter is `wrap`.
 #[inline]
 fn is_used(flags: u16, wrap: bool) -> bool {
-    (flags & DESC_F_AVAIL != 0) == wrap && (flags & DESC_F_USED != 0) == wrap
+    flags & (DESC_F_AVAIL | DESC_F_USED) == used_bits(wrap)
 }
 
 /// Validated pointers to the three parts.
@@ -195,6 +195,16 @@ impl Ring {
             (&raw mut (*d).len).write_volatile(len);
             (&raw mut (*d).id).write_volatile(id);
         }
+    }
+
+    /// Writes a whole descriptor in one store (the driver, for a slot the device will look at
+    /// only after an earlier slot's flags are released).
+    #[inline]
+    fn set_desc(&self, i: u16, d: PackedDesc) {
+        debug_assert!(i < self.size);
+        // SAFETY: i < size; the ring is validated for size*16 bytes, 16-byte aligned; the
+        // driver owns the slot until the batch's first flags are released.
+        unsafe { self.desc.as_ptr().add(usize::from(i)).write_volatile(d) }
     }
 
     /// Writes a used descriptor's length and id (its flags are stored separately, last).
@@ -869,7 +879,6 @@ impl DriverQueue {
     #[inline]
     fn put(&mut self, b: &crate::split::Buf, id: u16, next: bool) {
         let slot = self.next_avail;
-        self.m.ring.set_body(slot, b.addr, b.len, id);
         let mut flags = avail_bits(self.avail_wrap);
         if b.write {
             flags |= DESC_F_WRITE;
@@ -878,11 +887,20 @@ impl DriverQueue {
             flags |= DESC_F_NEXT;
         }
         if self.held.is_none() {
+            self.m.ring.set_body(slot, b.addr, b.len, id);
             self.held = Some((slot, flags));
         } else {
-            // Relaxed: the device reads this slot only after the held first one is made
-            // available by the release store in `publish`.
-            self.m.ring.flags(slot).store(flags, Ordering::Relaxed);
+            // One store, flags included: the device reads this slot only after the held first
+            // one is made available by the release store in `publish`.
+            self.m.ring.set_desc(
+                slot,
+                PackedDesc {
+                    addr: b.addr,
+                    len: b.len,
+                    id,
+                    flags,
+                },
+            );
         }
         self.next_avail = advance(slot, &mut self.avail_wrap, 1, self.size);
         self.free_slots -= 1;
@@ -890,7 +908,7 @@ impl DriverQueue {
     }
 
     /// Adds a one-descriptor buffer (unpublished). Returns its id.
-    #[inline]
+    #[inline(always)]
     pub fn add_one(&mut self, b: crate::split::Buf) -> Result<u16> {
         if self.free_slots == 0 {
             return Err(Error::NoFreeDescriptors);
