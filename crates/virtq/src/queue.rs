@@ -159,6 +159,12 @@ impl<M: Translate> DeviceQueue<M> {
         dispatch!(self, q => q.available())
     }
 
+    /// Chains left in the current batch (no memory access).
+    #[inline]
+    pub fn pending(&self) -> u16 {
+        dispatch!(self, q => q.pending())
+    }
+
     /// Parses the next chain of the batch (`None`: the batch is done).
     #[inline(always)]
     pub fn pop(&mut self) -> Result<Option<Chain>> {

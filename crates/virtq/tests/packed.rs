@@ -357,3 +357,299 @@ fn the_driver_refuses_used_descriptors_it_did_not_hand_out() {
     );
     assert_eq!(drv.used_available(), Err(Error::UsedIdInvalid { id: 5 }));
 }
+
+// ---- property test: random operations through both roles against a model -----------------
+
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+
+    const BUF: u32 = 64;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Driver adds a chain of `lens.len()` descriptors (1-3).
+        Add(Vec<u32>),
+        Publish,
+        /// Device pops up to `max`, starting a new batch first if `reload`.
+        Pop {
+            max: usize,
+            reload: bool,
+        },
+        /// Device gives back up to `n` of the chains it popped and did not complete.
+        Unpop(usize),
+        /// Device completes up to `n` popped chains, in pop order.
+        Push(usize),
+        DevPublish,
+        Reclaim(usize),
+        DevArm,
+        DrvArm,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => prop::collection::vec(1..=BUF, 1..=3).prop_map(Op::Add),
+            4 => Just(Op::Publish),
+            5 => (1usize..=8, prop::bool::weighted(0.7)).prop_map(|(max, reload)| Op::Pop { max, reload }),
+            2 => (1usize..=4).prop_map(Op::Unpop),
+            4 => (1usize..=8).prop_map(Op::Push),
+            4 => Just(Op::DevPublish),
+            5 => (1usize..=8).prop_map(Op::Reclaim),
+            2 => Just(Op::DevArm),
+            2 => Just(Op::DrvArm),
+        ]
+    }
+
+    /// A buffer in flight: its id, its descriptors' lengths, the tag its bytes carry.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Flight {
+        id: u16,
+        lens: Vec<u32>,
+        tag: u8,
+    }
+
+    struct World {
+        mq: MockQueue,
+        drv: DriverQueue,
+        dev: DeviceQueue,
+        write: bool,
+        size: u16,
+        /// Added, not yet published / published, not yet popped / popped, not completed /
+        /// completed (pushed), not yet published by the device / returned to the driver.
+        added: Vec<Flight>,
+        published: VecDeque<Flight>,
+        popped: Vec<(Flight, virtq::Chain)>,
+        pushed: Vec<Flight>,
+        used: VecDeque<Flight>,
+        /// Buffer slots handed to the driver's descriptors, per id (one slot per descriptor).
+        slots: Vec<Vec<u16>>,
+        next_slot: u16,
+        tag: u8,
+        /// A side armed and found its ring empty: the peer's next publish must notify it.
+        dev_armed: bool,
+        drv_armed: bool,
+        laps: u64,
+    }
+
+    impl World {
+        fn new(size: u16, write: bool, event_idx: bool) -> Self {
+            let mq = MockQueue::new(size, BUF);
+            let dir = if write {
+                Direction::DeviceWrites
+            } else {
+                Direction::DeviceReads
+            };
+            let (drv, mut dev) = mq.pair_in(Format::Packed, dir, event_idx).expect("pair");
+            dev.disable_notify();
+            let mut drv = drv;
+            drv.disable_used_notify();
+            Self {
+                mq,
+                drv,
+                dev,
+                write,
+                size,
+                added: Vec::new(),
+                published: VecDeque::new(),
+                popped: Vec::new(),
+                pushed: Vec::new(),
+                used: VecDeque::new(),
+                slots: vec![Vec::new(); usize::from(size)],
+                next_slot: 0,
+                tag: 1,
+                dev_armed: false,
+                drv_armed: false,
+                laps: 0,
+            }
+        }
+
+        fn apply(&mut self, op: &Op) {
+            match op {
+                Op::Add(lens) => {
+                    if lens.len() > self.drv.free_count() {
+                        return;
+                    }
+                    let mut bufs = Vec::new();
+                    let mut slots = Vec::new();
+                    for &len in lens {
+                        let s = self.next_slot;
+                        self.next_slot = (self.next_slot + 1) % self.size;
+                        let addr = self.mq.buf(s);
+                        if !self.write {
+                            self.mq.poke(addr, &vec![self.tag; len as usize]);
+                        }
+                        bufs.push(Buf {
+                            addr,
+                            len,
+                            write: self.write,
+                        });
+                        slots.push(s);
+                    }
+                    let id = match self.drv.add_chain(&bufs) {
+                        Ok(id) => id,
+                        Err(Error::NoFreeDescriptors) => return,
+                        Err(e) => panic!("add: {e}"),
+                    };
+                    self.slots[usize::from(id)] = slots;
+                    self.added.push(Flight {
+                        id,
+                        lens: lens.clone(),
+                        tag: self.tag,
+                    });
+                    self.tag = self.tag.wrapping_add(1).max(1);
+                }
+                Op::Publish => {
+                    let new = !self.added.is_empty();
+                    let kick = self.drv.publish();
+                    if new && self.dev_armed {
+                        assert!(kick, "the device armed on an empty ring: it must be kicked");
+                        // Woken: it polls again.
+                        self.dev_armed = false;
+                        self.dev.disable_notify();
+                    }
+                    self.published.extend(self.added.drain(..));
+                }
+                Op::Pop { max, reload } => {
+                    if *reload || self.dev.pending() == 0 {
+                        if !self.popped.is_empty() {
+                            return; // a new batch starts only once the last one is finished
+                        }
+                        let n = self.dev.available().expect("well-formed ring");
+                        // Rings here are smaller than the scan window: every published chain.
+                        assert_eq!(usize::from(n), self.published.len(), "available count");
+                    }
+                    for _ in 0..*max {
+                        let Some(c) = self.dev.pop().expect("valid chain") else {
+                            break;
+                        };
+                        let f = self
+                            .published
+                            .pop_front()
+                            .expect("a chain the driver published");
+                        assert_eq!(c.head, f.id, "FIFO order");
+                        let total: u32 = f.lens.iter().sum();
+                        if self.write {
+                            assert_eq!((c.readable, c.writable), (0, total));
+                        } else {
+                            assert_eq!((c.readable, c.writable), (total, 0));
+                            let mut b = vec![0u8; total as usize];
+                            read_segs(self.dev.readable(&c), 0, &mut b);
+                            assert!(b.iter().all(|&x| x == f.tag), "bytes intact");
+                        }
+                        self.popped.push((f, c));
+                    }
+                }
+                Op::Unpop(n) => {
+                    let n = (*n).min(self.popped.len());
+                    for _ in 0..n {
+                        let (f, _) = self.popped.pop().expect("popped");
+                        self.published.push_front(f);
+                    }
+                    self.dev.unpop(u16::try_from(n).expect("small"));
+                }
+                Op::Push(n) => {
+                    let n = (*n).min(self.popped.len());
+                    for (f, c) in self.popped.drain(..n) {
+                        let total: u32 = f.lens.iter().sum();
+                        let len = if self.write {
+                            write_segs(self.dev.writable(&c), 0, &vec![!f.tag; total as usize]);
+                            total
+                        } else {
+                            0
+                        };
+                        self.dev.push_used(c.head, len);
+                        self.pushed.push(f);
+                    }
+                }
+                Op::DevPublish => {
+                    let new = !self.pushed.is_empty();
+                    let call = self.dev.publish();
+                    if new && self.drv_armed {
+                        assert!(call, "the driver armed on an empty ring: it must be called");
+                        self.drv_armed = false;
+                        self.drv.disable_used_notify();
+                    }
+                    self.used.extend(self.pushed.drain(..));
+                }
+                Op::Reclaim(max) => {
+                    let n = self.drv.used_available().expect("well-formed used ring");
+                    assert_eq!(
+                        usize::from(n),
+                        self.used.len(),
+                        "every published used buffer"
+                    );
+                    for _ in 0..*max {
+                        let Some((id, len)) = self.drv.pop_used().expect("valid used") else {
+                            break;
+                        };
+                        let f = self.used.pop_front().expect("a used buffer");
+                        assert_eq!(id, f.id, "used in completion order");
+                        if self.write {
+                            let total: u32 = f.lens.iter().sum();
+                            assert_eq!(len, total);
+                            let mut k = 0;
+                            for (&s, &l) in self.slots[usize::from(id)].iter().zip(&f.lens) {
+                                let mut b = vec![0u8; l as usize];
+                                self.mq.peek(self.mq.buf(s), &mut b);
+                                assert!(b.iter().all(|&x| x == !f.tag), "device bytes intact");
+                                k += l;
+                            }
+                            assert_eq!(k, total);
+                        } else {
+                            assert_eq!(len, 0);
+                        }
+                        self.laps += 1;
+                    }
+                }
+                Op::DevArm => {
+                    if !self.popped.is_empty() {
+                        return;
+                    }
+                    // Armed and empty: it sleeps until kicked (stays armed); not empty: it
+                    // polls on. The re-check started a new batch either way.
+                    match self.dev.arm_notify().expect("valid ring") {
+                        Armed::Empty => {
+                            assert!(self.published.is_empty(), "armed Empty with chains waiting");
+                            self.dev_armed = true;
+                        }
+                        Armed::NotEmpty => {
+                            assert!(!self.published.is_empty());
+                            self.dev.disable_notify();
+                        }
+                    }
+                }
+                Op::DrvArm => {
+                    // Armed and empty: it sleeps until called (stays armed); not empty: it
+                    // polls on.
+                    match self.drv.arm_used_notify().expect("valid used ring") {
+                        Armed::Empty => {
+                            assert!(self.used.is_empty(), "armed Empty with used waiting");
+                            self.drv_armed = true;
+                        }
+                        Armed::NotEmpty => {
+                            assert!(!self.used.is_empty());
+                            self.drv.disable_used_notify();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn random_operations_match_model(
+            size in prop_oneof![Just(4u16), Just(8), Just(16)],
+            write in any::<bool>(),
+            event_idx in any::<bool>(),
+            ops in prop::collection::vec(op(), 1..200),
+        ) {
+            let mut w = World::new(size, write, event_idx);
+            for op in &ops {
+                w.apply(op);
+            }
+        }
+    }
+}
