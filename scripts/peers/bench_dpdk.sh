@@ -12,6 +12,11 @@
 #                           (A') pvnet backend --role sink     (B) testpmd net_vhost rxonly
 #   h2v  frontend rxonly <- (A) pvnet switch: gen port -> vhost-user port
 #                           (A') pvnet backend --role gen      (B) testpmd net_vhost txonly
+#   bounce  (DIRS=bounce) two virtio-user ports of one testpmd in io forwarding, started with
+#        `start tx_first`: what one port receives it sends out of the other, and the backend
+#        carries each port's frames to the other (a PVP-style loop; the rate is the sum of both
+#        ports' Rx-pps):       (A) pvnet switch: two vhost-user ports
+#                           (A') pvnet backend --role forward  (B) testpmd net_vhost x2, io
 # Each run records:
 #   * the one-way core-to-core latency before and after (`pvnet limits`): these 2-vCPU VMs flip
 #     between ~40-60 ns, ~90-120 ns and ~180-440 ns and rates follow it, so ratios are taken
@@ -59,6 +64,10 @@ FE_ARGS=(-l "0,1" --main-lcore 1 --socket-mem 512 --single-file-segments --file-
          --vdev "net_virtio_user0,path=$SOCK,queues=1,queue_size=256$VU_RING")
 BE_ARGS=(-l "0,1" --main-lcore 0 --socket-mem 512 --file-prefix "$BE_PREFIX" --no-pci
          --vdev "net_vhost0,iface=$SOCK,queues=1")
+# The bounce: a second port on each side.
+SOCK2="$B/vu2.sock"
+FE_ARGS2=("${FE_ARGS[@]}" --vdev "net_virtio_user1,path=$SOCK2,queues=1,queue_size=256$VU_RING")
+BE_ARGS2=("${BE_ARGS[@]}" --vdev "net_vhost1,iface=$SOCK2,queues=1")
 APP_ARGS=(--nb-cores=1 --total-num-mbufs=32768 -i)
 PV_TPID=
 cleanup() {
@@ -74,9 +83,12 @@ machine_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }   # all CP
 
 run_one() {   # run_one DIR IMPL ROUND SIZE
   local dir="$1" impl="$2" round="$3" size="$4" tag="$1-$2-$3-$4" fe_fwd be_fwd field
+  local ports=1 fe_args=("${FE_ARGS[@]}") be_args=("${BE_ARGS[@]}") start=start
   case "$dir" in
     v2h) fe_fwd=txonly; be_fwd=rxonly; field=TX ;;
     h2v) fe_fwd=rxonly; be_fwd=txonly; field=RX ;;
+    bounce) fe_fwd=io; be_fwd=io; field=RX; ports=2; start="start tx_first"
+      fe_args=("${FE_ARGS2[@]}"); be_args=("${BE_ARGS2[@]}") ;;
   esac
   local busy c2c_a c2c_b bepid fepid n=$((WARM + DUR)) fe_log="$B/$tag.fe.log" be_log="$B/$tag.be.log"
   # what runs as the backend: pvnet's switch or plain backend (from PVNET_BIN, or ALT_BIN for
@@ -84,28 +96,32 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   local kind=dpdk bin="$PVNET_BIN" extra; read -ra extra <<< "$PVNET_ARGS"
   case "$impl" in switch|alt) kind=switch ;; backend|altbackend) kind=backend ;; esac
   case "$impl" in alt*) bin="$ALT_BIN" ;; esac
+  # pvnet's plain backend serves both frontend ports on one socket (forward pairs them)
+  [ "$kind" = backend ] && [ "$dir" = bounce ] &&
+    fe_args=("${FE_ARGS[@]}" --vdev "net_virtio_user1,path=$SOCK,queues=1,queue_size=256$VU_RING")
   wait_quiet; busy=$BUSY; c2c_a=$(c2c_ns)
-  rm -f "$SOCK"
+  rm -f "$SOCK" "$SOCK2"
   if [ "$kind" = backend ]; then
-    local role=sink; [ "$dir" = h2v ] && role=gen
+    local role=sink sessions=1; [ "$dir" = h2v ] && role=gen; [ "$dir" = bounce ] && { role=forward; sessions=2; }
     timeout -k 5 $((n + 60)) "$bin" backend --socket "$SOCK" --role "$role" --gen-secs $((n + 30)) \
-      --frame-len "$size" --sessions 1 --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
+      --frame-len "$size" --sessions "$sessions" --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
     bepid=$(child_pid "$PV_TPID")
   elif [ "$kind" = switch ]; then
     local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1,frame_len=$size"
+    [ "$dir" = bounce ] && other="vhost-user:name=fe2,socket=$SOCK2"
     timeout -k 5 $((n + 60)) "$bin" switch --port "vhost-user:name=fe,socket=$SOCK" --port "$other" \
       --cpu 1 --ctl-socket "$B/ctl.sock" "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet switch did not listen ($be_log)"
     bepid=$(child_pid "$PV_TPID")
   else
-    testpmd_start be "$be_log" $((n + 60)) "${BE_ARGS[@]}" -- "${APP_ARGS[@]}" --txpkts="$size" --forward-mode="$be_fwd"
+    testpmd_start be "$be_log" $((n + 60)) "${be_args[@]}" -- "${APP_ARGS[@]}" --txpkts="$size" --forward-mode="$be_fwd"
     wait_for 30 test -S "$SOCK" || die "testpmd net_vhost did not create $SOCK ($be_log)"
     bepid=$(child_pid "${TP_PID[be]}")
   fi
-  testpmd_start fe "$fe_log" $((n + 60)) "${FE_ARGS[@]}" -- "${APP_ARGS[@]}" --txpkts="$size" --forward-mode="$fe_fwd"
+  testpmd_start fe "$fe_log" $((n + 60)) "${fe_args[@]}" -- "${APP_ARGS[@]}" --txpkts="$size" --forward-mode="$fe_fwd"
   wait_for 30 grep -q 'testpmd> ' "$fe_log" || die "virtio-user testpmd did not start ($fe_log)"
   fepid=$(child_pid "${TP_PID[fe]}")
   if [ "$kind" = dpdk ]; then
@@ -113,7 +129,7 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
     tp be start; sleep 0.5
   fi
   sleep 0.5
-  tp fe start
+  tp fe "$start"
   : > "$B/$tag.ticks"
   local k
   for k in $(seq "$n"); do
@@ -129,15 +145,18 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   else testpmd_quit be 20 || log "$tag: net_vhost testpmd did not quit cleanly"; hugepage_cleanup "$BE_PREFIX"; fi
   c2c_b=$(c2c_ns)
   # one RESULT line: Mpps (median of the window's samples), CPU ns/packet over the window
-  python3 - "$fe_log" "$B/$tag.ticks" "$field" "$WARM" "$DUR" "$TCK" <<PY > "$B/$tag.result"
+  python3 - "$fe_log" "$B/$tag.ticks" "$field" "$WARM" "$DUR" "$TCK" "$ports" <<PY > "$B/$tag.result"
 import re, sys, statistics
 log, tfile, field, warm, dur, tck = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+ports = int(sys.argv[7])
 blocks = open(log, errors="replace").read().split("NIC statistics for port")[1:]
 def num(pat, b):
     m = re.search(pat, b)
     return int(m.group(1)) if m else None
 vals = [(num(field + r"-packets: *(\d+)", b), num(field.capitalize() + r"-pps: *(\d+)", b)) for b in blocks]
 vals = [v for v in vals if None not in v]
+# Several ports: one sample is the sum over a "show port stats all" (ports blocks in a row).
+vals = [tuple(map(sum, zip(*vals[k:k + ports]))) for k in range(0, len(vals) - ports + 1, ports)]
 cum, pps = [v[0] for v in vals], [v[1] for v in vals]
 rows = [[float(x) for x in l.split()[1:]] for l in open(tfile)]
 ticks = [r[0] for r in rows]
@@ -163,7 +182,7 @@ PY
 import json, sys
 d = json.load(open(sys.argv[1]))
 c = next(p["counters"] for p in d["final"]["ports"] if p["kind"] == "vhost-user")
-k = "rx" if sys.argv[2] == "v2h" else "tx"
+k = "tx" if sys.argv[2] == "h2v" else "rx"
 if c.get(k + "_batches"):
     line = open(sys.argv[3]).read().rstrip("\n")
     open(sys.argv[3], "w").write("%s pkts_per_batch=%.1f\n" % (line, c[k + "_packets"] / c[k + "_batches"]))
@@ -218,7 +237,8 @@ out = ["| direction | bytes | pvnet | c2c state | runs pvnet/DPDK | pvnet Mpps |
 impls = [i for i in ("switch", "alt", "backend", "altbackend", "pvnet") if any(x["impl"] == i for x in rows)]
 sizes = sorted({x["size"] for x in rows}, key=int)
 for size in sizes:
- for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: backend -> virtio-user rxonly")):
+ for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: backend -> virtio-user rxonly"),
+                  ("bounce", "bounce: virtio-user io x2 <-> backend (sum of both ports)")):
   for impl in impls:
     for state in ("fast", "mid", "slow", "mixed"):
         p = [x for x in rows if x["dir"] == dr and x["size"] == size and x["impl"] == impl and x["state"] == state]
