@@ -173,9 +173,15 @@ impl Hostile {
             call: [ev(), ev()],
             err: [ev(), ev()],
         };
+        // The packed ring starts with its wrap counter at 1 (bit 15 of the base).
+        let base = if extra & VIRTIO_F_RING_PACKED != 0 {
+            0x8000
+        } else {
+            0
+        };
         for (q, &(desc, avail, used)) in RINGS.iter().enumerate() {
             h.fe.set_vring_num(q, QSZ)?;
-            h.fe.set_vring_base(q, 0)?;
+            h.fe.set_vring_base(q, base)?;
             h.fe.set_vring_addr(
                 q,
                 &VringConfigData {
@@ -325,6 +331,90 @@ fn sink_case(tag: &str, corrupt: impl FnOnce(&Hostile), expect: &[&str]) {
     assert_eq!(u(&hp, "/rx_packets"), 0, "hostile port: {hp}");
     assert_tx_to_sink_exact(&good, &port(&fin, 1), 64);
     assert_eq!(b.stderr_lines("queue stopped:").len(), 1, "{}", b.stderr());
+}
+
+/// Bit 34: the packed virtqueue.
+const VIRTIO_F_RING_PACKED: u64 = 1 << 34;
+/// Packed descriptor flags: available with wrap counter 1, writable, chained.
+const P_AVAIL: u16 = 1 << 7;
+const P_WRITE: u16 = 2;
+
+impl Hostile {
+    /// A packed descriptor in slot `i` of queue `q`'s ring (flags last).
+    fn set_packed(&self, q: usize, i: u16, addr: u64, len: u32, id: u16, flags: u16) {
+        let off = RINGS[q].0 + 16 * u64::from(i);
+        self.shm.write(off, addr.to_le_bytes());
+        self.shm.write(off + 8, len.to_le_bytes());
+        self.shm.write(off + 12, id.to_le_bytes());
+        // Release: the body is written before the flags make it available.
+        fence(Ordering::Release);
+        self.shm.write(off + 14, flags.to_le_bytes());
+        fence(Ordering::SeqCst);
+    }
+
+    fn packed_flags(&self, q: usize, i: u16) -> u16 {
+        self.shm.read16(RINGS[q].0 + 16 * u64::from(i) + 14)
+    }
+}
+
+/// A hostile frontend on the packed ring breaks a rule on its transmit queue: that queue
+/// stops with the reason, nothing of it is marked used, the receive queue and other ports go
+/// on, the counters say so.
+fn packed_case(tag: &str, corrupt: impl FnOnce(&Hostile), expect: &str) {
+    let dir = common::TestDir::new(tag);
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+    let h = Hostile::connect_with(&sock, MEM_LEN, VIRTIO_F_RING_PACKED)
+        .expect("hostile frontend connects with the packed ring");
+    corrupt(&h);
+    h.kick[TX].write(1).expect("kick");
+    let line = b.wait_stderr("queue stopped:", EVENT);
+    eprintln!("{tag}: {line}");
+    assert!(
+        line.contains(expect),
+        "queue-stopped message should mention {expect:?}: {line}"
+    );
+    assert!(
+        line.contains("port=0") && line.contains("queue=1"),
+        "{line}"
+    );
+    assert!(h.wait_err(TX, EVENT) >= 1);
+    assert_eq!(h.err_now(RX), None, "the RX queue was not failed");
+    assert_eq!(h.packed_flags(TX, 0) & (1 << 15), 0, "nothing marked used");
+    let good = good_tx(&sock);
+    assert!(b.alive(), "backend died\n{}", b.stderr());
+    drop(h);
+    let fin = stop_backend(&mut b);
+    let hp = port(&fin, 0);
+    assert_eq!(u(&hp, "/queue_errors"), 1, "hostile port: {hp}");
+    assert_eq!(u(&hp, "/rx_packets"), 0, "hostile port: {hp}");
+    assert_tx_to_sink_exact(&good, &port(&fin, 1), 64);
+}
+
+#[test]
+fn packed_buffer_id_out_of_range() {
+    packed_case(
+        "pid",
+        |h| h.set_packed(TX, 0, Hostile::buf(0), 64, QSZ + 3, P_AVAIL),
+        "descriptor index 19 out of range",
+    );
+}
+
+#[test]
+fn packed_address_outside_shared_memory() {
+    packed_case(
+        "paddr",
+        |h| h.set_packed(TX, 0, GPA + (16 << 20), 64, 0, P_AVAIL),
+        "is not in any shared memory region",
+    );
+}
+
+#[test]
+fn packed_writable_descriptor_on_tx_queue() {
+    packed_case(
+        "pwr",
+        |h| h.set_packed(TX, 0, Hostile::buf(0), 64, 0, P_AVAIL | P_WRITE),
+        "direction mismatch",
+    );
 }
 
 #[test]
