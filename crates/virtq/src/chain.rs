@@ -25,6 +25,53 @@ pub struct Chain {
     pub(crate) nsegs: u32,
 }
 
+/// The segments of a batch's chains, in a queue's scratch. Stored as `Seg<'static>` and lent
+/// out only borrowed from the queue (`&'q [Seg<'q>]`, covariance shortens the lifetime), so no
+/// segment outlives a translator swap.
+#[derive(Debug)]
+pub(crate) struct Segs(pub(crate) Vec<Seg<'static>>);
+
+impl Segs {
+    /// Room for `n` segments (the queue never grows it on the packet path).
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Self(Vec::with_capacity(n))
+    }
+
+    /// All segments of a chain: readable ones first, then writable ones.
+    #[inline]
+    pub(crate) fn of(&self, c: &Chain) -> &[Seg<'_>] {
+        let s = c.start as usize;
+        self.0.get(s..s + c.nsegs as usize).unwrap_or(&[])
+    }
+
+    /// The device-readable segments of a chain.
+    #[inline]
+    pub(crate) fn readable(&self, c: &Chain) -> &[Seg<'_>] {
+        let s = c.start as usize;
+        self.0.get(s..s + c.nread as usize).unwrap_or(&[])
+    }
+
+    /// The device-writable segments of a chain.
+    #[inline]
+    pub(crate) fn writable(&self, c: &Chain) -> &[Seg<'_>] {
+        let s = (c.start + c.nread) as usize;
+        self.0.get(s..(c.start + c.nsegs) as usize).unwrap_or(&[])
+    }
+}
+
+impl std::ops::Deref for Segs {
+    type Target = Vec<Seg<'static>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Segs {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
 /// What a chain parse carries from one descriptor to the next.
 #[derive(Debug)]
 pub(crate) struct Walk<'a, M: Translate> {

@@ -20,7 +20,7 @@
 //! with the first one's flags last (one release store makes the batch visible); notification
 //! arming is arm, fence, re-check. pvnet's device completes chains in the order it popped them.
 
-use crate::chain::{Chain, Walk};
+use crate::chain::{Chain, Segs, Walk};
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{AddrSpace, MemTable, Seg};
@@ -294,8 +294,8 @@ pub struct DeviceQueue<M: Translate = MemTable> {
     signalled_valid: bool,
     notify_on: bool,
     hint: usize,
-    /// Segments of the current batch (see the split ring's).
-    segs: Vec<Seg<'static>>,
+    /// Segments of the current batch.
+    segs: Segs,
 }
 
 impl<M: Translate> DeviceQueue<M> {
@@ -330,7 +330,7 @@ impl<M: Translate> DeviceQueue<M> {
             signalled_valid: false,
             notify_on: true,
             hint: 0,
-            segs: Vec::with_capacity(4 * usize::from(cfg.size)),
+            segs: Segs::with_capacity(4 * usize::from(cfg.size)),
         })
     }
 
@@ -520,24 +520,19 @@ impl<M: Translate> DeviceQueue<M> {
     /// All segments of a chain.
     #[inline]
     pub fn segs(&self, c: &Chain) -> &[Seg<'_>] {
-        let s = c.start as usize;
-        self.segs.get(s..s + c.nsegs as usize).unwrap_or(&[])
+        self.segs.of(c)
     }
 
     /// The device-readable segments of a chain.
     #[inline]
     pub fn readable(&self, c: &Chain) -> &[Seg<'_>] {
-        let s = c.start as usize;
-        self.segs.get(s..s + c.nread as usize).unwrap_or(&[])
+        self.segs.readable(c)
     }
 
     /// The device-writable segments of a chain.
     #[inline]
     pub fn writable(&self, c: &Chain) -> &[Seg<'_>] {
-        let s = (c.start + c.nread) as usize;
-        self.segs
-            .get(s..(c.start + c.nsegs) as usize)
-            .unwrap_or(&[])
+        self.segs.writable(c)
     }
 
     /// Walks one chain from `last_avail`: each descriptor read once, checked available with
@@ -654,7 +649,7 @@ impl<M: Translate> DeviceQueue<M> {
         let mut w = Walk {
             mem: &*self.m.mem,
             hint: &mut self.hint,
-            segs: &mut self.segs,
+            segs: &mut self.segs.0,
             dir: self.dir,
             size: self.size,
             saw_write: *saw_write,

@@ -16,7 +16,7 @@ use super::{
     store_load_fence, Desc, Direction, Mapped, QueueConfig, AVAIL_F_NO_INTERRUPT, DESC_F_INDIRECT,
     DESC_F_NEXT, DESC_F_WRITE, USED_F_NO_NOTIFY,
 };
-use crate::chain::{Chain, Walk};
+use crate::chain::{Chain, Segs, Walk};
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{MemTable, Seg};
@@ -49,9 +49,8 @@ pub struct DeviceQueue<M: Translate = MemTable> {
     notify_on: bool,
     /// Last-hit region for address translation.
     hint: usize,
-    /// Segments of the current batch. Stored as `'static`, lent out only borrowed from the
-    /// queue (`&'q [Seg<'q>]`), so no segment outlives a translator swap.
-    segs: Vec<Seg<'static>>,
+    /// Segments of the current batch.
+    segs: Segs,
 }
 
 impl<M: Translate> DeviceQueue<M> {
@@ -77,7 +76,7 @@ impl<M: Translate> DeviceQueue<M> {
             signalled_valid: false,
             notify_on: true,
             hint: 0,
-            segs: Vec::with_capacity(cap),
+            segs: Segs::with_capacity(cap),
         })
     }
 
@@ -230,24 +229,19 @@ impl<M: Translate> DeviceQueue<M> {
     /// All segments of a chain: readable ones first, then writable ones.
     #[inline]
     pub fn segs(&self, c: &Chain) -> &[Seg<'_>] {
-        let s = c.start as usize;
-        self.segs.get(s..s + c.nsegs as usize).unwrap_or(&[])
+        self.segs.of(c)
     }
 
     /// The device-readable segments of a chain.
     #[inline]
     pub fn readable(&self, c: &Chain) -> &[Seg<'_>] {
-        let s = c.start as usize;
-        self.segs.get(s..s + c.nread as usize).unwrap_or(&[])
+        self.segs.readable(c)
     }
 
     /// The device-writable segments of a chain.
     #[inline]
     pub fn writable(&self, c: &Chain) -> &[Seg<'_>] {
-        let s = (c.start + c.nread) as usize;
-        self.segs
-            .get(s..(c.start + c.nsegs) as usize)
-            .unwrap_or(&[])
+        self.segs.writable(c)
     }
 
     /// The fast path: one descriptor, inside one region, in the queue's direction (almost
@@ -423,7 +417,7 @@ impl<M: Translate> DeviceQueue<M> {
         let mut w = Walk {
             mem: &*self.m.mem,
             hint: &mut self.hint,
-            segs: &mut self.segs,
+            segs: &mut self.segs.0,
             dir: self.dir,
             size: self.size,
             saw_write: *saw_write,
