@@ -13,7 +13,7 @@
 use crate::eventfd::Notifier;
 use crate::features::{
     DEVICE_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
-    VIRTIO_F_RING_PACKED, VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_NET_F_MRG_RXBUF,
 };
 use crate::mmap::{map_regions, PeerRegion};
 use std::fs::File;
@@ -287,6 +287,7 @@ impl Session {
         let event_idx = self.acked & VIRTIO_F_EVENT_IDX != 0;
         let indirect = self.acked & VIRTIO_F_INDIRECT_DESC != 0;
         let mergeable = self.acked & VIRTIO_NET_F_MRG_RXBUF != 0;
+        let in_order = self.acked & VIRTIO_F_IN_ORDER != 0;
         let format = if self.acked & VIRTIO_F_RING_PACKED != 0 {
             Format::Packed
         } else {
@@ -313,6 +314,7 @@ impl Session {
             base: v.base,
             event_idx,
             indirect,
+            in_order,
             direction: if index.is_multiple_of(2) {
                 Direction::DeviceWrites
             } else {

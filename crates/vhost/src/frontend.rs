@@ -376,6 +376,9 @@ impl NetClient {
             base: 0,
             event_idx,
             indirect: false,
+            // pvnet's driver does not ask for IN_ORDER: every used buffer comes back with its
+            // own entry.
+            in_order: false,
             direction,
         };
         let rx = DriverQueue::new(mem.clone(), &qcfg(lay.rx, Direction::DeviceWrites))?;

@@ -117,6 +117,7 @@ impl MockQueue {
             base: 0,
             event_idx,
             indirect,
+            in_order: false,
             direction,
         }
     }

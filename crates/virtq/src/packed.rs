@@ -275,6 +275,9 @@ pub struct DeviceQueue<M: Translate = MemTable> {
     dir: Direction,
     event_idx: bool,
     indirect: bool,
+    /// Return a batch with one used descriptor (IN_ORDER, on a queue the device only reads:
+    /// every length is 0, so one id says it all; 2.8.23).
+    batch_used: bool,
     /// Next slot to consume, and the wrap counter there.
     last_avail: u16,
     avail_wrap: bool,
@@ -318,6 +321,7 @@ impl<M: Translate> DeviceQueue<M> {
             dir: cfg.direction,
             event_idx: cfg.event_idx,
             indirect: cfg.indirect,
+            batch_used: cfg.in_order && cfg.direction == Direction::DeviceReads,
             last_avail: idx,
             avail_wrap: wrap,
             pending: 0,
@@ -681,6 +685,28 @@ impl<M: Translate> DeviceQueue<M> {
             return false;
         }
         let (first, first_flags) = (self.used_idx, used_bits(self.used_wrap));
+        if self.batch_used && self.shadow.iter().all(|e| e.1 == 0) {
+            // IN_ORDER: one used descriptor for the batch, carrying the last buffer's id, in
+            // the batch's first slot; the driver frees every buffer up to that id and skips
+            // the batch's descriptors.
+            let last = self.shadow[self.shadow.len() - 1].0;
+            self.m.ring.set_used(first, 0, last);
+            let total: u32 = self.shadow.iter().map(|e| u32::from(e.2)).sum();
+            self.shadow.clear();
+            let mut rest = total;
+            while rest > 0 {
+                let step = u16::try_from(rest.min(u32::from(self.size))).unwrap_or(self.size);
+                self.used_idx = advance(self.used_idx, &mut self.used_wrap, step, self.size);
+                rest -= u32::from(step);
+            }
+            // Release: as below, for the one descriptor.
+            self.m
+                .ring
+                .flags(first)
+                .store(first_flags, Ordering::Release);
+            store_load_fence();
+            return self.need_call();
+        }
         for (k, &(id, len, n)) in self.shadow.iter().enumerate() {
             self.m.ring.set_used(self.used_idx, len, id);
             if k > 0 {

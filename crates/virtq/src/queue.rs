@@ -87,6 +87,9 @@ pub struct QueueConfig {
     pub event_idx: bool,
     /// `VIRTIO_F_INDIRECT_DESC` negotiated.
     pub indirect: bool,
+    /// `VIRTIO_F_IN_ORDER` negotiated: the device may return a batch of buffers with one
+    /// used entry (the packed ring does so on queues the device only reads).
+    pub in_order: bool,
     /// Expected buffer direction.
     pub direction: Direction,
 }

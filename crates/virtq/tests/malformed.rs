@@ -855,6 +855,7 @@ fn buffers_across_regions() {
         base: 0,
         event_idx: false,
         indirect: false,
+        in_order: false,
         direction: Direction::DeviceReads,
     };
     let mut drv = DriverQueue::new(mem.clone(), &cfg).expect("driver");

@@ -653,3 +653,62 @@ mod model {
         }
     }
 }
+
+#[test]
+fn in_order_returns_a_transmit_batch_with_one_used_descriptor() {
+    let mq = MockQueue::new(SIZE, 64);
+    let (mut drv, _) = pair(&mq, Direction::DeviceReads, false);
+    let cfg = QueueConfig {
+        format: Format::Packed,
+        base: Format::Packed.fresh_base(),
+        in_order: true,
+        ..mq.config(Direction::DeviceReads, false, true)
+    };
+    let mut dev: DeviceQueue = DeviceQueue::new(mq.mem.clone(), &cfg).expect("device");
+    let read = |slot: u64| {
+        let mut b = [0u8; 16];
+        mq.peek(mq.addrs.desc + 16 * slot, &mut b);
+        (
+            u16::from_le_bytes([b[12], b[13]]),
+            u16::from_le_bytes([b[14], b[15]]),
+        )
+    };
+    let buf = |i| Buf {
+        addr: mq.buf(i),
+        len: 8,
+        write: false,
+    };
+    let used = DESC_F_AVAIL | DESC_F_USED;
+    let batch = |drv: &mut DriverQueue, dev: &mut DeviceQueue, chains: &[&[u16]]| -> u16 {
+        let mut last = 0;
+        for c in chains {
+            let bufs: Vec<Buf> = c.iter().map(|&i| buf(i)).collect();
+            last = drv.add_chain(&bufs).expect("room");
+        }
+        drv.publish();
+        assert_eq!(usize::from(dev.available().expect("valid")), chains.len());
+        let mut popped = Vec::new();
+        dev.pop_batch(&mut popped, 8, |_| {}).expect("valid");
+        dev.push_used_all(&popped, 0);
+        dev.publish();
+        last
+    };
+    // Three one-descriptor buffers and a two-descriptor one: slots 0-4.
+    let last = batch(&mut drv, &mut dev, &[&[0], &[1], &[2], &[3, 4]]);
+    assert_eq!(
+        read(0),
+        (last, used),
+        "one used descriptor, the batch's last id, slot 0"
+    );
+    for slot in 1..5 {
+        assert_ne!(read(slot).1 & used, used, "slot {slot} not written as used");
+    }
+    // The next batch's used descriptor lands right after the first batch's five slots.
+    let last = batch(&mut drv, &mut dev, &[&[5], &[6]]);
+    assert_eq!(
+        read(5),
+        (last, used),
+        "the device skipped the first batch's descriptors"
+    );
+    assert_eq!(dev.last_avail() & 0x7fff, 7);
+}
