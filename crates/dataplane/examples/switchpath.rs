@@ -12,7 +12,7 @@
 //! `scripts/callgrind.sh` runs it for N and 2N packets and divides the difference of each
 //! function's inclusive count by N, so set-up cost cancels.
 
-use pvnet_dataplane::egress::HoldPolicy;
+use pvnet_dataplane::egress::{EgressConfig, HoldPolicy};
 use pvnet_dataplane::poll::{Policy, WakeCost};
 use pvnet_dataplane::port::gen::{GenPort, GenSpec};
 use pvnet_dataplane::port::sink::{Counting, SinkPort};
@@ -46,7 +46,7 @@ fn fe(id: u32, last: u8) -> (Fe, AnyPort) {
         rx_policy: Policy::Busy,
         batch: usize::from(BATCH),
         call_bound: Duration::from_micros(150),
-        hold: HoldPolicy::Forever,
+        egress: EgressConfig::hold(HoldPolicy::Forever),
         wake: WakeCost {
             typical: Duration::from_micros(30),
             floor: Duration::from_micros(10),

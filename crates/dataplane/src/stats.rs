@@ -20,17 +20,25 @@ pub enum DropReason {
     /// Switch: offload metadata the receiver cannot take and pvnet cannot resolve in software
     /// (UFO, a malformed GSO header), or the kernel refused the frame (tap).
     Offload = 5,
+    /// Egress queue: full (its packet limit or its memory); fq_codel drops from the flow
+    /// with the most bytes waiting.
+    QueueLimit = 6,
+    /// Egress queue: dropped by CoDel (the flow's packets waited longer than its target for
+    /// an interval).
+    Aqm = 7,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 8] = [
         DropReason::NoBuffer,
         DropReason::PortDown,
         DropReason::Invalid,
         DropReason::TooBig,
         DropReason::Filtered,
         DropReason::Offload,
+        DropReason::QueueLimit,
+        DropReason::Aqm,
     ];
 
     /// Stable name for reports.
@@ -42,6 +50,8 @@ impl DropReason {
             DropReason::TooBig => "too_big",
             DropReason::Filtered => "filtered",
             DropReason::Offload => "offload",
+            DropReason::QueueLimit => "queue_limit",
+            DropReason::Aqm => "aqm",
         }
     }
 }
@@ -58,8 +68,10 @@ pub struct PortStats {
     pub tx_packets: AtomicU64,
     /// Bytes delivered to the frontend.
     pub tx_bytes: AtomicU64,
-    /// Drops of packets that entered at this port, by reason.
-    pub drops: [AtomicU64; 6],
+    /// Drops decided at this port, by reason: of packets that entered here, and of packets
+    /// that waited in its egress queue (`queue_limit`, `aqm`; `no_buffer` or `port_down` when
+    /// a queue that could not drain is emptied).
+    pub drops: [AtomicU64; 8],
     /// Kicks received (eventfd counts drained).
     pub kicks: AtomicU64,
     /// Calls (interrupts) sent.
@@ -83,6 +95,17 @@ pub struct PortStats {
     pub sw_gso: AtomicU64,
     /// Switch: checksums completed in software for this port (it cannot take partial ones).
     pub sw_csum: AtomicU64,
+    /// Egress queue: packets copied in (they found no room, or others waited before them).
+    pub queued: AtomicU64,
+    /// Egress queue: packets delivered from it.
+    pub dequeued: AtomicU64,
+    /// Egress queue: drains that delivered something (dequeued / dequeues = packets per
+    /// dequeue).
+    pub dequeues: AtomicU64,
+    /// Egress queue: packets waiting now (a gauge).
+    pub backlog: AtomicU64,
+    /// The device queue's dynamic limit, in buffers (a gauge; 0: none kept).
+    pub dql_limit: AtomicU64,
     /// A frontend is attached (vhost-user) or the port is open (tap, sink, gen): 1, else 0.
     pub up: AtomicU64,
     /// Why its last queue was stopped (the rule the peer broke), for logs and `pvnet ctl`.
@@ -137,6 +160,16 @@ pub struct PortSnapshot {
     /// See [`PortStats`].
     pub sw_csum: u64,
     /// See [`PortStats`].
+    pub queued: u64,
+    /// See [`PortStats`].
+    pub dequeued: u64,
+    /// See [`PortStats`].
+    pub dequeues: u64,
+    /// See [`PortStats`].
+    pub backlog: u64,
+    /// See [`PortStats`].
+    pub dql_limit: u64,
+    /// See [`PortStats`].
     pub up: bool,
     /// Why a queue of the port was last stopped, if one was.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -175,6 +208,11 @@ impl PortSnapshot {
             t.flooded += s.flooded;
             t.sw_gso += s.sw_gso;
             t.sw_csum += s.sw_csum;
+            t.queued += s.queued;
+            t.dequeued += s.dequeued;
+            t.dequeues += s.dequeues;
+            t.backlog += s.backlog;
+            t.dql_limit = t.dql_limit.max(s.dql_limit);
             t.up |= s.up;
             t.last_error = t.last_error.or(s.last_error);
         }
@@ -208,6 +246,11 @@ impl PortStats {
             flooded: r(&self.flooded),
             sw_gso: r(&self.sw_gso),
             sw_csum: r(&self.sw_csum),
+            queued: r(&self.queued),
+            dequeued: r(&self.dequeued),
+            dequeues: r(&self.dequeues),
+            backlog: r(&self.backlog),
+            dql_limit: r(&self.dql_limit),
             up: r(&self.up) != 0,
             last_error: self
                 .last_error

@@ -1,7 +1,7 @@
 //! Test support: a frontend played by the test over mock rings, behind a real [`VhostPort`],
 //! and a receiver that records what a port hands it.
 
-use crate::egress::HoldPolicy;
+use crate::egress::{EgressConfig, HoldPolicy};
 use crate::poll::{Policy, WakeCost};
 use crate::port::vhost::{VhostConfig, VhostPort};
 use crate::port::{AnyPort, Ingress, Pkt, PortId};
@@ -27,7 +27,7 @@ pub fn vhost_config(hold: HoldPolicy) -> VhostConfig {
         rx_policy: Policy::Notify,
         batch: 64,
         call_bound: Duration::from_micros(150),
-        hold,
+        egress: EgressConfig::hold(hold),
         wake: WakeCost {
             typical: Duration::from_micros(30),
             floor: Duration::from_micros(10),
@@ -51,8 +51,20 @@ pub struct MockFe {
 impl MockFe {
     /// A frontend that acked `features`, with `posted` receive buffers; and its port.
     pub fn new(id: PortId, features: u64, posted: u16, hold: HoldPolicy) -> (Self, AnyPort) {
+        Self::with_egress(id, features, posted, EgressConfig::hold(hold))
+    }
+
+    /// [`new`](Self::new) with an egress configuration of its own (a queue, DQL).
+    pub fn with_egress(
+        id: PortId,
+        features: u64,
+        posted: u16,
+        egress: EgressConfig,
+    ) -> (Self, AnyPort) {
         let stats: Arc<PortStats> = Arc::default();
-        let mut port = VhostPort::new(id, vhost_config(hold), vec![stats.clone()]);
+        let mut cfg = vhost_config(HoldPolicy::Forever);
+        cfg.egress = egress;
+        let mut port = VhostPort::new(id, cfg, vec![stats.clone()]);
         let txm = MockQueue::new(64, 65536 + 64);
         let (tx, txd) = txm
             .pair_in(Format::Split, Direction::DeviceReads, false)

@@ -105,6 +105,10 @@ pub fn run(a: &BackendArgs) -> Result<()> {
         cpu: a.cpu,
         tx_call_delay: Duration::from_micros(a.tx_call_delay),
         shards: a.shards,
+        // Bench roles hold packets in their senders (no egress queue).
+        egress: pvnet_dataplane::egress::EgressConfig::hold(
+            pvnet_dataplane::egress::HoldPolicy::Forever,
+        ),
     };
     let dp = Dataplane::start(cfg).map_err(io("starting the dataplane"))?;
     let hooks: Arc<dyn DeviceHooks> = dp.clone();

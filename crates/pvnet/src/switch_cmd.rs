@@ -7,6 +7,8 @@ use crate::ctl;
 use crate::error::{io, usage, Result};
 use crate::proc;
 use clap::Args;
+use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
+use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::port::gen::GenSpec;
 use pvnet_dataplane::stats::PortSnapshot;
@@ -27,6 +29,13 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
   vhost-user:name=vm1,socket=/tmp/vm1.sock[,client=true][,queue_pairs=1][,offloads=true]
       a virtio-net device for QEMU (-chardev socket,path=...) or DPDK net_virtio_user;
       client=true connects to a frontend that listens (QEMU server=on) and reconnects.
+      [,qdisc=fq_codel|fifo|none][,dql=true][,bulk=true][,limit=1024]: packets that find
+      the frontend's receive ring full wait in this port's egress queue (copied; the sender
+      goes on): fq_codel (flow queues, CoDel: target 5 ms, interval 100 ms) or fifo, at most
+      limit packets, drained in bulk each round (bulk=false: one packet per dequeue); dql
+      bounds how many buffers of the ring pvnet fills ahead of the frontend (dynamic queue
+      limits, learned from the buffers it gives back); qdisc=none: no queue, a packet waits
+      in its sender up to 2 ms, then is dropped (no_buffer). Drops: queue_limit, aqm.
   tap:name=host,ifname=pvtap0[,offloads=true][,mtu=1500]
       the host kernel, IFF_VNET_HDR: checksum and TSO pass through in both directions.
   sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
@@ -117,6 +126,18 @@ enum PortConfig {
         queue_pairs: u16,
         #[serde(default = "yes")]
         offloads: bool,
+        /// Egress queue scheduler: fq_codel, fifo, or none (packets wait in their senders).
+        #[serde(default = "fq_codel")]
+        qdisc: String,
+        /// Bound the frontend's receive ring by a dynamic queue limit.
+        #[serde(default = "yes")]
+        dql: bool,
+        /// Drain the egress queue in bulk (false: one packet per dequeue).
+        #[serde(default = "yes")]
+        bulk: bool,
+        /// Most packets in the egress queue.
+        #[serde(default = "qlimit")]
+        limit: u32,
     },
     Tap {
         name: String,
@@ -149,6 +170,39 @@ enum PortConfig {
 
 fn one() -> u16 {
     1
+}
+fn fq_codel() -> String {
+    "fq_codel".into()
+}
+fn qlimit() -> u32 {
+    1024
+}
+
+/// A vhost-user port's egress settings from its `qdisc`, `dql`, `bulk` and `limit` keys.
+fn egress_of(name: &str, qdisc: &str, dql: bool, bulk: bool, limit: u32) -> Result<EgressConfig> {
+    let base = EgressConfig::switch_default();
+    if limit == 0 || limit > 1 << 20 {
+        return Err(usage(format!(
+            "port {name}: limit must be 1..={} packets",
+            1 << 20
+        )));
+    }
+    let queue = match qdisc {
+        "none" => None,
+        q => Some(QueueConfig {
+            qdisc: q
+                .parse::<Qdisc>()
+                .map_err(|e| usage(format!("port {name}: {e} (or none)")))?,
+            limit,
+            ..QueueConfig::default()
+        }),
+    };
+    Ok(EgressConfig {
+        queue,
+        dql: dql && queue.is_some(),
+        bulk,
+        ..base
+    })
 }
 fn yes() -> bool {
     true
@@ -323,6 +377,7 @@ fn load(a: &SwitchArgs) -> Result<Config> {
         tx_call_delay: Duration::from_micros(a.tx_call_delay.or(sw.tx_call_delay).unwrap_or(150)),
         // One shard until shards hand packets to each other (the multiqueue issue).
         shards: 1,
+        egress: EgressConfig::switch_default(),
     };
     Ok(Config {
         worker,
@@ -379,8 +434,14 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                 client,
                 queue_pairs,
                 offloads,
+                qdisc,
+                dql,
+                bulk,
+                limit,
                 ..
             } => {
+                let egress = egress_of(p.name(), qdisc, *dql, *bulk, *limit)?;
+                dp.set_egress(id, egress);
                 let bcfg = BackendConfig {
                     queue_pairs: *queue_pairs,
                     features: if *offloads {
@@ -406,9 +467,16 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                         })?,
                 );
                 format!(
-                    "{}{}",
+                    "{}{}, egress {}{}{}",
                     socket.display(),
-                    if client { " (client)" } else { "" }
+                    if client { " (client)" } else { "" },
+                    egress.queue.map_or("none".into(), |q| q.qdisc.to_string()),
+                    if egress.dql { "+dql" } else { "" },
+                    if egress.bulk || egress.queue.is_none() {
+                        ""
+                    } else {
+                        ", one per dequeue"
+                    }
                 )
             }
             PortConfig::Tap {
@@ -574,9 +642,31 @@ mod tests {
                 socket: "/tmp/a.sock".into(),
                 client: true,
                 queue_pairs: 1,
-                offloads: true
+                offloads: true,
+                qdisc: "fq_codel".into(),
+                dql: true,
+                bulk: true,
+                limit: 1024,
             }
         );
+        let e = |spec: &str| match parse_port_spec(spec).unwrap() {
+            PortConfig::VhostUser {
+                name,
+                qdisc,
+                dql,
+                bulk,
+                limit,
+                ..
+            } => egress_of(&name, &qdisc, dql, bulk, limit),
+            _ => unreachable!(),
+        };
+        let fifo = e("vhost-user:name=a,socket=/s,qdisc=fifo,dql=false,bulk=false").unwrap();
+        assert_eq!(fifo.queue.map(|q| q.qdisc), Some(Qdisc::Fifo));
+        assert!(!fifo.dql && !fifo.bulk);
+        let none = e("vhost-user:name=a,socket=/s,qdisc=none").unwrap();
+        assert!(none.queue.is_none() && !none.dql);
+        assert!(e("vhost-user:name=a,socket=/s,qdisc=red").is_err());
+        assert!(e("vhost-user:name=a,socket=/s,limit=0").is_err());
         assert_eq!(
             parse_port_spec("gen:name=g,rate=1000,secs=2.5").unwrap(),
             PortConfig::Gen {

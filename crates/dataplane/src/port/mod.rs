@@ -24,7 +24,7 @@ pub mod tap;
 pub mod vhost;
 
 use crate::poll::plan::Settle;
-use crate::stats::PortStats;
+use crate::stats::{bump, DropReason, PortStats};
 use pvnet_net::{VnetHdr, HDR_LEN, HDR_LEN_LEGACY};
 use std::time::Instant;
 use virtq::event::Armed;
@@ -137,7 +137,7 @@ pub enum TxOut {
     /// No room now (see [`crate::egress`] for what happens next).
     NoRoom,
     /// Refused for good, for this reason (counted at the sender).
-    Dropped(crate::stats::DropReason),
+    Dropped(DropReason),
 }
 
 /// Every receive offload a virtio-net driver can take (`VIRTIO_NET_F_GUEST_*`): what a port
@@ -194,6 +194,27 @@ pub trait Port {
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut);
     /// Commits the batch: one publish and call decision, one burst of writes.
     fn tx_commit(&mut self);
+
+    /// Packets wait in its egress queue (new ones must queue behind them).
+    fn backlogged(&self) -> bool {
+        false
+    }
+    /// Copies `pkts` into its egress queue at `now` (they found no room, or others wait);
+    /// every one is queued or dropped and counted by the port. A port without a queue drops
+    /// them (`queue_limit`).
+    fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
+        bump(
+            &self.tx_stats().drops[DropReason::QueueLimit as usize],
+            pkts.len() as u64,
+        );
+        let _ = now;
+    }
+    /// Sends what waits in its egress queue, as one batch (as many as the device queue's
+    /// limit allows, or one): returns the packets sent.
+    fn drain(&mut self, now: Instant) -> usize {
+        let _ = now;
+        0
+    }
 
     /// After a round: what its queues want (poll on, may sleep armed, wake by a deadline).
     fn idle(&mut self, now: Instant, settle: &mut Settle);
@@ -262,6 +283,24 @@ impl Port for AnyPort {
     #[inline]
     fn tx_commit(&mut self) {
         each!(self, p => p.tx_commit())
+    }
+    #[inline]
+    fn backlogged(&self) -> bool {
+        match self {
+            AnyPort::Vhost(v) => v.backlogged(),
+            _ => false,
+        }
+    }
+    #[inline]
+    fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
+        each!(self, p => p.enqueue(pkts, now))
+    }
+    #[inline]
+    fn drain(&mut self, now: Instant) -> usize {
+        match self {
+            AnyPort::Vhost(v) => v.drain(now),
+            _ => 0,
+        }
     }
     #[inline]
     fn idle(&mut self, now: Instant, settle: &mut Settle) {

@@ -13,7 +13,7 @@
 //! pair 0 and later pairs are left idle (the multiqueue issue places them).
 
 use super::{offer_each, read_head, Caps, Ingress, Pkt, PortId, TxOut, MACS, RX_OFFLOADS};
-use crate::egress::{Egress, HoldPolicy};
+use crate::egress::{Egress, EgressConfig};
 use crate::poll::plan::{Calls, Settle};
 use crate::poll::{Policy, Poller, WakeCost};
 use crate::stats::{bump, DropReason, PortStats};
@@ -179,17 +179,17 @@ impl RxBatch {
     }
 
     /// Starts a batch: one `available()` load, then pops up to `max` chains and prefetches
-    /// the first lines of each for writing. Returns the chains taken.
-    pub fn fill(&mut self, q: &mut DeviceQueue, max: usize) -> Result<usize, virtq::Error> {
+    /// the first lines of each for writing. Returns the chains the ring had available.
+    pub fn fill(&mut self, q: &mut DeviceQueue, max: usize) -> Result<u16, virtq::Error> {
         self.chains.clear();
         self.next = 0;
-        q.available()?;
+        let avail = q.available()?;
         q.pop_batch(&mut self.chains, max, |segs| {
             if let Some(s) = segs.first() {
                 s.prefetch_write(2);
             }
         })?;
-        Ok(self.chains.len())
+        Ok(avail)
     }
 
     /// Chains not consumed yet.
@@ -304,16 +304,28 @@ fn copy_with_header(
 }
 
 impl RxState {
-    /// Opens the receive batch with `want` chains, once per source batch. False if the ring
-    /// just failed.
-    fn open(&mut self, rx: &mut QueueSlot, id: PortId, stats: &PortStats, want: usize) -> bool {
+    /// Opens the receive batch with `want` chains at `now`, once per source batch; the
+    /// buffers the frontend gave back since the last batch complete the device queue's
+    /// limit. False if the ring just failed.
+    fn open(
+        &mut self,
+        rx: &mut QueueSlot,
+        id: PortId,
+        stats: &PortStats,
+        want: usize,
+        now: Instant,
+    ) -> bool {
         if !self.open {
-            if let Err(e) = self.rxb.fill(&mut rx.q, want.max(1)) {
-                rx.fail(id, stats, e);
-                return false;
+            match self.rxb.fill(&mut rx.q, want.max(1)) {
+                Ok(avail) => self.budget = self.egress.budget(avail, now),
+                Err(e) => {
+                    rx.fail(id, stats, e);
+                    return false;
+                }
             }
             self.open = true;
             self.retry = true;
+            self.now = now;
         }
         true
     }
@@ -328,6 +340,7 @@ impl RxState {
             bump(&stats.tx_packets, self.sent[0]);
             bump(&stats.tx_bytes, self.sent[1]);
             self.sent = [0; 2];
+            self.egress.used(std::mem::take(&mut self.bufs));
         }
     }
 }
@@ -361,6 +374,12 @@ struct RxState {
     egress: Egress,
     /// Delivered into the open batch, not yet counted: packets, frame bytes.
     sent: [u64; 2],
+    /// Buffers used in the open batch.
+    bufs: u32,
+    /// Buffers the device queue limit lets the open batch use (see [`Egress::budget`]).
+    budget: i64,
+    /// When the open batch was opened.
+    now: Instant,
 }
 
 /// What the receive side of a pair needs to take one packet (split from the rest of the
@@ -391,14 +410,35 @@ impl RxSide<'_> {
         len: u32,
         mut copy: impl FnMut(&[Seg<'_>], u32, u32, u32) -> u32,
     ) -> Result<Delivered, virtq::Error> {
-        let r = deliver(&mut self.rx.q, &mut self.st.rxb, len, &mut copy)?;
-        if r != Delivered::NoRoom || !std::mem::take(&mut self.st.retry) {
+        if self.st.budget < 0 {
+            // The device queue holds what its limit allows: the rest waits in the egress queue.
+            return Ok(Delivered::NoRoom);
+        }
+        let before = self.st.rxb.next;
+        let mut r = deliver(&mut self.rx.q, &mut self.st.rxb, len, &mut copy)?;
+        if r == Delivered::NoRoom && std::mem::take(&mut self.st.retry) {
+            self.st.rxb.finish(&mut self.rx.q);
+            self.rx.publish(self.stats);
+            let avail = self.st.rxb.fill(&mut self.rx.q, MAX_MERGE)?;
+            self.st.egress.used(std::mem::take(&mut self.st.bufs));
+            self.st.budget = self.st.egress.budget(avail, self.st.now);
+            if self.st.budget < 0 {
+                return Ok(Delivered::NoRoom);
+            }
+            r = deliver(&mut self.rx.q, &mut self.st.rxb, len, copy)?;
+            if r == Delivered::Done {
+                let n = u32::try_from(self.st.rxb.next).unwrap_or(0);
+                self.st.bufs += n;
+                self.st.budget -= i64::from(n);
+            }
             return Ok(r);
         }
-        self.st.rxb.finish(&mut self.rx.q);
-        self.rx.publish(self.stats);
-        self.st.rxb.fill(&mut self.rx.q, MAX_MERGE)?;
-        deliver(&mut self.rx.q, &mut self.st.rxb, len, copy)
+        if r == Delivered::Done {
+            let n = u32::try_from(self.st.rxb.next - before).unwrap_or(0);
+            self.st.bufs += n;
+            self.st.budget -= i64::from(n);
+        }
+        Ok(r)
     }
 
     /// One packet into the frontend's receive ring: the whole packet in one copy when its
@@ -437,7 +477,7 @@ impl RxSide<'_> {
 }
 
 impl QueuePair {
-    fn new(stats: Arc<PortStats>, mergeable: bool, hdr_len: u32, hold: HoldPolicy) -> Self {
+    fn new(stats: Arc<PortStats>, mergeable: bool, hdr_len: u32, egress: EgressConfig) -> Self {
         Self {
             rx: None,
             tx: None,
@@ -446,8 +486,11 @@ impl QueuePair {
                 rxb: RxBatch::new(mergeable, hdr_len),
                 open: false,
                 retry: false,
-                egress: Egress::new(hold),
+                egress: Egress::with(egress),
                 sent: [0; 2],
+                bufs: 0,
+                budget: i64::MAX,
+                now: Instant::now(),
             },
             chains: Vec::with_capacity(256),
             rx_wanted: false,
@@ -457,11 +500,11 @@ impl QueuePair {
     /// Opens the receive batch (once per source batch) with `want` chains: what the sender's
     /// burst holds. A packet that needs more (merged buffers) makes the batch look once more
     /// for up to [`MAX_MERGE`]. False if the ring is not running or just failed.
-    fn open(&mut self, id: PortId, want: usize) -> bool {
+    fn open(&mut self, id: PortId, want: usize, now: Instant) -> bool {
         let Some(rx) = QueueSlot::usable(&mut self.rx) else {
             return false;
         };
-        self.out.open(rx, id, &self.stats, want)
+        self.out.open(rx, id, &self.stats, want, now)
     }
 
     /// Publishes the open receive batch and counts what it delivered.
@@ -483,8 +526,8 @@ pub struct VhostConfig {
     pub batch: usize,
     /// How long transmit-completion calls may be held back.
     pub call_bound: Duration,
-    /// How long a packet may wait for this port's buffers.
-    pub hold: HoldPolicy,
+    /// What happens to packets this port has no room for (a queue, or a hold in the sender).
+    pub egress: EgressConfig,
     /// The measured wake-up cost (bounds adaptive polling).
     pub wake: WakeCost,
 }
@@ -540,16 +583,20 @@ impl VhostPort {
         } else {
             (self.cfg.tx_policy, false)
         };
-        let (stats, mergeable, hdr_len, hold) = (
+        let (stats, mergeable, hdr_len, egress) = (
             self.stats[pair].clone(),
             self.mergeable,
             self.hdr_len,
-            self.cfg.hold,
+            self.cfg.egress,
         );
         let qp =
-            self.qps[pair].get_or_insert_with(|| QueuePair::new(stats, mergeable, hdr_len, hold));
+            self.qps[pair].get_or_insert_with(|| QueuePair::new(stats, mergeable, hdr_len, egress));
         // A pair's header length and merging follow the features of its latest start.
         qp.out.rxb = RxBatch::new(mergeable, hdr_len);
+        if is_rx {
+            // A new ring: nothing of it is in flight; the limit learns it afresh.
+            qp.out.egress.ring_restarted();
+        }
         let mut slot = QueueSlot::new(q, policy, self.cfg.wake);
         // The shard polls a new queue first: tell the driver not to kick until we arm. A
         // ring starts with `used->flags == 0` ("kick me"); left so, a driver without
@@ -568,6 +615,12 @@ impl VhostPort {
         let qp = self.qps.get_mut(usize::from(index / 2))?.as_mut()?;
         let slot = if index.is_multiple_of(2) {
             qp.out.open = false;
+            // What waited for this ring has nowhere to go now.
+            let n = qp.out.egress.purge();
+            bump(&qp.stats.drops[DropReason::PortDown as usize], n);
+            qp.stats
+                .backlog
+                .store(0, std::sync::atomic::Ordering::Relaxed);
             qp.rx.take()
         } else {
             qp.tx.take()
@@ -635,14 +688,14 @@ impl VhostPort {
                     .is_some_and(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken))
             })
             .unwrap_or(0);
-        let (stats, m, h, hold) = (
+        let (stats, m, h, egress) = (
             self.stats[k].clone(),
             self.mergeable,
             self.hdr_len,
-            self.cfg.hold,
+            self.cfg.egress,
         );
         &mut self.qps[k]
-            .get_or_insert_with(|| QueuePair::new(stats, m, h, hold))
+            .get_or_insert_with(|| QueuePair::new(stats, m, h, egress))
             .out
             .egress
     }
@@ -702,6 +755,15 @@ impl VhostPort {
     }
 }
 
+/// Adds an egress queue's counts to the port's counters (`dequeues`: drains that sent).
+fn count_queue(stats: &PortStats, c: &crate::egress::queue::QueueCounts, dequeues: u64) {
+    bump(&stats.queued, c.queued);
+    bump(&stats.dequeued, c.dequeued);
+    bump(&stats.dequeues, dequeues);
+    bump(&stats.drops[DropReason::QueueLimit as usize], c.drop_limit);
+    bump(&stats.drops[DropReason::Aqm as usize], c.drop_aqm);
+}
+
 /// The hairpin's receiver: the same pair's receive side, its batch opened at the first
 /// burst (an idle round touches no receive ring).
 struct Hairpin<'a> {
@@ -713,7 +775,7 @@ impl Ingress for Hairpin<'_> {
     fn burst(&mut self, pkts: &[Pkt<'_>], stats: &PortStats) -> usize {
         let s = &mut self.side;
         if !s.rx.broken {
-            s.st.open(s.rx, s.id, s.stats, pkts.len());
+            s.st.open(s.rx, s.id, s.stats, pkts.len(), self.now);
         }
         let mut k = 0;
         while k < pkts.len() {
@@ -731,6 +793,8 @@ impl Ingress for Hairpin<'_> {
                 TxOut::NoRoom => match s.st.egress.no_room(crate::egress::Offer::Unicast, self.now)
                 {
                     crate::egress::Backpressure::Wait => break,
+                    // A hairpin's egress holds no queue (bench roles): drop as no room.
+                    crate::egress::Backpressure::Queue => DropReason::NoBuffer,
                     crate::egress::Backpressure::Drop(r) => r,
                 },
                 TxOut::Dropped(r) => r,
@@ -895,13 +959,15 @@ impl super::Port for VhostPort {
     }
 
     #[inline]
-    fn tx_begin(&mut self, _now: Instant, hint: usize) -> bool {
+    fn tx_begin(&mut self, now: Instant, hint: usize) -> bool {
         let id = self.id;
         let Some(k) = self.egress_pair() else {
             return false;
         };
         self.tx_qp = k;
-        self.qps[k].as_mut().is_some_and(|qp| qp.open(id, hint))
+        self.qps[k]
+            .as_mut()
+            .is_some_and(|qp| qp.open(id, hint, now))
     }
 
     #[inline]
@@ -931,6 +997,119 @@ impl super::Port for VhostPort {
         for qp in self.qps.iter_mut().flatten() {
             qp.commit();
         }
+    }
+
+    #[inline]
+    fn backlogged(&self) -> bool {
+        self.qps
+            .get(self.tx_qp)
+            .and_then(Option::as_ref)
+            .is_some_and(|qp| qp.out.egress.backlogged())
+    }
+
+    fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
+        let Some(qp) = self.qps.get_mut(self.tx_qp).and_then(Option::as_mut) else {
+            return;
+        };
+        let c = qp.out.egress.enqueue(pkts, now);
+        count_queue(&qp.stats, &c, 0);
+        if let Some(q) = qp.out.egress.queue_len() {
+            qp.stats
+                .backlog
+                .store(u64::from(q), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn drain(&mut self, now: Instant) -> usize {
+        let (id, features, hdr_len, batch) = (self.id, self.features, self.hdr_len, self.cfg.batch);
+        let Some(k) = self.egress_pair() else {
+            // No ring to drain into: what waits has nowhere to go.
+            for qp in self.qps.iter_mut().flatten() {
+                let n = qp.out.egress.purge();
+                bump(&qp.stats.drops[DropReason::PortDown as usize], n);
+            }
+            return 0;
+        };
+        let Some(qp) = self.qps[k].as_mut() else {
+            return 0;
+        };
+        if !qp.out.egress.backlogged() {
+            return 0;
+        }
+        let Some(mut q) = qp.out.egress.take_queue() else {
+            return 0;
+        };
+        let max = if qp.out.egress.bulk() {
+            q.len() as usize
+        } else {
+            1
+        };
+        let QueuePair { rx, stats, out, .. } = qp;
+        let mut sent = 0;
+        if let Some(rx) = QueueSlot::usable(rx) {
+            if out.open(rx, id, stats, max.min(batch), now) {
+                let t = out.egress.ns(now);
+                let mut side = RxSide {
+                    id,
+                    features,
+                    hdr_len,
+                    rx: &mut *rx,
+                    st: &mut *out,
+                    stats,
+                };
+                let mut dropped = [0u64; DropReason::ALL.len()];
+                while sent < max {
+                    let Some(h) = q.dequeue(t) else {
+                        break;
+                    };
+                    let (seg, meta) = q.get(h);
+                    let segs = [seg];
+                    let pkt = Pkt {
+                        segs: &segs,
+                        ..meta
+                    };
+                    match side.take(&pkt) {
+                        TxOut::Sent => {
+                            q.release(h);
+                            sent += 1;
+                        }
+                        TxOut::NoRoom => {
+                            q.requeue(h);
+                            break;
+                        }
+                        TxOut::Dropped(r) => {
+                            q.release(h);
+                            dropped[r as usize] += 1;
+                        }
+                    }
+                }
+                for r in DropReason::ALL {
+                    bump(&stats.drops[r as usize], dropped[r as usize]);
+                }
+                out.commit(rx, stats);
+            }
+        }
+        let c = q.take_counts();
+        count_queue(stats, &c, u64::from(sent > 0));
+        stats
+            .backlog
+            .store(u64::from(q.len()), std::sync::atomic::Ordering::Relaxed);
+        if let Some(l) = out.egress.dql_limit() {
+            stats
+                .dql_limit
+                .store(u64::from(l), std::sync::atomic::Ordering::Relaxed);
+        }
+        if out.egress.put_queue(q, sent, now) {
+            let n = out.egress.purge();
+            tracing::warn!(
+                port = id,
+                dropped = n,
+                "egress queue could not drain: emptied"
+            );
+            bump(&stats.drops[DropReason::NoBuffer as usize], n);
+            stats.backlog.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        sent
     }
 
     fn idle(&mut self, now: Instant, settle: &mut Settle) {

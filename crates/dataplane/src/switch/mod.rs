@@ -187,9 +187,13 @@ impl Fabric {
         }
     }
 
-    /// One round: every port's burst once. Returns the packets taken from senders.
+    /// One round: every port's egress queue drained first (what waits goes before anything
+    /// new), then every port's burst once. Returns the packets moved.
     pub fn round(&mut self, ports: &mut [AnyPort], now: Instant) -> usize {
         let mut work = 0;
+        for p in ports.iter_mut() {
+            work += p.drain(now);
+        }
         for i in 0..ports.len() {
             let (before, rest) = ports.split_at_mut(i);
             let Some((src, after)) = rest.split_first_mut() else {
@@ -350,11 +354,18 @@ impl Cx<'_, '_> {
         let (n, out) = match run.first() {
             Some(p) if p.has_offload() => {
                 let out = match fit(&p.hdr, port.caps().offloads) {
-                    Fit::Pass => port.tx_burst(std::slice::from_ref(p)).1,
-                    Fit::Csum => csum_then(port, p, &mut self.f.staging),
-                    Fit::Gso => gso_then(port, p, &mut self.f.staging, &mut self.f.segbuf),
+                    Fit::Pass => put_one(port, p, offer, now),
+                    Fit::Csum => csum_then(port, p, &mut self.f.staging, offer, now),
+                    Fit::Gso => {
+                        gso_then(port, p, &mut self.f.staging, &mut self.f.segbuf, offer, now)
+                    }
                 };
                 (usize::from(out == TxOut::Sent), out)
+            }
+            _ if port.backlogged() => {
+                // Packets wait in its queue: these go behind them.
+                port.enqueue(run, now);
+                (run.len(), TxOut::Sent)
             }
             _ => port.tx_burst(run),
         };
@@ -367,6 +378,11 @@ impl Cx<'_, '_> {
             TxOut::Dropped(r) => Out::Dropped(r),
             TxOut::NoRoom => match port.egress().map(|e| e.no_room(offer, now)) {
                 Some(Backpressure::Wait) => Out::Wait,
+                Some(Backpressure::Queue) => {
+                    // The rest of the run waits in the receiver's queue; the sender is free.
+                    port.enqueue(&run[n..], now);
+                    return (run.len(), Out::Sent);
+                }
                 Some(Backpressure::Drop(r)) => Out::Dropped(r),
                 None => Out::Dropped(DropReason::NoBuffer),
             },
@@ -375,8 +391,31 @@ impl Cx<'_, '_> {
     }
 }
 
+/// Offers one packet (as it is, or one the switch made: a checksum completed, a segment):
+/// straight to the port, or into its egress queue when packets wait there or when it has no
+/// room and keeps a queue. `NoRoom`: it has no room and no queue (the caller decides).
+fn put_one(port: &mut AnyPort, p: &Pkt<'_>, offer: Offer, now: Instant) -> TxOut {
+    if !port.backlogged() {
+        match port.tx_burst(std::slice::from_ref(p)).1 {
+            TxOut::NoRoom => {}
+            o => return o,
+        }
+        if port.egress().map(|e| e.no_room(offer, now)) != Some(Backpressure::Queue) {
+            return TxOut::NoRoom;
+        }
+    }
+    port.enqueue(std::slice::from_ref(p), now);
+    TxOut::Sent
+}
+
 /// Completes a partial checksum in the staging buffer, then offers the result.
-fn csum_then(port: &mut AnyPort, pkt: &Pkt<'_>, staging: &mut [u8]) -> TxOut {
+fn csum_then(
+    port: &mut AnyPort,
+    pkt: &Pkt<'_>,
+    staging: &mut [u8],
+    offer: Offer,
+    now: Instant,
+) -> TxOut {
     let h = HDR_LEN as usize;
     let flen = (pkt.frame_len() as usize).min(staging.len() - h);
     let n = read_segs(pkt.segs, pkt.hdr_len, &mut staging[h..h + flen]);
@@ -392,20 +431,27 @@ fn csum_then(port: &mut AnyPort, pkt: &Pkt<'_>, staging: &mut [u8]) -> TxOut {
     staging[..h].fill(0);
     bump(&port.tx_stats().sw_csum, 1);
     let seg = [Seg::from_mut(&mut staging[..h + n])];
-    port.tx_burst(&[Pkt {
+    let p = Pkt {
         segs: &seg,
         len: u32::try_from(h + n).unwrap_or(0),
         hdr_len: HDR_LEN,
         hdr: VnetHdr::default(),
         macs: pkt.macs,
-    }])
-    .1
+    };
+    put_one(port, &p, offer, now)
 }
 
 /// Segments a GSO packet (each segment with full checksums and a plain header), offering
-/// each. The tail of a segmented packet that found no room is lost: it cannot wait
-/// half-delivered.
-fn gso_then(port: &mut AnyPort, pkt: &Pkt<'_>, staging: &mut [u8], segbuf: &mut Vec<u8>) -> TxOut {
+/// each. Segments that find no room go into the receiver's queue if it keeps one; otherwise
+/// the tail of a segmented packet that found no room is lost: it cannot wait half-delivered.
+fn gso_then(
+    port: &mut AnyPort,
+    pkt: &Pkt<'_>,
+    staging: &mut [u8],
+    segbuf: &mut Vec<u8>,
+    offer: Offer,
+    now: Instant,
+) -> TxOut {
     let flen = (pkt.frame_len() as usize).min(staging.len());
     let n = read_segs(pkt.segs, pkt.hdr_len, &mut staging[..flen]);
     let mut out = TxOut::Sent;
@@ -416,15 +462,14 @@ fn gso_then(port: &mut AnyPort, pkt: &Pkt<'_>, staging: &mut [u8], segbuf: &mut 
         let len = u32::try_from(HDR_LEN as usize + s.len()).unwrap_or(0);
         let mut hdr = [0u8; HDR_LEN as usize];
         let segs = [Seg::from_mut(&mut hdr), Seg::from_mut(s)];
-        out = port
-            .tx_burst(&[Pkt {
-                segs: &segs,
-                len,
-                hdr_len: HDR_LEN,
-                hdr: VnetHdr::default(),
-                macs: pkt.macs,
-            }])
-            .1;
+        let p = Pkt {
+            segs: &segs,
+            len,
+            hdr_len: HDR_LEN,
+            hdr: VnetHdr::default(),
+            macs: pkt.macs,
+        };
+        out = put_one(port, &p, offer, now);
     });
     if r.is_err() {
         return TxOut::Dropped(DropReason::Offload);

@@ -345,3 +345,199 @@ fn a_short_packet_is_dropped_in_its_place_and_the_rest_go_on() {
     assert_eq!(get(&a.stats.drops[DropReason::Invalid as usize]), 1);
     assert_eq!(a.completed(), 3);
 }
+
+// Egress queues: packets that find no room wait in the receiver's queue (copied), the sender
+// goes on; drained first each round, in bulk or one per dequeue, bounded by DQL.
+
+use crate::egress::queue::{Qdisc, QueueConfig};
+use crate::egress::{EgressConfig, STALL};
+
+fn queued(qdisc: Qdisc, limit: u32, dql: bool, bulk: bool) -> EgressConfig {
+    EgressConfig {
+        queue: Some(QueueConfig {
+            qdisc,
+            limit,
+            ..QueueConfig::default()
+        }),
+        dql,
+        bulk,
+        ..EgressConfig::switch_default()
+    }
+}
+
+/// `n` frames from `a` to station 2 (b), numbered from `first`.
+fn send_n(a: &mut MockFe, first: u8, n: u8) {
+    for k in 0..n {
+        a.send(&VnetHdr::default(), &frame(mac(2), mac(1), first + k, 60));
+    }
+}
+
+#[test]
+fn a_full_receiver_queues_and_the_sender_goes_on() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = MockFe::with_egress(1, MODERN, 0, queued(Qdisc::Fifo, 1024, false, true));
+    let mut ports = vec![pa, pb];
+    let t0 = Instant::now();
+    send_n(&mut a, 0, 40);
+    run(&mut f, &mut ports, t0);
+    assert_eq!(a.completed(), 40, "the sender has its buffers back");
+    assert_eq!(get(&a.stats.rx_packets), 40);
+    assert_eq!(get(&b.stats.queued), 40);
+    assert_eq!(get(&b.stats.backlog), 40);
+    // New packets queue behind the backlog even once there is room (order holds).
+    b.post(256);
+    send_n(&mut a, 40, 10);
+    run(&mut f, &mut ports, t0);
+    let got = b.received();
+    let order: Vec<u8> = got.iter().map(|(_, fr)| fr[14]).collect();
+    assert_eq!(order, (0..50).collect::<Vec<u8>>());
+    assert_eq!(get(&b.stats.tx_packets), 50);
+    assert_eq!(get(&b.stats.queued), get(&b.stats.dequeued));
+    assert_eq!(get(&b.stats.backlog), 0);
+    assert_eq!(
+        get(&b.stats.dequeues),
+        1,
+        "bulk: the whole backlog in one drain"
+    );
+}
+
+#[test]
+fn one_per_dequeue_sends_one_packet_per_round() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = MockFe::with_egress(1, MODERN, 0, queued(Qdisc::Fifo, 1024, false, false));
+    let mut ports = vec![pa, pb];
+    let t0 = Instant::now();
+    send_n(&mut a, 0, 10);
+    run(&mut f, &mut ports, t0);
+    b.post(256);
+    f.round(&mut ports, t0);
+    f.round(&mut ports, t0);
+    f.round(&mut ports, t0);
+    assert_eq!(b.received().len(), 3);
+    assert_eq!(get(&b.stats.dequeues), 3);
+    assert_eq!(get(&b.stats.tx_batches), 3, "each its own publish");
+    run(&mut f, &mut ports, t0);
+    run(&mut f, &mut ports, t0);
+    assert_eq!(b.received().len(), 7);
+}
+
+#[test]
+fn a_full_queue_drops_with_queue_limit_and_counts_add_up() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = MockFe::with_egress(1, MODERN, 0, queued(Qdisc::Fifo, 16, false, true));
+    let mut ports = vec![pa, pb];
+    let t0 = Instant::now();
+    send_n(&mut a, 0, 40);
+    run(&mut f, &mut ports, t0);
+    assert_eq!(a.completed(), 40);
+    assert_eq!(get(&b.stats.queued), 16);
+    assert_eq!(get(&b.stats.drops[DropReason::QueueLimit as usize]), 24);
+    b.post(256);
+    run(&mut f, &mut ports, t0);
+    let got = b.received();
+    assert_eq!(got.len(), 16);
+    assert_eq!(got[0].1[14], 0, "fifo drops the newest");
+    assert_eq!(
+        get(&a.stats.rx_packets),
+        get(&b.stats.tx_packets) + get(&b.stats.drops[DropReason::QueueLimit as usize])
+    );
+}
+
+#[test]
+fn dql_keeps_the_ring_from_filling_ahead_of_a_frontend_that_does_not_give_buffers_back() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = MockFe::with_egress(1, MODERN, 256, queued(Qdisc::FqCodel, 1024, true, true));
+    let mut ports = vec![pa, pb];
+    let t0 = Instant::now();
+    for round in 0..3u8 {
+        send_n(&mut a, round * 60, 60);
+        run(&mut f, &mut ports, t0);
+        assert_eq!(a.completed(), 60);
+    }
+    // 256 buffers posted, but the limit starts at 64 buffers: 65 go in (the batch that
+    // crosses the limit is allowed), the rest wait in the queue.
+    let delivered = get(&b.stats.tx_packets);
+    assert_eq!(delivered, 65);
+    assert_eq!(get(&b.stats.backlog), 180 - 65);
+    assert_eq!(get(&b.stats.dql_limit), 64);
+    // The frontend takes them and gives the buffers back: completions let the rest in.
+    assert_eq!(b.received().len(), 65);
+    b.post(65);
+    run(&mut f, &mut ports, t0);
+    let more = b.received().len();
+    assert!(more > 0, "completions must open the limit again");
+    let mut total = 65 + more;
+    for _ in 0..10 {
+        b.post(256);
+        run(&mut f, &mut ports, t0);
+        total += b.received().len();
+    }
+    assert_eq!(total, 180, "everything delivered in the end");
+    assert_eq!(get(&b.stats.backlog), 0);
+}
+
+#[test]
+fn fq_codel_lets_a_sparse_flow_past_a_bulk_backlog_and_fifo_does_not() {
+    for (qdisc, within) in [(Qdisc::FqCodel, 30usize), (Qdisc::Fifo, 61)] {
+        let mut f = switch();
+        let (mut a, pa) = fe(0, MODERN);
+        let (mut s, ps) = fe(2, MODERN);
+        let (mut b, pb) = MockFe::with_egress(1, MODERN, 0, queued(qdisc, 1024, false, true));
+        let mut ports = vec![pa, pb, ps];
+        let t0 = Instant::now();
+        // b speaks first so that it is learned (nothing floods to s).
+        b.send(&VnetHdr::default(), &frame(mac(1), mac(2), 0, 60));
+        run(&mut f, &mut ports, t0);
+        a.received();
+        send_n(&mut a, 0, 60);
+        run(&mut f, &mut ports, t0);
+        s.send(&VnetHdr::default(), &frame(mac(2), mac(3), 200, 60));
+        run(&mut f, &mut ports, t0);
+        b.post(256);
+        run(&mut f, &mut ports, t0);
+        let got = b.received();
+        assert_eq!(got.len(), 61, "{qdisc}");
+        let at = got.iter().position(|(_, fr)| fr[14] == 200).unwrap();
+        assert!(at < within, "{qdisc}: the sparse packet came {at}th");
+        if qdisc == Qdisc::Fifo {
+            assert_eq!(at, 60);
+        }
+    }
+}
+
+#[test]
+fn a_receiver_that_goes_away_frees_its_queue() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (_b, pb) = MockFe::with_egress(1, MODERN, 0, queued(Qdisc::FqCodel, 1024, true, true));
+    let mut ports = vec![pa, pb];
+    let t0 = Instant::now();
+    send_n(&mut a, 0, 20);
+    run(&mut f, &mut ports, t0);
+    let bstats = ports[1].tx_stats().snapshot(1);
+    assert_eq!(bstats.backlog, 20);
+    ports[1].as_vhost().unwrap().stop(0);
+    let s = ports[1].tx_stats().snapshot(1);
+    assert_eq!(s.drops["port_down"], 20);
+    assert_eq!(s.backlog, 0);
+}
+
+#[test]
+fn a_stalled_receiver_is_emptied_after_the_stall_bound() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (b, pb) = MockFe::with_egress(1, MODERN, 0, queued(Qdisc::FqCodel, 1024, true, true));
+    let mut ports = vec![pa, pb];
+    let t0 = Instant::now();
+    send_n(&mut a, 0, 20);
+    run(&mut f, &mut ports, t0);
+    run(&mut f, &mut ports, t0 + STALL / 2);
+    assert_eq!(get(&b.stats.backlog), 20, "still within the bound");
+    run(&mut f, &mut ports, t0 + STALL + Duration::from_millis(1));
+    assert_eq!(get(&b.stats.backlog), 0);
+    assert_eq!(get(&b.stats.drops[DropReason::NoBuffer as usize]), 20);
+}

@@ -77,6 +77,9 @@ pub struct WorkerConfig {
     pub tx_call_delay: Duration,
     /// Worker threads (shards).
     pub shards: usize,
+    /// The switch's vhost-user ports' egress: queue, scheduler, DQL, bulk dequeue (bench
+    /// roles hold packets in their senders instead).
+    pub egress: crate::egress::EgressConfig,
 }
 
 impl Default for WorkerConfig {
@@ -89,6 +92,7 @@ impl Default for WorkerConfig {
             cpu: None,
             tx_call_delay: Duration::from_micros(150),
             shards: 1,
+            egress: crate::egress::EgressConfig::switch_default(),
         }
     }
 }
@@ -223,6 +227,12 @@ impl Dataplane {
             .entry(id)
             .or_insert_with(|| vec![Arc::default()]);
         self.send_port(id, Cmd::AddHost(id, Box::new(port)));
+    }
+
+    /// Gives a switch port its own egress settings (before its frontend connects; a port
+    /// without them takes [`WorkerConfig::egress`]).
+    pub fn set_egress(&self, id: PortId, e: crate::egress::EgressConfig) {
+        self.send_port(id, Cmd::Egress(id, e));
     }
 
     /// The switch's learned addresses (empty for other roles, or if the shard is gone).

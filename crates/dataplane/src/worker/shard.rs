@@ -7,7 +7,7 @@
 //! [`crate::poll::plan`]; this file only does the I/O around them.
 
 use super::{GenConfig, HostPort, Registry, Role, WorkerConfig};
-use crate::egress::HoldPolicy;
+use crate::egress::{EgressConfig, HoldPolicy};
 use crate::poll::plan::{call_bound, Plan, Settle};
 use crate::poll::{Clock, WakeCost};
 use crate::port::gen::{GenPort, GenSpec};
@@ -38,6 +38,7 @@ pub(crate) enum Cmd {
     Mem(PortId, Arc<MemTable>),
     RemovePort(PortId, SyncSender<()>),
     AddHost(PortId, Box<HostPort>),
+    Egress(PortId, EgressConfig),
     Macs(SyncSender<Vec<MacEntry>>),
     Shutdown,
 }
@@ -74,6 +75,8 @@ pub(crate) struct Shard {
     faults: u64,
     /// Measured sleep/wake cost (bounds the adaptive window and call coalescing).
     wake: WakeCost,
+    /// Egress settings of ports that have their own (others: `cfg.egress`).
+    egress: std::collections::BTreeMap<PortId, EgressConfig>,
 }
 
 impl Shard {
@@ -110,6 +113,7 @@ impl Shard {
                 typical: Duration::from_micros(30),
                 floor: Duration::from_micros(10),
             },
+            egress: std::collections::BTreeMap::new(),
         })
     }
 
@@ -124,15 +128,18 @@ impl Shard {
         self.wake = WakeCost::measure(50);
     }
 
-    fn vhost_config(&self) -> VhostConfig {
+    fn vhost_config(&self, id: PortId) -> VhostConfig {
         VhostConfig {
             tx_policy: self.cfg.policy,
             rx_policy: self.cfg.rx_policy,
             batch: usize::from(self.cfg.batch.max(1)),
             call_bound: call_bound(self.cfg.tx_call_delay, self.wake.typical),
-            hold: match self.cfg.role {
-                Role::Switch(_) => HoldPolicy::Bounded(HOLD),
-                _ => HoldPolicy::Forever,
+            egress: match self.cfg.role {
+                Role::Switch(_) => EgressConfig {
+                    hold: HoldPolicy::Bounded(HOLD),
+                    ..self.egress.get(&id).copied().unwrap_or(self.cfg.egress)
+                },
+                _ => EgressConfig::hold(HoldPolicy::Forever),
             },
             wake: self.wake,
         }
@@ -176,7 +183,7 @@ impl Shard {
         let first = stats[0].clone();
         self.add(AnyPort::Vhost(VhostPort::new(
             id,
-            self.vhost_config(),
+            self.vhost_config(id),
             stats,
         )));
         match self.cfg.role {
@@ -310,6 +317,9 @@ impl Shard {
                     let _ = reply.send(());
                 }
                 Cmd::AddHost(id, h) => self.add_host(id, *h),
+                Cmd::Egress(id, e) => {
+                    self.egress.insert(id, e);
+                }
                 Cmd::Macs(reply) => {
                     let _ = reply.send(self.fabric.macs(now));
                 }

@@ -1,0 +1,373 @@
+//! Where backpressure is decided: one [`Egress`] per port's transmit side (a frontend's
+//! receive ring, a tap).
+//!
+//! When a port has no room for a packet, what happens to it is the egress's decision, and
+//! nowhere else's. Two ways:
+//!
+//! * **No queue** (the bench roles, the tap): a packet that may wait stays where it is (in
+//!   the sender's ring, a tap's read buffer, or not yet generated), which costs the sender
+//!   nothing but its buffer; [`HoldPolicy`] says how long it may:
+//!   - [`HoldPolicy::Forever`]: as long as it takes (bench roles: backpressure, nothing lost);
+//!   - [`HoldPolicy::Bounded`]: a unicast packet waits at most this long for buffers, then it
+//!     and what follows are dropped (`no_buffer`) so that one stalled receiver cannot stall its
+//!     sender's traffic to everyone else for long; a flooded copy never waits; a generator's
+//!     frames always wait (nothing is in flight yet, so waiting loses nothing).
+//! * **A queue** ([`queue::Queue`], the switch's vhost-user ports by default): packets that
+//!   find no room are copied into the receiver's egress queue and the sender gets its buffer
+//!   back at once; a scheduler ([`queue::Qdisc`]: `fifo` or `fq_codel`) decides the order and
+//!   the drops (`queue_limit`, `aqm`). Each round the port drains its queue first, in bulk: as
+//!   many packets as the device queue's dynamic limit ([`dql::Dql`]) allows, in one batch (one
+//!   publish, one call). While something waits, new packets queue behind it (a flow's order
+//!   holds); while nothing does, packets go straight to the receiver (no copy, no queue).
+//!
+//! The device queue here is the frontend's receive ring: a packet is in it from the moment
+//! pvnet writes it until the frontend gives the buffer back (posts it again), which is the
+//! completion DQL learns from, in buffers.
+
+pub mod dql;
+pub mod queue;
+
+use crate::port::Pkt;
+use crate::stats::DropReason;
+use dql::Dql;
+use queue::{Queue, QueueConfig, QueueCounts};
+use std::time::{Duration, Instant};
+
+/// How long a packet may wait for room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldPolicy {
+    /// As long as it takes.
+    Forever,
+    /// At most this long, for unicast packets; flooded copies never wait.
+    Bounded(Duration),
+}
+
+/// Who offers a packet, as far as waiting goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// One copy of a flooded packet: never waits in its sender (the others went out).
+    Flood,
+    /// A unicast packet from a sender whose other traffic waits behind it.
+    Unicast,
+    /// A packet that can wait at no cost to anyone (a generator's next frame).
+    Patient,
+}
+
+/// What to do with a packet the port had no room for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backpressure {
+    /// Leave it where it is; it is offered again next round.
+    Wait,
+    /// Copy it (and what follows in its run) into the egress queue.
+    Queue,
+    /// Drop it, counted.
+    Drop(DropReason),
+}
+
+/// Fewest buffers the device queue limit goes down to: a Linux guest gives receive buffers
+/// back only once more than half its NAPI budget (64) is used, so a limit under that could
+/// wait for a completion that never comes.
+pub const DQL_MIN_BUFFERS: u32 = 64;
+
+/// Longest the queue may fail to send anything while packets wait; then they are dropped
+/// (`no_buffer`) and their memory freed (a receiver that stopped taking packets).
+pub const STALL: Duration = Duration::from_secs(1);
+
+/// A port's egress settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EgressConfig {
+    /// How long a packet waits in its sender when there is no queue.
+    pub hold: HoldPolicy,
+    /// The egress queue (None: packets wait in their senders).
+    pub queue: Option<QueueConfig>,
+    /// Bound what is in the device queue by a dynamic queue limit (with a queue only).
+    pub dql: bool,
+    /// Drain as many packets per round as the limit allows (false: one per dequeue, each
+    /// its own publish and call, for comparison).
+    pub bulk: bool,
+}
+
+impl EgressConfig {
+    /// No queue: packets wait in their senders under `hold`.
+    pub fn hold(hold: HoldPolicy) -> Self {
+        Self {
+            hold,
+            queue: None,
+            dql: false,
+            bulk: true,
+        }
+    }
+
+    /// A switch port's default: fq_codel with DQL, bulk dequeue.
+    pub fn switch_default() -> Self {
+        Self {
+            hold: HoldPolicy::Bounded(Duration::from_millis(2)),
+            queue: Some(QueueConfig::default()),
+            dql: true,
+            bulk: true,
+        }
+    }
+}
+
+/// The transmit side's queue state of one port.
+#[derive(Debug)]
+pub struct Egress {
+    policy: HoldPolicy,
+    /// Since when a packet has waited for room (None: nothing waits).
+    held_since: Option<Instant>,
+    /// The port ran out of room this round: the poll loop watches its buffers.
+    blocked: bool,
+    /// The queue, when packets wait here (moved out while it drains).
+    queue: Option<Box<Queue>>,
+    has_queue: bool,
+    dql: Option<Dql>,
+    bulk: bool,
+    epoch: Instant,
+    /// Buffers the frontend had posted in all, as last seen (None: not seen yet).
+    posted: Option<u32>,
+    /// Buffers used in all.
+    used: u32,
+    /// Since when the queue has sent nothing while packets wait.
+    stalled_since: Option<Instant>,
+}
+
+impl Egress {
+    /// An empty egress with no queue.
+    pub fn new(policy: HoldPolicy) -> Self {
+        Self::with(EgressConfig::hold(policy))
+    }
+
+    /// An empty egress as configured (the queue's memory is allocated here).
+    pub fn with(cfg: EgressConfig) -> Self {
+        let epoch = Instant::now();
+        Self {
+            policy: cfg.hold,
+            held_since: None,
+            blocked: false,
+            queue: cfg.queue.map(|q| Box::new(Queue::new(q))),
+            has_queue: cfg.queue.is_some(),
+            dql: (cfg.queue.is_some() && cfg.dql).then(|| Dql::new(DQL_MIN_BUFFERS, 0)),
+            bulk: cfg.bulk,
+            epoch,
+            posted: None,
+            used: 0,
+            stalled_since: None,
+        }
+    }
+
+    /// Nanoseconds since this egress began (its queue's and DQL's clock).
+    #[inline]
+    pub fn ns(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The port took a packet.
+    #[inline]
+    pub fn sent(&mut self) {
+        // Nearly always nothing waited: no store then.
+        if self.blocked || self.held_since.is_some() {
+            self.held_since = None;
+            self.blocked = false;
+        }
+    }
+
+    /// The port had no room for a packet offered as `offer` at `now`.
+    #[inline]
+    pub fn no_room(&mut self, offer: Offer, now: Instant) -> Backpressure {
+        self.blocked = true;
+        if self.has_queue && offer != Offer::Patient {
+            return Backpressure::Queue;
+        }
+        let since = *self.held_since.get_or_insert(now);
+        let wait = match (offer, self.policy) {
+            (Offer::Flood, _) => false,
+            (Offer::Patient, _) | (_, HoldPolicy::Forever) => true,
+            (Offer::Unicast, HoldPolicy::Bounded(max)) => {
+                now.saturating_duration_since(since) < max
+            }
+        };
+        if wait {
+            Backpressure::Wait
+        } else {
+            Backpressure::Drop(DropReason::NoBuffer)
+        }
+    }
+
+    /// Packets wait in the queue: new ones must queue behind them.
+    #[inline]
+    pub fn backlogged(&self) -> bool {
+        self.has_queue && self.queue.as_ref().is_some_and(|q| !q.is_empty())
+    }
+
+    /// Copies `pkts` into the queue at `now`; returns the counts (drops included). Without a
+    /// queue every packet is dropped (`no_buffer`) and counted as `drop_limit`.
+    pub fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) -> QueueCounts {
+        let t = self.ns(now);
+        self.blocked = true;
+        match self.queue.as_mut() {
+            Some(q) => {
+                for p in pkts {
+                    q.enqueue(p, t);
+                }
+                q.take_counts()
+            }
+            None => QueueCounts {
+                drop_limit: pkts.len() as u64,
+                ..QueueCounts::default()
+            },
+        }
+    }
+
+    /// Packets waiting, if there is a queue.
+    pub fn queue_len(&self) -> Option<u32> {
+        self.queue.as_ref().map(|q| q.len())
+    }
+
+    /// Takes the queue out to drain it (the port lends it packets from it while delivering).
+    pub fn take_queue(&mut self) -> Option<Box<Queue>> {
+        self.queue.take()
+    }
+
+    /// Puts the queue back after a drain that sent `sent` packets at `now`; `true` if it has
+    /// failed to send anything for [`STALL`] while packets waited (the caller purges it).
+    pub fn put_queue(&mut self, q: Box<Queue>, sent: usize, now: Instant) -> bool {
+        let stalled = if q.is_empty() || sent > 0 {
+            self.stalled_since = None;
+            false
+        } else {
+            let since = *self.stalled_since.get_or_insert(now);
+            now.saturating_duration_since(since) >= STALL
+        };
+        if !q.is_empty() {
+            self.blocked = true;
+        }
+        self.queue = Some(q);
+        stalled
+    }
+
+    /// Packets per drain: all the limit allows, or one.
+    #[inline]
+    pub fn bulk(&self) -> bool {
+        self.bulk
+    }
+
+    /// The device-queue limit, if one is kept.
+    pub fn dql_limit(&self) -> Option<u32> {
+        self.dql.as_ref().map(Dql::limit)
+    }
+
+    /// A receive batch opens: the frontend has `avail` buffers posted beyond the ones pvnet
+    /// used. Buffers it posted since the last look complete what pvnet had put in the device
+    /// queue. Returns how many buffers may be used now (unbounded without DQL).
+    #[inline]
+    pub fn budget(&mut self, avail: u16, now: Instant) -> i64 {
+        let Some(d) = self.dql.as_mut() else {
+            return i64::MAX;
+        };
+        let posted = self.used.wrapping_add(u32::from(avail));
+        if let Some(prev) = self.posted {
+            let fresh = posted.wrapping_sub(prev);
+            if fresh != 0 && (fresh as i32) > 0 {
+                let t = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos())
+                    .unwrap_or(u64::MAX);
+                d.completed(fresh.min(d.in_flight()), t);
+            }
+        }
+        self.posted = Some(posted);
+        d.avail()
+    }
+
+    /// `bufs` buffers were used in one batch (its publish).
+    #[inline]
+    pub fn used(&mut self, bufs: u32) {
+        if bufs != 0 {
+            self.used = self.used.wrapping_add(bufs);
+            if let Some(d) = self.dql.as_mut() {
+                d.queued(bufs);
+            }
+        }
+    }
+
+    /// The device ring started again: nothing of it is in flight, its counts start over.
+    pub fn ring_restarted(&mut self) {
+        self.posted = None;
+        self.used = 0;
+        if let Some(d) = self.dql.as_mut() {
+            *d = Dql::new(DQL_MIN_BUFFERS, 0);
+        }
+    }
+
+    /// Drops everything waiting (the receiver went away or stopped taking packets): returns
+    /// how many, for the caller to count under its reason.
+    pub fn purge(&mut self) -> u64 {
+        self.stalled_since = None;
+        self.queue.as_mut().map_or(0, |q| {
+            let n = q.purge();
+            // The purge moved them out of the queue: not counted as dequeued.
+            let _ = q.take_counts();
+            n
+        })
+    }
+
+    /// Whether the port ran out of room since the last [`new_round`](Self::new_round): the
+    /// poll loop then waits on its buffers.
+    #[inline]
+    pub fn blocked(&self) -> bool {
+        self.blocked
+    }
+
+    /// A new round: a sender that still waits offers its packet again and blocks the port
+    /// again; one that gave up (a generator that finished) no longer keeps it watched; a
+    /// queue with packets keeps it watched.
+    #[inline]
+    pub fn new_round(&mut self) {
+        self.blocked = self.backlogged();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_hold_then_drop_and_floods_never_wait() {
+        let t0 = Instant::now();
+        let hold = Duration::from_millis(2);
+        let mut e = Egress::new(HoldPolicy::Bounded(hold));
+        assert_eq!(e.no_room(Offer::Unicast, t0), Backpressure::Wait);
+        assert!(e.blocked());
+        assert_eq!(e.no_room(Offer::Unicast, t0 + hold / 2), Backpressure::Wait);
+        assert_eq!(
+            e.no_room(Offer::Unicast, t0 + hold),
+            Backpressure::Drop(DropReason::NoBuffer)
+        );
+        assert_eq!(
+            e.no_room(Offer::Patient, t0 + hold * 10),
+            Backpressure::Wait
+        );
+        assert_eq!(
+            e.no_room(Offer::Flood, t0),
+            Backpressure::Drop(DropReason::NoBuffer)
+        );
+        // Room again: the clock restarts.
+        e.sent();
+        assert!(!e.blocked());
+        assert_eq!(
+            e.no_room(Offer::Unicast, t0 + hold * 20),
+            Backpressure::Wait
+        );
+        e.new_round();
+        assert!(!e.blocked());
+    }
+
+    #[test]
+    fn forever_waits_for_unicast() {
+        let t0 = Instant::now();
+        let mut e = Egress::new(HoldPolicy::Forever);
+        assert_eq!(e.no_room(Offer::Unicast, t0), Backpressure::Wait);
+        assert_eq!(
+            e.no_room(Offer::Unicast, t0 + Duration::from_secs(60)),
+            Backpressure::Wait
+        );
+    }
+}
