@@ -35,6 +35,7 @@
 #        QUIET_PCT=15 QUIET_WAIT=60 (wait up to 60 s for the CPUs to be <15% busy)
 #        OTHER_MAX=10 (a run during which other processes took >10% of the CPUs is redone, 3x)
 #        PVNET_ARGS="--policy busy" (extra arguments for pvnet, e.g. its poll policy)
+#        VU_OPTS=",dql=false" (appended to this build's `pvnet switch` vhost-user port specs)
 #        RING=packed (the frontend offers the packed ring: net_virtio_user packed_vq=1; both
 #        backends take it; default split)
 #        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles,
@@ -48,7 +49,7 @@ source "$(dirname "$0")/lib.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"; SIZES="${SIZES:-64 1500}"
 DOC="${DOC-$PVNET_ROOT/docs/interop.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
-PVNET_ARGS="${PVNET_ARGS:-}"; PERF="${PERF:-}"; IMPLS="${IMPLS:-switch dpdk}"; ALT_BIN="${ALT_BIN:-}"
+PVNET_ARGS="${PVNET_ARGS:-}"; VU_OPTS="${VU_OPTS:-}"; PERF="${PERF:-}"; IMPLS="${IMPLS:-switch dpdk}"; ALT_BIN="${ALT_BIN:-}"
 RING="${RING:-split}"; case "$RING" in split) VU_RING= ;; packed) VU_RING=",packed_vq=1" ;; *) die "RING must be split or packed";; esac
 case " $IMPLS " in *" alt "*|*" altbackend "*) [ -x "$ALT_BIN" ] || die "IMPLS has alt: ALT_BIN must name a pvnet binary";; esac
 "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
@@ -110,8 +111,10 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
     bepid=$(child_pid "$PV_TPID")
   elif [ "$kind" = switch ]; then
     local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1,frame_len=$size"
-    [ "$dir" = bounce ] && other="vhost-user:name=fe2,socket=$SOCK2"
-    timeout -k 5 $((n + 60)) "$bin" switch --port "vhost-user:name=fe,socket=$SOCK" --port "$other" \
+    # VU_OPTS (e.g. ",qdisc=none" or ",dql=false"): this build's vhost-user port options only.
+    local vo=""; [ "$bin" = "$PVNET_BIN" ] && vo="$VU_OPTS"
+    [ "$dir" = bounce ] && other="vhost-user:name=fe2,socket=$SOCK2$vo"
+    timeout -k 5 $((n + 60)) "$bin" switch --port "vhost-user:name=fe,socket=$SOCK$vo" --port "$other" \
       --cpu 1 --ctl-socket "$B/ctl.sock" "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet switch did not listen ($be_log)"

@@ -4,7 +4,8 @@
 //! * [`port`]: everything packets enter and leave through, behind one `Port` interface
 //!   (vhost-user, tap, sink, gen).
 //! * [`switch`]: one ingress loop over every port; learned or fixed routes; offload fitting.
-//! * [`egress`]: where backpressure is decided (wait, or drop with a reason).
+//! * [`egress`]: where backpressure is decided: packets wait in their senders or in a
+//!   per-port queue (fifo or fq_codel, drained in bulk under a dynamic queue limit).
 //! * [`worker`]: the shards, placement, and the handle the control plane drives them with.
 //! * [`poll`]: policies, the adaptive window, the clock, and the poll loop's pure decisions.
 //! * [`stats`]: counters per (port, queue pair), one writer each, summed for display.
@@ -22,5 +23,6 @@ pub mod switch;
 pub mod sys;
 pub mod worker;
 
-#[cfg(test)]
-mod testing;
+/// Mock frontends behind real ports: the tests' and the in-process experiments' harness.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

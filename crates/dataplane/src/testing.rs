@@ -36,6 +36,7 @@ pub fn vhost_config(hold: HoldPolicy) -> VhostConfig {
 }
 
 /// A frontend played by the test: a transmit ring it fills, a receive ring it posts to.
+#[allow(missing_debug_implementations)]
 pub struct MockFe {
     /// Its port's counters.
     pub stats: Arc<PortStats>,
@@ -97,6 +98,11 @@ impl MockFe {
         (fe, AnyPort::Vhost(port))
     }
 
+    /// Transmit descriptors free (what [`send`](Self::send) may still add).
+    pub fn room(&self) -> usize {
+        self.tx.free_count()
+    }
+
     /// Posts `n` more receive buffers.
     pub fn post(&mut self, n: u16) {
         for _ in 0..n {
@@ -144,11 +150,19 @@ impl MockFe {
 
     /// Every packet delivered so far: (header, frame), merged buffers joined.
     pub fn received(&mut self) -> Vec<(VnetHdr, Vec<u8>)> {
+        self.receive(usize::MAX)
+    }
+
+    /// At most `max` packets delivered so far (a frontend that takes only so many per poll).
+    pub fn receive(&mut self, max: usize) -> Vec<(VnetHdr, Vec<u8>)> {
         let h = self.hdr_len as usize;
         let mut out = Vec::new();
         let mut cur: Option<(VnetHdr, Vec<u8>, u16)> = None;
         self.rx.used_available().expect("used");
-        while let Some((id, len)) = self.rx.pop_used().expect("pop used") {
+        while out.len() < max || cur.is_some() {
+            let Some((id, len)) = self.rx.pop_used().expect("pop used") else {
+                break;
+            };
             let mut b = vec![0u8; len as usize];
             self.rxm.peek(self.rxm.buf(id), &mut b);
             match cur.take() {
@@ -178,7 +192,7 @@ pub fn get(c: &std::sync::atomic::AtomicU64) -> u64 {
 
 /// A receiver that keeps copies of what it is handed and takes at most `room` packets a
 /// burst (the rest must wait).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Collect {
     /// Each packet taken: (header length, bytes).
     pub got: Vec<(u32, Vec<u8>)>,

@@ -178,18 +178,26 @@ impl RxBatch {
         }
     }
 
-    /// Starts a batch: one `available()` load, then pops up to `max` chains and prefetches
-    /// the first lines of each for writing. Returns the chains the ring had available.
-    pub fn fill(&mut self, q: &mut DeviceQueue, max: usize) -> Result<u16, virtq::Error> {
+    /// Starts a batch: one `available()` load, then pops up to `max` chains, and no more
+    /// than `cap` allows given the chains available (the device-queue limit), and prefetches
+    /// the first lines of each for writing.
+    #[inline]
+    pub fn fill(
+        &mut self,
+        q: &mut DeviceQueue,
+        max: usize,
+        cap: impl FnOnce(u16) -> usize,
+    ) -> Result<(), virtq::Error> {
         self.chains.clear();
         self.next = 0;
         let avail = q.available()?;
+        let max = max.min(cap(avail));
         q.pop_batch(&mut self.chains, max, |segs| {
             if let Some(s) = segs.first() {
                 s.prefetch_write(2);
             }
         })?;
-        Ok(avail)
+        Ok(())
     }
 
     /// Chains not consumed yet.
@@ -197,11 +205,14 @@ impl RxBatch {
         self.chains.len() - self.next
     }
 
-    /// Gives the unconsumed chains back (they are the last ones popped).
-    pub fn finish(&mut self, q: &mut DeviceQueue) {
+    /// Gives the unconsumed chains back (they are the last ones popped); returns the chains
+    /// used.
+    pub fn finish(&mut self, q: &mut DeviceQueue) -> u32 {
         q.unpop(u16::try_from(self.remaining()).unwrap_or(0));
+        let used = u32::try_from(self.next).unwrap_or(0);
         self.chains.clear();
         self.next = 0;
+        used
     }
 }
 
@@ -210,6 +221,7 @@ impl RxBatch {
 /// needs (`VIRTIO_NET_F_MRG_RXBUF`), then sets `num_buffers` in the header it wrote (12-byte
 /// headers) and pushes the used entries. One copy call per chain. On `NoRoom` nothing is
 /// consumed.
+#[inline(always)]
 pub fn deliver(
     rx: &mut DeviceQueue,
     b: &mut RxBatch,
@@ -316,12 +328,13 @@ impl RxState {
         now: Instant,
     ) -> bool {
         if !self.open {
-            match self.rxb.fill(&mut rx.q, want.max(1)) {
-                Ok(avail) => self.budget = self.egress.budget(avail, now),
-                Err(e) => {
-                    rx.fail(id, stats, e);
-                    return false;
-                }
+            let egress = &mut self.egress;
+            if let Err(e) = self
+                .rxb
+                .fill(&mut rx.q, want.max(1), |a| egress.cap(a, now))
+            {
+                rx.fail(id, stats, e);
+                return false;
             }
             self.open = true;
             self.retry = true;
@@ -334,13 +347,13 @@ impl RxState {
     /// counter stores).
     fn commit(&mut self, rx: &mut QueueSlot, stats: &PortStats) {
         if std::mem::take(&mut self.open) {
-            self.rxb.finish(&mut rx.q);
+            let used = self.rxb.finish(&mut rx.q);
             rx.worked = true;
             rx.publish(stats);
             bump(&stats.tx_packets, self.sent[0]);
             bump(&stats.tx_bytes, self.sent[1]);
             self.sent = [0; 2];
-            self.egress.used(std::mem::take(&mut self.bufs));
+            self.egress.used(used);
         }
     }
 }
@@ -374,10 +387,6 @@ struct RxState {
     egress: Egress,
     /// Delivered into the open batch, not yet counted: packets, frame bytes.
     sent: [u64; 2],
-    /// Buffers used in the open batch.
-    bufs: u32,
-    /// Buffers the device queue limit lets the open batch use (see [`Egress::budget`]).
-    budget: i64,
     /// When the open batch was opened.
     now: Instant,
 }
@@ -404,46 +413,33 @@ impl RxSide<'_> {
     /// what it delivered and looks once for more buffers. A receiver still out of buffers after
     /// that waits for the next round: looking again per packet would only trade used-index
     /// writes with the frontend.
-    #[inline]
+    #[inline(always)]
     fn deliver_retry(
         &mut self,
         len: u32,
         mut copy: impl FnMut(&[Seg<'_>], u32, u32, u32) -> u32,
     ) -> Result<Delivered, virtq::Error> {
-        if self.st.budget < 0 {
-            // The device queue holds what its limit allows: the rest waits in the egress queue.
-            return Ok(Delivered::NoRoom);
-        }
-        let before = self.st.rxb.next;
-        let mut r = deliver(&mut self.rx.q, &mut self.st.rxb, len, &mut copy)?;
-        if r == Delivered::NoRoom && std::mem::take(&mut self.st.retry) {
-            self.st.rxb.finish(&mut self.rx.q);
-            self.rx.publish(self.stats);
-            let avail = self.st.rxb.fill(&mut self.rx.q, MAX_MERGE)?;
-            self.st.egress.used(std::mem::take(&mut self.st.bufs));
-            self.st.budget = self.st.egress.budget(avail, self.st.now);
-            if self.st.budget < 0 {
-                return Ok(Delivered::NoRoom);
-            }
-            r = deliver(&mut self.rx.q, &mut self.st.rxb, len, copy)?;
-            if r == Delivered::Done {
-                let n = u32::try_from(self.st.rxb.next).unwrap_or(0);
-                self.st.bufs += n;
-                self.st.budget -= i64::from(n);
-            }
+        // The batch holds no more chains than the device-queue limit allows (see
+        // `Egress::cap`): running out of them is running out of room.
+        let r = deliver(&mut self.rx.q, &mut self.st.rxb, len, &mut copy)?;
+        if r != Delivered::NoRoom || !std::mem::take(&mut self.st.retry) {
             return Ok(r);
         }
-        if r == Delivered::Done {
-            let n = u32::try_from(self.st.rxb.next - before).unwrap_or(0);
-            self.st.bufs += n;
-            self.st.budget -= i64::from(n);
-        }
-        Ok(r)
+        let st = &mut *self.st;
+        let used = st.rxb.finish(&mut self.rx.q);
+        st.egress.used(used);
+        self.rx.publish(self.stats);
+        let (egress, now) = (&mut st.egress, st.now);
+        st.rxb
+            .fill(&mut self.rx.q, MAX_MERGE, |a| egress.cap(a, now))?;
+        deliver(&mut self.rx.q, &mut st.rxb, len, copy)
     }
 
     /// One packet into the frontend's receive ring: the whole packet in one copy when its
     /// header can pass as it is, else a header written for this frontend, then the frame.
-    #[inline]
+    /// Inlined into each caller: the per-packet path must not pay a call (the drain has its
+    /// own copy).
+    #[inline(always)]
     fn take(&mut self, pkt: &Pkt<'_>) -> TxOut {
         let segs = pkt.segs;
         let r = if pkt.hdr_len == self.hdr_len && !pkt.has_offload() {
@@ -477,7 +473,13 @@ impl RxSide<'_> {
 }
 
 impl QueuePair {
-    fn new(stats: Arc<PortStats>, mergeable: bool, hdr_len: u32, egress: EgressConfig) -> Self {
+    fn new(
+        stats: Arc<PortStats>,
+        mergeable: bool,
+        hdr_len: u32,
+        egress: EgressConfig,
+        batch: usize,
+    ) -> Self {
         Self {
             rx: None,
             tx: None,
@@ -486,10 +488,8 @@ impl QueuePair {
                 rxb: RxBatch::new(mergeable, hdr_len),
                 open: false,
                 retry: false,
-                egress: Egress::with(egress),
+                egress: Egress::with(egress, crate::egress::dql_floor(batch)),
                 sent: [0; 2],
-                bufs: 0,
-                budget: i64::MAX,
                 now: Instant::now(),
             },
             chains: Vec::with_capacity(256),
@@ -583,14 +583,15 @@ impl VhostPort {
         } else {
             (self.cfg.tx_policy, false)
         };
-        let (stats, mergeable, hdr_len, egress) = (
+        let (stats, mergeable, hdr_len, egress, batch) = (
             self.stats[pair].clone(),
             self.mergeable,
             self.hdr_len,
             self.cfg.egress,
+            self.cfg.batch,
         );
-        let qp =
-            self.qps[pair].get_or_insert_with(|| QueuePair::new(stats, mergeable, hdr_len, egress));
+        let qp = self.qps[pair]
+            .get_or_insert_with(|| QueuePair::new(stats, mergeable, hdr_len, egress, batch));
         // A pair's header length and merging follow the features of its latest start.
         qp.out.rxb = RxBatch::new(mergeable, hdr_len);
         if is_rx {
@@ -688,14 +689,15 @@ impl VhostPort {
                     .is_some_and(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken))
             })
             .unwrap_or(0);
-        let (stats, m, h, egress) = (
+        let (stats, m, h, egress, batch) = (
             self.stats[k].clone(),
             self.mergeable,
             self.hdr_len,
             self.cfg.egress,
+            self.cfg.batch,
         );
         &mut self.qps[k]
-            .get_or_insert_with(|| QueuePair::new(stats, m, h, egress))
+            .get_or_insert_with(|| QueuePair::new(stats, m, h, egress, batch))
             .out
             .egress
     }
@@ -753,6 +755,66 @@ impl VhostPort {
         let worked = std::mem::take(&mut s.worked);
         settle.queue(&mut s.poll, worked, wanted, now);
     }
+}
+
+/// One drain batch: up to `max` packets from `q` into the receive ring, published once.
+/// Returns the packets sent and whether the ring could take more.
+#[allow(clippy::too_many_arguments)]
+fn drain_batch(
+    q: &mut crate::egress::queue::Queue,
+    rx: &mut QueueSlot,
+    out: &mut RxState,
+    stats: &PortStats,
+    (id, features, hdr_len): (PortId, u64, u32),
+    max: usize,
+    batch: usize,
+    now: Instant,
+) -> (usize, bool) {
+    if !out.open(rx, id, stats, max.min(batch), now) {
+        return (0, false);
+    }
+    let t = out.egress.ns(now);
+    let mut side = RxSide {
+        id,
+        features,
+        hdr_len,
+        rx: &mut *rx,
+        st: &mut *out,
+        stats,
+    };
+    let mut dropped = [0u64; DropReason::ALL.len()];
+    let (mut sent, mut more) = (0, true);
+    while sent < max {
+        let Some(h) = q.dequeue(t) else {
+            break;
+        };
+        let (seg, meta) = q.get(h);
+        let segs = [seg];
+        let pkt = Pkt {
+            segs: &segs,
+            ..meta
+        };
+        match side.take(&pkt) {
+            TxOut::Sent => {
+                q.release(h);
+                sent += 1;
+            }
+            TxOut::NoRoom => {
+                q.requeue(h);
+                more = false;
+                break;
+            }
+            TxOut::Dropped(r) => {
+                q.release(h);
+                dropped[r as usize] += 1;
+            }
+        }
+    }
+    for r in DropReason::ALL {
+        bump(&stats.drops[r as usize], dropped[r as usize]);
+    }
+    out.commit(rx, stats);
+    (sent, more)
 }
 
 /// Adds an egress queue's counts to the port's counters (`dequeues`: drains that sent).
@@ -918,6 +980,80 @@ fn ingress(
     taken
 }
 
+impl VhostPort {
+    /// [`Port::drain`](super::Port::drain)'s work: see there.
+    #[inline(never)]
+    fn drain_queue(&mut self, now: Instant) -> usize {
+        let (id, features, hdr_len, batch) = (self.id, self.features, self.hdr_len, self.cfg.batch);
+        let Some(k) = self.egress_pair() else {
+            // No ring to drain into: what waits has nowhere to go.
+            for qp in self.qps.iter_mut().flatten() {
+                let n = qp.out.egress.purge();
+                bump(&qp.stats.drops[DropReason::PortDown as usize], n);
+            }
+            return 0;
+        };
+        let Some(qp) = self.qps[k].as_mut() else {
+            return 0;
+        };
+        if !qp.out.egress.backlogged() {
+            return 0;
+        }
+        let Some(mut q) = qp.out.egress.take_queue() else {
+            return 0;
+        };
+        let bulk = qp.out.egress.bulk();
+        let QueuePair { rx, stats, out, .. } = qp;
+        let (mut sent, mut dequeues) = (0, 0u64);
+        if let Some(rx) = QueueSlot::usable(rx) {
+            // Bulk: everything the limit allows in one batch (one publish, one call). One per
+            // dequeue: the same packets, each its own batch (a publish and a call decision
+            // each), as a driver without `xmit_more` would.
+            let mut left = q.len() as usize;
+            while left > 0 {
+                let max = if bulk { left } else { 1 };
+                let (n, more) = drain_batch(
+                    &mut q,
+                    rx,
+                    out,
+                    stats,
+                    (id, features, hdr_len),
+                    max,
+                    batch,
+                    now,
+                );
+                sent += n;
+                dequeues += u64::from(n > 0);
+                left = left.saturating_sub(max);
+                if !more || bulk {
+                    break;
+                }
+            }
+        }
+        let c = q.take_counts();
+        count_queue(stats, &c, dequeues);
+        stats
+            .backlog
+            .store(u64::from(q.len()), std::sync::atomic::Ordering::Relaxed);
+        if let Some(l) = out.egress.dql_limit() {
+            stats
+                .dql_limit
+                .store(u64::from(l), std::sync::atomic::Ordering::Relaxed);
+        }
+        if out.egress.put_queue(q, sent, now) {
+            let n = out.egress.purge();
+            tracing::warn!(
+                port = id,
+                dropped = n,
+                "egress queue could not drain: emptied"
+            );
+            bump(&stats.drops[DropReason::NoBuffer as usize], n);
+            stats.backlog.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        sent
+    }
+}
+
 impl super::Port for VhostPort {
     fn id(&self) -> PortId {
         self.id
@@ -1007,6 +1143,7 @@ impl super::Port for VhostPort {
             .is_some_and(|qp| qp.out.egress.backlogged())
     }
 
+    #[inline(never)]
     fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
         let Some(qp) = self.qps.get_mut(self.tx_qp).and_then(Option::as_mut) else {
             return;
@@ -1020,96 +1157,18 @@ impl super::Port for VhostPort {
         }
     }
 
+    /// Nearly every round nothing waits: one check here, the drain itself out of line.
+    #[inline]
     fn drain(&mut self, now: Instant) -> usize {
-        let (id, features, hdr_len, batch) = (self.id, self.features, self.hdr_len, self.cfg.batch);
-        let Some(k) = self.egress_pair() else {
-            // No ring to drain into: what waits has nowhere to go.
-            for qp in self.qps.iter_mut().flatten() {
-                let n = qp.out.egress.purge();
-                bump(&qp.stats.drops[DropReason::PortDown as usize], n);
-            }
-            return 0;
-        };
-        let Some(qp) = self.qps[k].as_mut() else {
-            return 0;
-        };
-        if !qp.out.egress.backlogged() {
-            return 0;
-        }
-        let Some(mut q) = qp.out.egress.take_queue() else {
-            return 0;
-        };
-        let max = if qp.out.egress.bulk() {
-            q.len() as usize
+        let waits = self.qps.iter().flatten().any(|qp| {
+            qp.out.egress.backlogged()
+                || (qp.rx.is_none() && qp.out.egress.queue_len().unwrap_or(0) > 0)
+        });
+        if waits {
+            self.drain_queue(now)
         } else {
-            1
-        };
-        let QueuePair { rx, stats, out, .. } = qp;
-        let mut sent = 0;
-        if let Some(rx) = QueueSlot::usable(rx) {
-            if out.open(rx, id, stats, max.min(batch), now) {
-                let t = out.egress.ns(now);
-                let mut side = RxSide {
-                    id,
-                    features,
-                    hdr_len,
-                    rx: &mut *rx,
-                    st: &mut *out,
-                    stats,
-                };
-                let mut dropped = [0u64; DropReason::ALL.len()];
-                while sent < max {
-                    let Some(h) = q.dequeue(t) else {
-                        break;
-                    };
-                    let (seg, meta) = q.get(h);
-                    let segs = [seg];
-                    let pkt = Pkt {
-                        segs: &segs,
-                        ..meta
-                    };
-                    match side.take(&pkt) {
-                        TxOut::Sent => {
-                            q.release(h);
-                            sent += 1;
-                        }
-                        TxOut::NoRoom => {
-                            q.requeue(h);
-                            break;
-                        }
-                        TxOut::Dropped(r) => {
-                            q.release(h);
-                            dropped[r as usize] += 1;
-                        }
-                    }
-                }
-                for r in DropReason::ALL {
-                    bump(&stats.drops[r as usize], dropped[r as usize]);
-                }
-                out.commit(rx, stats);
-            }
+            0
         }
-        let c = q.take_counts();
-        count_queue(stats, &c, u64::from(sent > 0));
-        stats
-            .backlog
-            .store(u64::from(q.len()), std::sync::atomic::Ordering::Relaxed);
-        if let Some(l) = out.egress.dql_limit() {
-            stats
-                .dql_limit
-                .store(u64::from(l), std::sync::atomic::Ordering::Relaxed);
-        }
-        if out.egress.put_queue(q, sent, now) {
-            let n = out.egress.purge();
-            tracing::warn!(
-                port = id,
-                dropped = n,
-                "egress queue could not drain: emptied"
-            );
-            bump(&stats.drops[DropReason::NoBuffer as usize], n);
-            stats.backlog.store(0, std::sync::atomic::Ordering::Relaxed);
-        }
-        sent
     }
 
     fn idle(&mut self, now: Instant, settle: &mut Settle) {
@@ -1132,6 +1191,11 @@ impl super::Port for VhostPort {
             // round that just ended (a sender that still waits blocks it again next round).
             qp.rx_wanted = qp.out.egress.blocked();
             qp.out.egress.new_round();
+            if let Some(l) = qp.out.egress.dql_limit() {
+                qp.stats
+                    .dql_limit
+                    .store(u64::from(l), std::sync::atomic::Ordering::Relaxed);
+            }
             if let Some(s) = qp.rx.as_mut() {
                 Self::report_ring(s, qp.rx_wanted, now, settle);
             }

@@ -403,7 +403,7 @@ fn a_full_receiver_queues_and_the_sender_goes_on() {
 }
 
 #[test]
-fn one_per_dequeue_sends_one_packet_per_round() {
+fn one_per_dequeue_sends_each_packet_as_its_own_batch() {
     let mut f = switch();
     let (mut a, pa) = fe(0, MODERN);
     let (mut b, pb) = MockFe::with_egress(1, MODERN, 0, queued(Qdisc::Fifo, 1024, false, false));
@@ -413,14 +413,9 @@ fn one_per_dequeue_sends_one_packet_per_round() {
     run(&mut f, &mut ports, t0);
     b.post(256);
     f.round(&mut ports, t0);
-    f.round(&mut ports, t0);
-    f.round(&mut ports, t0);
-    assert_eq!(b.received().len(), 3);
-    assert_eq!(get(&b.stats.dequeues), 3);
-    assert_eq!(get(&b.stats.tx_batches), 3, "each its own publish");
-    run(&mut f, &mut ports, t0);
-    run(&mut f, &mut ports, t0);
-    assert_eq!(b.received().len(), 7);
+    assert_eq!(b.received().len(), 10);
+    assert_eq!(get(&b.stats.dequeues), 10);
+    assert_eq!(get(&b.stats.tx_batches), 10, "each its own publish");
 }
 
 #[test]
@@ -458,19 +453,22 @@ fn dql_keeps_the_ring_from_filling_ahead_of_a_frontend_that_does_not_give_buffer
         run(&mut f, &mut ports, t0);
         assert_eq!(a.completed(), 60);
     }
-    // 256 buffers posted, but the limit starts at 64 buffers: 65 go in (the batch that
-    // crosses the limit is allowed), the rest wait in the queue.
+    // 256 buffers posted, but the limit starts at its floor (two batches of 64): 129 go in
+    // (the batch that crosses the limit is allowed), the rest wait in the queue.
+    let floor = crate::egress::dql_floor(64);
+    assert_eq!(floor, 128);
+    let first = u64::from(floor) + 1;
     let delivered = get(&b.stats.tx_packets);
-    assert_eq!(delivered, 65);
-    assert_eq!(get(&b.stats.backlog), 180 - 65);
-    assert_eq!(get(&b.stats.dql_limit), 64);
+    assert_eq!(delivered, first);
+    assert_eq!(get(&b.stats.backlog), 180 - first);
+    assert_eq!(get(&b.stats.dql_limit), u64::from(floor));
     // The frontend takes them and gives the buffers back: completions let the rest in.
-    assert_eq!(b.received().len(), 65);
-    b.post(65);
+    assert_eq!(b.received().len() as u64, first);
+    b.post(u16::try_from(first).unwrap());
     run(&mut f, &mut ports, t0);
     let more = b.received().len();
     assert!(more > 0, "completions must open the limit again");
-    let mut total = 65 + more;
+    let mut total = usize::try_from(first).unwrap() + more;
     for _ in 0..10 {
         b.post(256);
         run(&mut f, &mut ports, t0);
