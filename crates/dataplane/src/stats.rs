@@ -106,6 +106,8 @@ pub struct PortStats {
     pub backlog: AtomicU64,
     /// The device queue's dynamic limit, in buffers (a gauge; 0: none kept).
     pub dql_limit: AtomicU64,
+    /// Tap: syscalls made to move packets (`read`, `writev`, `io_uring_enter`).
+    pub syscalls: AtomicU64,
     /// A frontend is attached (vhost-user) or the port is open (tap, sink, gen): 1, else 0.
     pub up: AtomicU64,
     /// Why its last queue was stopped (the rule the peer broke), for logs and `pvnet ctl`.
@@ -170,6 +172,8 @@ pub struct PortSnapshot {
     /// See [`PortStats`].
     pub dql_limit: u64,
     /// See [`PortStats`].
+    pub syscalls: u64,
+    /// See [`PortStats`].
     pub up: bool,
     /// Why a queue of the port was last stopped, if one was.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -213,6 +217,7 @@ impl PortSnapshot {
             t.dequeues += s.dequeues;
             t.backlog += s.backlog;
             t.dql_limit = t.dql_limit.max(s.dql_limit);
+            t.syscalls += s.syscalls;
             t.up |= s.up;
             t.last_error = t.last_error.or(s.last_error);
         }
@@ -251,6 +256,7 @@ impl PortStats {
             dequeues: r(&self.dequeues),
             backlog: r(&self.backlog),
             dql_limit: r(&self.dql_limit),
+            syscalls: r(&self.syscalls),
             up: r(&self.up) != 0,
             last_error: self
                 .last_error

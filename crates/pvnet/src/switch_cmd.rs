@@ -11,6 +11,7 @@ use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
 use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::port::gen::GenSpec;
+use pvnet_dataplane::port::tap::TapIo;
 use pvnet_dataplane::stats::PortSnapshot;
 use pvnet_dataplane::switch::SwitchConfig;
 use pvnet_dataplane::worker::{Dataplane, HostPort, Role, WorkerConfig};
@@ -36,8 +37,11 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       bounds how many buffers of the ring pvnet fills ahead of the frontend (dynamic queue
       limits, learned from the buffers it gives back); qdisc=none: no queue, a packet waits
       in its sender up to 2 ms, then is dropped (no_buffer). Drops: queue_limit, aqm.
-  tap:name=host,ifname=pvtap0[,offloads=true][,mtu=1500]
+  tap:name=host,ifname=pvtap0[,offloads=true][,mtu=1500][,io=uring]
       the host kernel, IFF_VNET_HDR: checksum and TSO pass through in both directions.
+      io=uring: reads and writes go to the kernel in bursts, one io_uring submission each
+      (falls back to syscall, logged, where io_uring is not available); io=syscall: one
+      read or writev per packet.
   sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
   gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC]
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),
@@ -147,6 +151,9 @@ enum PortConfig {
         offloads: bool,
         #[serde(default)]
         mtu: Option<u32>,
+        /// How packets move: uring (a burst per io_uring submission) or syscall (one each).
+        #[serde(default = "uring")]
+        io: String,
     },
     Sink {
         name: String,
@@ -170,6 +177,9 @@ enum PortConfig {
 
 fn one() -> u16 {
     1
+}
+fn uring() -> String {
+    "uring".into()
 }
 fn fq_codel() -> String {
     "fq_codel".into()
@@ -483,8 +493,12 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                 ifname,
                 offloads,
                 mtu,
+                io: tap_io,
                 ..
             } => {
+                let tap_io: TapIo = tap_io
+                    .parse()
+                    .map_err(|e| usage(format!("port {}: {e}", p.name())))?;
                 let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
                 let tap = pvnet_dataplane::sys::tap::open(&want, *offloads)
                     .map_err(io(format!("port {}", p.name())))?;
@@ -492,8 +506,14 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                     .map_err(io(format!("port {}", p.name())))?;
                 let name = tap.name().to_string();
                 info!(port = %p.name(), ifname = %name, offloads = *offloads, "tap ready");
-                dp.add_host(id, HostPort::Tap(tap));
-                name
+                dp.add_host(id, HostPort::Tap(tap, tap_io));
+                format!(
+                    "{name}, {}",
+                    match tap_io {
+                        TapIo::Uring => "io_uring",
+                        TapIo::Syscall => "a syscall per packet",
+                    }
+                )
             }
             PortConfig::Sink { .. } => {
                 dp.add_host(id, HostPort::Sink);

@@ -1,11 +1,21 @@
 //! A tap port: the host kernel's side of the switch ([`crate::sys::tap`]).
 //!
-//! Receiving: one `read` per packet into the port's buffer (a tap takes no batches), the
-//! packet handed out from there; one the switch makes wait stays in the buffer for the next
-//! round. While the shard polls other rings and the tap had nothing last time, it is read at
-//! most every [`TAP_LOOK`] (each look is a syscall); right after every sleep it is read at once.
-//! Transmitting: one `writev` per packet straight from the sender's memory (the kernel's copy
-//! is the only one); a full kernel queue drops it (`no_buffer`).
+//! Two ways to move packets, chosen per port ([`TapIo`]):
+//!
+//! * [`TapIo::Uring`] (the default): batched through `io_uring` ([`crate::sys::uring`]).
+//!   Receiving: one submission of up to [`RX_BUFS`] reads into the port's buffers (as many as
+//!   the last look found, doubled), the packets handed out as one burst; those the switch
+//!   makes wait stay in their buffers, in order, and no read is made until they are gone.
+//!   Transmitting: each packet becomes a gathered write straight from the sender's memory
+//!   (the kernel's copy is the only one), all of a batch submitted at once at
+//!   [`Port::tx_commit`](super::Port::tx_commit), before the sender gets its buffers back.
+//!   A write the kernel refuses is counted at the tap (`no_buffer` for a full queue).
+//! * [`TapIo::Syscall`]: one `read` and one `writev` per packet (where `io_uring` is not
+//!   available, and for comparison).
+//!
+//! Either way, while the shard polls other rings and the tap had nothing last time, it is
+//! read at most every [`TAP_LOOK`] (each look is a syscall); right after every sleep it is
+//! read at once. `syscalls` counts every `read`, `writev` and `io_uring_enter`.
 
 use super::{offer_each, read_head, Caps, Ingress, Pkt, PortId, TxOut, MACS, RX_OFFLOADS};
 use crate::egress::{Egress, HoldPolicy};
@@ -13,6 +23,7 @@ use crate::poll::plan::Settle;
 use crate::poll::Idle;
 use crate::stats::{bump, DropReason, PortStats};
 use crate::sys::tap::{Tap, RECV_BUF_LEN};
+use crate::sys::uring::Batch;
 use pvnet_net::HDR_LEN;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +37,87 @@ pub const TAP_LOOK: Duration = Duration::from_micros(20);
 
 /// Most iovecs of one write (a packet in more pieces goes through the staging buffer).
 const MAX_IOV: usize = 64;
+
+/// Receive buffers of a batched tap: the most packets one look reads.
+pub const RX_BUFS: usize = 32;
+/// Iovecs a batch of writes may use in all (a packet that does not fit waits for the next
+/// submission).
+const TX_IOVS: usize = 512;
+
+/// How a tap port moves packets (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TapIo {
+    /// A burst of reads or writes per `io_uring` submission.
+    Uring,
+    /// One syscall per packet.
+    Syscall,
+}
+
+impl std::str::FromStr for TapIo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "uring" => Ok(TapIo::Uring),
+            "syscall" => Ok(TapIo::Syscall),
+            o => Err(format!("unknown tap io {o:?} (uring, syscall)")),
+        }
+    }
+}
+
+/// The batched path's state: the ring, what the queued writes point at, the receive
+/// buffers and the packets read but not yet handed out.
+struct Uring {
+    batch: Batch,
+    /// Iovecs of the queued writes (never reallocated: the kernel reads them at submission).
+    iov: Vec<libc::iovec>,
+    iov_used: usize,
+    /// Headers rewritten for queued writes (a sender with a 10-byte header).
+    hdrs: Vec<[u8; HDR_LEN as usize]>,
+    /// Frame bytes of each queued write, by tag.
+    lens: Vec<u32>,
+    rx: Vec<u8>,
+    /// Read packets not handed out yet: (buffer, bytes), in order.
+    ready: std::collections::VecDeque<(usize, usize)>,
+    /// Reads to make at the next look.
+    reads: usize,
+}
+
+// SAFETY: the raw pointers in `iov` point at packet memory only between a queued write and
+// the flush that completes it, both within one round on the shard thread that owns the port;
+// between rounds they are stale and never dereferenced. The port moves to its shard before
+// any is set.
+unsafe impl Send for Uring {}
+
+impl std::fmt::Debug for Uring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Uring")
+            .field("batch", &self.batch)
+            .field("ready", &self.ready.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Uring {
+    fn new() -> std::io::Result<Self> {
+        let depth = crate::sys::uring::DEPTH as usize;
+        Ok(Self {
+            batch: Batch::new()?,
+            iov: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                };
+                TX_IOVS
+            ],
+            iov_used: 0,
+            hdrs: vec![[0u8; HDR_LEN as usize]; depth],
+            lens: vec![0; depth],
+            rx: vec![0u8; RX_BUFS * RECV_BUF_LEN],
+            ready: std::collections::VecDeque::with_capacity(RX_BUFS),
+            reads: 1,
+        })
+    }
+}
 
 /// The kernel's side.
 #[derive(Debug)]
@@ -42,12 +134,30 @@ pub struct TapPort {
     look: bool,
     last_look: Option<Instant>,
     egress: Egress,
+    /// The batched path (None: a syscall per packet).
+    uring: Option<Box<Uring>>,
 }
 
 impl TapPort {
-    /// Wraps an open tap (non-blocking, with the 12-byte virtio-net header).
-    pub fn new(id: PortId, stats: Arc<PortStats>, tap: Tap) -> Self {
+    /// Wraps an open tap (non-blocking, with the 12-byte virtio-net header), moving packets
+    /// as `io` says; where `io_uring` cannot be set up it falls back to a syscall per packet
+    /// (logged).
+    pub fn new(id: PortId, stats: Arc<PortStats>, tap: Tap, io: TapIo) -> Self {
+        let uring = match io {
+            TapIo::Syscall => None,
+            TapIo::Uring => match Uring::new() {
+                Ok(u) => Some(Box::new(u)),
+                Err(e) => {
+                    tracing::warn!(
+                        port = id,
+                        "io_uring not available ({e}): one syscall per packet"
+                    );
+                    None
+                }
+            },
+        };
         Self {
+            uring,
             id,
             stats,
             tap,
@@ -69,6 +179,15 @@ impl TapPort {
     /// Its egress state.
     pub fn egress(&mut self) -> &mut Egress {
         &mut self.egress
+    }
+
+    /// How it moves packets now.
+    pub fn io(&self) -> TapIo {
+        if self.uring.is_some() {
+            TapIo::Uring
+        } else {
+            TapIo::Syscall
+        }
     }
 }
 
@@ -112,6 +231,9 @@ impl super::Port for TapPort {
     }
 
     fn rx_burst(&mut self, max: usize, now: Instant, to: &mut impl Ingress) -> usize {
+        if self.uring.is_some() {
+            return self.rx_burst_uring(max, now, to);
+        }
         if self.pending == 0
             && !self.look
             && self
@@ -126,6 +248,7 @@ impl super::Port for TapPort {
             let n = if self.pending > 0 {
                 std::mem::take(&mut self.pending)
             } else {
+                bump(&self.stats.syscalls, 1);
                 match self.tap.recv(&mut self.buf) {
                     Ok(Some(n)) => n,
                     Ok(None) => {
@@ -176,17 +299,25 @@ impl super::Port for TapPort {
         true
     }
 
-    /// One `writev` per packet (a tap takes no batches).
+    /// Batched: each packet queued as a write, submitted at commit. Else one `writev` each.
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
-        offer_each(pkts, |p| self.write(p))
+        if self.uring.is_some() {
+            offer_each(pkts, |p| self.queue_write(p))
+        } else {
+            offer_each(pkts, |p| self.write(p))
+        }
     }
 
-    fn tx_commit(&mut self) {}
+    /// Submits the queued writes (one `io_uring_enter`), counts what the kernel took.
+    fn tx_commit(&mut self) {
+        self.flush();
+    }
 
     /// `Poll` while it drains or holds a packet; else it may sleep: epoll waits on its fd
     /// (level-triggered).
     fn idle(&mut self, _now: Instant, settle: &mut Settle) {
-        if self.look || self.pending > 0 {
+        let ready = self.uring.as_ref().is_some_and(|u| !u.ready.is_empty());
+        if self.look || self.pending > 0 || ready {
             settle.idle(Idle::Poll);
         }
     }
@@ -237,6 +368,7 @@ impl TapPort {
                 1
             }
         };
+        bump(&self.stats.syscalls, 1);
         match self.tap.send_iovecs(&iov[..n]) {
             Ok(Some(_)) => {
                 bump(&self.stats.tx_packets, 1);
@@ -249,5 +381,236 @@ impl TapPort {
                 TxOut::Dropped(DropReason::Offload)
             }
         }
+    }
+}
+
+impl TapPort {
+    /// Queues one packet as a gathered write from its memory (submitted at the commit). A
+    /// packet in more pieces than one write takes goes out alone through [`write`](Self::write)
+    /// after what is queued.
+    fn queue_write(&mut self, pkt: &Pkt<'_>) -> TxOut {
+        let fd = self.fd();
+        let need = pkt.segs.len() + 1;
+        let full = self
+            .uring
+            .as_ref()
+            .is_some_and(|u| !u.batch.has_room() || u.iov_used + need > TX_IOVS);
+        if full || need > MAX_IOV {
+            self.flush();
+            if need > MAX_IOV {
+                return self.write(pkt);
+            }
+        }
+        let Some(u) = self.uring.as_mut() else {
+            return self.write(pkt);
+        };
+        let tag = u.batch.queued() as usize;
+        let start = u.iov_used;
+        let mut first = 0;
+        let skip = if pkt.hdr_len == HDR_LEN {
+            0
+        } else {
+            // The tap's header is always 12 bytes: a shorter one is rewritten in front.
+            let mut h = pkt.hdr;
+            h.num_buffers = 0;
+            h.write(&mut u.hdrs[tag]);
+            u.iov[start] = libc::iovec {
+                iov_base: u.hdrs[tag].as_mut_ptr().cast(),
+                iov_len: HDR_LEN as usize,
+            };
+            first = 1;
+            pkt.hdr_len
+        };
+        let Some(n) = iovecs(pkt.segs, skip, &mut u.iov[start + first..]) else {
+            return self.write(pkt);
+        };
+        let n = first + n;
+        u.lens[tag] = pkt.frame_len();
+        // SAFETY: the iovecs and the header live in `u` (never reallocated) and the packet's
+        // memory is the sender's until the switch commits this batch, which submits and
+        // completes every queued write first (`flush` from `tx_commit`).
+        let queued = unsafe {
+            u.batch.writev(
+                fd,
+                &u.iov[start..start + n],
+                u64::try_from(tag).unwrap_or(0),
+            )
+        };
+        if !queued {
+            return self.write(pkt);
+        }
+        u.iov_used += n;
+        TxOut::Sent
+    }
+
+    /// Submits the queued writes and counts what the kernel took and refused.
+    fn flush(&mut self) {
+        let Some(u) = self.uring.as_mut() else {
+            return;
+        };
+        if u.batch.queued() == 0 {
+            return;
+        }
+        let (mut ok, mut bytes, mut full, mut bad) = (0u64, 0u64, 0u64, 0u64);
+        let lens = &u.lens;
+        let r = u.batch.complete(|tag, res| {
+            if res >= 0 {
+                ok += 1;
+                bytes += u64::from(
+                    lens.get(usize::try_from(tag).unwrap_or(usize::MAX))
+                        .copied()
+                        .unwrap_or(0),
+                );
+            } else if res == -libc::EAGAIN {
+                full += 1;
+            } else {
+                bad += 1;
+            }
+        });
+        u.iov_used = 0;
+        match r {
+            Ok(calls) => bump(&self.stats.syscalls, u64::from(calls)),
+            Err(e) => {
+                tracing::warn!(
+                    port = self.id,
+                    "io_uring submit failed ({e}): one syscall per packet from now on"
+                );
+                bad += u64::from(u.batch.queued());
+                self.uring = None;
+            }
+        }
+        bump(&self.stats.tx_packets, ok);
+        bump(&self.stats.tx_bytes, bytes);
+        bump(&self.stats.drops[DropReason::NoBuffer as usize], full);
+        bump(&self.stats.drops[DropReason::Offload as usize], bad);
+    }
+
+    /// [`Port::rx_burst`](super::Port::rx_burst) on the batched path: packets read earlier
+    /// first; when none are left, one submission of reads.
+    fn rx_burst_uring(&mut self, max: usize, now: Instant, to: &mut impl Ingress) -> usize {
+        let fd = self.fd();
+        let Some(u) = self.uring.as_mut() else {
+            return 0;
+        };
+        let mut drained = false;
+        if u.ready.is_empty() {
+            if !self.look
+                && self
+                    .last_look
+                    .is_some_and(|l| now.saturating_duration_since(l) < TAP_LOOK)
+            {
+                return 0;
+            }
+            let k = u.reads.min(max.max(1)).min(RX_BUFS);
+            for i in 0..k {
+                let buf = u.rx[i * RECV_BUF_LEN..].as_mut_ptr();
+                let len = u32::try_from(RECV_BUF_LEN).unwrap_or(u32::MAX);
+                // SAFETY: buffer `i` is `RECV_BUF_LEN` bytes of `u.rx`, untouched until the
+                // `complete` below returns (no packet is ready, so none points into it).
+                if !unsafe { u.batch.read(fd, buf, len, i as u64) } {
+                    break;
+                }
+            }
+            let mut res = [0i32; RX_BUFS];
+            match u.batch.complete(|tag, r| {
+                if let Some(x) = res.get_mut(usize::try_from(tag).unwrap_or(usize::MAX)) {
+                    *x = r;
+                }
+            }) {
+                Ok(calls) => bump(&self.stats.syscalls, u64::from(calls)),
+                Err(e) => {
+                    tracing::warn!(
+                        port = self.id,
+                        "io_uring submit failed ({e}): one syscall per packet from now on"
+                    );
+                    self.uring = None;
+                    return 0;
+                }
+            }
+            for (i, &r) in res.iter().enumerate().take(k) {
+                match usize::try_from(r) {
+                    Ok(n) => u.ready.push_back((i, n)),
+                    Err(_) => {
+                        drained = true;
+                        if r != -libc::EAGAIN {
+                            tracing::warn!(
+                                port = self.id,
+                                "tap read: {}",
+                                std::io::Error::from_raw_os_error(-r)
+                            );
+                        }
+                    }
+                }
+            }
+            u.reads = (u.ready.len() * 2).clamp(1, RX_BUFS);
+        }
+        // Hand out what was read, in bursts of valid packets; a short one is dropped in its
+        // place.
+        let mut done = 0;
+        while done < max && !u.ready.is_empty() {
+            let mut segs: [Seg<'_>; RX_BUFS] = std::array::from_fn(|_| Seg::from_mut(&mut []));
+            let mut pkts = [super::EMPTY; RX_BUFS];
+            let mut n = 0;
+            let mut invalid = false;
+            {
+                let mut rest: &mut [u8] = &mut u.rx;
+                let mut at = 0;
+                for &(i, len) in u.ready.iter().take(max - done) {
+                    // Buffers are handed out in increasing order within one read batch.
+                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(i * RECV_BUF_LEN - at);
+                    let (buf, tail) = tail.split_at_mut(RECV_BUF_LEN);
+                    rest = tail;
+                    at = (i + 1) * RECV_BUF_LEN;
+                    let l = u32::try_from(len).unwrap_or(0);
+                    let head = if l >= HDR_LEN + MACS {
+                        read_head(&[Seg::from_mut(&mut buf[..len])], HDR_LEN)
+                    } else {
+                        None
+                    };
+                    let Some((hdr, macs)) = head else {
+                        invalid = true;
+                        break;
+                    };
+                    segs[n] = Seg::from_mut(&mut buf[..len]);
+                    pkts[n] = Pkt {
+                        segs: &[],
+                        len: l,
+                        hdr_len: HDR_LEN,
+                        hdr,
+                        macs,
+                    };
+                    n += 1;
+                }
+            }
+            for (p, s) in pkts.iter_mut().zip(segs.iter()).take(n) {
+                p.segs = std::slice::from_ref(s);
+            }
+            let taken = if n > 0 {
+                to.burst(&pkts[..n], &self.stats)
+            } else {
+                0
+            };
+            let bytes: u64 = pkts[..taken]
+                .iter()
+                .map(|p| u64::from(p.len - HDR_LEN))
+                .sum();
+            bump(&self.stats.rx_packets, taken as u64);
+            bump(&self.stats.rx_bytes, bytes);
+            u.ready.drain(..taken);
+            done += taken;
+            if taken < n {
+                break;
+            }
+            if invalid && n == 0 {
+                // The short one heads the queue now: dropped in its place.
+                u.ready.pop_front();
+                bump(&self.stats.drops[DropReason::Invalid as usize], 1);
+                bump(&self.stats.rx_packets, 1);
+                done += 1;
+            }
+        }
+        self.look = !drained && u.ready.is_empty();
+        self.last_look = Some(now);
+        done
     }
 }

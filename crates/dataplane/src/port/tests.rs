@@ -168,12 +168,23 @@ fn gen_port_numbers_frames_regenerates_what_waits_and_ends_with_a_marker() {
 
 #[test]
 fn tap_port_writes_to_the_kernel_and_reads_its_answer() {
+    use super::tap::TapIo;
+    // Batched through io_uring, and one syscall per packet: the same answers.
+    for (tag, net, io) in [("pru", 31, TapIo::Uring), ("prs", 32, TapIo::Syscall)] {
+        tap_round_trip(tag, net, io);
+    }
+}
+
+fn tap_round_trip(tag: &str, net: u8, io: super::tap::TapIo) {
     use crate::sys::tap::tests::{fold, ipv4_frame, parse_ipv4, setup, sum, Ipv4};
-    let tap = setup("prt", 1, true);
+    let tap = setup(tag, net, true);
     let tap_mac = tap.mac().unwrap_or_else(|e| panic!("{e}"));
     let stats: Arc<PortStats> = Arc::default();
-    let mut port = AnyPort::Tap(TapPort::new(9, stats.clone(), tap));
-    let (peer, host) = ([10, 213, 1, 2], [10, 213, 1, 1]);
+    let mut port = AnyPort::Tap(TapPort::new(9, stats.clone(), tap, io));
+    let (peer, host) = ([10, 213, net, 2], [10, 213, net, 1]);
+    if let AnyPort::Tap(t) = &port {
+        assert_eq!(t.io(), io, "io_uring must be available here");
+    }
     let now = Instant::now();
     // Two echo requests, one behind a 12-byte header and one behind a legacy 10-byte one
     // (rewritten to 12 for the tap): the kernel answers both.
@@ -219,6 +230,7 @@ fn tap_port_writes_to_the_kernel_and_reads_its_answer() {
         std::thread::sleep(Duration::from_millis(1));
     }
     replies.sort_unstable();
-    assert_eq!(replies, [1, 2], "both requests answered");
+    assert_eq!(replies, [1, 2], "both requests answered ({io:?})");
     assert!(get(&stats.rx_packets) >= 2);
+    assert!(get(&stats.syscalls) > 0);
 }

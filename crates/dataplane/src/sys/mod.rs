@@ -1,8 +1,9 @@
 //! The operating system, in one place: epoll, the timer, eventfds, CPU pinning and the tap
-//! device ([`tap`]). Built on `vmm-sys-util` where it has the call; the rest of the dataplane
+//! device ([`tap`]) and batched I/O on it ([`uring`]). Built on `vmm-sys-util` where it has the call; the rest of the dataplane
 //! makes no syscall of its own.
 
 pub mod tap;
+pub mod uring;
 
 use std::io;
 use std::os::fd::RawFd;

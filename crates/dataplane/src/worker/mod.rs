@@ -100,8 +100,8 @@ impl Default for WorkerConfig {
 /// A port that is not a vhost-user frontend, for the switch.
 #[derive(Debug)]
 pub enum HostPort {
-    /// The host kernel's tap device.
-    Tap(Tap),
+    /// The host kernel's tap device, and how it moves packets.
+    Tap(Tap, crate::port::tap::TapIo),
     /// Consumes and checks.
     Sink,
     /// Produces.
@@ -112,7 +112,7 @@ impl HostPort {
     /// "tap", "sink" or "gen".
     pub fn kind_name(&self) -> &'static str {
         match self {
-            HostPort::Tap(_) => "tap",
+            HostPort::Tap(..) => "tap",
             HostPort::Sink => "sink",
             HostPort::Gen(_) => "gen",
         }

@@ -240,8 +240,8 @@ impl Shard {
         stats.up.store(1, Ordering::Relaxed);
         info!(port = id, kind = h.kind_name(), "host port added");
         let port = match h {
-            HostPort::Tap(tap) => {
-                let p = TapPort::new(id, stats, tap);
+            HostPort::Tap(tap, io) => {
+                let p = TapPort::new(id, stats, tap, io);
                 self.epoll.add(p.fd(), token(id, HOST_QUEUE));
                 AnyPort::Tap(p)
             }
