@@ -10,6 +10,9 @@
 #   udp_g2h / udp_h2g   iperf3 UDP, 22-byte payload = 64-byte frames, -b 0; pps the receiver got
 #   rr                  sockperf ping-pong (UDP, 64 bytes) guest -> host, full RTT p50/p99 (us)
 #                       and transactions/s
+#   rrload              the same ping-pong while iperf3 -R -P 4 floods host -> guest (TCP): the
+#                       replies cross the congested egress (the guest's receive ring and, in
+#                       pvnet, its egress queue); also the bulk Gbit/s (rrload_bulk_gbit)
 # With FLOWS="1 10 100" every test also runs with N concurrent flows (test name suffix _xN):
 # iperf3 -P N (the [SUM] line), and N sockperf ping-pong clients at once against one server
 # (transactions/s summed; p50/p99 the median over the clients). 100 clients need
@@ -27,6 +30,8 @@
 #
 # Usage: scripts/peers/bench_guest_tap.sh     Env: ROUNDS=2 DUR=4 CFGS="pvnet bh timer bh:intx timer:intx"
 #        TESTS="tcp_g2h tcp_h2g udp_g2h udp_h2g rr" (a subset runs only those)
+#        (pvnet@KEY=V@KEY=V appends ,KEY=V,... to the switch's vhost-user port: its egress
+#        options, e.g. pvnet@qdisc=fifo@dql=false or pvnet@qdisc=none; see docs/egress.md)
 #        (pvnet:POLICY runs the switch with --policy POLICY, e.g. pvnet:busy: never sleeps, so
 #        the guest never kicks: the guest's own ceiling; a "+napi0" suffix, e.g. pvnet+napi0,
 #        boots the guest with virtio_net napi_tx=0: no TX-completion interrupts)
@@ -69,6 +74,10 @@ t() { n=\$1; shift; "\$@" > /tmp/o.txt 2>&1; echo "BENCH_RC \$n \$?"; sed "s/^/B
 # rrn NAME N: N sockperf ping-pong clients at once, outputs one after the other
 # (each client capped at 100000/N messages/s: sockperf sizes its sample buffer by that rate,
 # ~45 MB per client uncapped; the caps sit well above what a client gets under TCG)
+# rrl NAME: ping-pong while a 4-stream TCP flood comes from the host (started 1 s before)
+rrl() { n=\$1; iperf3 -c $NET.1 -t \$(($DUR + 2)) -f m -R -P 4 > /tmp/bulk.txt 2>&1 & bp=\$!; sleep 1
+  sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt > /tmp/o.txt 2>&1; rc=\$?; wait \$bp || rc=1
+  echo "BENCH_RC \$n \$rc"; sed "s/^/BENCH \$n /" /tmp/o.txt; sed "s/^/BENCH \${n}_bulk /" /tmp/bulk.txt; }
 rrn() { n=\$1; k=\$2; i=1; while [ \$i -le \$k ]; do sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt --mps=\$((100000 / k)) > /tmp/rr\$i.txt 2>&1 & i=\$((i+1)); done
   rc=0; for p in \$(jobs -p); do wait \$p || rc=1; done; echo "BENCH_RC \$n \$rc"; i=1; while [ \$i -le \$k ]; do sed "s/^/BENCH \$n /" /tmp/rr\$i.txt; i=\$((i+1)); done; }
 EOF
@@ -82,8 +91,9 @@ for f in $FLOWS; do
       tcp_h2g) echo "t $n iperf3 -c $NET.1 -t $DUR -f m -R $P" ;;
       udp_g2h) echo "t $n iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0 $P" ;;
       udp_h2g) echo "t $n iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0 -R $P" ;;
+      rrload) echo "rrl $n" ;;
       rr) if [ "$f" = 1 ]; then echo "t $n sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt"; else echo "rrn $n $f"; fi ;;
-      *) die "unknown test $t (tcp_g2h tcp_h2g udp_g2h udp_h2g rr)" ;;
+      *) die "unknown test $t (tcp_g2h tcp_h2g udp_g2h udp_h2g rr rrload)" ;;
     esac
   done
 done >> "$B/run.sh"
@@ -99,9 +109,10 @@ host_servers() {
 stop_servers() { local p; for p in "${SRV_PIDS[@]}"; do stop_pid "$p"; done; SRV_PIDS=(); }
 
 run_one() {   # run_one CFG[+napi0] ROUND
-  local cfg="$1" round="$2" tag="$1-$2" glog c2c_a c2c_b netdev dev initrd="$B/initrd.gz"
+  local cfg="$1" round="$2" tag="${1//[@=]/_}-$2" glog c2c_a c2c_b netdev dev initrd="$B/initrd.gz" vo=""
   glog="$B/$tag.console.log"
   if [[ "$cfg" == *+napi0 ]]; then cfg="${cfg%+napi0}"; initrd="$B/initrd-napi0.gz"; fi
+  if [[ "$cfg" == *@* ]]; then vo=",${cfg#*@}"; vo="${vo//@/,}"; cfg="${cfg%%@*}"; fi
   wait_quiet; c2c_a=$(c2c_ns)
   if [[ "$cfg" == pvnet* ]]; then
     # pvnet[:POLICY]: the switch's polling policy (default adaptive)
@@ -110,7 +121,7 @@ run_one() {   # run_one CFG[+napi0] ROUND
     if [[ "$cfg" == pvnet:* ]]; then rest="${cfg#pvnet:}"; pol="${rest%%:*}"; [[ "$rest" == *:* ]] && dly="${rest#*:}"; fi
     rm -f "$B/vu.sock"
     timeout -k 5 300 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" --policy "$pol" --tx-call-delay "$dly" \
-      --port "vhost-user:name=vm,socket=$B/vu.sock" --port "tap:name=host,ifname=$PVTAP" \
+      --port "vhost-user:name=vm,socket=$B/vu.sock$vo" --port "tap:name=host,ifname=$PVTAP" \
       > "$B/$tag.pvnet.json" 2> "$B/$tag.pvnet.log" &
     SW_PID=$!
     wait_for 10 test -S "$B/vu.sock" || die "pvnet switch did not start ($B/$tag.pvnet.log)"
@@ -188,6 +199,8 @@ for n in tests:
     elif n.startswith("rr"):
         a, b, c = rr(n)
         out.append("%s_p50_us=%.1f %s_p99_us=%.1f %s_tps=%.0f" % (n, a, n, b, n, c))
+        if n.startswith("rrload"):
+            out.append("%s_bulk_gbit=%.3f" % (n, gbit(n + "_bulk")))
 print("RESULT cfg=%s round=%s c2c_ns=%s ok=%d %s%s" % (cfg, rnd, c2c, ok, " ".join(out), sys.argv[7]))
 PY
 }
@@ -208,7 +221,9 @@ python3 - "$RES" "$B/summary.md" <<'PY'
 import sys, statistics as st
 rows = [dict(kv.split("=", 1) for kv in l.split()[1:]) for l in open(sys.argv[1]) if l.startswith("RESULT")]
 import re
-label = {"tcp_g2h_gbit": "TCP guest->host Gbit/s", "tcp_h2g_gbit": "TCP host->guest Gbit/s",
+label = {"rrload_p50_us": "ping-pong RTT p50 us under a host->guest TCP flood", "rrload_p99_us": "ping-pong RTT p99 us under a host->guest TCP flood",
+         "rrload_tps": "ping-pong transactions/s under the flood", "rrload_bulk_gbit": "the flood's TCP Gbit/s",
+         "tcp_g2h_gbit": "TCP guest->host Gbit/s", "tcp_h2g_gbit": "TCP host->guest Gbit/s",
          "udp_g2h_pps": "UDP 64 B guest->host pps", "udp_h2g_pps": "UDP 64 B host->guest pps",
          "rr_p50_us": "ping-pong RTT p50 us", "rr_p99_us": "ping-pong RTT p99 us", "rr_tps": "ping-pong transactions/s"}
 def describe(k):

@@ -11,7 +11,10 @@
 #                         0 (regression test for pvnet refusing SET_VRING_NUM 0).
 #   dpdk_two_frontends    two frontends through the switch: pvnet's frontend (port "pv") ->
 #                         testpmd rxonly (port "fe"): sent == pv rx, testpmd RX == fe tx,
-#                         pv rx == fe tx + counted drops.
+#                         pv rx == fe tx + drops counted at pv and at fe's egress queue
+#                         (queue_limit, aqm) + what still waits there; fe's queue: queued ==
+#                         dequeued + its drops + backlog. The frontend sends as fast as it can
+#                         and is never held back: what fe cannot take is dropped at its queue.
 #   dpdk_packed_txonly_to_sink, dpdk_packed_rxonly_from_gen
 #                         the first two with net_virtio_user packed_vq=1: the packed ring
 #                         (VIRTIO_F_RING_PACKED) must be acked, counts as exact.
@@ -266,8 +269,12 @@ dpdk_two_frontends() {
   tp_rx=$(tp_last "$tplog" RX-packets)
   f_tx=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["final"]["tx_packets"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
   pv_rx=$(sw_final "$tag" pv rx_packets); fe_tx=$(sw_final "$tag" fe tx_packets)
-  pv_drops=$(sw_final "$tag" pv drops_no_buffer)
-  info "$name: pvnet frontend sent $f_tx | switch pv rx=$pv_rx (no_buffer drops $pv_drops) -> fe tx=$fe_tx | testpmd RX-packets=$tp_rx ($(elapsed "$t0"))"
+  local r q_in q_out q_left fe_drops=0; pv_drops=0
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm; do
+    pv_drops=$((pv_drops + $(sw_final "$tag" pv "drops_$r"))); fe_drops=$((fe_drops + $(sw_final "$tag" fe "drops_$r")))
+  done
+  q_in=$(sw_final "$tag" fe queued); q_out=$(sw_final "$tag" fe dequeued); q_left=$(sw_final "$tag" fe backlog)
+  info "$name: pvnet frontend sent $f_tx | switch pv rx=$pv_rx (drops $pv_drops) -> fe tx=$fe_tx, fe egress queue: queued $q_in, dequeued $q_out, dropped $fe_drops, left $q_left | testpmd RX-packets=$tp_rx ($(elapsed "$t0"))"
   local perr; perr=$(pvnet_error "$tag")
   if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
   [ "$ferc" = 0 ] || { fail "$name" "pvnet frontend failed (status $ferc, log $D/$tag.frontend.log)"; return; }
@@ -276,7 +283,8 @@ dpdk_two_frontends() {
   [ "${tp_rx:-0}" -gt 0 ] || { fail "$name" "testpmd received nothing"; return; }
   [ "$f_tx" = "$pv_rx" ] || { fail "$name" "frontend sent $f_tx != switch pv rx_packets $pv_rx"; return; }
   [ "$tp_rx" = "$fe_tx" ] || { fail "$name" "testpmd RX $tp_rx != switch fe tx_packets $fe_tx"; return; }
-  [ "$pv_rx" = "$((fe_tx + pv_drops))" ] || { fail "$name" "pv rx $pv_rx != fe tx $fe_tx + drops $pv_drops"; return; }
+  [ "$pv_rx" = "$((fe_tx + pv_drops + fe_drops + q_left))" ] || { fail "$name" "pv rx $pv_rx != fe tx $fe_tx + drops $pv_drops + $fe_drops + waiting $q_left"; return; }
+  [ "$q_in" = "$((q_out + fe_drops + q_left))" ] || { fail "$name" "fe queue: queued $q_in != dequeued $q_out + dropped $fe_drops + left $q_left"; return; }
   pass "$name"
 }
 

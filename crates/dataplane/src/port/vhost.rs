@@ -1030,7 +1030,12 @@ impl VhostPort {
                 }
             }
         }
-        let c = q.take_counts();
+        // Dequeued: delivered from the queue (a packet handed out and then refused by the
+        // ring, too big for it, is a drop, not a dequeue: the counts stay exact).
+        let c = crate::egress::queue::QueueCounts {
+            dequeued: sent as u64,
+            ..q.take_counts()
+        };
         count_queue(stats, &c, dequeues);
         stats
             .backlog
