@@ -11,7 +11,7 @@ use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
 use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::port::gen::GenSpec;
-use pvnet_dataplane::port::tap::TapIo;
+use pvnet_dataplane::port::kernel::{HostDev, HostIo};
 use pvnet_dataplane::stats::PortSnapshot;
 use pvnet_dataplane::switch::SwitchConfig;
 use pvnet_dataplane::worker::{Dataplane, HostPort, Role, WorkerConfig};
@@ -42,6 +42,10 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       io=uring: reads and writes go to the kernel in bursts, one io_uring submission each
       (falls back to syscall, logged, where io_uring is not available); io=syscall: one
       read or writev per packet.
+  af-packet:name=wire,ifname=veth0[,io=uring]
+      an existing interface (a veth, a NIC) through an AF_PACKET socket with the same
+      12-byte virtio-net header (Linux 6.5+), promiscuous; frames the host itself sends out
+      of it are ignored. Offloads pass through as for the tap.
   sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
   gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC]
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),
@@ -155,6 +159,13 @@ enum PortConfig {
         #[serde(default = "uring")]
         io: String,
     },
+    AfPacket {
+        name: String,
+        ifname: String,
+        /// How packets move: uring (a burst per io_uring submission) or syscall (one each).
+        #[serde(default = "uring")]
+        io: String,
+    },
     Sink {
         name: String,
     },
@@ -178,6 +189,18 @@ enum PortConfig {
 fn one() -> u16 {
     1
 }
+/// A kernel port's `io` key.
+fn host_io(port: &str, s: &str) -> Result<HostIo> {
+    s.parse().map_err(|e| usage(format!("port {port}: {e}")))
+}
+
+fn io_name(io: HostIo) -> &'static str {
+    match io {
+        HostIo::Uring => "io_uring",
+        HostIo::Syscall => "a syscall per packet",
+    }
+}
+
 fn uring() -> String {
     "uring".into()
 }
@@ -232,6 +255,7 @@ impl PortConfig {
         match self {
             PortConfig::VhostUser { name, .. }
             | PortConfig::Tap { name, .. }
+            | PortConfig::AfPacket { name, .. }
             | PortConfig::Sink { name }
             | PortConfig::Gen { name, .. } => name,
         }
@@ -240,6 +264,7 @@ impl PortConfig {
         match self {
             PortConfig::VhostUser { .. } => "vhost-user",
             PortConfig::Tap { .. } => "tap",
+            PortConfig::AfPacket { .. } => "af-packet",
             PortConfig::Sink { .. } => "sink",
             PortConfig::Gen { .. } => "gen",
         }
@@ -496,9 +521,7 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                 io: tap_io,
                 ..
             } => {
-                let tap_io: TapIo = tap_io
-                    .parse()
-                    .map_err(|e| usage(format!("port {}: {e}", p.name())))?;
+                let tap_io = host_io(p.name(), tap_io)?;
                 let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
                 let tap = pvnet_dataplane::sys::tap::open(&want, *offloads)
                     .map_err(io(format!("port {}", p.name())))?;
@@ -506,14 +529,18 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                     .map_err(io(format!("port {}", p.name())))?;
                 let name = tap.name().to_string();
                 info!(port = %p.name(), ifname = %name, offloads = *offloads, "tap ready");
-                dp.add_host(id, HostPort::Tap(tap, tap_io));
-                format!(
-                    "{name}, {}",
-                    match tap_io {
-                        TapIo::Uring => "io_uring",
-                        TapIo::Syscall => "a syscall per packet",
-                    }
-                )
+                dp.add_host(id, HostPort::Kernel(HostDev::Tap(tap), tap_io));
+                format!("{name}, {}", io_name(tap_io))
+            }
+            PortConfig::AfPacket {
+                ifname, io: pio, ..
+            } => {
+                let pio = host_io(p.name(), pio)?;
+                let sock = pvnet_dataplane::sys::packet::open(ifname)
+                    .map_err(io(format!("port {}", p.name())))?;
+                info!(port = %p.name(), ifname = %ifname, "AF_PACKET socket bound");
+                dp.add_host(id, HostPort::Kernel(HostDev::Packet(sock), pio));
+                format!("{ifname}, {}", io_name(pio))
             }
             PortConfig::Sink { .. } => {
                 dp.add_host(id, HostPort::Sink);

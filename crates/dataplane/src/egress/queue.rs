@@ -21,8 +21,9 @@ use virtq::mem::read_segs;
 pub const SMALL_SLOT: usize = 2048;
 /// Bytes of a large slot: the largest GSO packet and its header.
 pub const LARGE_SLOT: usize = 65536 + 64;
-/// Large slots per queue.
-pub const LARGE_SLOTS: usize = 16;
+/// Large slots per queue (4 MiB, touched only when used): a tap hands over TSO packets of up
+/// to 64 KiB, so a few large slots would make a short queue of a bulk TCP flow.
+pub const LARGE_SLOTS: usize = 64;
 
 /// The scheduler of an egress queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! | kind | receives (ingress) | transmits (egress) |
 //! |---|---|---|
 //! | [`vhost`] | a frontend's transmit ring | its receive ring (mergeable buffers) |
-//! | [`tap`] | `read` from the kernel | `writev` to the kernel |
+//! | [`kernel`] (a tap, or an `AF_PACKET` socket on a veth or NIC) | reads from the kernel, in bursts | gathered writes to the kernel, in bursts |
 //! | [`sink`] | — | reads and checks every byte (bench frames) |
 //! | [`gen`] | numbered bench frames, paced or not | — |
 //!
@@ -19,8 +19,8 @@
 //! one ingress loop. A port does not know where its packets go; the switch decides.
 
 pub mod gen;
+pub mod kernel;
 pub mod sink;
-pub mod tap;
 pub mod vhost;
 
 use crate::poll::plan::Settle;
@@ -231,8 +231,8 @@ pub trait Port {
 pub enum AnyPort {
     /// A vhost-user frontend.
     Vhost(vhost::VhostPort),
-    /// The host kernel through a tap.
-    Tap(tap::TapPort),
+    /// The host kernel: a tap, or an interface through `AF_PACKET`.
+    Kernel(kernel::KernelPort),
     /// Consumes and checks.
     Sink(sink::SinkPort),
     /// Produces.
@@ -244,7 +244,7 @@ macro_rules! each {
     ($self:ident, $p:ident => $e:expr) => {
         match $self {
             AnyPort::Vhost($p) => $e,
-            AnyPort::Tap($p) => $e,
+            AnyPort::Kernel($p) => $e,
             AnyPort::Sink($p) => $e,
             AnyPort::Gen($p) => $e,
         }
@@ -333,7 +333,7 @@ impl AnyPort {
     pub fn egress(&mut self) -> Option<&mut crate::egress::Egress> {
         match self {
             AnyPort::Vhost(v) => Some(v.egress()),
-            AnyPort::Tap(t) => Some(t.egress()),
+            AnyPort::Kernel(t) => Some(t.egress()),
             _ => None,
         }
     }

@@ -165,26 +165,7 @@ impl Tap {
     /// Brings the link up (`SIOCSIFFLAGS` `IFF_UP`), first setting the MTU if given
     /// (`SIOCSIFMTU`). Until the link is up the kernel sends nothing to the tap.
     pub fn link_up(&self, mtu: Option<u32>) -> io::Result<()> {
-        let sock = inet_socket()?;
-        if let Some(mtu) = mtu {
-            let mut ifr = ifreq(&self.name)?;
-            ifr.ifr_ifru.ifru_mtu = libc::c_int::try_from(mtu).map_err(|_| {
-                io::Error::new(io::ErrorKind::InvalidInput, format!("MTU {mtu} too large"))
-            })?;
-            // SAFETY: SIOCSIFMTU reads a `struct ifreq`; `ifr` is one.
-            unsafe { ioctl(sock.as_raw_fd(), libc::SIOCSIFMTU, &mut ifr) }
-                .map_err(|e| context(e, &format!("SIOCSIFMTU {} {mtu}", self.name)))?;
-        }
-        let mut ifr = ifreq(&self.name)?;
-        // SAFETY: SIOCGIFFLAGS writes a `struct ifreq`; `ifr` is one, exclusively borrowed.
-        unsafe { ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) }
-            .map_err(|e| context(e, &format!("SIOCGIFFLAGS {}", self.name)))?;
-        let up = libc::c_short::try_from(libc::IFF_UP).expect("IFF_UP fits in a short");
-        // SAFETY: SIOCGIFFLAGS filled in `ifru_flags`; every bit pattern is a valid short.
-        unsafe { ifr.ifr_ifru.ifru_flags |= up };
-        // SAFETY: SIOCSIFFLAGS reads a `struct ifreq`; `ifr` is one.
-        unsafe { ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut ifr) }
-            .map_err(|e| context(e, &format!("SIOCSIFFLAGS {} up", self.name)))
+        set_link_up(&self.name, mtu)
     }
 
     /// The tap's MAC address (`SIOCGIFHWADDR`): the host side's address on this link.
@@ -211,19 +192,7 @@ impl Tap {
     /// the packet, with no error. A buffer shorter than the vnet header fails with `EINVAL`.
     /// See the module documentation for `num_buffers`.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        loop {
-            // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which is
-            // exclusively borrowed for the call.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            match usize::try_from(n) {
-                Ok(n) => return Ok(Some(n)),
-                Err(_) => match io::Error::last_os_error() {
-                    e if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                    e if e.kind() == io::ErrorKind::Interrupted => continue,
-                    e => return Err(e),
-                },
-            }
-        }
+        read_fd(self.fd.as_raw_fd(), buf)
     }
 
     /// Writes one packet gathered from `iov`: the vnet header first, then the frame.
@@ -241,20 +210,68 @@ impl Tap {
     /// kernel only reads through them; an address that is not mapped fails the write with
     /// `EFAULT` rather than faulting us.
     pub fn send_iovecs(&self, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
-        let cnt = libc::c_int::try_from(iov.len())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many iovecs"))?;
-        loop {
-            // SAFETY: `iov` holds `cnt` iovecs for the call; the kernel reads the memory they
-            // describe with its own fault handling and never writes it.
-            let n = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), cnt) };
-            match usize::try_from(n) {
-                Ok(n) => return Ok(Some(n)),
-                Err(_) => match io::Error::last_os_error() {
-                    e if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                    e if e.kind() == io::ErrorKind::Interrupted => continue,
-                    e => return Err(e),
-                },
-            }
+        writev_fd(self.fd.as_raw_fd(), iov)
+    }
+}
+
+/// Brings interface `name` up (`SIOCSIFFLAGS` `IFF_UP`), first setting the MTU if given
+/// (`SIOCSIFMTU`).
+pub fn set_link_up(name: &str, mtu: Option<u32>) -> io::Result<()> {
+    let sock = inet_socket()?;
+    if let Some(mtu) = mtu {
+        let mut ifr = ifreq(name)?;
+        ifr.ifr_ifru.ifru_mtu = libc::c_int::try_from(mtu).map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("MTU {mtu} too large"))
+        })?;
+        // SAFETY: SIOCSIFMTU reads a `struct ifreq`; `ifr` is one.
+        unsafe { ioctl(sock.as_raw_fd(), libc::SIOCSIFMTU, &mut ifr) }
+            .map_err(|e| context(e, &format!("SIOCSIFMTU {} {mtu}", name)))?;
+    }
+    let mut ifr = ifreq(name)?;
+    // SAFETY: SIOCGIFFLAGS writes a `struct ifreq`; `ifr` is one, exclusively borrowed.
+    unsafe { ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) }
+        .map_err(|e| context(e, &format!("SIOCGIFFLAGS {}", name)))?;
+    let up = libc::c_short::try_from(libc::IFF_UP).expect("IFF_UP fits in a short");
+    // SAFETY: SIOCGIFFLAGS filled in `ifru_flags`; every bit pattern is a valid short.
+    unsafe { ifr.ifr_ifru.ifru_flags |= up };
+    // SAFETY: SIOCSIFFLAGS reads a `struct ifreq`; `ifr` is one.
+    unsafe { ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut ifr) }
+        .map_err(|e| context(e, &format!("SIOCSIFFLAGS {} up", name)))
+}
+
+/// One `read` from a non-blocking fd: `Ok(None)` on `EAGAIN`, retried on `EINTR`.
+pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which is
+        // exclusively borrowed for the call.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        match usize::try_from(n) {
+            Ok(n) => return Ok(Some(n)),
+            Err(_) => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                e if e.kind() == io::ErrorKind::Interrupted => continue,
+                e => return Err(e),
+            },
+        }
+    }
+}
+
+/// One `writev` to a non-blocking fd: `Ok(None)` on `EAGAIN`, retried on `EINTR`. The kernel
+/// only reads through the iovecs; an address that is not mapped fails with `EFAULT`.
+pub fn writev_fd(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
+    let cnt = libc::c_int::try_from(iov.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many iovecs"))?;
+    loop {
+        // SAFETY: `iov` holds `cnt` iovecs for the call; the kernel reads the memory they
+        // describe with its own fault handling and never writes it.
+        let n = unsafe { libc::writev(fd, iov.as_ptr(), cnt) };
+        match usize::try_from(n) {
+            Ok(n) => return Ok(Some(n)),
+            Err(_) => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                e if e.kind() == io::ErrorKind::Interrupted => continue,
+                e => return Err(e),
+            },
         }
     }
 }
@@ -366,7 +383,7 @@ pub(crate) mod tests {
     const FILL: u8 = 0xa5;
 
     /// Fails, never skips, where taps cannot be made.
-    fn require_tap_env() {
+    pub(crate) fn require_tap_env() {
         // SAFETY: plain syscall, no pointers.
         let euid = unsafe { libc::geteuid() };
         assert_eq!(
@@ -379,7 +396,7 @@ pub(crate) mod tests {
         );
     }
 
-    fn ip(args: &[&str]) {
+    pub(crate) fn ip(args: &[&str]) {
         let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
             panic!("run `ip {}`: {e} (is iproute2 installed?)", args.join(" "))
         });

@@ -20,7 +20,6 @@ use crate::port::gen::GenSpec;
 use crate::port::PortId;
 use crate::stats::{PortSnapshot, PortStats};
 use crate::switch::{MacEntry, SwitchConfig};
-use crate::sys::tap::Tap;
 use pvnet_vhost::backend::{DeviceHooks, StartedQueue};
 use pvnet_vhost::eventfd::Notifier;
 use shard::{Cmd, Shard};
@@ -100,8 +99,8 @@ impl Default for WorkerConfig {
 /// A port that is not a vhost-user frontend, for the switch.
 #[derive(Debug)]
 pub enum HostPort {
-    /// The host kernel's tap device, and how it moves packets.
-    Tap(Tap, crate::port::tap::TapIo),
+    /// The host kernel (a tap, or an interface through `AF_PACKET`), and how it moves packets.
+    Kernel(crate::port::kernel::HostDev, crate::port::kernel::HostIo),
     /// Consumes and checks.
     Sink,
     /// Produces.
@@ -112,7 +111,8 @@ impl HostPort {
     /// "tap", "sink" or "gen".
     pub fn kind_name(&self) -> &'static str {
         match self {
-            HostPort::Tap(..) => "tap",
+            HostPort::Kernel(crate::port::kernel::HostDev::Tap(_), _) => "tap",
+            HostPort::Kernel(crate::port::kernel::HostDev::Packet(_), _) => "af-packet",
             HostPort::Sink => "sink",
             HostPort::Gen(_) => "gen",
         }

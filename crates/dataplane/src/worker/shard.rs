@@ -11,8 +11,8 @@ use crate::egress::{EgressConfig, HoldPolicy};
 use crate::poll::plan::{call_bound, Plan, Settle};
 use crate::poll::{Clock, WakeCost};
 use crate::port::gen::{GenPort, GenSpec};
+use crate::port::kernel::KernelPort;
 use crate::port::sink::{Counting, SinkPort};
-use crate::port::tap::TapPort;
 use crate::port::vhost::{VhostConfig, VhostPort, SERVICED_PAIRS};
 use crate::port::{AnyPort, Port, PortId};
 use crate::stats::PortStats;
@@ -240,10 +240,10 @@ impl Shard {
         stats.up.store(1, Ordering::Relaxed);
         info!(port = id, kind = h.kind_name(), "host port added");
         let port = match h {
-            HostPort::Tap(tap, io) => {
-                let p = TapPort::new(id, stats, tap, io);
+            HostPort::Kernel(dev, io) => {
+                let p = KernelPort::new(id, stats, dev, io);
                 self.epoll.add(p.fd(), token(id, HOST_QUEUE));
-                AnyPort::Tap(p)
+                AnyPort::Kernel(p)
             }
             HostPort::Sink => AnyPort::Sink(SinkPort::new(
                 id,
@@ -261,7 +261,7 @@ impl Shard {
         for pid in [id, id | BEHIND_SINK, id | BEHIND_GEN] {
             if let Some(i) = self.index_of(pid) {
                 let p = self.ports.remove(i);
-                if let AnyPort::Tap(t) = &p {
+                if let AnyPort::Kernel(t) = &p {
                     self.epoll.remove(t.fd());
                 }
             }

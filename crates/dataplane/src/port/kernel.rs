@@ -1,8 +1,12 @@
-//! A tap port: the host kernel's side of the switch ([`crate::sys::tap`]).
+//! A kernel port: the host kernel's side of the switch, through a tap ([`crate::sys::tap`]) or
+//! an `AF_PACKET` socket bound to an existing interface, a veth or a NIC
+//! ([`crate::sys::packet`]). Both carry the same 12-byte virtio-net header in front of every
+//! frame, so one port serves both; only where the frames go differs (the host's stack behind
+//! the tap; the wire or the veth's peer behind the interface).
 //!
-//! Two ways to move packets, chosen per port ([`TapIo`]):
+//! Two ways to move packets, chosen per port ([`HostIo`]):
 //!
-//! * [`TapIo::Uring`] (the default): batched through `io_uring` ([`crate::sys::uring`]).
+//! * [`HostIo::Uring`] (the default): batched through `io_uring` ([`crate::sys::uring`]).
 //!   Receiving: one submission of up to [`RX_BUFS`] reads into the port's buffers (as many as
 //!   the last look found, doubled), the packets handed out as one burst; those the switch
 //!   makes wait stay in their buffers, in order, and no read is made until they are gone.
@@ -10,7 +14,7 @@
 //!   (the kernel's copy is the only one), all of a batch submitted at once at
 //!   [`Port::tx_commit`](super::Port::tx_commit), before the sender gets its buffers back.
 //!   A write the kernel refuses is counted at the tap (`no_buffer` for a full queue).
-//! * [`TapIo::Syscall`]: one `read` and one `writev` per packet (where `io_uring` is not
+//! * [`HostIo::Syscall`]: one `read` and one `writev` per packet (where `io_uring` is not
 //!   available, and for comparison).
 //!
 //! Either way, while the shard polls other rings and the tap had nothing last time, it is
@@ -22,6 +26,7 @@ use crate::egress::{Egress, HoldPolicy};
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
 use crate::stats::{bump, DropReason, PortStats};
+use crate::sys::packet::PacketSock;
 use crate::sys::tap::{Tap, RECV_BUF_LEN};
 use crate::sys::uring::Batch;
 use pvnet_net::HDR_LEN;
@@ -44,21 +49,61 @@ pub const RX_BUFS: usize = 32;
 /// submission).
 const TX_IOVS: usize = 512;
 
-/// How a tap port moves packets (see the module docs).
+/// The kernel's end of a port.
+#[derive(Debug)]
+pub enum HostDev {
+    /// A tap device: the host's own stack.
+    Tap(Tap),
+    /// An `AF_PACKET` socket bound to an interface.
+    Packet(PacketSock),
+}
+
+impl HostDev {
+    fn recv(&self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+        match self {
+            HostDev::Tap(t) => t.recv(buf),
+            HostDev::Packet(p) => p.recv(buf),
+        }
+    }
+
+    fn send_iovecs(&self, iov: &[libc::iovec]) -> std::io::Result<Option<usize>> {
+        match self {
+            HostDev::Tap(t) => t.send_iovecs(iov),
+            HostDev::Packet(p) => p.send_iovecs(iov),
+        }
+    }
+
+    fn fd(&self) -> i32 {
+        match self {
+            HostDev::Tap(t) => std::os::fd::AsRawFd::as_raw_fd(t),
+            HostDev::Packet(p) => std::os::fd::AsRawFd::as_raw_fd(p),
+        }
+    }
+
+    /// The interface's name.
+    pub fn name(&self) -> &str {
+        match self {
+            HostDev::Tap(t) => t.name(),
+            HostDev::Packet(p) => p.name(),
+        }
+    }
+}
+
+/// How a kernel port moves packets (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TapIo {
+pub enum HostIo {
     /// A burst of reads or writes per `io_uring` submission.
     Uring,
     /// One syscall per packet.
     Syscall,
 }
 
-impl std::str::FromStr for TapIo {
+impl std::str::FromStr for HostIo {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "uring" => Ok(TapIo::Uring),
-            "syscall" => Ok(TapIo::Syscall),
+            "uring" => Ok(HostIo::Uring),
+            "syscall" => Ok(HostIo::Syscall),
             o => Err(format!("unknown tap io {o:?} (uring, syscall)")),
         }
     }
@@ -121,10 +166,10 @@ impl Uring {
 
 /// The kernel's side.
 #[derive(Debug)]
-pub struct TapPort {
+pub struct KernelPort {
     id: PortId,
     stats: Arc<PortStats>,
-    tap: Tap,
+    dev: HostDev,
     buf: Vec<u8>,
     /// Staging for a packet in more pieces than one write takes.
     staging: Vec<u8>,
@@ -138,14 +183,14 @@ pub struct TapPort {
     uring: Option<Box<Uring>>,
 }
 
-impl TapPort {
+impl KernelPort {
     /// Wraps an open tap (non-blocking, with the 12-byte virtio-net header), moving packets
     /// as `io` says; where `io_uring` cannot be set up it falls back to a syscall per packet
     /// (logged).
-    pub fn new(id: PortId, stats: Arc<PortStats>, tap: Tap, io: TapIo) -> Self {
+    pub fn new(id: PortId, stats: Arc<PortStats>, dev: HostDev, io: HostIo) -> Self {
         let uring = match io {
-            TapIo::Syscall => None,
-            TapIo::Uring => match Uring::new() {
+            HostIo::Syscall => None,
+            HostIo::Uring => match Uring::new() {
                 Ok(u) => Some(Box::new(u)),
                 Err(e) => {
                     tracing::warn!(
@@ -160,7 +205,7 @@ impl TapPort {
             uring,
             id,
             stats,
-            tap,
+            dev,
             buf: vec![0u8; RECV_BUF_LEN],
             staging: vec![0u8; RECV_BUF_LEN],
             pending: 0,
@@ -171,9 +216,9 @@ impl TapPort {
         }
     }
 
-    /// The tap's fd, to wait on it.
+    /// The kernel end's fd, to wait on it.
     pub fn fd(&self) -> i32 {
-        std::os::fd::AsRawFd::as_raw_fd(&self.tap)
+        self.dev.fd()
     }
 
     /// Its egress state.
@@ -182,12 +227,22 @@ impl TapPort {
     }
 
     /// How it moves packets now.
-    pub fn io(&self) -> TapIo {
+    pub fn io(&self) -> HostIo {
         if self.uring.is_some() {
-            TapIo::Uring
+            HostIo::Uring
         } else {
-            TapIo::Syscall
+            HostIo::Syscall
         }
+    }
+}
+
+/// Why the kernel refused a write, from its errno: no room (`no_buffer`), the interface down
+/// or gone (`port_down`), or the frame itself (`offload`: a header it would not take).
+fn refusal(errno: i32) -> DropReason {
+    match errno {
+        libc::EAGAIN | libc::ENOBUFS => DropReason::NoBuffer,
+        libc::ENETDOWN | libc::EIO | libc::ENXIO | libc::ENODEV => DropReason::PortDown,
+        _ => DropReason::Offload,
     }
 }
 
@@ -209,7 +264,7 @@ fn iovecs(segs: &[Seg<'_>], mut skip: u32, iov: &mut [libc::iovec]) -> Option<us
     Some(n)
 }
 
-impl super::Port for TapPort {
+impl super::Port for KernelPort {
     fn id(&self) -> PortId {
         self.id
     }
@@ -219,7 +274,10 @@ impl super::Port for TapPort {
     }
 
     fn kind(&self) -> &'static str {
-        "tap"
+        match self.dev {
+            HostDev::Tap(_) => "tap",
+            HostDev::Packet(_) => "af-packet",
+        }
     }
 
     fn caps(&self) -> Caps {
@@ -249,7 +307,7 @@ impl super::Port for TapPort {
                 std::mem::take(&mut self.pending)
             } else {
                 bump(&self.stats.syscalls, 1);
-                match self.tap.recv(&mut self.buf) {
+                match self.dev.recv(&mut self.buf) {
                     Ok(Some(n)) => n,
                     Ok(None) => {
                         drained = true;
@@ -337,7 +395,7 @@ impl super::Port for TapPort {
     }
 }
 
-impl TapPort {
+impl KernelPort {
     /// Writes one packet straight from its memory.
     fn write(&mut self, pkt: &Pkt<'_>) -> TxOut {
         let mut iov = [libc::iovec {
@@ -369,7 +427,7 @@ impl TapPort {
             }
         };
         bump(&self.stats.syscalls, 1);
-        match self.tap.send_iovecs(&iov[..n]) {
+        match self.dev.send_iovecs(&iov[..n]) {
             Ok(Some(_)) => {
                 bump(&self.stats.tx_packets, 1);
                 bump(&self.stats.tx_bytes, u64::from(pkt.frame_len()));
@@ -377,14 +435,14 @@ impl TapPort {
             }
             Ok(None) => TxOut::Dropped(DropReason::NoBuffer),
             Err(e) => {
-                tracing::debug!("tap write refused: {e}");
-                TxOut::Dropped(DropReason::Offload)
+                tracing::debug!(port = self.id, "write refused: {e}");
+                TxOut::Dropped(refusal(e.raw_os_error().unwrap_or(libc::EINVAL)))
             }
         }
     }
 }
 
-impl TapPort {
+impl KernelPort {
     /// Queues one packet as a gathered write from its memory (submitted at the commit). A
     /// packet in more pieces than one write takes goes out alone through [`write`](Self::write)
     /// after what is queued.
@@ -451,8 +509,9 @@ impl TapPort {
         if u.batch.queued() == 0 {
             return;
         }
-        let (mut ok, mut bytes, mut full, mut bad) = (0u64, 0u64, 0u64, 0u64);
-        let lens = &u.lens;
+        let (mut ok, mut bytes) = (0u64, 0u64);
+        let mut refused = [0u64; DropReason::ALL.len()];
+        let (lens, id) = (&u.lens, self.id);
         let r = u.batch.complete(|tag, res| {
             if res >= 0 {
                 ok += 1;
@@ -461,10 +520,13 @@ impl TapPort {
                         .copied()
                         .unwrap_or(0),
                 );
-            } else if res == -libc::EAGAIN {
-                full += 1;
             } else {
-                bad += 1;
+                let why = refusal(-res);
+                if why != DropReason::NoBuffer {
+                    let e = std::io::Error::from_raw_os_error(-res);
+                    tracing::debug!(port = id, "write refused: {e}");
+                }
+                refused[why as usize] += 1;
             }
         });
         u.iov_used = 0;
@@ -475,14 +537,15 @@ impl TapPort {
                     port = self.id,
                     "io_uring submit failed ({e}): one syscall per packet from now on"
                 );
-                bad += u64::from(u.batch.queued());
+                refused[DropReason::PortDown as usize] += u64::from(u.batch.queued());
                 self.uring = None;
             }
         }
         bump(&self.stats.tx_packets, ok);
         bump(&self.stats.tx_bytes, bytes);
-        bump(&self.stats.drops[DropReason::NoBuffer as usize], full);
-        bump(&self.stats.drops[DropReason::Offload as usize], bad);
+        for r in DropReason::ALL {
+            bump(&self.stats.drops[r as usize], refused[r as usize]);
+        }
     }
 
     /// [`Port::rx_burst`](super::Port::rx_burst) on the batched path: packets read earlier

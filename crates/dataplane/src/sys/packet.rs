@@ -1,0 +1,145 @@
+//! An `AF_PACKET` socket bound to one existing interface (a veth, a NIC): the frames the
+//! interface receives come in, frames written go out of it (Linux `packet(7)`,
+//! `net/packet/af_packet.c`).
+//!
+//! The socket carries the same 12-byte virtio-net header as the tap (`PACKET_VNET_HDR` with
+//! `PACKET_VNET_HDR_SZ` 12, Linux 6.5 and later), so a frame moves between a virtio ring and
+//! the interface with its checksum and GSO metadata as is, and the tap port's code serves both
+//! ([`crate::port::tap`]). It ignores the frames the host itself sends out of the interface
+//! (`PACKET_IGNORE_OUTGOING`: pvnet is the interface's other end, not a sniffer) and puts the
+//! interface in promiscuous mode (a switch port takes every address).
+
+use pvnet_net::HDR_LEN;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// A bound `AF_PACKET` socket.
+#[derive(Debug)]
+pub struct PacketSock {
+    fd: OwnedFd,
+    name: String,
+}
+
+fn setopt(fd: RawFd, opt: libc::c_int, val: &impl Sized, what: &str) -> io::Result<()> {
+    let len = libc::socklen_t::try_from(size_of_val(val)).unwrap_or(0);
+    // SAFETY: `val` is a live value of `len` bytes for the call; the kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_PACKET,
+            opt,
+            std::ptr::from_ref(val).cast(),
+            len,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(())
+}
+
+/// Opens a non-blocking `AF_PACKET` socket on interface `name` (which must exist), with the
+/// 12-byte vnet header. Needs `CAP_NET_RAW`. The interface is brought up if it is down.
+pub fn open(name: &str) -> io::Result<PacketSock> {
+    let cname = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name has a NUL"))?;
+    // SAFETY: `cname` is a valid NUL-terminated string for the call.
+    let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    if index == 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("interface {name}: {e}")));
+    }
+    // Up before the bind: binding to a down interface leaves ENETDOWN pending on the socket
+    // (`packet_do_bind`), and the first write would fail with it.
+    crate::sys::tap::set_link_up(name, None)?;
+    let proto = u16::try_from(libc::ETH_P_ALL).unwrap_or(3).to_be();
+    // SAFETY: plain socket(2); the result is checked before use.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::c_int::from(proto),
+        )
+    };
+    if raw < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("AF_PACKET socket: {e}")));
+    }
+    // SAFETY: `raw` is a socket we just opened and own alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let one: libc::c_int = 1;
+    setopt(
+        fd.as_raw_fd(),
+        libc::PACKET_VNET_HDR,
+        &one,
+        "PACKET_VNET_HDR",
+    )?;
+    let hdr = libc::c_int::try_from(HDR_LEN).unwrap_or(12);
+    setopt(
+        fd.as_raw_fd(),
+        libc::PACKET_VNET_HDR_SZ,
+        &hdr,
+        "PACKET_VNET_HDR_SZ 12 (Linux 6.5 or later)",
+    )?;
+    setopt(
+        fd.as_raw_fd(),
+        libc::PACKET_IGNORE_OUTGOING,
+        &one,
+        "PACKET_IGNORE_OUTGOING",
+    )?;
+    let ifindex = libc::c_int::try_from(index).unwrap_or(0);
+    // SAFETY: all-zero is a valid `sockaddr_ll`; the fields that matter are set below.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = u16::try_from(libc::AF_PACKET).unwrap_or(17);
+    sll.sll_protocol = proto;
+    sll.sll_ifindex = ifindex;
+    let len = libc::socklen_t::try_from(size_of::<libc::sockaddr_ll>()).unwrap_or(0);
+    // SAFETY: `sll` is a valid `sockaddr_ll` of `len` bytes for the call.
+    let r = unsafe { libc::bind(fd.as_raw_fd(), std::ptr::from_ref(&sll).cast(), len) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("bind to {name}: {e}")));
+    }
+    let mreq = libc::packet_mreq {
+        mr_ifindex: ifindex,
+        mr_type: u16::try_from(libc::PACKET_MR_PROMISC).unwrap_or(1),
+        mr_alen: 0,
+        mr_address: [0; 8],
+    };
+    setopt(
+        fd.as_raw_fd(),
+        libc::PACKET_ADD_MEMBERSHIP,
+        &mreq,
+        "promiscuous mode",
+    )?;
+    Ok(PacketSock {
+        fd,
+        name: name.to_string(),
+    })
+}
+
+impl PacketSock {
+    /// The interface it is bound to.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Reads one frame (header first); `Ok(None)` when none is queued.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        crate::sys::tap::read_fd(self.fd.as_raw_fd(), buf)
+    }
+
+    /// Sends one frame gathered from `iov` (header first) out of the interface; `Ok(None)`
+    /// when the kernel cannot take it now.
+    pub fn send_iovecs(&self, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
+        crate::sys::tap::writev_fd(self.fd.as_raw_fd(), iov)
+    }
+}
+
+impl AsRawFd for PacketSock {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
