@@ -1,30 +1,44 @@
 #!/usr/bin/env bash
-# The tap's two directions with and without io_uring batching, 64-byte frames, on the host
-# kernel: `pvnet switch` A writes a gen port's frames into tap pvb0 (pvnet -> kernel), a Linux
-# bridge floods them to tap pvb1, and `pvnet switch` B reads them from pvb1 into a sink port
-# (kernel -> pvnet). A on CPU 0, B on CPU 1. Per run: A's tap writes accepted per second, B's
-# tap reads per second, syscalls per packet on each side (`read`/`writev`/`io_uring_enter`),
-# from `pvnet ctl` counters sampled over the measured window. IO="syscall uring" interleaved.
+# The kernel ports' two directions with and without io_uring batching, 64-byte frames, on the
+# host kernel: `pvnet switch` A writes a gen port's frames into the kernel (pvnet -> kernel), a
+# Linux bridge floods them on, and `pvnet switch` B reads them into a sink port (kernel ->
+# pvnet). A on CPU 0, B on CPU 1. DEVS: `tap` (taps pvb0 and pvb1, bridged) and `af-packet`
+# (AF_PACKET sockets on veths pvx0 and pvx1, whose peers are bridged). Per run: A's writes
+# accepted per second, B's reads per second, syscalls per packet on each side
+# (`read`/`writev`/`io_uring_enter`) and CPU ns per packet of each process, from `pvnet ctl`
+# counters and /proc sampled over the measured window. IO="syscall uring" interleaved.
 #
-# Usage: scripts/peers/bench_tap.sh     Env: ROUNDS=3 DUR=5 (measured s) WARM=1 IO="syscall uring"
+# Usage: scripts/peers/bench_tap.sh     Env: ROUNDS=3 DUR=5 (measured s) WARM=1
+#        IO="syscall uring" DEVS="tap af-packet"
 #        DOC=docs/egress.md (table written between the bench:tap markers; DOC= to skip)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-5}"; WARM="${WARM:-1}"; IO="${IO:-syscall uring}"
+ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-5}"; WARM="${WARM:-1}"; IO="${IO:-syscall uring}"; DEVS="${DEVS:-tap af-packet}"
 DOC="${DOC-docs/egress.md}"
-[ "$(id -u)" = 0 ] || { echo "needs root (taps, a bridge)" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "needs root (taps, veths, a bridge)" >&2; exit 1; }
 cargo build -q --release -p pvnet
 BIN=target/release/pvnet
-W=$(mktemp -d); BR=pvbbr
+W=$(mktemp -d); BR=pvbbr; XBR=pvxbr   # one bridge per kind: nothing floods across
 cleanup() {
   pkill -f "$W/ctl" 2>/dev/null || true
-  ip link del "$BR" 2>/dev/null || true
+  ip link del "$BR" 2>/dev/null || true; ip link del "$XBR" 2>/dev/null || true
+  ip link del pvx0 2>/dev/null || true; ip link del pvx1 2>/dev/null || true
   rm -rf "$W"
 }
 trap cleanup EXIT
 ip link del "$BR" 2>/dev/null || true
 ip link add "$BR" type bridge stp_state 0
 ip link set "$BR" up
+if [[ " $DEVS " == *" af-packet "* ]]; then
+  ip link del "$XBR" 2>/dev/null || true
+  ip link add "$XBR" type bridge stp_state 0
+  ip link set "$XBR" up
+  for i in 0 1; do
+    ip link del "pvx$i" 2>/dev/null || true
+    ip link add "pvx$i" type veth peer name "pvx${i}p"
+    ip link set "pvx${i}p" master "$XBR"; ip link set "pvx${i}p" up
+  done
+fi
 
 cputicks() { # pid -> utime+stime (clock ticks)
   awk '{print $14 + $15}' "/proc/$1/stat"
@@ -40,33 +54,37 @@ print(p['counters'].get('$3',0))"
 
 results=()
 for r in $(seq 1 "$ROUNDS"); do
-  for io in $IO; do
-    tag="$io-$r"
-    "$BIN" switch --port "tap:name=t,ifname=pvb1,io=$io" --port sink:name=s --cpu 1 \
-      --ctl-socket "$W/ctl.b.$tag" --duration $((DUR + WARM + 3)) > "$W/b.$tag.json" 2> "$W/b.$tag.log" &
-    bpid=$!
-    for _ in $(seq 50); do [ -S "$W/ctl.b.$tag" ] && ip link show pvb1 >/dev/null 2>&1 && break; sleep 0.1; done
-    ip link set pvb1 master "$BR"
-    "$BIN" switch --port "tap:name=t,ifname=pvb0,io=$io" --port gen:name=g,delay=0.5 --cpu 0 \
-      --ctl-socket "$W/ctl.a.$tag" --duration $((DUR + WARM + 2)) > "$W/a.$tag.json" 2> "$W/a.$tag.log" &
-    apid=$!
-    for _ in $(seq 50); do [ -S "$W/ctl.a.$tag" ] && ip link show pvb0 >/dev/null 2>&1 && break; sleep 0.1; done
-    ip link set pvb0 master "$BR"
-    sleep "$WARM"; sleep 0.5
-    a0=$(counter "$W/ctl.a.$tag" t tx_packets); as0=$(counter "$W/ctl.a.$tag" t syscalls)
-    b0=$(counter "$W/ctl.b.$tag" t rx_packets); bs0=$(counter "$W/ctl.b.$tag" t syscalls)
-    ac0=$(cputicks "$apid"); bc0=$(cputicks "$bpid")
-    t0=$(date +%s.%N); sleep "$DUR"; t1=$(date +%s.%N)
-    ac1=$(cputicks "$apid"); bc1=$(cputicks "$bpid")
-    a1=$(counter "$W/ctl.a.$tag" t tx_packets); as1=$(counter "$W/ctl.a.$tag" t syscalls)
-    b1=$(counter "$W/ctl.b.$tag" t rx_packets); bs1=$(counter "$W/ctl.b.$tag" t syscalls)
-    wait "$apid" || true; wait "$bpid" || true
-    hz=$(getconf CLK_TCK)
-    line=$(python3 -c "
+  for dev in $DEVS; do
+    for io in $IO; do
+      tag="$dev-$io-$r"
+      if [ "$dev" = tap ]; then pa="tap:name=t,ifname=pvb0,io=$io"; pb="tap:name=t,ifname=pvb1,io=$io"
+      else pa="af-packet:name=t,ifname=pvx0,io=$io"; pb="af-packet:name=t,ifname=pvx1,io=$io"; fi
+      "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 \
+        --ctl-socket "$W/ctl.b.$tag" --duration $((DUR + WARM + 3)) > "$W/b.$tag.json" 2> "$W/b.$tag.log" &
+      bpid=$!
+      for _ in $(seq 50); do [ -S "$W/ctl.b.$tag" ] && break; sleep 0.1; done
+      [ "$dev" = tap ] && ip link set pvb1 master "$BR"
+      "$BIN" switch --port "$pa" --port gen:name=g,delay=0.5 --cpu 0 \
+        --ctl-socket "$W/ctl.a.$tag" --duration $((DUR + WARM + 2)) > "$W/a.$tag.json" 2> "$W/a.$tag.log" &
+      apid=$!
+      for _ in $(seq 50); do [ -S "$W/ctl.a.$tag" ] && break; sleep 0.1; done
+      [ "$dev" = tap ] && ip link set pvb0 master "$BR"
+      sleep "$WARM"; sleep 0.5
+      a0=$(counter "$W/ctl.a.$tag" t tx_packets); as0=$(counter "$W/ctl.a.$tag" t syscalls)
+      b0=$(counter "$W/ctl.b.$tag" t rx_packets); bs0=$(counter "$W/ctl.b.$tag" t syscalls)
+      ac0=$(cputicks "$apid"); bc0=$(cputicks "$bpid")
+      t0=$(date +%s.%N); sleep "$DUR"; t1=$(date +%s.%N)
+      ac1=$(cputicks "$apid"); bc1=$(cputicks "$bpid")
+      a1=$(counter "$W/ctl.a.$tag" t tx_packets); as1=$(counter "$W/ctl.a.$tag" t syscalls)
+      b1=$(counter "$W/ctl.b.$tag" t rx_packets); bs1=$(counter "$W/ctl.b.$tag" t syscalls)
+      wait "$apid" || true; wait "$bpid" || true
+      hz=$(getconf CLK_TCK)
+      line=$(python3 -c "
 dt=$t1-$t0; a=$a1-$a0; b=$b1-$b0
 acpu=($ac1-$ac0)/$hz*1e9/max(a,1); bcpu=($bc1-$bc0)/$hz*1e9/max(b,1)
-print(f'RESULT io=$io round=$r write_mpps={a/dt/1e6:.3f} write_syscalls_per_pkt={($as1-$as0)/max(a,1):.3f} write_cpu_ns_per_pkt={acpu:.0f} read_mpps={b/dt/1e6:.3f} read_syscalls_per_pkt={($bs1-$bs0)/max(b,1):.3f} read_cpu_ns_per_pkt={bcpu:.0f}')")
-    echo "$line"; results+=("$line")
+print(f'RESULT dev=$dev io=$io round=$r write_mpps={a/dt/1e6:.3f} write_syscalls_per_pkt={($as1-$as0)/max(a,1):.3f} write_cpu_ns_per_pkt={acpu:.0f} read_mpps={b/dt/1e6:.3f} read_syscalls_per_pkt={($bs1-$bs0)/max(b,1):.3f} read_cpu_ns_per_pkt={bcpu:.0f}')")
+      echo "$line"; results+=("$line")
+    done
   done
 done
 
@@ -75,16 +93,20 @@ import sys, statistics as st
 rows={}
 for l in sys.stdin:
     kv=dict(x.split('=') for x in l.split()[1:])
-    rows.setdefault(kv['io'],[]).append(kv)
-def med(io,k): return st.median(float(r[k]) for r in rows[io])
-print('| tap io | pvnet -> kernel Mpps (writes) | syscalls/pkt | CPU ns/pkt (writer, kernel work included) | kernel -> pvnet Mpps (reads) | syscalls/pkt | CPU ns/pkt (reader) | runs |')
-print('|---|---|---|---|---|---|---|---|')
-for io in rows:
-    print(f'| {io} | {med(io,\"write_mpps\"):.3f} | {med(io,\"write_syscalls_per_pkt\"):.3f} | {med(io,\"write_cpu_ns_per_pkt\"):.0f} | {med(io,\"read_mpps\"):.3f} | {med(io,\"read_syscalls_per_pkt\"):.3f} | {med(io,\"read_cpu_ns_per_pkt\"):.0f} | {len(rows[io])} |')
-if 'uring' in rows and 'syscall' in rows:
-    print()
-    u = lambda k: med('uring', k) / med('syscall', k)
-    print(f'uring / syscall (medians): writes {u(\"write_mpps\"):.2f}x Mpps, {u(\"write_cpu_ns_per_pkt\"):.2f}x CPU ns/pkt; reads {u(\"read_mpps\"):.2f}x Mpps, {u(\"read_cpu_ns_per_pkt\"):.2f}x CPU ns/pkt')
+    rows.setdefault((kv['dev'], kv['io']), []).append(kv)
+def med(key, k): return st.median(float(r[k]) for r in rows[key])
+print('| port | io | pvnet -> kernel Mpps (writes) | syscalls/pkt | CPU ns/pkt (writer, kernel work included) | kernel -> pvnet Mpps (reads) | syscalls/pkt | CPU ns/pkt (reader) | runs |')
+print('|---|---|---|---|---|---|---|---|---|')
+for key in rows:
+    print('| %s | %s | %.3f | %.3f | %.0f | %.3f | %.3f | %.0f | %d |' % (key[0], key[1],
+        med(key, 'write_mpps'), med(key, 'write_syscalls_per_pkt'), med(key, 'write_cpu_ns_per_pkt'),
+        med(key, 'read_mpps'), med(key, 'read_syscalls_per_pkt'), med(key, 'read_cpu_ns_per_pkt'), len(rows[key])))
+print()
+for dev in dict.fromkeys(k[0] for k in rows):
+    if (dev, 'uring') in rows and (dev, 'syscall') in rows:
+        u = lambda k: med((dev, 'uring'), k) / med((dev, 'syscall'), k)
+        print('%s, uring / syscall (medians): writes %.2fx Mpps, %.2fx CPU ns/pkt; reads %.2fx Mpps, %.2fx CPU ns/pkt  ' % (dev,
+            u('write_mpps'), u('write_cpu_ns_per_pkt'), u('read_mpps'), u('read_cpu_ns_per_pkt')))
 ")
 printf '%s\n' "$table"
 [ -z "$DOC" ] && exit 0

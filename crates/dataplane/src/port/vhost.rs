@@ -422,10 +422,23 @@ impl RxSide<'_> {
         // The batch holds no more chains than the device-queue limit allows (see
         // `Egress::cap`): running out of them is running out of room.
         let r = deliver(&mut self.rx.q, &mut self.st.rxb, len, &mut copy)?;
-        if r != Delivered::NoRoom || !std::mem::take(&mut self.st.retry) {
+        if r != Delivered::NoRoom || !self.st.retry {
             return Ok(r);
         }
+        self.retry(len, copy)
+    }
+
+    /// The batch ran out the first time: publish what it delivered, look once more for
+    /// buffers (out of line: the per-packet path stays small).
+    #[cold]
+    #[inline(never)]
+    fn retry(
+        &mut self,
+        len: u32,
+        copy: impl FnMut(&[Seg<'_>], u32, u32, u32) -> u32,
+    ) -> Result<Delivered, virtq::Error> {
         let st = &mut *self.st;
+        st.retry = false;
         let used = st.rxb.finish(&mut self.rx.q);
         st.egress.used(used);
         self.rx.publish(self.stats);
