@@ -9,12 +9,16 @@
 #   backlog, bulk versus one packet per dequeue (interleaved, best of 3).
 #
 # Usage: scripts/bench_egress.sh        Env: DOC=docs/egress.md (tables written between the
-#        bench markers; DOC= prints only). About 30 s.
+#        bench markers; DOC= prints only), PLOTS=docs/egress (latency.png, bulk.png and their
+#        CSVs; PLOTS= for none). About 30 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DOC="${DOC-docs/egress.md}"
-out=$(cargo run --release -q -p pvnet-dataplane --features testing --example egress)
+PLOTS="${PLOTS-docs/egress}"
+[ -n "$PLOTS" ] && mkdir -p "$PLOTS"
+out=$(EGRESS_CSV="$PLOTS" cargo run --release -q -p pvnet-dataplane --features testing --example egress)
 printf '%s\n' "$out"
+[ -n "$PLOTS" ] && python3 scripts/plot_egress.py "$PLOTS"
 [ -z "$DOC" ] && exit 0
 stamp="$(date -u +%Y-%m-%d) ($(nproc) CPUs, $(git rev-parse --short HEAD))"
 tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT; printf '%s\n' "$out" > "$tmp"

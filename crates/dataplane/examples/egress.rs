@@ -14,7 +14,9 @@
 //!   packet delivered to `B`, draining in bulk versus one packet per dequeue.
 //!
 //! `cargo run --release --example egress` prints both tables as markdown
-//! (`scripts/bench_egress.sh` writes them to docs/egress.md).
+//! (`scripts/bench_egress.sh` writes them to docs/egress.md). With `EGRESS_CSV=dir` it also
+//! writes `latency.csv` (config, p50 and p99 round trip in us, bulk Mpps, requests answered)
+//! and `bulk.csv` (config, dequeue mode, ns per packet) for the plots.
 
 use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
 use pvnet_dataplane::egress::{EgressConfig, HoldPolicy};
@@ -255,6 +257,9 @@ fn main() {
         (Some(Qdisc::FqCodel), true),
         (None, false),
     ];
+    let csv = std::env::var_os("EGRESS_CSV").map(std::path::PathBuf::from);
+    let mut lat_csv = String::from("config,p50_us,p99_us,bulk_mpps,answered\n");
+    let mut bulk_csv = String::from("config,dequeue,ns_per_pkt\n");
     let fifo = run(cfg(Some(Qdisc::Fifo), false, true), true);
     for (q, d) in cases {
         let other;
@@ -264,18 +269,35 @@ fn main() {
             other = run(cfg(q, d, true), true);
             &other
         };
+        lat_csv.push_str(&format!(
+            "{},{},{},{:.3},{}\n",
+            name(q, d),
+            pct(&r.rtt, 500),
+            pct(&r.rtt, 990),
+            r.bulk_mpps,
+            r.rtt.len()
+        ));
         let drops = r
             .drops
             .iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect::<Vec<_>>()
             .join(", ");
+        let (p50, p99, vs) = if r.rtt.is_empty() {
+            ("-".to_string(), "-".to_string(), "-".to_string())
+        } else {
+            (
+                pct(&r.rtt, 500).to_string(),
+                pct(&r.rtt, 990).to_string(),
+                format!(
+                    "{:.3}x",
+                    pct(&r.rtt, 990) as f64 / pct(&fifo.rtt, 990).max(1) as f64
+                ),
+            )
+        };
         println!(
-            "| {} | {} | {} | {:.3}x | {} / {} | {:.2} | {:.3}x | {} | {} | {} |",
+            "| {} | {p50} | {p99} | {vs} | {} / {} | {:.2} | {:.3}x | {} | {} | {} |",
             name(q, d),
-            pct(&r.rtt, 500),
-            pct(&r.rtt, 990),
-            pct(&r.rtt, 990) as f64 / pct(&fifo.rtt, 990).max(1) as f64,
             r.rtt.len(),
             r.lost,
             r.bulk_mpps,
@@ -311,6 +333,11 @@ fn main() {
         }
         for (k, label) in ["bulk", "one per dequeue"].into_iter().enumerate() {
             let Some(r) = &runs[k] else { continue };
+            bulk_csv.push_str(&format!(
+                "{},{label},{:.1}\n",
+                name(Some(q), d),
+                r.ns_per_pkt
+            ));
             println!(
                 "| {} | {} | {:.1} | {:.1} | {:.3} | {} |",
                 name(Some(q), d),
@@ -324,6 +351,13 @@ fn main() {
                     "1x".into()
                 },
             );
+        }
+    }
+    if let Some(dir) = csv {
+        for (f, body) in [("latency.csv", &lat_csv), ("bulk.csv", &bulk_csv)] {
+            if let Err(e) = std::fs::write(dir.join(f), body) {
+                eprintln!("{}: {e}", dir.join(f).display());
+            }
         }
     }
 }
