@@ -476,11 +476,11 @@ fn drops(counters: &BTreeMap<String, u64>) -> Option<u64> {
 /// The `pvnet ctl ports` table. Counters a port does not have show as `-`.
 pub fn render_ports(s: &Status) -> String {
     let head = [
-        "NAME", "KIND", "STATE", "RX_PKTS", "RX_BYTES", "TX_PKTS", "TX_BYTES", "DROPS", "KICKS",
-        "CALLS", "DETAIL",
+        "NAME", "KIND", "STATE", "RX_PKTS", "RX_BYTES", "TX_PKTS", "TX_BYTES", "DROPS", "QUEUED",
+        "KICKS", "CALLS", "DETAIL",
     ];
     let right = [
-        false, false, false, true, true, true, true, true, true, true, false,
+        false, false, false, true, true, true, true, true, true, true, true, false,
     ];
     let num = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
     let rows: Vec<Vec<String>> = s
@@ -497,6 +497,7 @@ pub fn render_ports(s: &Status) -> String {
                 c("tx_packets"),
                 c("tx_bytes"),
                 num(drops(&p.counters)),
+                c("backlog"),
                 c("kicks"),
                 c("calls"),
                 cell(&p.detail),
@@ -616,27 +617,39 @@ pub fn render_metrics(s: &Status) -> String {
 
     // Metric family -> (counter name for the help text, port index -> value). Counter names
     // that differ only in characters a metric name cannot hold share a family, so its HELP
-    // and TYPE lines still come once.
+    // and TYPE lines still come once. Gauges (what is now, not what has been) keep their name.
     let mut families: BTreeMap<String, (&str, BTreeMap<usize, u64>)> = BTreeMap::new();
     for (i, p) in s.ports.iter().enumerate() {
         for (k, v) in &p.counters {
             let part = metric_part(k);
             let part = part.strip_suffix("_total").unwrap_or(&part);
+            let name = if GAUGES.contains(&k.as_str()) {
+                format!("pvnet_port_{part}")
+            } else {
+                format!("pvnet_port_{part}_total")
+            };
             let f = families
-                .entry(format!("pvnet_port_{part}_total"))
+                .entry(name)
                 .or_insert_with(|| (k.as_str(), BTreeMap::new()));
             let e = f.1.entry(i).or_insert(0);
             *e = e.saturating_add(*v);
         }
     }
     for (name, (counter, values)) in &families {
-        head(&mut o, name, "counter", &format!("Port counter {counter}."));
+        if GAUGES.contains(counter) {
+            head(&mut o, name, "gauge", &format!("Port gauge {counter}."));
+        } else {
+            head(&mut o, name, "counter", &format!("Port counter {counter}."));
+        }
         for (i, v) in values {
             let _ = writeln!(o, "{name}{{{}}} {v}", labels[*i]);
         }
     }
     o
 }
+
+/// Port values that are a level now, not a count so far: exported as gauges.
+const GAUGES: [&str; 2] = ["backlog", "dql_limit"];
 
 /// Parses the request line of an HTTP request head: (method, path without query).
 fn parse_request_line(head: &[u8]) -> Option<(String, String)> {
@@ -747,6 +760,21 @@ pub fn serve_metrics(
 mod tests {
     use super::*;
 
+    #[test]
+    fn levels_are_gauges_and_the_table_shows_the_egress_backlog() {
+        let s = sample();
+        let m = render_metrics(&s);
+        assert!(m.contains("# TYPE pvnet_port_backlog gauge"), "{m}");
+        assert!(m.contains("pvnet_port_backlog{port=\"vm0\",kind=\"vhost-user\"} 17"));
+        assert!(!m.contains("pvnet_port_backlog_total"));
+        let t = render_ports(&s);
+        assert!(
+            t.lines().next().is_some_and(|h| h.contains("QUEUED")),
+            "{t}"
+        );
+        assert!(t.lines().nth(1).is_some_and(|l| l.contains(" 17 ")), "{t}");
+    }
+
     fn sample() -> Status {
         let counters = |v: &[(&str, u64)]| {
             v.iter()
@@ -771,6 +799,7 @@ mod tests {
                         ("kicks", 11),
                         ("calls", 12),
                         ("sw_gso", 5),
+                        ("backlog", 17),
                     ]),
                     error: None,
                 },
