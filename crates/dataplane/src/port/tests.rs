@@ -300,3 +300,48 @@ fn round_trip(dev: super::kernel::HostDev, tap_mac: [u8; 6], net: u8, io: super:
     assert!(get(&stats.rx_packets) >= 2);
     assert!(get(&stats.syscalls) > 0);
 }
+
+#[test]
+fn a_kick_counts_once_whatever_the_frontend_wrote() {
+    use crate::testing::vhost_config;
+    use pvnet_vhost::backend::StartedQueue;
+    use pvnet_vhost::eventfd::Notifier;
+    use virtq::mock::MockQueue;
+    use virtq::queue::{Direction, Format};
+    let stats: Arc<PortStats> = Arc::default();
+    let mut port =
+        super::vhost::VhostPort::new(0, vhost_config(HoldPolicy::Forever), vec![stats.clone()]);
+    let txm = MockQueue::new(64, 2048);
+    let (_tx, txd) = txm
+        .pair_in(Format::Split, Direction::DeviceReads, false)
+        .expect("tx ring");
+    let kick = Notifier::new().expect("eventfd");
+    let theirs = kick.try_clone().expect("clone");
+    port.start(StartedQueue {
+        index: 1,
+        queue: txd,
+        kick: Some(kick),
+        call: None,
+        err: None,
+        mergeable: true,
+        features: MODERN,
+    });
+    let mut port = AnyPort::Vhost(port);
+    // One legal eventfd write of 2^64 - 2: a single kick, not a counter wrapping around.
+    let v: u64 = u64::MAX - 1;
+    // SAFETY: writes 8 bytes from a local u64 to an eventfd we own.
+    let r = unsafe {
+        libc::write(
+            std::os::fd::AsRawFd::as_raw_fd(&theirs),
+            std::ptr::from_ref(&v).cast(),
+            8,
+        )
+    };
+    assert_eq!(r, 8);
+    port.event(1);
+    assert_eq!(get(&stats.kicks), 1);
+    theirs.signal().expect("signal");
+    theirs.signal().expect("signal");
+    port.event(1);
+    assert_eq!(get(&stats.kicks), 2, "a wake-up is a kick");
+}

@@ -1266,7 +1266,9 @@ impl super::Port for VhostPort {
             qp.tx.as_ref()
         };
         if let Some(k) = slot.and_then(|s| s.kick.as_ref()) {
-            bump(&qp.stats.kicks, k.drain());
+            // One kick per wake-up, whatever the value read: the eventfd's counter is the
+            // frontend's to write (one legal write of 2^64 - 2 would make the counter wrap).
+            bump(&qp.stats.kicks, u64::from(k.drain() != 0));
         }
     }
 }

@@ -36,6 +36,72 @@ pub use mac::MacEntry;
 
 /// Longest a unicast packet waits for its receiver's buffers before it is dropped.
 pub const HOLD: Duration = Duration::from_millis(2);
+/// Segments one sender's GSO packets may be cut into per round: software segmentation is
+/// the only work whose size the sender picks (`gso_size`), so it is budgeted, and a sender
+/// past its budget waits for the next round while every other port has its turn. At least
+/// one packet per round always goes (745 segments at most, see [`gso_segments`]).
+pub const SEG_BUDGET: usize = 1024;
+/// Smallest TCP `gso_size` the switch segments: Linux's smallest MSS (`TCP_MIN_MSS`); no TCP
+/// stack asks for smaller segments, and at 88 bytes a 64 KiB packet makes at most 745.
+pub const MIN_TCP_GSO_SIZE: u16 = 88;
+/// Most segments of one UDP GSO packet (Linux's `UDP_MAX_SEGMENTS`, which
+/// `virtio_net_hdr_to_skb` enforces for `GSO_UDP_L4`).
+pub const MAX_UDP_SEGMENTS: usize = 128;
+
+/// Segments a GSO packet of `frame_len` bytes asks for, or `None` if the switch refuses to
+/// cut it: a TCP `gso_size` under [`MIN_TCP_GSO_SIZE`], more than [`MAX_UDP_SEGMENTS`] UDP
+/// segments, or a `gso_size` of 0. (A few bytes per segment would turn one packet into tens
+/// of thousands of frames of work: one sender could stop the switch for everyone.)
+pub fn gso_segments(h: &VnetHdr, frame_len: u32) -> Option<usize> {
+    let gso = usize::from(h.gso_size);
+    if gso == 0 {
+        return None;
+    }
+    // The sender's header length bounds the payload from above (54: Ethernet, IPv4, TCP).
+    let headers = if h.hdr_len > 0 {
+        usize::from(h.hdr_len)
+    } else {
+        54
+    };
+    let n = (frame_len as usize)
+        .saturating_sub(headers)
+        .div_ceil(gso)
+        .max(1);
+    match h.gso_type & !VnetHdr::GSO_ECN {
+        VnetHdr::GSO_TCPV4 | VnetHdr::GSO_TCPV6 if h.gso_size < MIN_TCP_GSO_SIZE && n > 1 => None,
+        VnetHdr::GSO_UDP_L4 if n > MAX_UDP_SEGMENTS => None,
+        _ => Some(n),
+    }
+}
+
+/// A log line for refused GSO packets at most once a second, with how many were not logged:
+/// a hostile sender cannot flood the log.
+#[derive(Debug, Default)]
+struct RateLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLog {
+    fn note(&mut self, now: Instant, port: PortId, h: &VnetHdr) {
+        if self
+            .last
+            .is_some_and(|l| now.saturating_duration_since(l) < Duration::from_secs(1))
+        {
+            self.suppressed += 1;
+            return;
+        }
+        tracing::warn!(
+            port,
+            gso_type = h.gso_type,
+            gso_size = h.gso_size,
+            also_since_last = std::mem::take(&mut self.suppressed),
+            "GSO packet refused (offload): its gso_size would cut it into too many segments"
+        );
+        self.last = Some(now);
+    }
+}
+
 /// Largest packet (virtio-net header included) the switch stages for software offloads.
 const MAX_PKT: usize = crate::sys::tap::RECV_BUF_LEN;
 
@@ -152,6 +218,8 @@ pub struct Fabric {
     staging: Vec<u8>,
     segbuf: Vec<u8>,
     touched: Vec<usize>,
+    /// Refused GSO packets, logged at most once a second.
+    refused: RateLog,
 }
 
 impl Fabric {
@@ -163,6 +231,7 @@ impl Fabric {
             staging: vec![0u8; MAX_PKT],
             segbuf: Vec::with_capacity(MAX_PKT + 4096),
             touched: Vec::with_capacity(16),
+            refused: RateLog::default(),
         }
     }
 
@@ -231,6 +300,7 @@ impl Fabric {
                 last: None,
                 flooded: 0,
                 hint: 1,
+                segs_left: SEG_BUDGET,
             };
             let batch = cx.f.batch;
             work += src.rx_burst(batch, now, &mut cx);
@@ -288,6 +358,8 @@ struct Cx<'a, 'p> {
     flooded: u64,
     /// Packets the sender said its burst holds.
     hint: usize,
+    /// Segments this sender's packets may still be cut into this round ([`SEG_BUDGET`]).
+    segs_left: usize,
 }
 
 impl Cx<'_, '_> {
@@ -357,6 +429,19 @@ impl Cx<'_, '_> {
                     Fit::Pass => put_one(port, p, offer, now),
                     Fit::Csum => csum_then(port, p, &mut self.f.staging, offer, now),
                     Fit::Gso => {
+                        let Some(n) = gso_segments(&p.hdr, p.frame_len()) else {
+                            self.f.refused.note(now, self.sid, &p.hdr);
+                            return (0, Out::Dropped(DropReason::Offload));
+                        };
+                        if n > self.segs_left && self.segs_left < SEG_BUDGET {
+                            // This sender's segmentation for the round is spent: the packet
+                            // waits for the next round (a flooded copy cannot: counted).
+                            if offer == Offer::Flood {
+                                return (0, Out::Dropped(DropReason::Offload));
+                            }
+                            return (0, Out::Wait);
+                        }
+                        self.segs_left = self.segs_left.saturating_sub(n);
                         gso_then(port, p, &mut self.f.staging, &mut self.f.segbuf, offer, now)
                     }
                 };

@@ -539,3 +539,82 @@ fn a_stalled_receiver_is_emptied_after_the_stall_bound() {
     assert_eq!(get(&b.stats.backlog), 0);
     assert_eq!(get(&b.stats.drops[DropReason::NoBuffer as usize]), 20);
 }
+
+// Software segmentation is budgeted: a sender cannot buy unbounded work with a tiny gso_size.
+
+#[test]
+fn a_tiny_tcp_gso_size_is_refused_not_segmented() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = fe(1, MODERN);
+    let mut ports = vec![pa, pb];
+    let t0 = Instant::now();
+    b.send(&VnetHdr::default(), &tcp4(mac(1), mac(2), 10));
+    run(&mut f, &mut ports, t0);
+    a.received();
+    // 3000 bytes of payload at gso_size 1 would be 3000 frames for b (no TSO).
+    a.send(&gso_hdr(1), &tcp4(mac(2), mac(1), 3000));
+    a.send(&gso_hdr(MIN_TCP_GSO_SIZE), &tcp4(mac(2), mac(1), 3000));
+    run(&mut f, &mut ports, t0);
+    assert_eq!(get(&a.stats.drops[DropReason::Offload as usize]), 1);
+    let got = b.received();
+    assert_eq!(
+        got.len(),
+        3000usize.div_ceil(usize::from(MIN_TCP_GSO_SIZE)),
+        "only the second"
+    );
+    assert!(got.iter().all(|(_, fr)| tcp_ok(fr)));
+    assert_eq!(a.completed(), 2, "both buffers back");
+    assert_eq!(gso_segments(&gso_hdr(0), 1000), None);
+    let mut udp = gso_hdr(8);
+    udp.gso_type = VnetHdr::GSO_UDP_L4;
+    assert_eq!(gso_segments(&udp, 54 + 8 * 128), Some(128));
+    assert_eq!(gso_segments(&udp, 54 + 8 * 129), None);
+}
+
+#[test]
+fn segmentation_is_budgeted_per_sender_per_round_and_others_go_on() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut c, pc) = fe(2, MODERN);
+    let (mut b, pb) = MockFe::with_egress(1, MODERN, 256, queued(Qdisc::Fifo, 8192, false, true));
+    let mut ports = vec![pa, pb, pc];
+    let t0 = Instant::now();
+    b.send(&VnetHdr::default(), &tcp4(mac(1), mac(2), 10));
+    run(&mut f, &mut ports, t0);
+    a.received();
+    c.received();
+    // 20 packets of 8000 bytes at the smallest gso_size: 91 segments each, 1820 in all.
+    let per = 8000usize.div_ceil(usize::from(MIN_TCP_GSO_SIZE));
+    for _ in 0..20 {
+        a.send(&gso_hdr(MIN_TCP_GSO_SIZE), &tcp4(mac(2), mac(1), 8000));
+    }
+    c.send(&VnetHdr::default(), &tcp4(mac(2), mac(3), 100));
+    f.round(&mut ports, t0);
+    let taken = usize::try_from(get(&a.stats.rx_packets)).unwrap();
+    assert!(
+        taken * per <= SEG_BUDGET + per,
+        "one round cut {taken} packets"
+    );
+    assert!(taken < 20, "the budget must have held some back");
+    assert_eq!(
+        get(&c.stats.rx_packets),
+        1,
+        "the other sender went on in the same round"
+    );
+    for _ in 0..10 {
+        f.round(&mut ports, t0);
+    }
+    assert_eq!(get(&a.stats.rx_packets), 20, "all of them in the end");
+    let mut delivered = 0;
+    for _ in 0..20 {
+        delivered += b.received().len();
+        b.post(256);
+        f.round(&mut ports, t0);
+    }
+    assert_eq!(
+        delivered,
+        20 * per + 1,
+        "every segment and c's packet, nothing lost"
+    );
+}
