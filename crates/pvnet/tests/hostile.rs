@@ -133,6 +133,18 @@ impl Hostile {
 
     /// As [`connect`](Self::connect), also acking the feature bits `extra`.
     fn connect_with(sock: &Path, declared: u64, extra: u64) -> Result<Self, vhost::Error> {
+        Self::connect_order(sock, declared, extra, false)
+    }
+
+    /// As [`connect_with`](Self::connect_with); `mem_last`: every ring set up and enabled
+    /// before SET_MEM_TABLE (the protocol does not order them; QEMU and DPDK send the table
+    /// first).
+    fn connect_order(
+        sock: &Path,
+        declared: u64,
+        extra: u64,
+        mem_last: bool,
+    ) -> Result<Self, vhost::Error> {
         let mut fe = Frontend::connect(sock, 2)?;
         fe.set_owner()?;
         let offered = fe.get_features()?;
@@ -158,13 +170,16 @@ impl Hostile {
 
         let shm = Shm::new(MEM_LEN);
         let uaddr = shm.base.as_ptr() as u64;
-        fe.set_mem_table(&[VhostUserMemoryRegionInfo {
+        let table = [VhostUserMemoryRegionInfo {
             guest_phys_addr: GPA,
             memory_size: declared,
             userspace_addr: uaddr,
             mmap_offset: 0,
             mmap_handle: shm.file.as_raw_fd(),
-        }])?;
+        }];
+        if !mem_last {
+            fe.set_mem_table(&table)?;
+        }
         let ev = || EventFd::new(EFD_NONBLOCK).expect("eventfd");
         let h = Self {
             fe,
@@ -201,6 +216,9 @@ impl Hostile {
         let mut h = h;
         h.fe.set_vring_enable(RX, true)?;
         h.fe.set_vring_enable(TX, true)?;
+        if mem_last {
+            h.fe.set_mem_table(&table)?;
+        }
         Ok(h)
     }
 
@@ -771,4 +789,35 @@ fn without_mrg_rxbuf_one_chain_per_packet() {
         "without MRG_RXBUF every used entry must be a whole packet with num_buffers == 1; \
          got (id, len, num_buffers) = {report:?}"
     );
+}
+
+#[test]
+fn a_ring_set_up_before_the_memory_table_starts_when_it_arrives() {
+    // NUM, BASE, ADDR, CALL, ERR, KICK and ENABLE for both rings, then SET_MEM_TABLE: the
+    // rings start when the table arrives, and a packet sent then is consumed.
+    let dir = common::TestDir::new("memlast");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+    let h = Hostile::connect_order(&sock, MEM_LEN, 0, true).expect("hostile frontend connects");
+    let mut frame = [0u8; 12 + 64];
+    frame[12..18].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
+    frame[18..24].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+    h.shm.write(Hostile::buf(0) - GPA, frame);
+    h.set_desc(TX, 0, Hostile::buf(0), 76, 0, 0);
+    h.set_avail_entry(TX, 0, 0);
+    h.publish_and_kick(TX, 1);
+    wait_consumed_or_stopped(&h, &mut b);
+    assert_eq!(
+        h.used_idx(TX),
+        1,
+        "the ring started with the table\n{}",
+        b.stderr()
+    );
+    assert!(
+        b.stderr_lines("queue stopped:").is_empty(),
+        "{}",
+        b.stderr()
+    );
+    drop(h);
+    let fin = stop_backend(&mut b);
+    assert_eq!(u(&port(&fin, 0), "/rx_packets"), 1, "{fin}");
 }

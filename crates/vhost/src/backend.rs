@@ -277,6 +277,13 @@ impl Session {
             self.hooks.set_mem(self.port, mem.clone());
         }
         self.mem = Some(mem);
+        // A ring set up before the memory table (the protocol does not order them) starts
+        // now: its addresses are translated when the ring starts.
+        for i in 0..self.vrings.len() {
+            if let Ok(i) = u16::try_from(i) {
+                self.maybe_start(i)?;
+            }
+        }
         Ok(())
     }
 
@@ -295,6 +302,11 @@ impl Session {
         };
         let port = self.port;
         let Some(mem) = self.mem.clone() else {
+            debug!(
+                port,
+                queue = index,
+                "no memory table yet: the ring starts when it arrives"
+            );
             return Ok(());
         };
         let v = self.vring(u32::from(index))?;
