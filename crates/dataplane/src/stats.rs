@@ -113,6 +113,9 @@ pub struct PortStats {
     /// Why its last queue was stopped (the rule the peer broke), for logs and `pvnet ctl`.
     /// Written only when a queue stops: never on the packet path.
     pub last_error: std::sync::Mutex<Option<String>>,
+    /// The bound on the warnings this port's peers can cause (queues stopped, rings left
+    /// idle), across reconnections. Touched only when such a line is written.
+    pub log: pvnet_vhost::ratelimit::PeerLog,
 }
 
 /// Adds `n` to a counter only the caller writes.

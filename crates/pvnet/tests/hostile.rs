@@ -821,3 +821,83 @@ fn a_ring_set_up_before_the_memory_table_starts_when_it_arrives() {
     let fin = stop_backend(&mut b);
     assert_eq!(u(&port(&fin, 0), "/rx_packets"), 1, "{fin}");
 }
+
+/// A peer cannot flood the log. 300 sessions that each break the protocol, then more
+/// connections than the backend runs sessions at once (`MAX_SESSIONS`, 64: the rest refused),
+/// write at most a burst of warnings plus one a second (`ratelimit`); every event is a line
+/// or counted in the next line's `held_back`, and a good frontend is then served exactly.
+#[test]
+fn a_peer_cannot_flood_the_log() {
+    const BURST: usize = 10; // pvnet_vhost::ratelimit::BURST
+    const PEER_LINES: [&str; 3] = ["closing session", "request refused", "refusing a frontend"];
+    let dir = common::TestDir::new("logflood");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+    // A request code that does not exist, with the reply flag: the session ends with an
+    // error line each time.
+    let mut bogus = [0xdeadu32, 0x5, 8]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect::<Vec<u8>>();
+    bogus.extend_from_slice(&[1; 8]);
+    let broken_session = || {
+        let mut s = UnixStream::connect(&sock).expect("connect");
+        s.write_all(&bogus).expect("write");
+        s.set_read_timeout(Some(EVENT)).expect("timeout");
+        let _ = s.read(&mut [0u8; 16]); // the backend hangs up
+    };
+    let t0 = Instant::now();
+    for _ in 0..300 {
+        broken_session();
+    }
+    // Past the session limit: 64 silent sessions held open, 100 more refused.
+    let held: Vec<UnixStream> = (0..164)
+        .map(|_| UnixStream::connect(&sock).expect("connect"))
+        .collect();
+    b.wait_stderr_count(&["frontend connected"], 300 + 64, EVENT);
+    let refused_until = Instant::now() + EVENT;
+    while b.stderr_lines("refusing a frontend").is_empty() && Instant::now() < refused_until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let secs = usize::try_from(t0.elapsed().as_secs()).unwrap_or(usize::MAX);
+    let lines: usize = PEER_LINES.iter().map(|n| b.stderr_lines(n).len()).sum();
+    assert!(
+        lines > 0 && lines <= BURST + secs + 1,
+        "{lines} peer-caused warnings in {secs} s (allowed: {BURST} + 1 a second)\n{}",
+        b.stderr()
+    );
+    drop(held);
+    // After a quiet second, the next line gets through and reports what was held back.
+    std::thread::sleep(Duration::from_millis(1100));
+    let closing = b.stderr_lines("closing session").len();
+    broken_session();
+    b.wait_stderr_count(&["closing session"], closing + 1, EVENT);
+    // Every event is a line or counted in a later line's `held_back`: 300 broken sessions,
+    // 100 refused connections, and the last broken session.
+    let (written, held_back) =
+        PEER_LINES
+            .iter()
+            .flat_map(|n| b.stderr_lines(n))
+            .fold((0usize, 0usize), |(w, h), l| {
+                let held = l
+                    .split("held_back=")
+                    .nth(1)
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or_else(|| panic!("no held_back count in: {l}"));
+                (w + 1, h + held)
+            });
+    assert_eq!(
+        written + held_back,
+        300 + 100 + 1,
+        "{written} lines + {held_back} held back\n{}",
+        b.stderr()
+    );
+    assert!(b.alive(), "backend died\n{}", b.stderr());
+    let good = good_tx(&sock);
+    let fin = stop_backend(&mut b);
+    let p = ports(&fin)
+        .into_iter()
+        .find(|p| p.get("rx_packets").and_then(Value::as_u64) > Some(0))
+        .unwrap_or_else(|| panic!("no port took the good frontend's packets: {fin}"));
+    assert_tx_to_sink_exact(&good, &p, 64);
+}

@@ -16,13 +16,15 @@ use crate::features::{
     VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_NET_F_MRG_RXBUF,
 };
 use crate::mmap::{map_regions, PeerRegion};
+use crate::ratelimit::PeerLog;
+use crate::{peer_error, peer_warn};
 use std::fs::File;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
     VhostUserLog, VhostUserMemoryRegion, VhostUserShMemConfig, VhostUserSharedMsg,
@@ -128,6 +130,8 @@ pub struct Session {
     vrings: Vec<Vring>,
     regions: Vec<Region>,
     mem: Option<Arc<MemTable>>,
+    /// The listener's bound on the warnings its frontends can cause.
+    log: Arc<PeerLog>,
 }
 
 impl std::fmt::Debug for Session {
@@ -207,16 +211,17 @@ pub enum SessionError {
     },
 }
 
-/// Logs why a request of `port`'s frontend is refused and gives the frontend its error code.
-fn refuse(port: PortId, e: SessionError) -> VuError {
-    warn!(port, "request refused: {e}");
+/// Logs (within `log`'s limit) why a request of `port`'s frontend is refused and gives the
+/// frontend its error code.
+fn refuse(log: &PeerLog, port: PortId, e: SessionError) -> VuError {
+    peer_warn!(log, port, "request refused: {e}");
     VuError::InvalidParam
 }
 
 impl Session {
     /// [`refuse`] for this session's port.
     fn refuse(&self, e: SessionError) -> VuError {
-        refuse(self.port, e)
+        refuse(&self.log, self.port, e)
     }
 
     /// `value` as a u16, or the request is refused.
@@ -230,8 +235,13 @@ fn io_err(e: std::io::Error) -> VuError {
 }
 
 impl Session {
-    /// A fresh session for `port`.
-    pub fn new(port: PortId, cfg: BackendConfig, hooks: Arc<dyn DeviceHooks>) -> Self {
+    /// A fresh session for `port`; the warnings its frontend causes count against `log`.
+    pub fn new(
+        port: PortId,
+        cfg: BackendConfig,
+        hooks: Arc<dyn DeviceHooks>,
+        log: Arc<PeerLog>,
+    ) -> Self {
         let n = usize::from(cfg.queue_pairs) * 2;
         Self {
             port,
@@ -242,6 +252,7 @@ impl Session {
             vrings: (0..n).map(|_| Vring::default()).collect(),
             regions: Vec::new(),
             mem: None,
+            log,
         }
     }
 
@@ -269,7 +280,7 @@ impl Session {
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(io_err)?;
         let mem = map_regions(regions).map_err(|e| {
-            warn!(port = self.port, "memory table rejected: {e}");
+            peer_warn!(self.log, port = self.port, "memory table rejected: {e}");
             io_err(e)
         })?;
         info!(port = self.port, regions = mem.len(), "memory table mapped");
@@ -301,6 +312,7 @@ impl Session {
             Format::Split
         };
         let port = self.port;
+        let log = self.log.clone();
         let Some(mem) = self.mem.clone() else {
             debug!(
                 port,
@@ -334,7 +346,7 @@ impl Session {
             },
         };
         let queue = DeviceQueue::new(mem, &cfg)
-            .map_err(|source| refuse(port, SessionError::Queue { index, source }))?;
+            .map_err(|source| refuse(&log, port, SessionError::Queue { index, source }))?;
         let dup = |f: &Option<File>| -> VuResult<Option<Notifier>> {
             f.as_ref()
                 .map(|f| {
@@ -665,14 +677,22 @@ impl VhostUserBackendReqHandlerMut for Session {
 
 /// Runs one session to its end on the calling thread: answers messages until the frontend
 /// disconnects or breaks the protocol, then stops the port's queues and tells the dataplane.
+/// The warnings the frontend causes count against `log` (one per listener: see
+/// [`crate::ratelimit`]).
 pub fn run_session(
     stream: UnixStream,
     port: PortId,
     cfg: BackendConfig,
     hooks: Arc<dyn DeviceHooks>,
+    log: Arc<PeerLog>,
 ) {
     hooks.port_connected(port);
-    let session = Arc::new(Mutex::new(Session::new(port, cfg, hooks.clone())));
+    let session = Arc::new(Mutex::new(Session::new(
+        port,
+        cfg,
+        hooks.clone(),
+        log.clone(),
+    )));
     let peek = stream.try_clone().ok();
     let mut handler = BackendReqHandler::from_stream(stream, session.clone());
     loop {
@@ -681,7 +701,7 @@ pub fn run_session(
                 Ok(true) => continue,
                 Ok(false) => {}
                 Err(e) => {
-                    error!(port, "closing session: SET_VRING_ENABLE: {e}");
+                    peer_error!(log, port, "closing session: SET_VRING_ENABLE: {e}");
                     break;
                 }
             }
@@ -693,7 +713,7 @@ pub fn run_session(
                 break;
             }
             Err(e) => {
-                error!(port, "closing session: {e}");
+                peer_error!(log, port, "closing session: {e}");
                 break;
             }
         }
@@ -823,6 +843,10 @@ pub fn serve_port(
     serve_impl(path, cfg, hooks, stop, None, Some(port))
 }
 
+/// Sessions one listener runs at once (each is a thread): a switch port takes one frontend,
+/// `pvnet backend` without `--sessions` at most this many; more are refused.
+pub const MAX_SESSIONS: usize = 64;
+
 fn serve_impl(
     path: &Path,
     cfg: BackendConfig,
@@ -853,6 +877,7 @@ fn serve_impl(
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
     listener.set_nonblocking(true)?;
     info!(socket = %path.display(), "listening for vhost-user frontends");
+    let log = Arc::new(PeerLog::default());
     let next = AtomicU32::new(0);
     let mut sessions: Vec<(std::thread::JoinHandle<()>, UnixStream)> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
@@ -862,16 +887,26 @@ fn serve_impl(
         }
         match listener.accept() {
             Ok((stream, _)) if max_sessions.is_some_and(|m| next.load(Ordering::Relaxed) >= m) => {
-                warn!(
+                peer_warn!(
+                    log,
                     "refusing a frontend: this backend serves {} session(s)",
                     max_sessions.unwrap_or(0)
                 );
                 drop(stream);
             }
             Ok((stream, _)) if fixed.is_some() && !sessions.is_empty() => {
-                warn!(
+                peer_warn!(
+                    log,
                     socket = %path.display(),
                     "refusing a frontend: this port already has one attached"
+                );
+                drop(stream);
+            }
+            Ok((stream, _)) if sessions.len() >= MAX_SESSIONS => {
+                peer_warn!(
+                    log,
+                    socket = %path.display(),
+                    "refusing a frontend: {MAX_SESSIONS} sessions already attached"
                 );
                 drop(stream);
             }
@@ -879,14 +914,14 @@ fn serve_impl(
                 stream.set_nonblocking(false)?;
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 let port = fixed.unwrap_or(n);
-                let hooks = hooks.clone();
+                let (hooks, log) = (hooks.clone(), log.clone());
                 info!(port, "frontend connected");
                 // A clone to shut the socket down from here, which ends a session blocked
                 // reading a silent frontend.
                 let handle = stream.try_clone()?;
                 let t = std::thread::Builder::new()
                     .name(format!("vu-ctl-{port}"))
-                    .spawn(move || run_session(stream, port, cfg, hooks))?;
+                    .spawn(move || run_session(stream, port, cfg, hooks, log))?;
                 sessions.push((t, handle));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -923,12 +958,13 @@ pub fn connect_loop(
     fixed: Option<PortId>,
 ) {
     let mut n = 0;
+    let log = Arc::new(PeerLog::default());
     while !stop.load(Ordering::Relaxed) {
         match UnixStream::connect(path) {
             Ok(stream) => {
                 let port = fixed.unwrap_or(n);
                 info!(socket = %path.display(), port, "connected to frontend");
-                run_session(stream, port, cfg, hooks.clone());
+                run_session(stream, port, cfg, hooks.clone(), log.clone());
                 n += 1;
             }
             Err(e) => {
@@ -956,7 +992,12 @@ mod tests {
     }
 
     fn session() -> Mutex<Session> {
-        Mutex::new(Session::new(0, BackendConfig::default(), Arc::new(NoHooks)))
+        Mutex::new(Session::new(
+            0,
+            BackendConfig::default(),
+            Arc::new(NoHooks),
+            Arc::default(),
+        ))
     }
 
     fn msg(request: u32, flags: u32, body: &[u8]) -> Vec<u8> {

@@ -11,7 +11,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
-const SLOTS: usize = 512;
+/// Peer mappings covered at once: 128 ports with 32 regions each, or 64 of them mid-way
+/// through a memory-table change. A mapping past this is refused ([`crate::mmap`]).
+pub const SLOTS: usize = 4096;
 
 struct Slot {
     start: AtomicUsize,
@@ -29,8 +31,8 @@ static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 static INSTALL: Once = Once::new();
 
-/// Registers `start..start+len` as peer memory; returns its slot (None if all are taken, in
-/// which case a fault there stays fatal).
+/// Registers `start..start+len` as peer memory; returns its slot (None if all are taken: the
+/// caller must not use such a mapping, as a fault there would be fatal).
 pub fn register(start: usize, len: usize) -> Option<usize> {
     INSTALL.call_once(install);
     for (i, s) in TABLE.iter().enumerate() {

@@ -8,6 +8,7 @@
 //!   negotiation, and a burst send / burst receive API.
 //! * [`mmap`]: shared mappings of the peer's fds, owned by the memory table.
 //! * [`eventfd`]: kick/call/err notifiers with counters.
+//! * [`ratelimit`]: a bound on the log lines a peer can cause.
 
 pub mod backend;
 pub mod eventfd;
@@ -15,3 +16,4 @@ pub mod fault;
 pub mod features;
 pub mod frontend;
 pub mod mmap;
+pub mod ratelimit;

@@ -15,7 +15,7 @@ pub struct Mapping {
     /// Offset of the region's first byte inside the mapping (mmap_offset % page size).
     lead: usize,
     /// SIGBUS guard slot (see [`crate::fault`]).
-    slot: Option<usize>,
+    slot: usize,
     _file: File,
 }
 
@@ -59,7 +59,16 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(p.cast::<u8>()).ok_or(io::ErrorKind::Other)?;
-        let slot = crate::fault::register(base.as_ptr() as usize, map_len);
+        // A peer mapping the fault guard cannot cover would turn the peer's next truncation
+        // into a SIGBUS that kills every port: refuse it instead.
+        let Some(slot) = crate::fault::register(base.as_ptr() as usize, map_len) else {
+            // SAFETY: exactly the range mmap returned above; nothing else has seen it.
+            unsafe { libc::munmap(p, map_len) };
+            return Err(io::Error::other(format!(
+                "too many peer mappings (the fault guard covers {})",
+                crate::fault::SLOTS
+            )));
+        };
         Ok(Self {
             base,
             map_len,
@@ -71,7 +80,7 @@ impl Mapping {
 
     /// True once the peer shrank the file and an access faulted (see [`crate::fault`]).
     pub fn faulted(&self) -> bool {
-        self.slot.is_some_and(crate::fault::faulted)
+        crate::fault::faulted(self.slot)
     }
 
     /// Host address of the region's first byte.
@@ -83,9 +92,7 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        if let Some(s) = self.slot {
-            crate::fault::unregister(s);
-        }
+        crate::fault::unregister(self.slot);
         // SAFETY: exactly the range mmap returned; nothing uses it after the table drops.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.map_len) };
     }

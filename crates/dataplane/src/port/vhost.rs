@@ -22,7 +22,7 @@ use pvnet_vhost::backend::StartedQueue;
 use pvnet_vhost::eventfd::Notifier;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{error, info};
+use tracing::info;
 use virtq::event::Armed;
 use virtq::mem::{copy_segs, write_segs};
 use virtq::{Chain, DeviceQueue, MemTable, Seg};
@@ -87,7 +87,7 @@ impl QueueSlot {
             return;
         }
         if !self.broken {
-            error!(port, queue = self.index, "queue stopped: {e}");
+            pvnet_vhost::peer_error!(stats.log, port, queue = self.index, "queue stopped: {e}");
             self.broken = true;
             bump(&stats.queue_errors, 1);
             *stats.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -581,11 +581,14 @@ impl VhostPort {
     pub fn start(&mut self, q: StartedQueue) {
         let pair = usize::from(q.index / 2);
         if pair >= usize::from(SERVICED_PAIRS) || pair >= self.qps.len() {
-            tracing::warn!(
-                port = self.id,
-                queue = q.index,
-                "only the first queue pair is serviced; this ring is left idle"
-            );
+            if let Some(stats) = self.stats.first() {
+                pvnet_vhost::peer_warn!(
+                    stats.log,
+                    port = self.id,
+                    queue = q.index,
+                    "only the first queue pair is serviced; this ring is left idle"
+                );
+            }
             return;
         }
         self.features = q.features;
