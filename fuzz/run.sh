@@ -13,14 +13,16 @@
 # No AddressSanitizer on stable (-Zsanitizer is nightly-only); overflow checks and debug
 # assertions are on in both routes, and every target checks its own invariants.
 #
-# Corpora live in fuzz/corpus/<target>, crashes in fuzz/artifacts/<target>; reproduce a
-# crash with: cargo fuzz run --sanitizer none <target> fuzz/artifacts/<target>/crash-...
+# Corpora: fuzz/seeds/<target> is kept in the repository (a minimized corpus, merged back
+# after long campaigns: see docs/robustness.md); every run reads it and writes what it finds
+# to fuzz/corpus/<target> (not kept). Crashes go to fuzz/artifacts/<target>; reproduce one
+# with: cargo fuzz run --sanitizer none <target> fuzz/artifacts/<target>/crash-...
 set -euo pipefail
 
 SECONDS_PER_TARGET="${1:-20}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE"
-TARGETS="${TARGETS:-desc_chain packed_chain driver_used gso}"
+TARGETS="${TARGETS:-desc_chain packed_chain driver_used gso vhost_msg}"
 HOST="$(rustc -vV | sed -n 's/^host: //p')"
 LOGDIR="$HERE/target/run-logs"
 mkdir -p "$LOGDIR"
@@ -64,21 +66,22 @@ fi
 
 failed=()
 for t in $TARGETS; do
-    mkdir -p "corpus/$t" "artifacts/$t"
+    mkdir -p "corpus/$t" "artifacts/$t" "seeds/$t"
     log="$LOGDIR/$t.log"
     echo "== $t: fuzzing for ${SECONDS_PER_TARGET}s (log: $log)"
     libfuzzer_args=(
         -max_total_time="$SECONDS_PER_TARGET"
         -timeout=10
         -rss_limit_mb=2048
+        -malloc_limit_mb=512
         -print_final_stats=1
     )
     set +e
     if [[ $use_cargo_fuzz == 1 ]]; then
-        cargo fuzz run --sanitizer none "$t" -- "${libfuzzer_args[@]}" >"$log" 2>&1
+        cargo fuzz run --sanitizer none "$t" "corpus/$t" "seeds/$t" -- "${libfuzzer_args[@]}" >"$log" 2>&1
     else
         "$HERE/target/direct/$HOST/release/$t" "${libfuzzer_args[@]}" \
-            -artifact_prefix="artifacts/$t/" "corpus/$t" >"$log" 2>&1
+            -artifact_prefix="artifacts/$t/" "corpus/$t" "seeds/$t" >"$log" 2>&1
     fi
     rc=$?
     set -e
