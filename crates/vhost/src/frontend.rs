@@ -280,7 +280,27 @@ impl RxFrame<'_> {
     }
 }
 
+/// Stops a queue on its first violation: records the error, which every later operation on
+/// that queue returns again (the device cannot restart a queue by repairing its ring).
+fn stop_on<T>(stopped: &mut Option<virtq::Error>, r: virtq::error::Result<T>) -> Result<T, Error> {
+    r.map_err(|e| {
+        *stopped = Some(e);
+        Error::Queue(e)
+    })
+}
+
+/// `Err` with the recorded violation if the queue is stopped.
+fn check(stopped: Option<virtq::Error>) -> Result<(), Error> {
+    stopped.map_or(Ok(()), |e| Err(Error::Queue(e)))
+}
+
 /// A connected virtio-net frontend with one queue pair.
+///
+/// The device is untrusted: the first virtqueue rule it breaks on a queue (a used id not in
+/// flight, a used length past the buffer, a used index jump) stops that queue for good: the
+/// call returns [`Error::Queue`], and so does every later call that would touch that queue
+/// (see [`rx_error`](Self::rx_error), [`tx_error`](Self::tx_error)); nothing more is posted to
+/// it. The other queue keeps working.
 pub struct NetClient {
     fe: Frontend,
     cfg: ClientConfig,
@@ -295,6 +315,10 @@ pub struct NetClient {
     tx_pool: NonNull<u8>,
     kick: [EventFd; 2],
     call: [EventFd; 2],
+    /// The violation that stopped the RX queue, if any.
+    rx_err: Option<virtq::Error>,
+    /// The violation that stopped the TX queue, if any.
+    tx_err: Option<virtq::Error>,
     /// Scratch for the (id, len) used entries of one receive batch.
     used: Vec<(u16, u32)>,
     /// Counters.
@@ -424,6 +448,8 @@ impl NetClient {
             tx_pool,
             kick,
             call,
+            rx_err: None,
+            tx_err: None,
             used: Vec::with_capacity(usize::from(cfg.queue_size)),
             stats: ClientStats::default(),
         };
@@ -434,7 +460,7 @@ impl NetClient {
         }
         // Only `Irq` takes TX interrupts; every other mode reclaims from a poll path.
         if cfg.tx_mode == TxMode::Irq {
-            let _ = c.tx.arm_used_notify()?;
+            let _ = stop_on(&mut c.tx_err, c.tx.arm_used_notify())?;
         } else {
             c.tx.disable_used_notify();
         }
@@ -451,6 +477,16 @@ impl NetClient {
         &self.mem
     }
 
+    /// The violation that stopped the RX queue (`None` while it runs).
+    pub fn rx_error(&self) -> Option<virtq::Error> {
+        self.rx_err
+    }
+
+    /// The violation that stopped the TX queue (`None` while it runs).
+    pub fn tx_error(&self) -> Option<virtq::Error> {
+        self.tx_err
+    }
+
     /// Largest frame one TX buffer carries.
     pub fn max_frame(&self) -> usize {
         self.cfg.buf_size as usize - self.hdr_len
@@ -464,14 +500,16 @@ impl NetClient {
 
     /// Posts every free RX buffer and kicks if the backend asked for it.
     pub fn refill_rx(&mut self) -> Result<(), Error> {
+        check(self.rx_err)?;
         let (base, bs) = (self.lay.rx_bufs, self.cfg.buf_size);
-        let added = self.rx.add_many(usize::MAX, |_, id| {
+        let r = self.rx.add_many(usize::MAX, |_, id| {
             Some(Buf {
                 addr: base + u64::from(id) * u64::from(bs),
                 len: bs,
                 write: true,
             })
-        })? > 0;
+        });
+        let added = stop_on(&mut self.rx_err, r)? > 0;
         if added && self.rx.publish() {
             self.kick(RX_QUEUE);
         }
@@ -480,18 +518,19 @@ impl NetClient {
 
     /// Reclaims completed TX buffers (poll context); returns how many.
     pub fn reclaim_tx(&mut self) -> Result<usize, Error> {
+        check(self.tx_err)?;
         let mut total = 0;
         loop {
-            let n = self.tx.used_available()?;
+            let n = stop_on(&mut self.tx_err, self.tx.used_available())?;
             for _ in 0..n {
-                self.tx.pop_used()?;
+                stop_on(&mut self.tx_err, self.tx.pop_used())?;
             }
             total += usize::from(n);
             // In `Irq` mode the interrupt stays armed: re-arm after each reclaim, and take
             // what arrived while arming.
             if self.cfg.tx_mode != TxMode::Irq
                 || self.tx.in_flight() == 0
-                || self.tx.arm_used_notify()? == Armed::Empty
+                || stop_on(&mut self.tx_err, self.tx.arm_used_notify())? == Armed::Empty
             {
                 return Ok(total);
             }
@@ -528,7 +567,7 @@ impl NetClient {
         let h = self.hdr_len;
         let lim = scratch.len().min(bs - h);
         let (pool, base) = (self.tx_pool, self.lay.tx_bufs);
-        let sent = self.tx.add_many(max, |k, id| {
+        let r = self.tx.add_many(max, |k, id| {
             let len = fill(k, &mut scratch[h..]).min(lim - h.min(lim));
             scratch[..h].fill(0);
             let total = h + len;
@@ -547,7 +586,8 @@ impl NetClient {
                 len: total as u32,
                 write: false,
             })
-        })?;
+        });
+        let sent = stop_on(&mut self.tx_err, r)?;
         if sent > 0 {
             self.stats.tx_packets += sent as u64;
             if self.tx.publish() {
@@ -558,20 +598,30 @@ impl NetClient {
     }
 
     /// Receives up to `max` frames, calling `f` for each, then reposts the buffers (one
-    /// publish, at most one kick). Returns how many frames were delivered.
+    /// publish, at most one kick). Returns how many frames were delivered; frames past `max`
+    /// stay in the ring for the next call.
     ///
-    /// The used entries of the batch are taken first and every buffer's first lines start
-    /// loading, so the batch's cache misses overlap; then the frames are handed out.
+    /// The used entries of the batch (up to `max`) are taken first and every buffer's first
+    /// lines start loading, so the batch's cache misses overlap; then the frames are handed
+    /// out.
     pub fn recv_burst(
         &mut self,
         max: usize,
         mut f: impl FnMut(&RxFrame<'_>),
     ) -> Result<usize, Error> {
-        let n = usize::from(self.rx.used_available()?);
+        check(self.rx_err)?;
+        let n = usize::from(stop_on(&mut self.rx_err, self.rx.used_available())?);
         let bs = self.cfg.buf_size as usize;
         self.used.clear();
-        for _ in 0..n {
-            let Some(e) = self.rx.pop_used()? else { break };
+        // Take no more entries than `max` frames need at least (one each); a merged frame
+        // takes its other buffers below. An entry taken is a buffer freed for reposting, so
+        // one taken and not handed out would be a frame lost.
+        let mut left = n;
+        for _ in 0..n.min(max) {
+            let Some(e) = stop_on(&mut self.rx_err, self.rx.pop_used())? else {
+                break;
+            };
+            left -= 1;
             // Start loading the buffer's first two lines (no effect on correctness).
             if let Some(p) = NonNull::new(self.rx_pool.as_ptr().wrapping_add(usize::from(e.0) * bs))
             {
@@ -598,6 +648,13 @@ impl NetClient {
                 want = usize::from(u16::from_le_bytes(nb)).max(1);
             }
             let end = i + want;
+            while end > self.used.len() && left > 0 {
+                let Some(e) = stop_on(&mut self.rx_err, self.rx.pop_used())? else {
+                    break;
+                };
+                left -= 1;
+                self.used.push(e);
+            }
             if (len as usize) < self.hdr_len || end > self.used.len() {
                 // Short, or a merged frame whose buffers the device did not publish together.
                 self.stats.rx_errors += 1;
@@ -613,9 +670,13 @@ impl NetClient {
             got += 1;
             i = end;
         }
+        // Buffers a malformed merged frame took in that no frame used before `max` was
+        // reached: dropped with it, and counted.
+        self.stats.rx_errors += (self.used.len() - i) as u64;
         self.stats.rx_packets += got as u64;
         self.refill_rx()?;
-        if self.cfg.tx_mode == TxMode::RxPoll {
+        // A stopped TX queue does not stop RX: its violation was reported once already.
+        if self.cfg.tx_mode == TxMode::RxPoll && self.tx_err.is_none() {
             self.reclaim_tx()?;
         }
         Ok(got)
@@ -623,7 +684,8 @@ impl NetClient {
 
     /// Arm, fence, re-check on the RX ring: `Armed::Empty` means it is safe to [`wait`](Self::wait).
     pub fn arm_rx(&mut self) -> Result<Armed, Error> {
-        Ok(self.rx.arm_used_notify()?)
+        check(self.rx_err)?;
+        stop_on(&mut self.rx_err, self.rx.arm_used_notify())
     }
 
     /// Stops RX interrupts (we are polling).
@@ -633,7 +695,8 @@ impl NetClient {
 
     /// Arm, fence, re-check on the TX ring (only when full and the sender must wait).
     pub fn arm_tx(&mut self) -> Result<Armed, Error> {
-        Ok(self.tx.arm_used_notify()?)
+        check(self.tx_err)?;
+        stop_on(&mut self.tx_err, self.tx.arm_used_notify())
     }
 
     /// Stops TX interrupts again (except in `Irq` mode, where they stay on).
