@@ -78,6 +78,11 @@ pub struct SeqCheck {
     pub data: u64,
     /// Frames out of order or missing (each gap counts once).
     pub seq_errors: u64,
+    /// Frames skipped by forward gaps (a gap of k frames adds k), the end marker's count
+    /// past the last frame included: frames lost, if `backward` is 0.
+    pub missing: u64,
+    /// Frames whose number was below the expected one (duplicated or reordered).
+    pub backward: u64,
     /// Count announced by the end marker, once it arrived.
     pub end: Option<u64>,
 }
@@ -90,12 +95,18 @@ impl SeqCheck {
             Bench::Data(s) => {
                 if s != self.next {
                     self.seq_errors += 1;
+                    if s > self.next {
+                        self.missing += s - self.next;
+                    } else {
+                        self.backward += 1;
+                    }
                 }
                 self.next = s.wrapping_add(1);
                 self.data += 1;
                 false
             }
             Bench::End(c) => {
+                self.missing += c.saturating_sub(self.next);
                 self.end = Some(c);
                 true
             }
@@ -132,5 +143,12 @@ mod tests {
         d.feed(Bench::Data(0));
         d.feed(Bench::Data(2));
         assert_eq!(d.seq_errors, 1);
+        d.feed(Bench::Data(6));
+        assert_eq!((d.seq_errors, d.missing, d.backward), (2, 4, 0));
+        d.feed(Bench::Data(5));
+        assert_eq!((d.seq_errors, d.missing, d.backward), (3, 4, 1));
+        // frames 6..9 never came: the end marker says so
+        assert!(d.feed(Bench::End(9)));
+        assert_eq!((d.seq_errors, d.missing, d.data), (3, 7, 4));
     }
 }

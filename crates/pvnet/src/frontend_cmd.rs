@@ -58,12 +58,18 @@ pub struct FrontendArgs {
     /// Role.
     #[arg(long, value_enum, default_value_t = FrontRole::Tx)]
     pub role: FrontRole,
-    /// Ethernet frame length in bytes (virtio-net header not included).
-    #[arg(long, default_value_t = 64)]
-    pub frame_len: usize,
+    /// Ethernet frame length in bytes (virtio-net header not included): `N`, or (tx only)
+    /// `MIN-MAX` for mixed sizes, each frame's length drawn from a fixed-seed PRNG uniformly
+    /// over MIN..=MAX (every frame still numbered; the same sequence of lengths every run).
+    #[arg(long, default_value = "64", value_parser = parse_sizes)]
+    pub frame_len: Sizes,
     /// Seconds to send (tx), to run (rr) or to stay idle (idle).
     #[arg(long, default_value_t = 2.0)]
     pub secs: f64,
+    /// tx: send exactly this many numbered frames, then the end marker (--secs is then not
+    /// a bound). 0: send for --secs.
+    #[arg(long, default_value_t = 0)]
+    pub count: u64,
     /// tx: frames per second to offer, evenly paced (0: as fast as the ring allows).
     #[arg(long, default_value_t = 0)]
     pub rate: u64,
@@ -102,6 +108,72 @@ pub struct FrontendArgs {
     /// does not offer it. The `ready` line shows what was negotiated.
     #[arg(long)]
     pub packed: bool,
+}
+
+/// Frame lengths of a run: one length (`min == max`) or a uniform mix over `min..=max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// Shortest frame.
+    pub min: usize,
+    /// Longest frame.
+    pub max: usize,
+}
+
+fn parse_sizes(s: &str) -> std::result::Result<Sizes, String> {
+    let num = |t: &str| {
+        t.trim()
+            .parse::<usize>()
+            .map_err(|e| format!("`{t}`: {e} (expected N or MIN-MAX)"))
+    };
+    let (min, max) = match s.split_once('-') {
+        Some((a, b)) => (num(a)?, num(b)?),
+        None => (num(s)?, num(s)?),
+    };
+    if min > max {
+        return Err(format!("{min}-{max}: MIN is larger than MAX"));
+    }
+    Ok(Sizes { min, max })
+}
+
+/// Frame lengths for the transmit loop: a fixed one, or drawn per frame from a xorshift64*
+/// generator with a fixed seed (a few register operations, no allocation, no syscall).
+struct LenGen {
+    min: usize,
+    /// `max - min + 1`, or 0 for a fixed length.
+    span: u64,
+    state: u64,
+}
+
+impl LenGen {
+    fn new(s: Sizes) -> Self {
+        let span = if s.max > s.min {
+            (s.max - s.min + 1) as u64
+        } else {
+            0
+        };
+        Self {
+            min: s.min,
+            span,
+            state: 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    #[inline]
+    fn next(&mut self) -> usize {
+        if self.span == 0 {
+            return self.min;
+        }
+        let mut x = self.state;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.state = x;
+        let r = x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32;
+        // Multiply-shift maps the 32 random bits onto 0..span without a division.
+        #[allow(clippy::cast_possible_truncation)] // < span <= 2048
+        let off = ((r * self.span) >> 32) as usize;
+        self.min + off
+    }
 }
 
 fn emit(v: &serde_json::Value) {
@@ -156,14 +228,17 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
     if !(a.secs.is_finite() && a.secs >= 0.0) {
         return Err(usage("--secs must be a non-negative number"));
     }
-    let frame_len = a.frame_len.clamp(frame::MIN_FRAME.max(RR_MIN), 2048 - 12);
-    if frame_len != a.frame_len {
-        return Err(usage(format!(
-            "--frame-len must be within {}..={}",
-            frame::MIN_FRAME.max(RR_MIN),
-            2048 - 12
-        )));
+    let lo = frame::MIN_FRAME.max(RR_MIN);
+    let hi = 2048 - 12;
+    if a.frame_len.min < lo || a.frame_len.max > hi {
+        return Err(usage(format!("--frame-len must be within {lo}..={hi}")));
     }
+    if a.frame_len.min != a.frame_len.max && a.role != FrontRole::Tx {
+        return Err(usage(
+            "--frame-len MIN-MAX (mixed sizes) is for --role tx only",
+        ));
+    }
+    let frame_len = a.frame_len.min;
     if a.flows == 0 || usize::from(a.flows) > usize::from(a.queue_size) {
         return Err(usage("--flows must be within 1..=queue size"));
     }
@@ -185,7 +260,7 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
     let mut c = NetClient::connect(&a.socket, cfg)?;
     emit(&json!({ "ready": { "features": format!("{:#x}", c.features()) } }));
     let r = match a.role {
-        FrontRole::Tx => tx(&mut c, a, frame_len, Poller::new(a.poll, wake))?,
+        FrontRole::Tx => tx(&mut c, a, Poller::new(a.poll, wake))?,
         FrontRole::Rx => rx(&mut c, a, Poller::new(a.poll, wake))?,
         FrontRole::Rr => rr(&mut c, a, frame_len, Poller::new(a.poll, wake))?,
         FrontRole::Idle => {
@@ -209,6 +284,12 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         o.extend(r.clone());
     }
     emit(&json!({ "final": out }));
+    if out["timed_out"].as_bool() == Some(true) {
+        return Err(failed(format!(
+            "no frame for {:.0} s and no end marker (got {} data frames)",
+            a.idle_timeout, out["data_received"]
+        )));
+    }
     Ok(())
 }
 
@@ -243,16 +324,20 @@ fn template(frame_len: usize, src: [u8; 6], dst: [u8; 6]) -> (Vec<u8>, Vec<u8>) 
     (vec![0u8; 2048], tpl)
 }
 
-/// Sends numbered frames for `secs` (paced at `--rate` if given), then the end marker, then
-/// waits until the backend has consumed everything.
-fn tx(
-    c: &mut NetClient,
-    a: &FrontendArgs,
-    frame_len: usize,
-    mut p: Poller,
-) -> Result<serde_json::Value> {
-    let (mut scratch, tpl) = template(frame_len, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 4]);
-    let dur = Duration::from_secs_f64(a.secs);
+/// Sends numbered frames for `secs` or exactly `--count` of them (paced at `--rate` if
+/// given), then the end marker, then waits until the backend has consumed everything.
+fn tx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::Value> {
+    // The template has the longest length; a shorter frame is a prefix of it (zeros after
+    // the header either way).
+    let (mut scratch, tpl) = template(a.frame_len.max, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 4]);
+    let mut lens = LenGen::new(a.frame_len);
+    let mut bytes = 0u64;
+    let limit = if a.count > 0 { a.count } else { u64::MAX };
+    let dur = if a.count > 0 {
+        Duration::MAX
+    } else {
+        Duration::from_secs_f64(a.secs)
+    };
     if a.rate > 0 {
         // Precise sleeps for pacing (the default 50 us timer slack would bunch packets).
         // SAFETY: prctl with an integer argument; affects only this thread.
@@ -265,7 +350,7 @@ fn tx(
     let burst = a.burst.max(1);
     loop {
         let now = Instant::now();
-        if now.duration_since(start) >= dur || proc::stopping() {
+        if seq >= limit || now.duration_since(start) >= dur || proc::stopping() {
             break;
         }
         iv.tick(now, seq);
@@ -273,8 +358,9 @@ fn tx(
             emit(&json!({ "progress": { "packets": seq } }));
             next_report = now + Duration::from_millis(250);
         }
+        let left = usize::try_from(limit - seq).unwrap_or(usize::MAX);
         let want = if a.rate == 0 {
-            burst
+            burst.min(left)
         } else {
             // Frames due by now at the offered rate.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -291,14 +377,16 @@ fn tx(
                 }
                 continue;
             }
-            owe
+            owe.min(left)
         };
         let mut k = 0u64;
         let n = c.send_burst(want, &mut scratch, |_, buf| {
-            buf[..frame_len].copy_from_slice(&tpl);
+            let len = lens.next();
+            buf[..len].copy_from_slice(&tpl[..len]);
             frame::set_seq(buf, seq + k);
             k += 1;
-            frame_len
+            bytes += len as u64;
+            len
         })?;
         seq += n as u64;
         if n > 0 {
@@ -308,14 +396,20 @@ fn tx(
             idle(c, &mut p, Ring::Tx, now)?;
         }
     }
-    iv.tick(start + Duration::from_secs(dur.as_secs()), seq);
+    let whole = if a.count > 0 {
+        start.elapsed().as_secs()
+    } else {
+        dur.as_secs()
+    };
+    iv.tick(start + Duration::from_secs(whole), seq);
     // End marker: retried until the ring takes it.
     let deadline = Instant::now() + Duration::from_secs(10);
+    let end_len = a.frame_len.min;
     loop {
         let n = c.send_burst(1, &mut scratch, |_, buf| {
-            buf[..frame_len].copy_from_slice(&tpl);
+            buf[..end_len].copy_from_slice(&tpl[..end_len]);
             frame::set_end(buf, seq);
-            frame_len
+            end_len
         })?;
         if n == 1 {
             break;
@@ -342,7 +436,9 @@ fn tx(
         c.disarm_tx();
     }
     let secs = start.elapsed().as_secs_f64();
-    Ok(json!({ "data_sent": seq, "secs": secs, "intervals": iv.counts }))
+    Ok(json!({
+        "data_sent": seq, "data_bytes": bytes, "secs": secs, "intervals": iv.counts,
+    }))
 }
 
 /// Receives until the end marker; checks order and count. The interval runs from the first
@@ -355,6 +451,7 @@ fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
     let mut body = vec![0u8; 2048];
     let idle_timeout = Duration::from_secs_f64(a.idle_timeout);
     let mut last_frame = Instant::now();
+    let mut timed_out = false;
     c.disarm_rx();
     while check.end.is_none() && !proc::stopping() {
         let mut done = false;
@@ -381,18 +478,18 @@ fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
             continue;
         }
         if now.duration_since(last_frame) > idle_timeout {
-            return Err(failed(format!(
-                "no frame for {:.0} s (got {} so far)",
-                idle_timeout.as_secs_f64(),
-                check.data
-            )));
+            // Reported (final line, then an error exit): what arrived still counts.
+            timed_out = true;
+            break;
         }
         idle(c, &mut p, Ring::Rx, now)?;
     }
     let secs = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
     Ok(json!({
         "data_received": check.data, "seq_errors": check.seq_errors,
+        "missing": check.missing, "backward": check.backward,
         "end_count": check.end, "complete": check.complete(), "secs": secs,
+        "timed_out": timed_out,
     }))
 }
 
