@@ -843,6 +843,29 @@ pub fn serve_port(
     serve_impl(path, cfg, hooks, stop, None, Some(port))
 }
 
+/// How long a switch port's new frontend waits for the previous one's session to finish
+/// (a frontend that reconnects at once, as QEMU does, finds the old session still tearing
+/// down) before it is refused.
+const GRACE: Duration = Duration::from_millis(200);
+
+/// Waits up to `grace` for every session to finish; true if none is left.
+fn sessions_end_within(
+    sessions: &mut Vec<(std::thread::JoinHandle<()>, UnixStream)>,
+    grace: Duration,
+) -> bool {
+    let until = std::time::Instant::now() + grace;
+    loop {
+        sessions.retain(|(t, _)| !t.is_finished());
+        if sessions.is_empty() {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Sessions one listener runs at once (each is a thread): a switch port takes one frontend,
 /// `pvnet backend` without `--sessions` at most this many; more are refused.
 pub const MAX_SESSIONS: usize = 64;
@@ -894,7 +917,7 @@ fn serve_impl(
                 );
                 drop(stream);
             }
-            Ok((stream, _)) if fixed.is_some() && !sessions.is_empty() => {
+            Ok((stream, _)) if fixed.is_some() && !sessions_end_within(&mut sessions, GRACE) => {
                 peer_warn!(
                     log,
                     socket = %path.display(),
@@ -1011,6 +1034,56 @@ mod tests {
 
     fn vring_state(index: u32, num: u32) -> Vec<u8> {
         [index.to_le_bytes(), num.to_le_bytes()].concat()
+    }
+
+    fn memfd(len: u64) -> File {
+        // SAFETY: a valid NUL-terminated name; the fd is checked, then owned by the File.
+        let fd = unsafe { libc::memfd_create(c"limits".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create");
+        // SAFETY: `fd` was just created and nothing else owns it.
+        let f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        f.set_len(len).expect("ftruncate");
+        f
+    }
+
+    /// The per-session limits a frontend cannot push past: memory regions (the slots
+    /// offered), queues (the pairs offered), queue sizes (a power of two up to the largest);
+    /// each refused with its reason, and the session keeps what it had.
+    #[test]
+    fn a_frontend_cannot_push_past_the_session_limits() {
+        let s = session();
+        let mut s = s.lock().unwrap();
+        let slots = s.cfg.mem_slots;
+        let region = |i: u64| VhostUserSingleMemoryRegion::new(i << 20, 4096, i << 32, 0);
+        for i in 0..slots {
+            s.add_mem_region(&region(i), memfd(4096), None)
+                .unwrap_or_else(|e| panic!("region {i} of {slots}: {e}"));
+        }
+        assert!(s.add_mem_region(&region(slots), memfd(4096), None).is_err());
+        assert_eq!(s.regions.len() as u64, slots);
+        assert_eq!(s.mem.as_ref().map(|m| m.len() as u64), Some(slots));
+        // A region that is not there cannot be removed; one that is, can.
+        let absent = VhostUserSingleMemoryRegion::new(1 << 40, 4096, 0, 0);
+        assert!(s.remove_mem_region(&absent).is_err());
+        s.remove_mem_region(&region(0)).expect("remove region 0");
+        assert_eq!(s.regions.len() as u64, slots - 1);
+
+        let queues = u32::from(s.cfg.queue_pairs) * 2;
+        assert!(
+            s.set_vring_num(queues, 256).is_err(),
+            "queue past the pairs offered"
+        );
+        assert!(s.set_vring_num(u32::MAX, 256).is_err());
+        let max = u32::from(s.cfg.max_queue_size);
+        assert!(
+            s.set_vring_num(0, max * 2).is_err(),
+            "size past the largest"
+        );
+        assert!(s.set_vring_num(0, 384).is_err(), "size not a power of two");
+        s.set_vring_num(0, max).expect("the largest size");
+        assert!(s
+            .set_vring_kick(u8::try_from(queues).unwrap(), None)
+            .is_err());
     }
 
     /// QEMU 7.2 vhost-user-net: SET_VRING_ENABLE before SET_FEATURES is honoured and acked.
