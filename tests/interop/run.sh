@@ -18,6 +18,10 @@
 #   dpdk_packed_txonly_to_sink, dpdk_packed_rxonly_from_gen
 #                         the first two with net_virtio_user packed_vq=1: the packed ring
 #                         (VIRTIO_F_RING_PACKED) must be acked, counts as exact.
+#   dpdk_killed_leaves_nothing  testpmd txonly into port "fe" (-> sink), killed with SIGKILL in
+#                         the middle of traffic FAULT_KILLS times (default 6; scripts/faults.sh
+#                         runs 1000): the switch's fds, mappings and RSS come back to what they
+#                         were after the third kill (warm-up), and fe rx == sink + drops.
 #   guest_pktgen_to_sink  Debian 6.1 guest (virtio_net, QEMU 7.2 virtio-net-pci, -netdev
 #                         vhost-user, memfd RAM), kernel pktgen 60 B frames -> sink: the
 #                         guest's eth0 tx_packets == fe rx_packets.
@@ -127,7 +131,7 @@ SW_PID=
 switch_start() {
   local tag="$1"; shift
   rm -f "$D/$tag.ctl"
-  PVNET_LOG=info timeout -k 5 150 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$D/$tag.ctl" "$@" \
+  PVNET_LOG=info timeout -k 5 "${SW_TIMEOUT:-150}" "$PVNET_BIN" switch --cpu 1 --ctl-socket "$D/$tag.ctl" "$@" \
     > "$D/$tag.pvnet.json" 2> "$D/$tag.pvnet.log" &
   SW_PID=$!; PIDS+=("$SW_PID")
   wait_for 10 test -S "$D/$tag.ctl"
@@ -139,6 +143,13 @@ import json, sys
 s = json.load(sys.stdin)
 p = [p for p in s["ports"] if p["name"] == sys.argv[1]]
 print(p[0]["counters"].get(sys.argv[2], "none") if p else "missing")' "$2" "$3"
+}
+# ctl_state TAG PORT : a running switch's port state (up, down).
+ctl_state() {
+  "$PVNET_BIN" ctl --socket "$D/$1.ctl" ports --json | python3 -c '
+import json, sys
+p = [p for p in json.load(sys.stdin)["ports"] if p["name"] == sys.argv[1]]
+print(p[0].get("state", "none") if p else "missing")' "$2"
 }
 # sw_final TAG PORT FIELD : a counter from the switch's final JSON.
 sw_final() {
@@ -285,6 +296,57 @@ dpdk_two_frontends() {
   [ "$tp_rx" = "$fe_tx" ] || { fail "$name" "testpmd RX $tp_rx != switch fe tx_packets $fe_tx"; return; }
   [ "$pv_rx" = "$((fe_tx + pv_drops + fe_drops + q_left))" ] || { fail "$name" "pv rx $pv_rx != fe tx $fe_tx + drops $pv_drops + $fe_drops + waiting $q_left"; return; }
   [ "$q_in" = "$((q_out + fe_drops + q_left))" ] || { fail "$name" "fe queue: queued $q_in != dequeued $q_out + dropped $fe_drops + left $q_left"; return; }
+  pass "$name"
+}
+
+# What a process holds: open fds, mappings, RSS (KiB).
+proc_held() { echo "$(ls "/proc/$1/fd" | wc -l) $(wc -l < "/proc/$1/maps") $(awk '/^VmRSS:/{print $2}' "/proc/$1/status")"; }
+fe_moved() { [ "$(ctl_port "$1" fe rx_packets)" -gt "$2" ] 2>/dev/null; }   # fe_moved TAG RX
+fe_down() { [ "$(ctl_state "$1" fe)" != up ]; }                             # fe_down TAG
+# testpmd txonly into the switch, killed with SIGKILL once the switch has taken some of its
+# packets, FAULT_KILLS times; the switch must let go of everything each one held.
+dpdk_killed_leaves_nothing() {
+  local name="$1" kills="${FAULT_KILLS:-6}" t0 tag tplog i pid tpid before base now rx=0 fds maps rss
+  t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
+  SW_TIMEOUT=$((60 + kills * 10)) fe_start "$tag" sink || { fail "$name" "pvnet switch did not start"; return; }
+  pid=$(child_pid "$SW_PID")
+  for ((i = 0; i < kills; i++)); do
+    before=$rx
+    testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 256 --single-file-segments \
+      --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=1,queue_size=256" \
+      -- --nb-cores=1 --total-num-mbufs=16384 --txpkts=64 -i --forward-mode=txonly
+    if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
+      testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish; fail "$name" "testpmd did not reach its prompt (kill $i)"; return
+    fi
+    tp fe start
+    wait_for 10 fe_moved "$tag" "$before"
+    tpid=$(child_pid "${TP_PID[fe]}")
+    kill -KILL "$tpid" 2>/dev/null
+    exec {TP_FD[fe]}>&-; wait "${TP_PID[fe]}" 2>/dev/null; unset "TP_PID[fe]" "TP_FD[fe]"
+    hugepage_cleanup pvnet_it_fe
+    wait_for 10 fe_down "$tag"
+    rx=$(ctl_port "$tag" fe rx_packets)
+    [ "$rx" -gt "$before" ] || { fe_finish; fail "$name" "kill $i: no traffic before the kill"; return; }
+    # The first three kills warm up what the switch keeps for good: thread stacks, and the
+    # heap that glibc keeps once its mmap threshold has adapted to the port's egress queue
+    # (6 MiB calloc'd per connection: mapped and unmapped the first times, then taken from
+    # the heap and kept there, reused by every later connection).
+    [ "$i" = 2 ] && { sleep 0.2; base=$(proc_held "$pid"); }
+  done
+  for _ in $(seq 50); do now=$(proc_held "$pid"); read -r fds maps rss <<< "$now"; set -- $base
+    [ "$fds" = "$1" ] && [ "$maps" = "$2" ] && [ "$rss" -le $(($3 + 256)) ] && break; sleep 0.1; done
+  local sink drops=0 r
+  sink=$(ctl_port "$tag" sink tx_packets)
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm; do
+    drops=$((drops + $(ctl_port "$tag" fe "drops_$r")))
+  done
+  fe_finish
+  set -- $base
+  info "$name: $kills testpmd killed in traffic; switch fds $1 -> $fds, maps $2 -> $maps, RSS $3 -> $rss KiB; fe rx $rx = sink $sink + drops $drops ($(elapsed "$t0"))"
+  [ "$fds" = "$1" ] || { fail "$name" "fds $1 -> $fds"; return; }
+  [ "$maps" = "$2" ] || { fail "$name" "mappings $2 -> $maps"; return; }
+  [ "$rss" -le $(($3 + 256)) ] || { fail "$name" "RSS $3 -> $rss KiB"; return; }
+  [ "$rx" = $((sink + drops)) ] || { fail "$name" "fe rx $rx != sink $sink + drops $drops"; return; }
   pass "$name"
 }
 
@@ -444,7 +506,7 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS]
 
 # ---- run ----------------------------------------------------------------------------------------
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends
-  dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen
+  dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_killed_leaves_nothing
   guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed)
 # INTEROP_CASES="a b": run only those (names above); default all.
 read -r -a CASES <<< "${INTEROP_CASES:-${ALL_CASES[*]}}"
@@ -459,6 +521,7 @@ for c in "${CASES[@]}"; do
     dpdk_two_frontends)   dpdk_two_frontends "$c" ;;
     dpdk_packed_txonly_to_sink)  dpdk_case "$c" sink txonly 1 ",packed_vq=1" ;;
     dpdk_packed_rxonly_from_gen) dpdk_case "$c" gen rxonly 1 ",packed_vq=1" ;;
+    dpdk_killed_leaves_nothing) dpdk_killed_leaves_nothing "$c" ;;
     guest_pktgen_to_sink) guest_case "$c" sink ;;
     guest_rx_from_gen)    guest_case "$c" gen ;;
     guest_tap)            guest_tap_case "$c" ;;
