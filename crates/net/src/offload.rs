@@ -171,6 +171,24 @@ pub fn segment(
     scratch: &mut Vec<u8>,
     mut out: impl FnMut(&mut [u8]),
 ) -> Result<usize, OffloadError> {
+    segment_while(hdr, frame, scratch, |s| {
+        out(s);
+        true
+    })
+}
+
+/// [`segment`], stopping as soon as `out` returns false (the receiver has no room: the rest
+/// is not computed). Returns how many segments were handed to `out`.
+///
+/// # Errors
+///
+/// As [`segment`].
+pub fn segment_while(
+    hdr: &VnetHdr,
+    frame: &[u8],
+    scratch: &mut Vec<u8>,
+    mut out: impl FnMut(&mut [u8]) -> bool,
+) -> Result<usize, OffloadError> {
     let want_tcp_v4 = match hdr.gso_type & !GSO_ECN {
         GSO_TCPV4 => Some((true, Some(true))),
         GSO_TCPV6 => Some((true, Some(false))),
@@ -268,10 +286,10 @@ pub fn segment(
         }
         put16(scratch, sum_field, c);
 
-        out(scratch);
+        let more = out(scratch);
         count += 1;
         off += n;
-        if last {
+        if last || !more {
             return Ok(count);
         }
     }
@@ -980,6 +998,30 @@ mod tests {
             segment(&spec.vnet(1448), &frame, &mut scratch, |_| {}).unwrap();
         }
         assert_eq!((scratch.capacity(), scratch.as_ptr()), (cap, ptr));
+    }
+
+    /// A receiver with no room stops the cutting: no segment is computed past the one it
+    /// refused, and the ones before are those `segment` makes.
+    #[test]
+    fn segment_while_stops_where_the_receiver_does() {
+        let spec = Spec::tcp4(Rng(7).bytes(20_000));
+        let frame = spec.build();
+        let mut all = Vec::new();
+        let n = segment(&spec.vnet(1000), &frame, &mut Vec::new(), |s| {
+            all.push(s.to_vec())
+        })
+        .unwrap();
+        assert_eq!(n, 20);
+        for take in [1usize, 2, 19, 20] {
+            let mut got = Vec::new();
+            let k = segment_while(&spec.vnet(1000), &frame, &mut Vec::new(), |s| {
+                got.push(s.to_vec());
+                got.len() < take
+            })
+            .unwrap();
+            assert_eq!(k, take, "stopped after the segment refused");
+            assert_eq!(got[..], all[..take]);
+        }
     }
 
     #[test]

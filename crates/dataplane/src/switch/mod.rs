@@ -528,7 +528,8 @@ fn csum_then(
 
 /// Segments a GSO packet (each segment with full checksums and a plain header), offering
 /// each. Segments that find no room go into the receiver's queue if it keeps one; otherwise
-/// the tail of a segmented packet that found no room is lost: it cannot wait half-delivered.
+/// the tail of a segmented packet that found no room is lost: it cannot wait half-delivered,
+/// and it is not cut (no work for a receiver that cannot take it).
 fn gso_then(
     port: &mut AnyPort,
     pkt: &Pkt<'_>,
@@ -540,10 +541,7 @@ fn gso_then(
     let flen = (pkt.frame_len() as usize).min(staging.len());
     let n = read_segs(pkt.segs, pkt.hdr_len, &mut staging[..flen]);
     let mut out = TxOut::Sent;
-    let r = offload::segment(&pkt.hdr, &staging[..n], segbuf, |s: &mut [u8]| {
-        if out != TxOut::Sent {
-            return;
-        }
+    let r = offload::segment_while(&pkt.hdr, &staging[..n], segbuf, |s: &mut [u8]| {
         let len = u32::try_from(HDR_LEN as usize + s.len()).unwrap_or(0);
         let mut hdr = [0u8; HDR_LEN as usize];
         let segs = [Seg::from_mut(&mut hdr), Seg::from_mut(s)];
@@ -555,6 +553,7 @@ fn gso_then(
             macs: pkt.macs,
         };
         out = put_one(port, &p, offer, now);
+        out == TxOut::Sent
     });
     if r.is_err() {
         return TxOut::Dropped(DropReason::Offload);
