@@ -11,8 +11,7 @@
 
 mod common;
 
-use common::{frontend, u, wait_socket, Proc, TestDir, EVENT, RUN};
-use serde_json::Value;
+use common::{frontend, switch_drops, u, Switch, TestDir, EVENT, RUN};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -44,27 +43,13 @@ fn held(pid: i32) -> Held {
     Held { fds, maps, rss_kib }
 }
 
-fn ctl_port(ctl: &Path, name: &str) -> Value {
-    let out = std::process::Command::new(common::BIN)
-        .args(["ctl", "--socket", ctl.to_str().unwrap(), "ports", "--json"])
-        .output()
-        .expect("run pvnet ctl");
-    assert!(out.status.success(), "pvnet ctl: {out:?}");
-    let v: Value = serde_json::from_slice(&out.stdout).expect("ctl JSON");
-    v["ports"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["name"] == name))
-        .map(|p| p["counters"].clone())
-        .unwrap_or_else(|| panic!("no port {name} in {v}"))
-}
-
 /// pvnet's frontend sending as fast as it can, killed with SIGKILL once the switch has
 /// taken some of its packets.
-fn killed_in_traffic(sock: &Path, ctl: &Path) {
-    let before = u(&ctl_port(ctl, "a"), "/rx_packets");
-    let mut fe = frontend("killed frontend", sock, &["--role", "tx", "--secs", "60"]);
+fn killed_in_traffic(sw: &Switch) {
+    let before = u(&sw.counters("a"), "/rx_packets");
+    let mut fe = frontend("killed frontend", &sw.a, &["--role", "tx", "--secs", "60"]);
     let until = Instant::now() + EVENT;
-    while u(&ctl_port(ctl, "a"), "/rx_packets") == before {
+    while u(&sw.counters("a"), "/rx_packets") == before {
         assert!(
             Instant::now() < until,
             "no traffic from the frontend\n{}",
@@ -124,10 +109,10 @@ fn vanishes_before_kick(sock: &Path) {
 
 /// Waits until the switch holds what it held at `base` (fds and maps exactly, RSS within
 /// `slack` KiB): the dataplane lets go of a dead frontend's memory asynchronously.
-fn settle(sw: &Proc, base: Held, slack: u64) -> Held {
+fn settle(sw: &Switch, base: Held, slack: u64) -> Held {
     let until = Instant::now() + EVENT;
     loop {
-        let h = held(sw.pid());
+        let h = held(sw.proc.pid());
         if (h.fds == base.fds && h.maps == base.maps && h.rss_kib <= base.rss_kib + slack)
             || Instant::now() >= until
         {
@@ -144,34 +129,16 @@ fn killed_and_vanishing_frontends_leave_nothing_behind() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
     let dir = TestDir::new("faults");
-    let (a, b, ctl) = (dir.sock("a"), dir.sock("b"), dir.sock("ctl"));
-    let spec = |n: &str, s: &Path| format!("vhost-user:name={n},socket={}", s.display());
-    let (pa, pb) = (spec("a", &a), spec("b", &b));
-    let mut sw = Proc::spawn(
-        "switch",
-        &[
-            "switch",
-            "--port",
-            &pa,
-            "--port",
-            &pb,
-            "--port",
-            "sink:name=s",
-            "--ctl-socket",
-            ctl.to_str().unwrap(),
-        ],
-        &[("PVNET_LOG", "info")],
-    );
-    wait_socket(&mut sw, &a);
-    wait_socket(&mut sw, &b);
+    let sw = Switch::start(&dir, &[]);
     let mut gone = 0;
-    let mut cycle = |sw: &Proc| {
+    let mut cycle = |sw: &Switch| {
         // Each frontend connects the moment the previous one is gone, as a restarted one
         // would: the port takes it.
-        killed_in_traffic(&a, &ctl);
-        vanishes_before_kick(&a);
+        killed_in_traffic(sw);
+        vanishes_before_kick(&sw.a);
         gone += 2;
-        sw.wait_stderr_count(&["frontend disconnected"], gone, EVENT);
+        sw.proc
+            .wait_stderr_count(&["frontend disconnected"], gone, EVENT);
     };
     // Warm-up: thread stacks, allocator arenas and the ctl listener's buffers reach their
     // steady state.
@@ -179,7 +146,7 @@ fn killed_and_vanishing_frontends_leave_nothing_behind() {
         cycle(&sw);
     }
     std::thread::sleep(Duration::from_millis(200));
-    let base = held(sw.pid());
+    let base = held(sw.proc.pid());
     let t0 = Instant::now();
     let mut mid = base;
     for i in 0..n {
@@ -219,24 +186,16 @@ fn killed_and_vanishing_frontends_leave_nothing_behind() {
     );
     // Nothing was lost on the way: every packet the switch took from the killed frontends
     // went to the sink or is a counted drop.
-    let pa = ctl_port(&ctl, "a");
-    let ps = ctl_port(&ctl, "s");
-    let drops: u64 = pa
-        .as_object()
-        .map(|c| {
-            c.iter()
-                .filter(|(k, _)| k.starts_with("drops_"))
-                .filter_map(|(_, v)| v.as_u64())
-                .sum()
-        })
-        .unwrap_or_else(|| panic!("no counters: {pa}"));
+    let (pa, ps) = (sw.counters("a"), sw.counters("s"));
+    let drops = switch_drops(&pa);
     assert_eq!(
         u(&pa, "/rx_packets"),
         u(&ps, "/tx_packets") + drops,
         "port a's packets vs the sink's\na {pa}\nsink {ps}"
     );
     // And the port still works: a good frontend is served.
-    let good = common::run_frontend("good frontend", &a, &["--role", "tx", "--secs", "0.3"]);
+    let good = common::run_frontend("good frontend", &sw.a, &["--role", "tx", "--secs", "0.3"]);
     assert!(u(&good, "/data_sent") > 0, "{good}");
-    assert!(sw.alive(), "switch died\n{}", sw.stderr());
+    let mut sw = sw;
+    assert!(sw.proc.alive(), "switch died\n{}", sw.proc.stderr());
 }

@@ -4,27 +4,9 @@
 
 mod common;
 
-use common::{frontend, u, wait_socket, Proc, TestDir, RUN};
-use serde_json::Value;
+use common::{counters, frontend, switch_drops, u, Switch, TestDir, RUN};
 use std::io::{Read, Write};
 use std::time::Duration;
-
-fn counters<'a>(status: &'a Value, port: &str) -> &'a Value {
-    status["ports"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["name"] == port))
-        .map(|p| &p["counters"])
-        .unwrap_or_else(|| panic!("no port {port} in {status}"))
-}
-
-fn ctl(sock: &std::path::Path, what: &str) -> Value {
-    let out = std::process::Command::new(common::BIN)
-        .args(["ctl", "--socket", sock.to_str().unwrap(), what, "--json"])
-        .output()
-        .expect("run pvnet ctl");
-    assert!(out.status.success(), "pvnet ctl: {out:?}");
-    serde_json::from_slice(&out.stdout).expect("ctl JSON")
-}
 
 fn http_get(addr: &str, path: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
@@ -38,7 +20,6 @@ fn http_get(addr: &str, path: &str) -> String {
 #[test]
 fn frames_cross_the_switch_exactly_and_ctl_and_metrics_agree() {
     let dir = TestDir::new("sw");
-    let (a, b, c) = (dir.sock("a"), dir.sock("b"), dir.sock("ctl"));
     // A free port for the metrics endpoint.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -46,29 +27,8 @@ fn frames_cross_the_switch_exactly_and_ctl_and_metrics_agree() {
         .unwrap()
         .port();
     let metrics = format!("127.0.0.1:{port}");
-    let spec = |n: &str, s: &std::path::Path| format!("vhost-user:name={n},socket={}", s.display());
-    let (pa, pb) = (spec("a", &a), spec("b", &b));
-    let mut sw = Proc::spawn(
-        "switch",
-        &[
-            "switch",
-            "--port",
-            &pa,
-            "--port",
-            &pb,
-            "--port",
-            "sink:name=s",
-            "--ctl-socket",
-            c.to_str().unwrap(),
-            "--metrics",
-            &metrics,
-        ],
-        &[("PVNET_LOG", "info")],
-    );
-    wait_socket(&mut sw, &a);
-    wait_socket(&mut sw, &b);
-    wait_socket(&mut sw, &c);
-
+    let mut sw = Switch::start(&dir, &["--metrics", &metrics]);
+    let (a, b) = (sw.a.clone(), sw.b.clone());
     // b receives; a sends numbered frames to b's address (unknown at first: flooded to b and
     // the sink, then learned from nothing b sends, so flooding goes on; both copies count).
     // Floods never wait for a full receiver (their copy to it is dropped, counted), so b must
@@ -91,7 +51,7 @@ fn frames_cross_the_switch_exactly_and_ctl_and_metrics_agree() {
         "in order, end marker: {rxf}"
     );
 
-    let st = ctl(&c, "ports");
+    let st = sw.ctl("ports");
     let (ca, cb, cs) = (counters(&st, "a"), counters(&st, "b"), counters(&st, "s"));
     assert_eq!(u(ca, "/rx_packets"), sent);
     assert_eq!(u(cb, "/tx_packets"), sent);
@@ -109,14 +69,7 @@ fn frames_cross_the_switch_exactly_and_ctl_and_metrics_agree() {
             "{k}_batches {b} for {sent} packets: {c}"
         );
     }
-    let drops: u64 = ca
-        .as_object()
-        .unwrap()
-        .iter()
-        .filter(|(k, _)| k.starts_with("drops_"))
-        .map(|(_, v)| v.as_u64().unwrap_or(0))
-        .sum();
-    assert_eq!(drops, 0, "{ca}");
+    assert_eq!(switch_drops(ca), 0, "{ca}");
     // The sink checked the numbered frames: none out of order.
     assert_eq!(u(cs, "/seq_errors"), 0);
 
@@ -126,8 +79,8 @@ fn frames_cross_the_switch_exactly_and_ctl_and_metrics_agree() {
     assert!(m.contains(&line), "no `{line}` in\n{m}");
     assert!(http_get(&metrics, "/nope").starts_with("HTTP/1.0 404"));
 
-    sw.signal(libc::SIGINT);
-    let fin = sw.finish(RUN);
+    sw.proc.signal(libc::SIGINT);
+    let fin = sw.proc.finish(RUN);
     assert_eq!(u(counters(&fin, "b"), "/tx_packets"), sent, "{fin}");
 }
 

@@ -480,3 +480,84 @@ pub fn assert_tx_to_sink_exact(fe: &Value, p: &Value, frame_len: u64) {
     assert_eq!(u(p, "/queue_errors"), 0, "{p}");
     assert_eq!(drops(p), 0, "{p}");
 }
+
+/// A running `pvnet switch` with vhost-user ports `a` and `b`, a sink port `s` and its
+/// control socket, all in `dir`; `extra` are more options. Returns once every socket exists.
+pub struct Switch {
+    /// The process.
+    pub proc: Proc,
+    /// Socket of port `a`.
+    pub a: PathBuf,
+    /// Socket of port `b`.
+    pub b: PathBuf,
+    /// Control socket (`pvnet ctl`).
+    pub ctl: PathBuf,
+}
+
+impl Switch {
+    /// Starts it (with `PVNET_LOG=info`).
+    pub fn start(dir: &TestDir, extra: &[&str]) -> Self {
+        let (a, b, ctl) = (dir.sock("a"), dir.sock("b"), dir.sock("ctl"));
+        let spec = |n: &str, s: &Path| format!("vhost-user:name={n},socket={}", s.display());
+        let (pa, pb) = (spec("a", &a), spec("b", &b));
+        let c = ctl.to_str().expect("utf-8 path");
+        let mut args = vec![
+            "switch",
+            "--port",
+            &pa,
+            "--port",
+            &pb,
+            "--port",
+            "sink:name=s",
+            "--ctl-socket",
+            c,
+        ];
+        args.extend_from_slice(extra);
+        let mut proc = Proc::spawn("switch", &args, &[("PVNET_LOG", "info")]);
+        for s in [&a, &b, &ctl] {
+            wait_socket(&mut proc, s);
+        }
+        Self { proc, a, b, ctl }
+    }
+
+    /// `pvnet ctl WHAT --json` against it.
+    pub fn ctl(&self, what: &str) -> Value {
+        let out = Command::new(BIN)
+            .args([
+                "ctl",
+                "--socket",
+                self.ctl.to_str().unwrap(),
+                what,
+                "--json",
+            ])
+            .output()
+            .expect("run pvnet ctl");
+        assert!(out.status.success(), "pvnet ctl: {out:?}");
+        serde_json::from_slice(&out.stdout).expect("ctl JSON")
+    }
+
+    /// The counters of port `name`, now.
+    pub fn counters(&self, name: &str) -> Value {
+        counters(&self.ctl("ports"), name).clone()
+    }
+}
+
+/// The counters of port `port` in a `pvnet ctl ports --json` answer or a switch's `final`.
+pub fn counters<'a>(status: &'a Value, port: &str) -> &'a Value {
+    status["ports"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["name"] == port))
+        .map(|p| &p["counters"])
+        .unwrap_or_else(|| panic!("no port {port} in {status}"))
+}
+
+/// Sum of a switch port's `drops_*` counters (every reason).
+pub fn switch_drops(counters: &Value) -> u64 {
+    counters
+        .as_object()
+        .unwrap_or_else(|| panic!("no counters: {counters}"))
+        .iter()
+        .filter(|(k, _)| k.starts_with("drops_"))
+        .map(|(_, v)| v.as_u64().unwrap_or(0))
+        .sum()
+}
