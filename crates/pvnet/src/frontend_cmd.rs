@@ -108,7 +108,16 @@ pub struct FrontendArgs {
     /// does not offer it. The `ready` line shows what was negotiated.
     #[arg(long)]
     pub packed: bool,
+    /// rx: first send one broadcast frame from the address tx frames go to
+    /// (02:00:00:00:00:04), as a guest's gratuitous ARP does, so that a learning switch
+    /// delivers them to this port alone instead of flooding them.
+    #[arg(long)]
+    pub announce: bool,
 }
+
+/// The address tx frames are sent from, and to.
+const TX_SRC: [u8; 6] = [2, 0, 0, 0, 0, 3];
+const TX_DST: [u8; 6] = [2, 0, 0, 0, 0, 4];
 
 /// Frame lengths of a run: one length (`min == max`) or a uniform mix over `min..=max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,7 +338,7 @@ fn template(frame_len: usize, src: [u8; 6], dst: [u8; 6]) -> (Vec<u8>, Vec<u8>) 
 fn tx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::Value> {
     // The template has the longest length; a shorter frame is a prefix of it (zeros after
     // the header either way).
-    let (mut scratch, tpl) = template(a.frame_len.max, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 4]);
+    let (mut scratch, tpl) = template(a.frame_len.max, TX_SRC, TX_DST);
     let mut lens = LenGen::new(a.frame_len);
     let mut bytes = 0u64;
     let limit = if a.count > 0 { a.count } else { u64::MAX };
@@ -444,6 +453,19 @@ fn tx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
 /// Receives until the end marker; checks order and count. The interval runs from the first
 /// frame to the end marker.
 fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::Value> {
+    if a.announce {
+        // Not a bench frame (no magic): a sink or a checking receiver ignores it.
+        let mut scratch = vec![0u8; 2048];
+        while c.send_burst(1, &mut scratch, |_, buf| {
+            buf[..64].fill(0);
+            buf[0..6].copy_from_slice(&[0xff; 6]);
+            buf[6..12].copy_from_slice(&TX_DST);
+            64
+        })? == 0
+        {
+            c.reclaim_tx()?;
+        }
+    }
     let mut check = SeqCheck::default();
     let mut first: Option<Instant> = None;
     let mut last = Instant::now();

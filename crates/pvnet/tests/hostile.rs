@@ -96,15 +96,15 @@ impl Shm {
         }
     }
 
+    /// One load of the little-endian u16 at `off` (2-aligned): a value the backend process
+    /// is changing is read whole, never half old and half new.
     fn read16(&self, off: u64) -> u16 {
+        assert_eq!(off % 2, 0, "unaligned u16 at {off}");
         let p = self.ptr(off, 2);
-        let mut b = [0u8; 2];
-        for (i, x) in b.iter_mut().enumerate() {
-            // SAFETY: p..p+2 is inside our live mapping (checked in `ptr`); volatile because
-            // the backend process writes this memory concurrently.
-            *x = unsafe { p.add(i).read_volatile() };
-        }
-        u16::from_le_bytes(b)
+        // SAFETY: p..p+2 is inside our live mapping (checked in `ptr`) and 2-aligned (the
+        // mapping is page-aligned); an atomic view of shared memory another process writes.
+        let a = unsafe { &*p.cast::<std::sync::atomic::AtomicU16>() };
+        u16::from_le(a.load(Ordering::Acquire))
     }
 }
 
@@ -115,10 +115,29 @@ impl Drop for Shm {
     }
 }
 
+/// Where a hostile frontend's rings live and how large they are.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    /// Size of the memfd.
+    mem: u64,
+    /// Descriptors per queue.
+    qsz: u16,
+    /// Ring offsets in the memfd, per queue (desc, avail, used).
+    rings: [(u64, u64, u64); 2],
+}
+
+/// The layout of most cases: `QSZ` descriptors, `RINGS`, `MEM_LEN` bytes.
+const SMALL: Layout = Layout {
+    mem: MEM_LEN,
+    qsz: QSZ,
+    rings: RINGS,
+};
+
 /// A frontend that negotiates like `NetClient::connect` and then writes whatever it likes.
 struct Hostile {
     fe: Frontend,
     shm: Shm,
+    lay: Layout,
     kick: [EventFd; 2],
     call: [EventFd; 2],
     err: [EventFd; 2],
@@ -145,6 +164,17 @@ impl Hostile {
         extra: u64,
         mem_last: bool,
     ) -> Result<Self, vhost::Error> {
+        Self::connect_layout(sock, declared, extra, mem_last, SMALL)
+    }
+
+    /// As [`connect_order`](Self::connect_order), with rings and memory laid out by `lay`.
+    fn connect_layout(
+        sock: &Path,
+        declared: u64,
+        extra: u64,
+        mem_last: bool,
+        lay: Layout,
+    ) -> Result<Self, vhost::Error> {
         let mut fe = Frontend::connect(sock, 2)?;
         fe.set_owner()?;
         let offered = fe.get_features()?;
@@ -168,7 +198,7 @@ impl Hostile {
         // handled it (and a refusal comes back as an error).
         fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
 
-        let shm = Shm::new(MEM_LEN);
+        let shm = Shm::new(lay.mem);
         let uaddr = shm.base.as_ptr() as u64;
         let table = [VhostUserMemoryRegionInfo {
             guest_phys_addr: GPA,
@@ -184,6 +214,7 @@ impl Hostile {
         let h = Self {
             fe,
             shm,
+            lay,
             kick: [ev(), ev()],
             call: [ev(), ev()],
             err: [ev(), ev()],
@@ -194,14 +225,14 @@ impl Hostile {
         } else {
             0
         };
-        for (q, &(desc, avail, used)) in RINGS.iter().enumerate() {
-            h.fe.set_vring_num(q, QSZ)?;
+        for (q, &(desc, avail, used)) in lay.rings.iter().enumerate() {
+            h.fe.set_vring_num(q, lay.qsz)?;
             h.fe.set_vring_base(q, base)?;
             h.fe.set_vring_addr(
                 q,
                 &VringConfigData {
-                    queue_max_size: QSZ,
-                    queue_size: QSZ,
+                    queue_max_size: lay.qsz,
+                    queue_size: lay.qsz,
                     flags: 0,
                     desc_table_addr: uaddr + desc,
                     used_ring_addr: uaddr + used,
@@ -228,7 +259,7 @@ impl Hostile {
     }
 
     fn set_desc(&self, q: usize, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let off = RINGS[q].0 + 16 * u64::from(i);
+        let off = self.lay.rings[q].0 + 16 * u64::from(i);
         self.shm.write(off, addr.to_le_bytes());
         self.shm.write(off + 8, len.to_le_bytes());
         self.shm.write(off + 12, flags.to_le_bytes());
@@ -237,21 +268,23 @@ impl Hostile {
 
     /// Writes avail ring slot `slot` (no wrap: the tests stay in the first lap).
     fn set_avail_entry(&self, q: usize, slot: u16, head: u16) {
-        self.shm
-            .write(RINGS[q].1 + 4 + 2 * u64::from(slot), head.to_le_bytes());
+        self.shm.write(
+            self.lay.rings[q].1 + 4 + 2 * u64::from(slot),
+            head.to_le_bytes(),
+        );
     }
 
     /// Publishes `avail->idx = idx` (after the entries and descriptors) and kicks.
     fn publish_and_kick(&self, q: usize, idx: u16) {
         // Release: entries and descriptors above are written before the index.
         fence(Ordering::Release);
-        self.shm.write(RINGS[q].1 + 2, idx.to_le_bytes());
+        self.shm.write(self.lay.rings[q].1 + 2, idx.to_le_bytes());
         fence(Ordering::SeqCst);
         self.kick[q].write(1).expect("kick");
     }
 
     fn used_idx(&self, q: usize) -> u16 {
-        self.shm.read16(RINGS[q].2 + 2)
+        self.shm.read16(self.lay.rings[q].2 + 2)
     }
 
     /// Waits until queue `q`'s err eventfd is readable; returns its counter.
@@ -360,7 +393,7 @@ const P_WRITE: u16 = 2;
 impl Hostile {
     /// A packed descriptor in slot `i` of queue `q`'s ring (flags last).
     fn set_packed(&self, q: usize, i: u16, addr: u64, len: u32, id: u16, flags: u16) {
-        let off = RINGS[q].0 + 16 * u64::from(i);
+        let off = self.lay.rings[q].0 + 16 * u64::from(i);
         self.shm.write(off, addr.to_le_bytes());
         self.shm.write(off + 8, len.to_le_bytes());
         self.shm.write(off + 12, id.to_le_bytes());
@@ -371,7 +404,8 @@ impl Hostile {
     }
 
     fn packed_flags(&self, q: usize, i: u16) -> u16 {
-        self.shm.read16(RINGS[q].0 + 16 * u64::from(i) + 14)
+        self.shm
+            .read16(self.lay.rings[q].0 + 16 * u64::from(i) + 14)
     }
 }
 
@@ -900,4 +934,169 @@ fn a_peer_cannot_flood_the_log() {
         .find(|p| p.get("rx_packets").and_then(Value::as_u64) > Some(0))
         .unwrap_or_else(|| panic!("no port took the good frontend's packets: {fin}"));
     assert_tx_to_sink_exact(&good, &p, 64);
+}
+
+/// The GSO amplification defect, end to end: a frontend (this test) that negotiated
+/// `HOST_TSO4` keeps its transmit ring (256 entries) full of 64 KiB TCP packets with the
+/// smallest `gso_size` pvnet accepts (88), addressed to a pvnet frontend that did not
+/// negotiate TSO (so the switch cuts every one it can deliver into 728 segments). Meanwhile a generator port paced at
+/// 20 kpps feeds a sink through the same switch thread: it must keep at least half its rate
+/// (it kept ~1% before segmentation was budgeted per sender per round).
+#[test]
+fn a_gso_flood_leaves_a_paced_port_its_rate() {
+    const RATE: f64 = 20_000.0;
+    const WINDOW: Duration = Duration::from_millis(1500);
+    const VIRTIO_NET_F_CSUM: u64 = 1 << 0;
+    const VIRTIO_NET_F_HOST_TSO4: u64 = 1 << 11;
+    let dir = common::TestDir::new("gsoflood");
+    let sw = common::Switch::start(
+        &dir,
+        &["--port", "gen:name=g,rate=20000,dst=02:00:00:00:00:99"],
+    );
+    // b announces 02:00:00:00:00:04 so that the flood is unicast to it, and takes it as fast
+    // as it can (the rx role reads every byte; it never sees an end marker: killed below).
+    let rx = common::frontend(
+        "frontend rx",
+        &sw.b,
+        &[
+            "--role",
+            "rx",
+            "--announce",
+            "--queue-size",
+            "1024",
+            "--idle-timeout",
+            "60",
+        ],
+    );
+    rx.wait_json("ready", EVENT);
+    let until = Instant::now() + EVENT;
+    while sw
+        .ctl("macs")
+        .to_string()
+        .matches("02:00:00:00:00:04")
+        .count()
+        == 0
+    {
+        assert!(
+            Instant::now() < until,
+            "b's address not learned: {}",
+            sw.ctl("macs")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Rings of 256 (as a guest's), then one 64 KiB TCPv4 packet (the device only reads it)
+    // that every transmit descriptor points at.
+    const PKT: u64 = 32 << 10;
+    let lay = Layout {
+        mem: PKT + (64 << 10),
+        qsz: 256,
+        rings: [(0, 4096, 8192), (12288, 16384, 20480)],
+    };
+    let h = Hostile::connect_layout(
+        &sw.a,
+        lay.mem,
+        VIRTIO_NET_F_CSUM | VIRTIO_NET_F_HOST_TSO4,
+        false,
+        lay,
+    )
+    .expect("hostile frontend connects");
+    let payload = 64000;
+    let mut pkt = vec![0u8; 12 + 54 + payload];
+    let f = &mut pkt[12..];
+    f[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 4]);
+    f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 0x77]);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    f[14] = 0x45;
+    f[16..18].copy_from_slice(&u16::try_from(40 + payload).unwrap().to_be_bytes());
+    f[22] = 64;
+    f[23] = 6; // TCP
+    f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+    f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+    f[46] = 5 << 4;
+    f[47] = 0x10; // ACK
+    for (i, chunk) in pkt.chunks(8).enumerate() {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        h.shm.write(PKT + 8 * i as u64, w);
+    }
+    let len = u32::try_from(pkt.len()).unwrap();
+    for i in 0..lay.qsz {
+        h.set_desc(TX, i, GPA + PKT, len, 0, 0);
+    }
+
+    // Floods with `gso_size` for WINDOW; returns the paced port's share of its rate, the
+    // packets cut for b and the packets refused at a (`offload`).
+    let mut posted: u16 = 0;
+    let mut flood = |gso_size: u16| {
+        let mut hdr = [0u8; 12];
+        pvnet_net::hdr::VnetHdr {
+            flags: pvnet_net::hdr::VnetHdr::F_NEEDS_CSUM,
+            gso_type: pvnet_net::hdr::VnetHdr::GSO_TCPV4,
+            hdr_len: 54,
+            gso_size,
+            csum_start: 34,
+            csum_offset: 16,
+            num_buffers: 0,
+        }
+        .write(&mut hdr);
+        h.shm.write(PKT, hdr);
+        let paced = || u(&sw.counters("s"), "/tx_packets");
+        let (s0, cut0, refused0) = (
+            paced(),
+            u(&sw.counters("b"), "/sw_gso"),
+            u(&sw.counters("a"), "/drops_offload"),
+        );
+        let t0 = Instant::now();
+        while t0.elapsed() < WINDOW {
+            // Keep the ring full: every buffer the switch gave back is posted again at once.
+            let used = h.used_idx(TX);
+            let before = posted;
+            while posted.wrapping_sub(used) < lay.qsz {
+                h.set_avail_entry(TX, posted % lay.qsz, posted % lay.qsz);
+                posted = posted.wrapping_add(1);
+            }
+            if posted != before {
+                h.publish_and_kick(TX, posted);
+            }
+            std::hint::spin_loop();
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let share = (paced() - s0) as f64 / (RATE * secs);
+        let cut = u(&sw.counters("b"), "/sw_gso") - cut0;
+        let refused = u(&sw.counters("a"), "/drops_offload") - refused0;
+        println!(
+            "gso_size {gso_size}: {cut} packets cut for b, {refused} refused, in {secs:.2} s; \
+             the paced port kept {share:.3} of its rate"
+        );
+        (share, cut, refused)
+    };
+    // The smallest gso_size accepted: every packet b can take is cut, within the budget.
+    let (share, cut, _) = flood(88);
+    assert!(
+        cut > 100,
+        "the flood was not a flood: {cut} packets segmented"
+    );
+    assert!(
+        share >= 0.5,
+        "gso_size 88: the paced port kept {share:.3} of its rate"
+    );
+    // The reported defect (gso_size 1: 64 000 segments a packet): refused, not cut.
+    let (share, cut, refused) = flood(1);
+    assert!(
+        refused > 100 && cut == 0,
+        "gso_size 1: {refused} refused, {cut} cut"
+    );
+    assert!(
+        share >= 0.5,
+        "gso_size 1: the paced port kept {share:.3} of its rate"
+    );
+    assert!(
+        h.err_now(TX).is_none(),
+        "the flood's queue was stopped\n{}",
+        sw.proc.stderr()
+    );
+    rx.signal(libc::SIGKILL);
+    let mut sw = sw;
+    assert!(sw.proc.alive(), "switch died\n{}", sw.proc.stderr());
 }
