@@ -96,6 +96,16 @@ impl Shm {
         }
     }
 
+    /// One store of the little-endian u16 `v` at `off` (2-aligned), released after every
+    /// write before it: an index the backend process reads is never seen half written.
+    fn write16(&self, off: u64, v: u16) {
+        assert_eq!(off % 2, 0, "unaligned u16 at {off}");
+        let p = self.ptr(off, 2);
+        // SAFETY: as in `read16`.
+        let a = unsafe { &*p.cast::<std::sync::atomic::AtomicU16>() };
+        a.store(v.to_le(), Ordering::Release);
+    }
+
     /// One load of the little-endian u16 at `off` (2-aligned): a value the backend process
     /// is changing is read whole, never half old and half new.
     fn read16(&self, off: u64) -> u16 {
@@ -278,7 +288,7 @@ impl Hostile {
     fn publish_and_kick(&self, q: usize, idx: u16) {
         // Release: entries and descriptors above are written before the index.
         fence(Ordering::Release);
-        self.shm.write(self.lay.rings[q].1 + 2, idx.to_le_bytes());
+        self.shm.write16(self.lay.rings[q].1 + 2, idx);
         fence(Ordering::SeqCst);
         self.kick[q].write(1).expect("kick");
     }
