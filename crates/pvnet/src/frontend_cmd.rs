@@ -264,6 +264,7 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         tx_mode,
         legacy_hdr: a.legacy_hdr,
         packed: a.packed,
+        ..ClientConfig::default()
     };
     let wake = WakeCost::measure(30);
     let mut c = NetClient::connect(&a.socket, cfg)?;

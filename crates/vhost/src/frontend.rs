@@ -18,6 +18,7 @@ use pvnet_net::hdr::{hdr_len, HDR_LEN};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -77,6 +78,9 @@ pub struct ClientConfig {
     pub legacy_hdr: bool,
     /// Ask for the packed ring (`VIRTIO_F_RING_PACKED`); split if the backend does not offer it.
     pub packed: bool,
+    /// How long `connect` and `stop` may wait for the backend's answers before giving up (a
+    /// backend that accepts the connection and then says nothing must not hang us).
+    pub reply_timeout: Duration,
 }
 
 /// How completed TX buffers come back (the Linux virtio-net "tx napi" series and what it
@@ -106,6 +110,7 @@ impl Default for ClientConfig {
             tx_mode: TxMode::Napi,
             legacy_hdr: false,
             packed: false,
+            reply_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -294,6 +299,43 @@ fn check(stopped: Option<virtq::Error>) -> Result<(), Error> {
     stopped.map_or(Ok(()), |e| Err(Error::Queue(e)))
 }
 
+/// Shuts the vhost-user socket down unless dropped within `after`: a backend that stops
+/// answering turns a request that would wait forever into an error. (The `vhost` crate
+/// retries a receive that times out, so `SO_RCVTIMEO` cannot do this.)
+struct Watchdog {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn arm(sock: &UnixStream, after: Duration) -> Result<Self, Error> {
+        let sock = sock.try_clone().map_err(os("socket"))?;
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("vu-watchdog".into())
+            .spawn(move || {
+                if wait.recv_timeout(after) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                }
+            })
+            .map_err(os("watchdog thread"))?;
+        Ok(Self {
+            done: Some(done),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // Disconnecting the channel ends the wait at once.
+        drop(self.done.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A connected virtio-net frontend with one queue pair.
 ///
 /// The device is untrusted: the first virtqueue rule it breaks on a queue (a used id not in
@@ -303,6 +345,8 @@ fn check(stopped: Option<virtq::Error>) -> Result<(), Error> {
 /// it. The other queue keeps working.
 pub struct NetClient {
     fe: Frontend,
+    /// The vhost-user socket (a clone), for [`Watchdog`].
+    ctl: UnixStream,
     cfg: ClientConfig,
     lay: Layout,
     features: u64,
@@ -344,7 +388,10 @@ impl NetClient {
         if cfg.buf_size < HDR_LEN + 64 {
             return Err(Error::Config("buffers too small"));
         }
-        let mut fe = Frontend::connect(path, 2)?;
+        let sock = UnixStream::connect(path).map_err(os("connect"))?;
+        let ctl = sock.try_clone().map_err(os("socket"))?;
+        let _dog = Watchdog::arm(&ctl, cfg.reply_timeout)?;
+        let mut fe = Frontend::from_stream(sock, 2);
         fe.set_owner()?;
         let offered = fe.get_features()?;
         if offered & VIRTIO_F_VERSION_1 == 0 && !cfg.legacy_hdr {
@@ -437,6 +484,7 @@ impl NetClient {
         }
         let mut c = Self {
             fe,
+            ctl,
             cfg,
             lay,
             features,
@@ -748,6 +796,7 @@ impl NetClient {
     /// Stops both rings at the backend (`GET_VRING_BASE`), so it no longer touches our memory,
     /// and returns the backend's final avail indices (rx, tx).
     pub fn stop(&mut self) -> Result<(u32, u32), Error> {
+        let _dog = Watchdog::arm(&self.ctl, self.cfg.reply_timeout)?;
         let rx = self.fe.get_vring_base(RX_QUEUE)?;
         let tx = self.fe.get_vring_base(TX_QUEUE)?;
         Ok((rx, tx))

@@ -1171,3 +1171,33 @@ fn a_burst_smaller_than_the_batch_leaves_the_other_frames_in_the_ring() {
         bursts_of_one(true);
     });
 }
+
+/// A backend that accepts the connection and never answers: `connect` gives up after the
+/// reply timeout with an error, instead of hanging.
+#[test]
+fn a_backend_that_never_answers_times_out() {
+    let path: PathBuf =
+        std::env::temp_dir().join(format!("pvnet-silent-dev-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).expect("bind");
+    // Accepts, holds the connection open, reads nothing, says nothing.
+    let silent = thread::spawn(move || listener.accept().map(|(s, _)| s));
+    let cfg = ClientConfig {
+        reply_timeout: Duration::from_millis(200),
+        ..ClientConfig::default()
+    };
+    let t0 = std::time::Instant::now();
+    let r = NetClient::connect(&path, cfg);
+    let waited = t0.elapsed();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        matches!(r, Err(Error::Vhost(_))),
+        "connect to a silent backend: {:?}",
+        r.map(|_| ())
+    );
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
+        "gave up after {waited:?}"
+    );
+    drop(silent.join());
+}
