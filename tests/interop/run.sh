@@ -327,10 +327,8 @@ dpdk_killed_leaves_nothing() {
     wait_for 10 fe_down "$tag"
     rx=$(ctl_port "$tag" fe rx_packets)
     [ "$rx" -gt "$before" ] || { fe_finish; fail "$name" "kill $i: no traffic before the kill"; return; }
-    # The first three kills warm up what the switch keeps for good: thread stacks, and the
-    # heap that glibc keeps once its mmap threshold has adapted to the port's egress queue
-    # (6 MiB calloc'd per connection: mapped and unmapped the first times, then taken from
-    # the heap and kept there, reused by every later connection).
+    # The first three kills warm up what the switch keeps for good (thread stacks, the
+    # allocator's arenas and thresholds).
     [ "$i" = 2 ] && { sleep 0.2; base=$(proc_held "$pid"); }
   done
   for _ in $(seq 50); do now=$(proc_held "$pid"); read -r fds maps rss <<< "$now"; set -- $base

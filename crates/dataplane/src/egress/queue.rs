@@ -13,6 +13,7 @@
 //! its memory is full, `aqm` when CoDel drops it at dequeue), counted in [`QueueCounts`].
 
 use crate::port::Pkt;
+use crate::sys::pages::Pages;
 use pvnet_net::VnetHdr;
 use std::collections::VecDeque;
 use virtq::mem::read_segs;
@@ -165,8 +166,8 @@ impl Flow {
 #[derive(Debug)]
 pub struct Queue {
     cfg: QueueConfig,
-    small: Vec<u8>,
-    large: Vec<u8>,
+    small: Pages,
+    large: Pages,
     free_small: Vec<u32>,
     free_large: Vec<u32>,
     ents: Vec<Ent>,
@@ -198,9 +199,10 @@ impl Queue {
         let ents = limit as usize + LARGE_SLOTS + 1;
         Self {
             cfg: QueueConfig { limit, ..cfg },
-            // Zeroed allocations: pages are touched only when a slot is used.
-            small: vec![0u8; limit as usize * SMALL_SLOT],
-            large: vec![0u8; LARGE_SLOTS * LARGE_SLOT],
+            // Pages from the kernel: touched only when a slot is used, returned when the
+            // queue goes.
+            small: Pages::zeroed(limit as usize * SMALL_SLOT),
+            large: Pages::zeroed(LARGE_SLOTS * LARGE_SLOT),
             free_small: (0..limit).rev().collect(),
             free_large: (0..u32::try_from(LARGE_SLOTS).unwrap_or(0)).rev().collect(),
             ents: vec![

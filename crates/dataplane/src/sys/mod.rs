@@ -1,8 +1,10 @@
 //! The operating system, in one place: epoll, the timer, eventfds, CPU pinning and the tap
-//! device ([`tap`]), `AF_PACKET` sockets ([`packet`]) and batched I/O on both ([`uring`]). Built on `vmm-sys-util` where it has the call; the rest of the dataplane
+//! device ([`tap`]), `AF_PACKET` sockets ([`packet`]), batched I/O on both ([`uring`]) and
+//! zero-filled pages from the kernel ([`pages`]). Built on `vmm-sys-util` where it has the call; the rest of the dataplane
 //! makes no syscall of its own.
 
 pub mod packet;
+pub mod pages;
 pub mod tap;
 pub mod uring;
 
