@@ -14,7 +14,7 @@ use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use pvnet_dataplane::frame::{self, SeqCheck};
 use pvnet_dataplane::poll::{Idle, Policy, Poller, WakeCost};
-use pvnet_vhost::frontend::{ClientConfig, NetClient, TxMode};
+use pvnet_vhost::frontend::{ClientConfig, NetClient, RxBuffers, TxMode, DEFAULT_HEADROOM};
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
@@ -34,6 +34,21 @@ pub enum FrontRole {
     Rr,
     /// Connect, post receive buffers, and sleep for --secs (idle CPU check).
     Idle,
+    /// Receive any frames for --secs and drop them after reading the Ethernet header (in
+    /// place, or from a copy: --rx-mode), an XDP_DROP-like sink; reports the rate, the
+    /// buffers and memory per frame, and CPU ns per frame.
+    Drop,
+}
+
+/// How `--role rx` reads a frame.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum RxMode {
+    /// Look at the frame where it arrived: only the bench header is read, through the
+    /// in-place view, and the buffers go back to the ring (an XDP_DROP-like sink).
+    Inplace,
+    /// Copy every byte of the frame out into a buffer of our own first, as a `read` into an
+    /// application buffer does, then look at the copy.
+    Copy,
 }
 
 /// TX completion mode (see `pvnet_vhost::frontend::TxMode`).
@@ -108,6 +123,22 @@ pub struct FrontendArgs {
     /// does not offer it. The `ready` line shows what was negotiated.
     #[arg(long)]
     pub packed: bool,
+    /// Receive buffers: `ewma` (sized from an EWMA of the frames received, weight 1/64, carved
+    /// from 4 KiB chunks; the floor keeps room for the largest frame in a full ring) or
+    /// `fixed:<bytes>` (every buffer offers that many bytes, header included).
+    #[arg(long, default_value = "ewma")]
+    pub rx_buffers: RxBuffers,
+    /// Bytes kept free in front of every received frame for growing it in place (rounded up
+    /// to 64).
+    #[arg(long, default_value_t = DEFAULT_HEADROOM)]
+    pub rx_headroom: u32,
+    /// rx: how each frame is read (in place, or copied out first).
+    #[arg(long, value_enum, default_value_t = RxMode::Inplace)]
+    pub rx_mode: RxMode,
+    /// Take TCP segmentation offload on receive (GUEST_CSUM, GUEST_TSO4/6): the backend may
+    /// then send frames of up to 64 KiB, and the receive buffers are sized for them.
+    #[arg(long)]
+    pub guest_tso: bool,
     /// rx: first send one broadcast frame from the address tx frames go to
     /// (02:00:00:00:00:04), as a guest's gratuitous ARP does, so that a learning switch
     /// delivers them to this port alone instead of flooding them.
@@ -239,7 +270,7 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
     }
     let lo = frame::MIN_FRAME.max(RR_MIN);
     let hi = 2048 - 12;
-    if a.frame_len.min < lo || a.frame_len.max > hi {
+    if a.role != FrontRole::Drop && (a.frame_len.min < lo || a.frame_len.max > hi) {
         return Err(usage(format!("--frame-len must be within {lo}..={hi}")));
     }
     if a.frame_len.min != a.frame_len.max && a.role != FrontRole::Tx {
@@ -263,6 +294,9 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         event_idx: !a.no_event_idx,
         tx_mode,
         legacy_hdr: a.legacy_hdr,
+        rx_buffers: a.rx_buffers,
+        rx_headroom: a.rx_headroom,
+        guest_tso: a.guest_tso,
         packed: a.packed,
         ..ClientConfig::default()
     };
@@ -273,6 +307,7 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         FrontRole::Tx => tx(&mut c, a, Poller::new(a.poll, wake))?,
         FrontRole::Rx => rx(&mut c, a, Poller::new(a.poll, wake))?,
         FrontRole::Rr => rr(&mut c, a, frame_len, Poller::new(a.poll, wake))?,
+        FrontRole::Drop => drop_all(&mut c, a, Poller::new(a.poll, wake))?,
         FrontRole::Idle => {
             let until = Instant::now() + Duration::from_secs_f64(a.secs);
             while Instant::now() < until && !proc::stopping() {
@@ -289,6 +324,8 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
     let mut out = json!({
         "tx_packets": s.tx_packets, "rx_packets": s.rx_packets, "rx_errors": s.rx_errors,
         "kicks": s.kicks, "calls": s.calls, "sleeps": s.sleeps,
+        "rx_bytes": s.rx_bytes, "rx_buffers": s.rx_buffers, "rx_truesize": s.rx_truesize,
+        "cpu_ns": proc::cpu_time_of(std::process::id()).map_or(0, |d| d.as_nanos()),
     });
     if let (Some(o), Some(r)) = (out.as_object_mut(), r.as_object()) {
         o.extend(r.clone());
@@ -479,9 +516,27 @@ fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
     while check.end.is_none() && !proc::stopping() {
         let mut done = false;
         let n = c.recv_burst(usize::MAX, |f| {
-            // Read every byte, as any real consumer would, then check the sequence.
-            let n = f.read(0, &mut body);
-            if check.feed(frame::parse(&body[..n])) {
+            let bench = match a.rx_mode {
+                // Copied out whole, then looked at, as a consumer of a copying API would.
+                RxMode::Copy => {
+                    let n = f.read(0, &mut body);
+                    frame::parse(&body[..n])
+                }
+                // Only the bench header, where it arrived (unless the device split it
+                // across buffers).
+                RxMode::Inplace => match f
+                    .segments()
+                    .next()
+                    .and_then(|s| s.read_array::<{ frame::MIN_FRAME }>(0))
+                {
+                    Some(head) => frame::parse(&head),
+                    None => {
+                        let n = f.read(0, &mut body[..frame::MIN_FRAME]);
+                        frame::parse(&body[..n])
+                    }
+                },
+            };
+            if check.feed(bench) {
                 done = true;
             }
         })?;
@@ -513,6 +568,75 @@ fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
         "missing": check.missing, "backward": check.backward,
         "end_count": check.end, "complete": check.complete(), "secs": secs,
         "timed_out": timed_out,
+    }))
+}
+
+/// Receive-and-drop for `--secs` after the first frame: every frame's Ethernet header is read
+/// (in place, or from a copy of the whole frame) and folded into a sum, so the read is real.
+fn drop_all(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::Value> {
+    let mut body = vec![0u8; 65536];
+    let mut sum = 0u64;
+    let mut first: Option<(Instant, u64, u64)> = None;
+    let mut last = Instant::now();
+    let idle_timeout = Duration::from_secs_f64(a.idle_timeout);
+    let me = std::process::id();
+    let cpu =
+        || proc::cpu_time_of(me).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    // Time inside the receive calls that returned frames: the cost of receiving, whoever
+    // sets the pace (a frontend waiting for a slower sender polls, and its CPU time counts
+    // the polling too).
+    let mut busy = Duration::ZERO;
+    c.disarm_rx();
+    while !proc::stopping() {
+        let t = Instant::now();
+        let n = c.recv_burst(usize::MAX, |f| {
+            let eth = match a.rx_mode {
+                RxMode::Copy => {
+                    let n = f.read(0, &mut body);
+                    let mut h = [0u8; 14];
+                    let k = n.min(14);
+                    h[..k].copy_from_slice(&body[..k]);
+                    h
+                }
+                RxMode::Inplace => f
+                    .segments()
+                    .next()
+                    .and_then(|s| s.read_array::<14>(0))
+                    .unwrap_or([0; 14]),
+            };
+            sum = sum.wrapping_add(u64::from(eth[5]) + u64::from(eth[13]));
+        })?;
+        let now = Instant::now();
+        if n > 0 {
+            p.on_work(now);
+            last = now;
+            if first.is_some() {
+                busy += now - t;
+            }
+            let (t0, _, _) = *first.get_or_insert_with(|| (now, c.stats.rx_packets, cpu()));
+            if now.duration_since(t0).as_secs_f64() >= a.secs {
+                break;
+            }
+            continue;
+        }
+        if now.duration_since(last) > idle_timeout {
+            break;
+        }
+        idle(c, &mut p, Ring::Rx, now)?;
+    }
+    let (pkts, secs, ns) = first.map_or((0, 0.0, 0), |(t0, p0, c0)| {
+        (
+            c.stats.rx_packets - p0,
+            last.duration_since(t0).as_secs_f64(),
+            cpu() - c0,
+        )
+    });
+    Ok(json!({
+        "dropped": pkts, "secs": secs,
+        "mpps": if secs > 0.0 { pkts as f64 / secs / 1e6 } else { 0.0 },
+        "cpu_ns_per_frame": if pkts > 0 { ns as f64 / pkts as f64 } else { 0.0 },
+        "busy_ns_per_frame": if pkts > 0 { busy.as_nanos() as f64 / pkts as f64 } else { 0.0 },
+        "sum": sum,
     }))
 }
 

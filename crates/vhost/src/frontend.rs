@@ -1,10 +1,19 @@
 //! pvnet's own virtio-net driver over vhost-user (the userspace frontend library).
 //!
-//! Memory is one memfd shared with the backend: both rings and a persistent pool of buffers,
-//! one per descriptor (descriptor `i` always points at buffer `i`), mapped once for the life
-//! of the connection: no per-packet mapping. The device is untrusted: used ids and lengths
-//! are validated by [`DriverQueue`], and packet bytes are copied out through checked
-//! accessors, never viewed in place.
+//! Memory is one memfd shared with the backend: both rings and persistent pools of buffers,
+//! mapped once for the life of the connection: no per-packet mapping. Transmit buffers are one
+//! per descriptor (descriptor `i` always points at buffer `i`); receive buffers are carved
+//! from chunks and sized by [`RxBuffers`] (an EWMA of the frames received, by default; see
+//! [`crate::rxpool`]). The device is untrusted: used ids and lengths are validated by
+//! [`DriverQueue`].
+//!
+//! A received frame is handed out in place ([`RxFrame`]): its header parsed, its bytes
+//! reachable as [`Seg`]s over the buffers it arrived in, with headroom in front to grow it,
+//! and the buffers go back to the ring only once the caller is done with it. Nothing is
+//! copied unless the caller asks ([`RxFrame::read`]). The bytes are never lent as a slice:
+//! a device may go on writing a buffer it has returned (a broken or hostile one), so every
+//! access is a copy through a [`Seg`], and what one read returns is validated by the caller
+//! before use, never assumed to equal what an earlier read returned.
 //!
 //! Notification defaults follow the "tx napi" design: TX interrupts stay off and completed
 //! TX buffers are reclaimed from the send path (poll context); the caller arms the TX
@@ -12,9 +21,12 @@
 
 use crate::features::{
     RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_RING_PACKED,
-    VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_F_VERSION_1, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_MRG_RXBUF,
 };
-use pvnet_net::hdr::{hdr_len, HDR_LEN};
+use crate::rxpool::{Posted, RxPool};
+pub use crate::rxpool::{RxBuffers, DEFAULT_HEADROOM};
+use pvnet_net::hdr::{hdr_len, VnetHdr, HDR_LEN};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -30,7 +42,7 @@ use virtq::mem::AddrSpace;
 use virtq::queue::{Buf, Direction, DriverQueue, Format, QueueConfig, RingAddrs};
 use virtq::split::ring_sizes;
 use virtq::{MemTable, RegionSpec};
-use virtq::{Perm, Translate};
+use virtq::{Perm, Seg, Translate};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Errors of the frontend.
@@ -67,8 +79,13 @@ fn os(what: &'static str) -> impl FnOnce(io::Error) -> Error {
 pub struct ClientConfig {
     /// Descriptors per queue (power of two).
     pub queue_size: u16,
-    /// Bytes per buffer, header included.
+    /// Bytes per transmit buffer, header included.
     pub buf_size: u32,
+    /// How receive buffers are sized.
+    pub rx_buffers: RxBuffers,
+    /// Bytes kept free in front of each received frame's header, for the caller to grow the
+    /// frame at the front in place (rounded up to a cache line).
+    pub rx_headroom: u32,
     /// Ask for `VIRTIO_F_EVENT_IDX`.
     pub event_idx: bool,
     /// How transmitted buffers are reclaimed.
@@ -78,6 +95,10 @@ pub struct ClientConfig {
     pub legacy_hdr: bool,
     /// Ask for the packed ring (`VIRTIO_F_RING_PACKED`); split if the backend does not offer it.
     pub packed: bool,
+    /// Take TCP segmentation offload on receive (`VIRTIO_NET_F_GUEST_CSUM`, `GUEST_TSO4`,
+    /// `GUEST_TSO6`): the device may then send frames of up to 64 KiB with a GSO header
+    /// ([`RxFrame::hdr`]), which the receive buffers are sized for.
+    pub guest_tso: bool,
     /// How long `connect` and `stop` may wait for the backend's answers before giving up (a
     /// backend that accepts the connection and then says nothing must not hang us).
     pub reply_timeout: Duration,
@@ -106,10 +127,13 @@ impl Default for ClientConfig {
         Self {
             queue_size: 256,
             buf_size: 2048,
+            rx_buffers: RxBuffers::Ewma,
+            rx_headroom: DEFAULT_HEADROOM,
             event_idx: true,
             tx_mode: TxMode::Napi,
             legacy_hdr: false,
             packed: false,
+            guest_tso: false,
             reply_timeout: Duration::from_secs(10),
         }
     }
@@ -133,7 +157,7 @@ fn align(x: u64, a: u64) -> u64 {
 }
 
 impl Layout {
-    fn new(c: &ClientConfig) -> Self {
+    fn new(c: &ClientConfig, rx_pool: u64) -> Self {
         let (dl, al, ul) = ring_sizes(c.queue_size);
         let ring = |at: u64| -> (RingAddrs, u64) {
             let desc = at;
@@ -145,7 +169,7 @@ impl Layout {
         let (tx, next) = ring(next);
         let pool = u64::from(c.queue_size) * u64::from(c.buf_size);
         let rx_bufs = next;
-        let tx_bufs = align(rx_bufs + pool, 4096);
+        let tx_bufs = align(rx_bufs + rx_pool, 4096);
         let len = align(tx_bufs + pool, 2 << 20) - GPA_BASE;
         Self {
             rx,
@@ -221,6 +245,12 @@ pub struct ClientStats {
     pub tx_packets: u64,
     /// Frames received.
     pub rx_packets: u64,
+    /// Bytes of the frames received (headers excluded).
+    pub rx_bytes: u64,
+    /// Receive buffers the received frames took.
+    pub rx_buffers: u64,
+    /// Memory the received frames held: the sum of their [`RxFrame::truesize`].
+    pub rx_truesize: u64,
     /// Received frames dropped: malformed (short, bad `num_buffers`).
     pub rx_errors: u64,
     /// Kicks written (eventfd writes).
@@ -231,22 +261,31 @@ pub struct ClientStats {
     pub sleeps: u64,
 }
 
-/// A received frame: the buffers it arrived in, read through checked copies.
+/// A received frame, in place in the buffers it arrived in: valid for the call of the
+/// [`NetClient::recv_burst`] closure it is handed to; its buffers go back to the ring after
+/// that call, not before.
+///
+/// The bytes are reached only through copies ([`read`](Self::read), [`hdr`](Self::hdr),
+/// and the [`Seg`]s of [`segments`](Self::segments) and [`headroom`](Self::headroom)), never
+/// as a slice: the device could write a buffer after returning it, and a copy of bytes that
+/// change under it is still a copy of some bytes, where a Rust reference to them would not be
+/// sound. Read what you need once and check it there.
 #[derive(Debug)]
 pub struct RxFrame<'a> {
     pool: NonNull<u8>,
-    buf_size: u32,
-    hdr_len: usize,
+    posted: &'a [Posted],
+    headroom: u32,
+    hdr_len: u32,
     ids: &'a [(u16, u32)],
 }
 
-impl RxFrame<'_> {
+impl<'a> RxFrame<'a> {
     /// Frame length (the virtio-net header excluded).
     pub fn len(&self) -> usize {
         let total: u64 = self.ids.iter().map(|&(_, l)| u64::from(l)).sum();
         usize::try_from(total)
             .unwrap_or(usize::MAX)
-            .saturating_sub(self.hdr_len)
+            .saturating_sub(self.hdr_len as usize)
     }
 
     /// True for an empty frame.
@@ -254,27 +293,94 @@ impl RxFrame<'_> {
         self.len() == 0
     }
 
+    /// Buffers the frame arrived in.
+    pub fn buffers(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Memory the frame holds until it is released: the whole slots of its buffers (headroom
+    /// and padding included), as Linux's `truesize`.
+    pub fn truesize(&self) -> u64 {
+        self.ids
+            .iter()
+            .map(|&(id, _)| u64::from(self.posted[usize::from(id)].slot))
+            .sum()
+    }
+
+    /// The `len` bytes the device wrote into buffer `id`, from its header on.
+    fn written(&self, id: u16, len: u32) -> Seg<'a> {
+        let p = self.posted[usize::from(id)];
+        // SAFETY: `id` came back from `DriverQueue`, which checked it is in flight and that
+        // `len` is no more than the `p.len` bytes we offered at `p.off + headroom`; that range
+        // lies in the receive pool, mapped as long as the client (which `'a` borrows) lives.
+        unsafe {
+            Seg::from_raw(
+                NonNull::new_unchecked(self.pool.as_ptr().add((p.off + self.headroom) as usize)),
+                len,
+            )
+        }
+    }
+
+    /// The virtio-net header the device wrote (a legacy 10-byte one has `num_buffers` 0).
+    pub fn hdr(&self) -> VnetHdr {
+        let &(id, len) = &self.ids[0];
+        let b = self
+            .written(id, len)
+            .read_array::<{ VnetHdr::LEN }>(0)
+            .unwrap_or([0; VnetHdr::LEN]);
+        VnetHdr::parse_len(&b, self.hdr_len).unwrap_or_default()
+    }
+
+    /// The frame's bytes in place, buffer by buffer (the header left out), readable and
+    /// writable through [`Seg`]'s copies: a frame can be inspected, rewritten or forwarded
+    /// (`writev` from [`Seg::as_ptr`]) without copying it out.
+    pub fn segments(&self) -> impl Iterator<Item = Seg<'a>> + '_ {
+        self.ids
+            .iter()
+            .enumerate()
+            .filter_map(move |(k, &(id, len))| {
+                let seg = self.written(id, len);
+                let skip = if k == 0 { self.hdr_len } else { 0 };
+                let rest = len.checked_sub(skip).filter(|&n| n > 0)?;
+                // SAFETY: `skip..len` is inside `seg` (checked above), so inside its buffer.
+                Some(unsafe {
+                    Seg::from_raw(
+                        NonNull::new_unchecked(seg.as_ptr().add(skip as usize)),
+                        rest,
+                    )
+                })
+            })
+    }
+
+    /// The bytes in front of the frame in its first buffer, the caller's to write: the
+    /// configured headroom and the virtio-net header (already parsed: [`hdr`](Self::hdr)
+    /// reads it again from there, so read it first). A frame grown at the front ends where
+    /// this segment ends.
+    pub fn headroom(&self) -> Seg<'a> {
+        let id = self.ids[0].0;
+        let p = self.posted[usize::from(id)];
+        // SAFETY: the slot `p.off..p.off + p.slot` is ours in the pool (see `written`), and
+        // `headroom + hdr_len` bytes from its start are inside it (the header fit the buffer).
+        unsafe {
+            Seg::from_raw(
+                NonNull::new_unchecked(self.pool.as_ptr().add(p.off as usize)),
+                self.headroom + self.hdr_len,
+            )
+        }
+    }
+
     /// Copies frame bytes from `off` into `dst`; returns how many were copied.
     pub fn read(&self, off: usize, dst: &mut [u8]) -> usize {
-        let mut skip = off + self.hdr_len;
+        let mut skip = off;
         let mut done = 0;
-        for &(id, len) in self.ids {
-            let len = len as usize;
+        for s in self.segments() {
+            let len = s.len() as usize;
             if skip >= len {
                 skip -= len;
                 continue;
             }
-            let n = (len - skip).min(dst.len() - done);
-            let start = usize::from(id) * self.buf_size as usize + skip;
-            // SAFETY: id < queue size and len <= buf_size (validated by DriverQueue against the
-            // capacity we posted), so start + n lies inside the RX pool of our own mapping.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.pool.as_ptr().add(start),
-                    dst.as_mut_ptr().add(done),
-                    n,
-                );
-            }
+            #[allow(clippy::cast_possible_truncation)] // skip < len, a u32
+            let n = s.read(skip as u32, &mut dst[done..]);
             done += n;
             skip = 0;
             if done == dst.len() {
@@ -356,6 +462,8 @@ pub struct NetClient {
     rx: DriverQueue,
     tx: DriverQueue,
     rx_pool: NonNull<u8>,
+    /// Which parts of the receive pool are posted, and how big the next buffer is.
+    rxp: RxPool,
     tx_pool: NonNull<u8>,
     kick: [EventFd; 2],
     call: [EventFd; 2],
@@ -401,6 +509,9 @@ impl NetClient {
         if !cfg.legacy_hdr {
             want |= VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
         }
+        if cfg.guest_tso {
+            want |= VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4 | VIRTIO_NET_F_GUEST_TSO6;
+        }
         if cfg.packed {
             want |= VIRTIO_F_RING_PACKED;
         }
@@ -414,7 +525,20 @@ impl NetClient {
         }
         fe.set_features(features)?;
 
-        let lay = Layout::new(&cfg);
+        let hdr = hdr_len(features);
+        let big = VIRTIO_NET_F_GUEST_TSO4 | VIRTIO_NET_F_GUEST_TSO6;
+        // The largest frame the device may send: 64 KiB with TSO, else an MTU of 1500, behind
+        // an Ethernet header and a VLAN tag.
+        let max_frame = 14 + 4 + if features & big != 0 { 65535 } else { 1500 };
+        let rxp = RxPool::new(
+            cfg.rx_buffers,
+            features & VIRTIO_NET_F_MRG_RXBUF != 0,
+            cfg.rx_headroom.min(1024),
+            hdr,
+            cfg.queue_size,
+            max_frame,
+        );
+        let lay = Layout::new(&cfg, rxp.bytes());
         let shm = SharedMem::new(lay.len)?;
         let uaddr = shm.base.as_ptr() as u64;
         let region = VhostUserMemoryRegionInfo {
@@ -454,12 +578,12 @@ impl NetClient {
         };
         let rx = DriverQueue::new(mem.clone(), &qcfg(lay.rx, Direction::DeviceWrites))?;
         let tx = DriverQueue::new(mem.clone(), &qcfg(lay.tx, Direction::DeviceReads))?;
-        let pool_len = u64::from(cfg.queue_size) * u64::from(cfg.buf_size);
-        let pool = |at| {
-            mem.translate_range(AddrSpace::Guest, at, pool_len, Perm::ReadWrite)
+        let pool = |at, len| {
+            mem.translate_range(AddrSpace::Guest, at, len, Perm::ReadWrite)
                 .map_err(|m| mem.miss_error(m))
         };
-        let (rx_pool, tx_pool) = (pool(lay.rx_bufs)?, pool(lay.tx_bufs)?);
+        let tx_len = u64::from(cfg.queue_size) * u64::from(cfg.buf_size);
+        let (rx_pool, tx_pool) = (pool(lay.rx_bufs, rxp.bytes())?, pool(lay.tx_bufs, tx_len)?);
         let ev = || EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"));
         let kick = [ev()?, ev()?];
         let call = [ev()?, ev()?];
@@ -488,11 +612,12 @@ impl NetClient {
             cfg,
             lay,
             features,
-            hdr_len: hdr_len(features) as usize,
+            hdr_len: hdr as usize,
             mem,
             rx,
             tx,
             rx_pool,
+            rxp,
             tx_pool,
             kick,
             call,
@@ -546,14 +671,19 @@ impl NetClient {
         }
     }
 
-    /// Posts every free RX buffer and kicks if the backend asked for it.
+    /// Posts a buffer on every free RX descriptor, each sized for what arrives (see
+    /// [`RxBuffers`]), and kicks if the backend asked for it.
     pub fn refill_rx(&mut self) -> Result<(), Error> {
         check(self.rx_err)?;
-        let (base, bs) = (self.lay.rx_bufs, self.cfg.buf_size);
+        let base = self.lay.rx_bufs;
+        let pool = &mut self.rxp;
+        let head = u64::from(pool.headroom());
         let r = self.rx.add_many(usize::MAX, |_, id| {
+            let b = pool.alloc(pool.next_len())?;
+            pool.posted[usize::from(id)] = b;
             Some(Buf {
-                addr: base + u64::from(id) * u64::from(bs),
-                len: bs,
+                addr: base + u64::from(b.off) + head,
+                len: b.len,
                 write: true,
             })
         });
@@ -659,7 +789,7 @@ impl NetClient {
     ) -> Result<usize, Error> {
         check(self.rx_err)?;
         let n = usize::from(stop_on(&mut self.rx_err, self.rx.used_available())?);
-        let bs = self.cfg.buf_size as usize;
+        let head = self.rxp.headroom() as usize;
         self.used.clear();
         // Take no more entries than `max` frames need at least (one each); a merged frame
         // takes its other buffers below. An entry taken is a buffer freed for reposting, so
@@ -671,24 +801,27 @@ impl NetClient {
             };
             left -= 1;
             // Start loading the buffer's first two lines (no effect on correctness).
-            if let Some(p) = NonNull::new(self.rx_pool.as_ptr().wrapping_add(usize::from(e.0) * bs))
-            {
+            let at = self.rxp.posted[usize::from(e.0)].off as usize + head;
+            if let Some(p) = NonNull::new(self.rx_pool.as_ptr().wrapping_add(at)) {
                 virtq::mem::prefetch_range(p, 128, false);
             }
             self.used.push(e);
         }
         let mrg = self.features & VIRTIO_NET_F_MRG_RXBUF != 0;
+        #[allow(clippy::cast_possible_truncation)] // 10 or 12
+        let hdr_len = self.hdr_len as u32;
         let (mut got, mut i) = (0usize, 0usize);
         while i < self.used.len() && got < max {
             let (id, len) = self.used[i];
             let mut want = 1usize;
-            if mrg && len as usize >= self.hdr_len {
+            if mrg && len >= hdr_len {
                 let mut nb = [0u8; 2];
-                // SAFETY: id < queue size and 12 <= len <= buf_size (validated against what
-                // we posted): the two bytes of num_buffers (offset 10) are inside buffer `id`.
+                let at = self.rxp.posted[usize::from(id)].off as usize + head + 10;
+                // SAFETY: id is in flight and 12 <= len <= the bytes offered at `off + head`
+                // (validated by DriverQueue), so num_buffers (offset 10) is inside the buffer.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
-                        self.rx_pool.as_ptr().add(usize::from(id) * bs + 10),
+                        self.rx_pool.as_ptr().add(at),
                         nb.as_mut_ptr(),
                         2,
                     );
@@ -703,18 +836,26 @@ impl NetClient {
                 left -= 1;
                 self.used.push(e);
             }
-            if (len as usize) < self.hdr_len || end > self.used.len() {
+            if len < hdr_len || end > self.used.len() {
                 // Short, or a merged frame whose buffers the device did not publish together.
                 self.stats.rx_errors += 1;
                 i += 1;
                 continue;
             }
-            f(&RxFrame {
+            let frame = RxFrame {
                 pool: self.rx_pool,
-                buf_size: self.cfg.buf_size,
-                hdr_len: self.hdr_len,
+                posted: &self.rxp.posted,
+                headroom: self.rxp.headroom(),
+                hdr_len,
                 ids: &self.used[i..end],
-            });
+            };
+            let bytes = frame.len() as u64;
+            self.stats.rx_bytes += bytes;
+            self.stats.rx_buffers += want as u64;
+            self.stats.rx_truesize += frame.truesize();
+            f(&frame);
+            #[allow(clippy::cast_possible_truncation)] // at most 64 KiB times the ring
+            self.rxp.ewma.add(bytes as u32);
             got += 1;
             i = end;
         }
@@ -722,6 +863,10 @@ impl NetClient {
         // reached: dropped with it, and counted.
         self.stats.rx_errors += (self.used.len() - i) as u64;
         self.stats.rx_packets += got as u64;
+        // Every buffer taken goes back to the pool, now that no frame refers to it.
+        for &(id, _) in &self.used {
+            self.rxp.release(self.rxp.posted[usize::from(id)]);
+        }
         self.refill_rx()?;
         // A stopped TX queue does not stop RX: its violation was reported once already.
         if self.cfg.tx_mode == TxMode::RxPoll && self.tx_err.is_none() {

@@ -9,6 +9,7 @@
 //! * [`mmap`]: shared mappings of the peer's fds, owned by the memory table.
 //! * [`eventfd`]: kick/call/err notifiers with counters.
 //! * [`ratelimit`]: a bound on the log lines a peer can cause.
+//! * [`rxpool`]: the frontend's receive buffers, carved from chunks and sized by an EWMA.
 
 pub mod backend;
 pub mod eventfd;
@@ -17,3 +18,4 @@ pub mod features;
 pub mod frontend;
 pub mod mmap;
 pub mod ratelimit;
+pub mod rxpool;

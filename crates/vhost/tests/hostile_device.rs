@@ -28,7 +28,7 @@ use pvnet_vhost::features::{
     VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1,
     VIRTIO_NET_F_MRG_RXBUF,
 };
-use pvnet_vhost::frontend::{ClientConfig, Error, NetClient, RxFrame};
+use pvnet_vhost::frontend::{ClientConfig, Error, NetClient, RxBuffers, RxFrame};
 use pvnet_vhost::mmap::Mapping;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -596,6 +596,7 @@ impl Rig {
         let cfg = ClientConfig {
             queue_size: QSZ,
             buf_size: BUF,
+            rx_buffers: RxBuffers::Fixed(BUF),
             packed,
             ..ClientConfig::default()
         };

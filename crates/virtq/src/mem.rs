@@ -261,6 +261,19 @@ impl<'m> Seg<'m> {
         )
     }
 
+    /// A segment over `len` bytes at `ptr` in memory shared with a peer, for a driver that
+    /// owns its buffer pool (pvnet's frontend lends its receive buffers in place this way).
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` must stay mapped, readable and writable for all of `'m` (the caller
+    /// ties `'m` to a borrow of whatever owns the mapping). The peer may write it at any time:
+    /// that is why a segment is read and written only through copies, never as a slice.
+    #[inline]
+    pub unsafe fn from_raw(ptr: NonNull<u8>, len: u32) -> Self {
+        Self::new(ptr, len)
+    }
+
     /// The host address, for handing the bytes to the kernel (`writev`) without a copy.
     #[inline]
     pub fn as_ptr(&self) -> *mut u8 {
