@@ -25,7 +25,8 @@
 //!   that it reaches the length it follows instead of stalling up to 63 bytes short), and
 //!   `floor` is the smallest size at which a full ring still holds the largest frame the
 //!   device may send (Linux clamps at 1518 bytes instead, so that 64-byte frames still take
-//!   1.5 KiB each). 1500-byte frames take one buffer each, 64-byte frames 192 bytes each.
+//!   1.5 KiB each). It starts at 1514 bytes. 1500-byte frames take one buffer each, 64-byte
+//!   frames 192 bytes each.
 //!
 //! Without `VIRTIO_NET_F_MRG_RXBUF` a frame must fit one buffer (virtio 1.x 5.1.6.3.1): every
 //! buffer is then as large as the largest frame, whatever the mode.
@@ -45,6 +46,8 @@ pub const DEFAULT_HEADROOM: u32 = 64;
 const WEIGHT_LOG2: u32 = 6;
 /// Fractional bits the EWMA keeps.
 const FRAC: u32 = 8;
+/// The frame length the EWMA starts from: an Ethernet frame with a 1500-byte payload.
+const SEED: u32 = 1514;
 /// Smallest `Fixed` buffer: the header and a minimal frame.
 const MIN_FIXED: u32 = 64 + 12;
 /// Largest `Fixed` buffer (the largest frame and its header fit in one).
@@ -181,6 +184,10 @@ impl RxPool {
         // from, however the buffers come back.
         let span = slot_of(headroom, biggest).div_ceil(CHUNK) + 1;
         let chunks = (usize::from(queue_size) + 1) * span as usize;
+        // Until frames arrive, buffers are sized for a full Ethernet frame (so the first ones
+        // are not split), as Linux's floor of 1518 bytes does.
+        let mut ewma = Ewma::default();
+        ewma.add(SEED.min(max_frame));
         Self {
             mode,
             mrg,
@@ -193,7 +200,7 @@ impl RxPool {
             pos: 0,
             entered: None,
             posted: vec![Posted::default(); usize::from(queue_size)],
-            ewma: Ewma::default(),
+            ewma,
         }
     }
 

@@ -328,6 +328,32 @@ impl Device {
             .expect("write call eventfd");
     }
 
+    /// Writes a received frame, `hdr` (its `num_buffers` set here) then `payload`, across as
+    /// many of the oldest posted RX buffers as it takes, and returns them used at once, each
+    /// filled to its length. Returns the buffers' ids.
+    fn rx_merged(&mut self, hdr: [u8; HDR], payload: &[u8]) -> Vec<u16> {
+        let mut bytes = hdr.to_vec();
+        bytes.extend_from_slice(payload);
+        let mut ids = Vec::new();
+        let mut used = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let id = self.next_posted(RX);
+            let (off, cap) = self.buf(RX, id);
+            let n = (bytes.len() - at).min(cap as usize);
+            self.mem.write(off, &bytes[at..at + n]);
+            at += n;
+            ids.push(id);
+            used.push((u32::from(id), u32::try_from(n).expect("buffer length")));
+        }
+        let nb = u16::try_from(ids.len()).expect("buffers");
+        let (first, _) = self.buf(RX, ids[0]);
+        self.mem.write(first + 10, &nb.to_le_bytes());
+        self.push_used(RX, &used);
+        self.call(RX);
+        ids
+    }
+
     /// Writes a received frame (header with `num_buffers` 1, then `payload`) into the oldest
     /// posted RX buffer and returns it used. Returns the buffer id.
     fn rx_frame(&mut self, payload: &[u8]) -> u16 {
@@ -572,6 +598,10 @@ struct Rig {
 
 impl Rig {
     fn new(packed: bool) -> Self {
+        Self::with(packed, RxBuffers::Fixed(BUF))
+    }
+
+    fn with(packed: bool, rx_buffers: RxBuffers) -> Self {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let path: PathBuf =
@@ -596,7 +626,7 @@ impl Rig {
         let cfg = ClientConfig {
             queue_size: QSZ,
             buf_size: BUF,
-            rx_buffers: RxBuffers::Fixed(BUF),
+            rx_buffers,
             packed,
             ..ClientConfig::default()
         };
@@ -853,17 +883,24 @@ fn device_scribbling_a_completed_buffer(packed: bool) {
     let mut rig = Rig::new(packed);
     rig.rx_ok(4);
     rig.dev.take_avail(RX);
-    // Descriptor i always points at buffer i: the RX pool is fixed for the connection.
-    let pool: Vec<(u64, u32)> = (0..QSZ).map(|id| rig.dev.buf(RX, id)).collect();
+    // Buffers move through the receive pool as they are posted again: the scribbler hits
+    // those posted now (refreshed every round below), where the device will write next.
+    let posted = |rig: &Rig| -> Vec<(u64, u32)> {
+        let ids = rig.dev.q[RX].posted.iter();
+        ids.map(|&id| rig.dev.buf(RX, id)).collect()
+    };
+    let live = Arc::new(Mutex::new(posted(&rig)));
     let stop = Arc::new(AtomicBool::new(false));
     // Buffers scribbled over so far (the loop below runs until every buffer was hit often).
     let scribbled = Arc::new(AtomicU64::new(0));
     let scribbler = {
         let (mem, stop, scribbled) = (rig.dev.mem.clone(), stop.clone(), scribbled.clone());
+        let live = live.clone();
         thread::spawn(move || {
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
+                let pool = live.lock().expect("live buffers").clone();
                 for &(off, len) in &pool {
                     // num_buffers (bytes 10-11) alternates between 1 (a frame) and 0xffff (a
                     // merged frame the device never published: malformed); the rest is noise.
@@ -897,6 +934,10 @@ fn device_scribbling_a_completed_buffer(packed: bool) {
     while round < ROUNDS || scribbled.load(Ordering::Relaxed) < 8 * u64::from(QSZ) {
         assert!(round < MAX_ROUNDS, "the scribbler never ran");
         let id = rig.dev.next_posted(RX);
+        // The buffer being completed and every other one posted.
+        let mut now = posted(&rig);
+        now.push(rig.dev.buf(RX, id));
+        *live.lock().expect("live buffers") = now;
         let len = len_of(round);
         rig.dev.push_used(RX, &[(u32::from(id), len)]);
         let want = (len as usize).saturating_sub(HDR);
@@ -1201,4 +1242,174 @@ fn a_backend_that_never_answers_times_out() {
         "gave up after {waited:?}"
     );
     drop(silent.join());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receiving in place, and receive buffers sized by an EWMA.
+
+/// A frame's bytes, `len` of them, that differ from frame to frame.
+fn pattern(len: usize, tag: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| u8::try_from(i % 251).expect("small") ^ tag)
+        .collect()
+}
+
+/// The device's view of the lengths the frontend offers in the buffers it posts now.
+fn offered(rig: &mut Rig) -> Vec<u32> {
+    rig.dev.take_avail(RX);
+    let ids: Vec<u16> = rig.dev.q[RX].posted.iter().copied().collect();
+    ids.iter().map(|&id| rig.dev.buf(RX, id).1).collect()
+}
+
+fn in_place_views(packed: bool) {
+    let mut rig = Rig::with(packed, RxBuffers::Fixed(200));
+    // A header with every field set, and frames of one buffer up to five (200-byte buffers,
+    // 188 bytes of frame in the first).
+    let mut hdr = [0u8; HDR];
+    hdr[..10].copy_from_slice(&[1, 4, 54, 0, 0xb4, 5, 34, 0, 16, 0]);
+    for (k, len) in [60usize, 188, 189, 700, 950].into_iter().enumerate() {
+        let tag = u8::try_from(k).expect("small");
+        let payload = pattern(len, tag);
+        let ids = rig.dev.rx_merged(hdr, &payload);
+        let mut seen = 0;
+        rig.client
+            .recv_burst(usize::MAX, |f| {
+                seen += 1;
+                assert_eq!((f.len(), f.buffers()), (len, ids.len()), "frame {k}");
+                let h = f.hdr();
+                assert_eq!(
+                    (h.flags, h.gso_type, h.hdr_len, h.gso_size, h.csum_start, h.csum_offset),
+                    (1, 4, 54, 1460, 34, 16)
+                );
+                assert_eq!(usize::from(h.num_buffers), ids.len());
+                // The segments, in order, are the frame and nothing else.
+                let mut got = Vec::new();
+                for s in f.segments() {
+                    let mut b = vec![0u8; s.len() as usize];
+                    assert_eq!(s.read(0, &mut b), b.len());
+                    got.extend_from_slice(&b);
+                }
+                assert_eq!(got, payload, "frame {k} in place");
+                // Rewritten in place, the frame reads back changed; the headroom in front is
+                // the caller's, and writing it leaves the frame as it is.
+                let first = f.segments().next().expect("a segment");
+                assert!(first.write_array(0, [0xee; 6]));
+                let room = f.headroom();
+                assert_eq!(room.len(), 64 + HDR as u32);
+                assert_eq!(room.write(0, &[0x77; 64 + HDR]), 64 + HDR);
+                let mut head = [0u8; 8];
+                assert_eq!(f.read(0, &mut head), 8);
+                assert_eq!(head[..6], [0xee; 6]);
+                assert_eq!(head[6..], payload[6..8]);
+                assert!(f.truesize() >= 200 * ids.len() as u64);
+            })
+            .expect("valid frames");
+        assert_eq!(seen, 1);
+        // Released: every buffer of the frame is posted again.
+        let now = offered(&mut rig);
+        assert_eq!(now.len(), usize::from(QSZ), "frame {k}: buffers back");
+    }
+    assert_eq!(rig.client.stats.rx_errors, 0);
+}
+
+#[test]
+fn a_frame_received_in_place_reads_as_written_across_merged_buffers() {
+    bounded(|| {
+        in_place_views(false);
+        in_place_views(true);
+    });
+}
+
+#[test]
+fn buffers_are_posted_again_only_after_the_frame_is_released() {
+    bounded(|| {
+        let mut rig = Rig::with(false, RxBuffers::Fixed(BUF));
+        rig.dev.rx_frame(&pattern(100, 1));
+        let before = rig.dev.avail_mark(RX);
+        let mem = rig.dev.mem.clone();
+        let avail = rig.dev.q[RX].avail;
+        let mut during = None;
+        rig.client
+            .recv_burst(usize::MAX, |_| {
+                // The device's side of the ring, read while the frame is held.
+                during = Some(mem.a16(avail + 2).load(Ordering::Acquire));
+            })
+            .expect("a frame");
+        assert_eq!(during, Some(before.0), "nothing posted while the frame was held");
+        assert_eq!(rig.dev.avail_mark(RX).0, before.0.wrapping_add(1), "posted after");
+    });
+}
+
+#[test]
+fn ewma_buffers_follow_the_frame_lengths() {
+    bounded(|| {
+        let mut rig = Rig::with(false, RxBuffers::Ewma);
+        // Seeded for a full Ethernet frame: 1514-byte frames take one buffer from the start.
+        assert!(offered(&mut rig).iter().all(|&l| l >= 1526), "{:?}", offered(&mut rig));
+        let mut hdr = [0u8; HDR];
+        hdr[10] = 1;
+        let deliver = |rig: &mut Rig, len: usize, n: usize| -> (u64, u64) {
+            let (p0, b0) = (rig.client.stats.rx_packets, rig.client.stats.rx_buffers);
+            for k in 0..n {
+                rig.dev.rx_merged(hdr, &pattern(len, (k % 200) as u8));
+                let got = rig.recv().expect("valid frames");
+                assert_eq!(got, vec![pattern(len, (k % 200) as u8)]);
+            }
+            (rig.client.stats.rx_packets - p0, rig.client.stats.rx_buffers - b0)
+        };
+        // 64-byte frames: the buffers shrink to the frame and its header, cache-line rounded.
+        deliver(&mut rig, 64, 600);
+        let small = offered(&mut rig);
+        assert!(small.iter().rev().take(8).all(|&l| l <= 128), "{small:?}");
+        // Larger frames are still received whole, across buffers, while the average grows.
+        let (frames, bufs) = deliver(&mut rig, 1514, 50);
+        assert!(bufs > frames, "merged while the buffers were small");
+        deliver(&mut rig, 1514, 600);
+        let (frames, bufs) = deliver(&mut rig, 1514, 50);
+        assert_eq!(bufs, frames, "one buffer per 1514-byte frame once the average followed");
+        assert_eq!(rig.client.stats.rx_errors, 0);
+    });
+}
+
+#[test]
+fn a_used_length_past_an_ewma_buffer_stops_the_receive_queue() {
+    bounded(|| {
+        let mut rig = Rig::with(false, RxBuffers::Ewma);
+        let id = rig.dev.next_posted(RX);
+        let (_, cap) = rig.dev.buf(RX, id);
+        rig.dev.push_used(RX, &[(u32::from(id), cap + 1)]);
+        rig.dev.call(RX);
+        let e = violation(rig.recv());
+        assert_eq!(
+            e,
+            virtq::Error::UsedLenTooBig {
+                id,
+                len: cap + 1,
+                cap
+            }
+        );
+        assert_rx_stopped(&mut rig, e);
+    });
+}
+
+#[test]
+fn a_frame_announcing_more_buffers_than_the_device_returned_is_dropped_and_counted() {
+    bounded(|| {
+        let mut rig = Rig::with(false, RxBuffers::Fixed(200));
+        // num_buffers says 3; the device returns 2 buffers, and nothing after them.
+        let mut hdr = [0u8; HDR];
+        hdr[10] = 1;
+        let ids = rig.dev.rx_merged(hdr, &pattern(300, 9));
+        assert_eq!(ids.len(), 2);
+        let (first, _) = rig.dev.buf(RX, ids[0]);
+        rig.dev.mem.write(first + 10, &3u16.to_le_bytes());
+        let got = rig.recv().expect("not a ring violation");
+        assert!(got.is_empty(), "no truncated frame delivered: {got:?}");
+        assert_eq!(rig.client.stats.rx_errors, 2, "both buffers counted");
+        assert!(rig.client.rx_error().is_none());
+        // The queue goes on: the buffers came back, and the next frame is whole.
+        assert_eq!(offered(&mut rig).len(), usize::from(QSZ));
+        rig.dev.rx_merged(hdr, &pattern(300, 10));
+        assert_eq!(rig.recv().expect("valid"), vec![pattern(300, 10)]);
+    });
 }
