@@ -247,9 +247,9 @@ pub struct ClientStats {
     pub rx_packets: u64,
     /// Bytes of the frames received (headers excluded).
     pub rx_bytes: u64,
-    /// Receive buffers the received frames took.
+    /// Receive buffers the device returned (those of frames dropped as malformed included).
     pub rx_buffers: u64,
-    /// Memory the received frames held: the sum of their [`RxFrame::truesize`].
+    /// Memory those buffers held: the sum of their true sizes (see [`RxFrame::truesize`]).
     pub rx_truesize: u64,
     /// Received frames dropped: malformed (short, bad `num_buffers`).
     pub rx_errors: u64,
@@ -281,6 +281,7 @@ pub struct RxFrame<'a> {
 
 impl<'a> RxFrame<'a> {
     /// Frame length (the virtio-net header excluded).
+    #[inline]
     pub fn len(&self) -> usize {
         let total: u64 = self.ids.iter().map(|&(_, l)| u64::from(l)).sum();
         usize::try_from(total)
@@ -308,6 +309,7 @@ impl<'a> RxFrame<'a> {
     }
 
     /// The `len` bytes the device wrote into buffer `id`, from its header on.
+    #[inline]
     fn written(&self, id: u16, len: u32) -> Seg<'a> {
         let p = self.posted[usize::from(id)];
         // SAFETY: `id` came back from `DriverQueue`, which checked it is in flight and that
@@ -322,6 +324,7 @@ impl<'a> RxFrame<'a> {
     }
 
     /// The virtio-net header the device wrote (a legacy 10-byte one has `num_buffers` 0).
+    #[inline]
     pub fn hdr(&self) -> VnetHdr {
         let &(id, len) = &self.ids[0];
         let b = self
@@ -334,6 +337,7 @@ impl<'a> RxFrame<'a> {
     /// The frame's bytes in place, buffer by buffer (the header left out), readable and
     /// writable through [`Seg`]'s copies: a frame can be inspected, rewritten or forwarded
     /// (`writev` from [`Seg::as_ptr`]) without copying it out.
+    #[inline]
     pub fn segments(&self) -> impl Iterator<Item = Seg<'a>> + '_ {
         self.ids
             .iter()
@@ -356,6 +360,7 @@ impl<'a> RxFrame<'a> {
     /// configured headroom and the virtio-net header (already parsed: [`hdr`](Self::hdr)
     /// reads it again from there, so read it first). A frame grown at the front ends where
     /// this segment ends.
+    #[inline]
     pub fn headroom(&self) -> Seg<'a> {
         let id = self.ids[0].0;
         let p = self.posted[usize::from(id)];
@@ -370,17 +375,27 @@ impl<'a> RxFrame<'a> {
     }
 
     /// Copies frame bytes from `off` into `dst`; returns how many were copied.
+    #[inline]
     pub fn read(&self, off: usize, dst: &mut [u8]) -> usize {
-        let mut skip = off;
+        let mut skip = off + self.hdr_len as usize;
         let mut done = 0;
-        for s in self.segments() {
-            let len = s.len() as usize;
+        for &(id, len) in self.ids {
+            let len = len as usize;
             if skip >= len {
                 skip -= len;
                 continue;
             }
-            #[allow(clippy::cast_possible_truncation)] // skip < len, a u32
-            let n = s.read(skip as u32, &mut dst[done..]);
+            let n = (len - skip).min(dst.len() - done);
+            let at = self.posted[usize::from(id)].off + self.headroom;
+            // SAFETY: as in `written`: `len` bytes at `at` are inside buffer `id` in the pool,
+            // and `skip + n <= len`; `dst` is ours.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.pool.as_ptr().add(at as usize + skip),
+                    dst.as_mut_ptr().add(done),
+                    n,
+                );
+            }
             done += n;
             skip = 0;
             if done == dst.len() {
@@ -464,6 +479,8 @@ pub struct NetClient {
     rx_pool: NonNull<u8>,
     /// Which parts of the receive pool are posted, and how big the next buffer is.
     rxp: RxPool,
+    /// Scratch for the buffers of one refill, carved before they are posted.
+    staged: Vec<Posted>,
     tx_pool: NonNull<u8>,
     kick: [EventFd; 2],
     call: [EventFd; 2],
@@ -618,6 +635,7 @@ impl NetClient {
             tx,
             rx_pool,
             rxp,
+            staged: Vec::with_capacity(usize::from(cfg.queue_size)),
             tx_pool,
             kick,
             call,
@@ -678,15 +696,31 @@ impl NetClient {
         let base = self.lay.rx_bufs;
         let pool = &mut self.rxp;
         let head = u64::from(pool.headroom());
-        let r = self.rx.add_many(usize::MAX, |_, id| {
-            let b = pool.alloc(pool.next_len())?;
-            pool.posted[usize::from(id)] = b;
+        // One size for the whole refill: the average moves only as frames arrive. The
+        // buffers are carved first, so that posting them is a tight loop.
+        let len = pool.next_len();
+        let staged = &mut self.staged;
+        staged.clear();
+        for _ in 0..self.rx.free_count() {
+            let Some(b) = pool.alloc(len) else { break };
+            staged.push(b);
+        }
+        let posted = &mut pool.posted;
+        let r = self.rx.add_many(staged.len(), |k, id| {
+            let b = staged[k];
+            posted[usize::from(id)] = b;
             Some(Buf {
                 addr: base + u64::from(b.off) + head,
                 len: b.len,
                 write: true,
             })
         });
+        if let Ok(n) = r {
+            // Only a queue violation stops the run early: give back what was not posted.
+            for &b in &staged[n..] {
+                pool.release(b);
+            }
+        }
         let added = stop_on(&mut self.rx_err, r)? > 0;
         if added && self.rx.publish() {
             self.kick(RX_QUEUE);
@@ -851,8 +885,6 @@ impl NetClient {
             };
             let bytes = frame.len() as u64;
             self.stats.rx_bytes += bytes;
-            self.stats.rx_buffers += want as u64;
-            self.stats.rx_truesize += frame.truesize();
             f(&frame);
             #[allow(clippy::cast_possible_truncation)] // at most 64 KiB times the ring
             self.rxp.ewma.add(bytes as u32);
@@ -864,8 +896,11 @@ impl NetClient {
         self.stats.rx_errors += (self.used.len() - i) as u64;
         self.stats.rx_packets += got as u64;
         // Every buffer taken goes back to the pool, now that no frame refers to it.
+        self.stats.rx_buffers += self.used.len() as u64;
         for &(id, _) in &self.used {
-            self.rxp.release(self.rxp.posted[usize::from(id)]);
+            let b = self.rxp.posted[usize::from(id)];
+            self.stats.rx_truesize += u64::from(b.slot);
+            self.rxp.release(b);
         }
         self.refill_rx()?;
         // A stopped TX queue does not stop RX: its violation was reported once already.

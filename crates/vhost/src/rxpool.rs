@@ -231,27 +231,47 @@ impl RxPool {
     #[inline]
     pub fn alloc(&mut self, len: u32) -> Option<Posted> {
         let slot = slot_of(self.headroom, len);
-        let end_of_pool = u32::try_from(self.bytes()).unwrap_or(u32::MAX);
+        // Most buffers end in the chunk being carved.
+        if let Some(c) = self.entered {
+            let end = self.pos + slot;
+            if end <= (c + 1) * CHUNK {
+                self.refs[c as usize] += 1;
+                let off = self.pos;
+                self.pos = end;
+                return Some(Posted { off, len, slot });
+            }
+        }
+        self.alloc_across(len, slot)
+    }
+
+    /// [`alloc`](Self::alloc) where the buffer enters a chunk.
+    #[cold]
+    #[inline(never)]
+    fn alloc_across(&mut self, len: u32, slot: u32) -> Option<Posted> {
+        let end_of_pool = self.refs.len() as u32 * CHUNK;
         // Each failed try moves past at least one chunk: a lap bounds the search.
         for _ in 0..=self.refs.len() {
             if self.pos + slot > end_of_pool {
                 self.pos = 0;
                 self.entered = None;
             }
-            let (first, last) = (self.pos / CHUNK, (self.pos + slot - 1) / CHUNK);
+            let (first, end) = (self.pos / CHUNK, (self.pos + slot - 1) / CHUNK + 1);
             // A chunk entered for the first time this lap must be free; the one being carved
             // holds only buffers before `pos`.
-            let busy =
-                (first..=last).find(|&c| Some(c) != self.entered && self.refs[c as usize] != 0);
-            if let Some(c) = busy {
+            let new = if self.entered == Some(first) {
+                first + 1
+            } else {
+                first
+            };
+            if let Some(c) = (new..end).rev().find(|&c| self.refs[c as usize] != 0) {
                 self.pos = (c + 1) * CHUNK;
                 self.entered = None;
                 continue;
             }
-            for c in first..=last {
-                self.refs[c as usize] += 1;
+            for r in &mut self.refs[first as usize..end as usize] {
+                *r += 1;
             }
-            self.entered = Some(last);
+            self.entered = Some(end - 1);
             let off = self.pos;
             self.pos += slot;
             return Some(Posted { off, len, slot });
@@ -262,8 +282,12 @@ impl RxPool {
     /// Gives a buffer back.
     #[inline]
     pub fn release(&mut self, b: Posted) {
-        for c in b.off / CHUNK..=(b.off + b.slot - 1) / CHUNK {
-            self.refs[c as usize] -= 1;
+        let (first, last) = (b.off / CHUNK, (b.off + b.slot - 1) / CHUNK);
+        self.refs[first as usize] -= 1;
+        if last != first {
+            for r in &mut self.refs[first as usize + 1..=last as usize] {
+                *r -= 1;
+            }
         }
     }
 

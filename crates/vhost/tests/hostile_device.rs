@@ -1278,7 +1278,14 @@ fn in_place_views(packed: bool) {
                 assert_eq!((f.len(), f.buffers()), (len, ids.len()), "frame {k}");
                 let h = f.hdr();
                 assert_eq!(
-                    (h.flags, h.gso_type, h.hdr_len, h.gso_size, h.csum_start, h.csum_offset),
+                    (
+                        h.flags,
+                        h.gso_type,
+                        h.hdr_len,
+                        h.gso_size,
+                        h.csum_start,
+                        h.csum_offset
+                    ),
                     (1, 4, 54, 1460, 34, 16)
                 );
                 assert_eq!(usize::from(h.num_buffers), ids.len());
@@ -1335,8 +1342,16 @@ fn buffers_are_posted_again_only_after_the_frame_is_released() {
                 during = Some(mem.a16(avail + 2).load(Ordering::Acquire));
             })
             .expect("a frame");
-        assert_eq!(during, Some(before.0), "nothing posted while the frame was held");
-        assert_eq!(rig.dev.avail_mark(RX).0, before.0.wrapping_add(1), "posted after");
+        assert_eq!(
+            during,
+            Some(before.0),
+            "nothing posted while the frame was held"
+        );
+        assert_eq!(
+            rig.dev.avail_mark(RX).0,
+            before.0.wrapping_add(1),
+            "posted after"
+        );
     });
 }
 
@@ -1345,7 +1360,11 @@ fn ewma_buffers_follow_the_frame_lengths() {
     bounded(|| {
         let mut rig = Rig::with(false, RxBuffers::Ewma);
         // Seeded for a full Ethernet frame: 1514-byte frames take one buffer from the start.
-        assert!(offered(&mut rig).iter().all(|&l| l >= 1526), "{:?}", offered(&mut rig));
+        assert!(
+            offered(&mut rig).iter().all(|&l| l >= 1526),
+            "{:?}",
+            offered(&mut rig)
+        );
         let mut hdr = [0u8; HDR];
         hdr[10] = 1;
         let deliver = |rig: &mut Rig, len: usize, n: usize| -> (u64, u64) {
@@ -1355,7 +1374,10 @@ fn ewma_buffers_follow_the_frame_lengths() {
                 let got = rig.recv().expect("valid frames");
                 assert_eq!(got, vec![pattern(len, (k % 200) as u8)]);
             }
-            (rig.client.stats.rx_packets - p0, rig.client.stats.rx_buffers - b0)
+            (
+                rig.client.stats.rx_packets - p0,
+                rig.client.stats.rx_buffers - b0,
+            )
         };
         // 64-byte frames: the buffers shrink to the frame and its header, cache-line rounded.
         deliver(&mut rig, 64, 600);
@@ -1366,7 +1388,10 @@ fn ewma_buffers_follow_the_frame_lengths() {
         assert!(bufs > frames, "merged while the buffers were small");
         deliver(&mut rig, 1514, 600);
         let (frames, bufs) = deliver(&mut rig, 1514, 50);
-        assert_eq!(bufs, frames, "one buffer per 1514-byte frame once the average followed");
+        assert_eq!(
+            bufs, frames,
+            "one buffer per 1514-byte frame once the average followed"
+        );
         assert_eq!(rig.client.stats.rx_errors, 0);
     });
 }
