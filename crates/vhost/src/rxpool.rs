@@ -145,6 +145,8 @@ pub(crate) struct RxPool {
     whole: u32,
     /// Buffers overlapping each chunk of the pool.
     refs: Vec<u16>,
+    /// Bytes of the pool.
+    end: u32,
     /// Where the next buffer is carved from, and the chunk that offset is in, once entered.
     pos: u32,
     entered: Option<u32>,
@@ -197,6 +199,8 @@ impl RxPool {
             ceil,
             whole,
             refs: vec![0; chunks],
+            // At most 32769 descriptors (and one) times 18 chunks of 4 KiB: under 4 GiB.
+            end: u32::try_from(chunks * CHUNK as usize).expect("the receive pool fits 4 GiB"),
             pos: 0,
             entered: None,
             posted: vec![Posted::default(); usize::from(queue_size)],
@@ -248,7 +252,7 @@ impl RxPool {
     #[cold]
     #[inline(never)]
     fn alloc_across(&mut self, len: u32, slot: u32) -> Option<Posted> {
-        let end_of_pool = self.refs.len() as u32 * CHUNK;
+        let end_of_pool = self.end;
         // Each failed try moves past at least one chunk: a lap bounds the search.
         for _ in 0..=self.refs.len() {
             if self.pos + slot > end_of_pool {
