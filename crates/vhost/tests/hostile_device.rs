@@ -1302,7 +1302,7 @@ fn in_place_views(packed: bool) {
                 let first = f.segments().next().expect("a segment");
                 assert!(first.write_array(0, [0xee; 6]));
                 let room = f.headroom();
-                assert_eq!(room.len(), 64 + HDR as u32);
+                assert_eq!(room.len() as usize, 64 + HDR);
                 assert_eq!(room.write(0, &[0x77; 64 + HDR]), 64 + HDR);
                 let mut head = [0u8; 8];
                 assert_eq!(f.read(0, &mut head), 8);
@@ -1370,9 +1370,10 @@ fn ewma_buffers_follow_the_frame_lengths() {
         let deliver = |rig: &mut Rig, len: usize, n: usize| -> (u64, u64) {
             let (p0, b0) = (rig.client.stats.rx_packets, rig.client.stats.rx_buffers);
             for k in 0..n {
-                rig.dev.rx_merged(hdr, &pattern(len, (k % 200) as u8));
+                let tag = u8::try_from(k % 200).expect("small");
+                rig.dev.rx_merged(hdr, &pattern(len, tag));
                 let got = rig.recv().expect("valid frames");
-                assert_eq!(got, vec![pattern(len, (k % 200) as u8)]);
+                assert_eq!(got, vec![pattern(len, tag)]);
             }
             (
                 rig.client.stats.rx_packets - p0,
