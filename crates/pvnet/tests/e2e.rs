@@ -32,11 +32,27 @@ fn frontend_to_backend_exact_counts() {
 
 /// backend generator -> frontend RX, one session.
 fn b2f(extra_fe: &[&str]) {
+    b2f_len(extra_fe, 64);
+}
+
+/// backend generator of `frame_len`-byte frames -> frontend RX, one session; returns the
+/// frontend's final line.
+fn b2f_len(extra_fe: &[&str], frame_len: u64) -> Value {
     let dir = TestDir::new("b2f");
+    let len = frame_len.to_string();
     let (mut b, sock) = backend(
         &dir,
         "b",
-        &["--role", "gen", "--gen-secs", "0.3", "--sessions", "1"],
+        &[
+            "--role",
+            "gen",
+            "--gen-secs",
+            "0.3",
+            "--sessions",
+            "1",
+            "--frame-len",
+            &len,
+        ],
     );
     let mut args = vec!["--role", "rx"];
     args.extend_from_slice(extra_fe);
@@ -53,14 +69,83 @@ fn b2f(extra_fe: &[&str]) {
     assert_eq!(u(&fe, "/seq_errors"), 0, "{fe}");
     assert_eq!(u(&fe, "/rx_errors"), 0, "{fe}");
     assert_eq!(u(&fe, "/rx_packets"), frames, "data + end marker: {fe}");
-    assert_eq!(u(&p, "/tx_bytes"), frames * 64, "{p}");
+    assert_eq!(u(&p, "/tx_bytes"), frames * frame_len, "{p}");
+    assert_eq!(u(&fe, "/rx_bytes"), frames * frame_len, "{fe}");
     assert_eq!(u(&p, "/queue_errors"), 0, "{p}");
     assert_eq!(drops(&p), 0, "{p}");
+    fe
 }
 
 #[test]
 fn backend_to_frontend_exact_counts() {
     b2f(&[]);
+}
+
+/// Every receive buffer mode, frames read in place or copied out: exact counts, and the
+/// buffers and memory each frame took.
+#[test]
+fn receive_buffer_modes_deliver_exactly() {
+    for (mode, bufs, len, per_frame) in [
+        ("inplace", "ewma", 64, 1.0),
+        ("copy", "ewma", 64, 1.0),
+        ("inplace", "fixed:1536", 1500, 1.0),
+        ("inplace", "fixed:200", 1500, 8.0),
+        ("copy", "fixed:4096", 64, 1.0),
+    ] {
+        let fe = b2f_len(&["--rx-mode", mode, "--rx-buffers", bufs], len);
+        let (frames, buffers) = (u(&fe, "/rx_packets"), u(&fe, "/rx_buffers"));
+        #[allow(clippy::cast_precision_loss)] // counts of a short run
+        let got = buffers as f64 / frames as f64;
+        assert!(
+            (got - per_frame).abs() < 0.01,
+            "{mode} {bufs}: {got} buffers/frame {fe}"
+        );
+    }
+}
+
+/// 9000-byte frames into EWMA buffers: merged across buffers, read in place, exact.
+#[test]
+fn large_frames_are_received_whole_into_ewma_buffers() {
+    let fe = b2f_len(&["--rx-buffers", "ewma"], 9000);
+    let (frames, buffers) = (u(&fe, "/rx_packets"), u(&fe, "/rx_buffers"));
+    // The buffers grow to a page as the average follows: 3 of them per frame, 7 at first.
+    assert!(buffers >= 3 * frames && buffers < 4 * frames, "{fe}");
+    // Memory held: page-sized buffers for 9000 bytes and their headers.
+    let held = u(&fe, "/rx_truesize");
+    assert!(held < frames * 3 * 4200 && held > frames * 9000, "{fe}");
+}
+
+/// The receive-and-drop role: frames counted, their buffers and memory reported.
+#[test]
+fn drop_role_reports_rate_buffers_and_memory() {
+    let dir = TestDir::new("drop");
+    let (mut b, sock) = backend(
+        &dir,
+        "b",
+        &["--role", "gen", "--gen-secs", "1", "--sessions", "1"],
+    );
+    let fe = run_frontend(
+        "frontend drop",
+        &sock,
+        &["--role", "drop", "--secs", "0.2", "--rx-mode", "copy"],
+    );
+    let _ = b.finish(RUN);
+    let dropped = u(&fe, "/dropped");
+    assert!(dropped > 0 && dropped <= u(&fe, "/rx_packets"), "{fe}");
+    assert!(fe["mpps"].as_f64().is_some_and(|m| m > 0.0), "{fe}");
+    assert!(
+        fe["busy_ns_per_frame"].as_f64().is_some_and(|n| n > 0.0),
+        "{fe}"
+    );
+    // 64-byte frames with EWMA buffers: one buffer each, 192 bytes of memory once the
+    // average followed (it starts at 1514 bytes and takes a few hundred frames to come down).
+    let frames = u(&fe, "/rx_packets");
+    assert_eq!(u(&fe, "/rx_buffers"), frames, "{fe}");
+    let held = u(&fe, "/rx_truesize");
+    assert!(
+        held >= 192 * frames && held <= 192 * frames + 1024 * 1600,
+        "{fe}"
+    );
 }
 
 /// frontend A TX -> backend forward -> frontend B RX (extra arguments for each).
