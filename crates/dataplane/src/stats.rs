@@ -108,6 +108,10 @@ pub struct PortStats {
     pub dql_limit: AtomicU64,
     /// Tap: syscalls made to move packets (`read`, `writev`, `io_uring_enter`).
     pub syscalls: AtomicU64,
+    /// Kernel port: packets the kernel wrote straight into a frontend's receive buffers
+    /// (direct receive: the hop's only copy). The rest of `rx_packets` were read into the
+    /// port's own buffers and copied once more.
+    pub rx_direct: AtomicU64,
     /// A frontend is attached (vhost-user) or the port is open (tap, sink, gen): 1, else 0.
     pub up: AtomicU64,
     /// Why its last queue was stopped (the rule the peer broke), for logs and `pvnet ctl`.
@@ -177,6 +181,8 @@ pub struct PortSnapshot {
     /// See [`PortStats`].
     pub syscalls: u64,
     /// See [`PortStats`].
+    pub rx_direct: u64,
+    /// See [`PortStats`].
     pub up: bool,
     /// Why a queue of the port was last stopped, if one was.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -221,6 +227,7 @@ impl PortSnapshot {
             t.backlog += s.backlog;
             t.dql_limit = t.dql_limit.max(s.dql_limit);
             t.syscalls += s.syscalls;
+            t.rx_direct += s.rx_direct;
             t.up |= s.up;
             t.last_error = t.last_error.or(s.last_error);
         }
@@ -260,6 +267,7 @@ impl PortStats {
             backlog: r(&self.backlog),
             dql_limit: r(&self.dql_limit),
             syscalls: r(&self.syscalls),
+            rx_direct: r(&self.rx_direct),
             up: r(&self.up) != 0,
             last_error: self
                 .last_error

@@ -46,6 +46,8 @@ pub struct MockFe {
     tx: DriverQueue,
     rxm: MockQueue,
     rx: DriverQueue,
+    /// Bytes of each receive buffer it posts.
+    buf: u32,
     next_tx: u16,
 }
 
@@ -62,6 +64,17 @@ impl MockFe {
         posted: u16,
         egress: EgressConfig,
     ) -> (Self, AnyPort) {
+        Self::with_buffers(id, features, posted, egress, BUF)
+    }
+
+    /// [`with_egress`](Self::with_egress) with receive buffers of `buf` bytes.
+    pub fn with_buffers(
+        id: PortId,
+        features: u64,
+        posted: u16,
+        egress: EgressConfig,
+        buf: u32,
+    ) -> (Self, AnyPort) {
         let stats: Arc<PortStats> = Arc::default();
         let mut cfg = vhost_config(HoldPolicy::Forever);
         cfg.egress = egress;
@@ -70,7 +83,7 @@ impl MockFe {
         let (tx, txd) = txm
             .pair_in(Format::Split, Direction::DeviceReads, false)
             .expect("tx ring");
-        let rxm = MockQueue::new(256, BUF);
+        let rxm = MockQueue::new(256, buf);
         let (rx, rxd) = rxm
             .pair_in(Format::Split, Direction::DeviceWrites, false)
             .expect("rx ring");
@@ -92,6 +105,7 @@ impl MockFe {
             tx,
             rxm,
             rx,
+            buf,
             next_tx: 0,
         };
         fe.post(posted);
@@ -110,7 +124,7 @@ impl MockFe {
             self.rx
                 .add_one(Buf {
                     addr: self.rxm.buf(id),
-                    len: BUF,
+                    len: self.buf,
                     write: true,
                 })
                 .expect("post");

@@ -37,12 +37,15 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       bounds how many buffers of the ring pvnet fills ahead of the frontend (dynamic queue
       limits, learned from the buffers it gives back); qdisc=none: no queue, a packet waits
       in its sender up to 2 ms, then is dropped (no_buffer). Drops: queue_limit, aqm.
-  tap:name=host,ifname=pvtap0[,offloads=true][,mtu=1500][,io=uring]
+  tap:name=host,ifname=pvtap0[,offloads=true][,mtu=1500][,io=uring][,direct=true]
       the host kernel, IFF_VNET_HDR: checksum and TSO pass through in both directions.
       io=uring: reads and writes go to the kernel in bursts, one io_uring submission each
       (falls back to syscall, logged, where io_uring is not available); io=syscall: one
-      read or writev per packet.
-  af-packet:name=wire,ifname=veth0[,io=uring]
+      read or writev per packet. [,direct=true] (io=uring): when every packet from the
+      kernel goes to one vhost-user frontend (it is the only other port that receives),
+      the kernel reads them straight into its receive buffers: one copy, not two (counted
+      as rx_direct); direct=false reads into the port's own buffers first.
+  af-packet:name=wire,ifname=veth0[,io=uring][,direct=true]
       an existing interface (a veth, a NIC) through an AF_PACKET socket with the same
       12-byte virtio-net header (Linux 6.5+), promiscuous; frames the host itself sends out
       of it are ignored. Offloads pass through as for the tap.
@@ -158,6 +161,9 @@ enum PortConfig {
         /// How packets move: uring (a burst per io_uring submission) or syscall (one each).
         #[serde(default = "uring")]
         io: String,
+        /// Read straight into the receive buffers of the frontend packets go to (uring).
+        #[serde(default = "yes")]
+        direct: bool,
     },
     AfPacket {
         name: String,
@@ -165,6 +171,9 @@ enum PortConfig {
         /// How packets move: uring (a burst per io_uring submission) or syscall (one each).
         #[serde(default = "uring")]
         io: String,
+        /// Read straight into the receive buffers of the frontend packets go to (uring).
+        #[serde(default = "yes")]
+        direct: bool,
     },
     Sink {
         name: String,
@@ -194,10 +203,11 @@ fn host_io(port: &str, s: &str) -> Result<HostIo> {
     s.parse().map_err(|e| usage(format!("port {port}: {e}")))
 }
 
-fn io_name(io: HostIo) -> &'static str {
-    match io {
-        HostIo::Uring => "io_uring",
-        HostIo::Syscall => "a syscall per packet",
+fn io_name(io: HostIo, direct: bool) -> &'static str {
+    match (io, direct) {
+        (HostIo::Uring, true) => "io_uring, direct receive",
+        (HostIo::Uring, false) => "io_uring",
+        (HostIo::Syscall, _) => "a syscall per packet",
     }
 }
 
@@ -519,6 +529,7 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                 offloads,
                 mtu,
                 io: tap_io,
+                direct,
                 ..
             } => {
                 let tap_io = host_io(p.name(), tap_io)?;
@@ -529,18 +540,21 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
                     .map_err(io(format!("port {}", p.name())))?;
                 let name = tap.name().to_string();
                 info!(port = %p.name(), ifname = %name, offloads = *offloads, "tap ready");
-                dp.add_host(id, HostPort::Kernel(HostDev::Tap(tap), tap_io));
-                format!("{name}, {}", io_name(tap_io))
+                dp.add_host(id, HostPort::Kernel(HostDev::Tap(tap), tap_io, *direct));
+                format!("{name}, {}", io_name(tap_io, *direct))
             }
             PortConfig::AfPacket {
-                ifname, io: pio, ..
+                ifname,
+                io: pio,
+                direct,
+                ..
             } => {
                 let pio = host_io(p.name(), pio)?;
                 let sock = pvnet_dataplane::sys::packet::open(ifname)
                     .map_err(io(format!("port {}", p.name())))?;
                 info!(port = %p.name(), ifname = %ifname, "AF_PACKET socket bound");
-                dp.add_host(id, HostPort::Kernel(HostDev::Packet(sock), pio));
-                format!("{ifname}, {}", io_name(pio))
+                dp.add_host(id, HostPort::Kernel(HostDev::Packet(sock), pio, *direct));
+                format!("{ifname}, {}", io_name(pio, *direct))
             }
             PortConfig::Sink { .. } => {
                 dp.add_host(id, HostPort::Sink);

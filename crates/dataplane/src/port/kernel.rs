@@ -48,6 +48,9 @@ pub const RX_BUFS: usize = 32;
 /// Iovecs a batch of writes may use in all (a packet that does not fit waits for the next
 /// submission).
 const TX_IOVS: usize = 512;
+/// Iovecs of one direct read: the lent chain's first segments, then the port's own buffer
+/// for what does not fit in them.
+const LEND_IOV: usize = 8;
 
 /// The kernel's end of a port.
 #[derive(Debug)]
@@ -125,6 +128,10 @@ struct Uring {
     ready: std::collections::VecDeque<(usize, usize)>,
     /// Reads to make at the next look.
     reads: usize,
+    /// Iovecs of the direct reads, [`LEND_IOV`] per read (never reallocated).
+    riov: Vec<libc::iovec>,
+    /// Bytes of each direct read that land in the lent chain (the rest in the port's buffer).
+    lent: [u32; RX_BUFS],
 }
 
 // SAFETY: the raw pointers in `iov` point at packet memory only between a queued write and
@@ -160,6 +167,14 @@ impl Uring {
             rx: vec![0u8; RX_BUFS * RECV_BUF_LEN],
             ready: std::collections::VecDeque::with_capacity(RX_BUFS),
             reads: 1,
+            riov: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                };
+                RX_BUFS * LEND_IOV
+            ],
+            lent: [0; RX_BUFS],
         })
     }
 }
@@ -181,13 +196,16 @@ pub struct KernelPort {
     egress: Egress,
     /// The batched path (None: a syscall per packet).
     uring: Option<Box<Uring>>,
+    /// Read straight into the receive buffers of the frontend the packets go to, when the
+    /// switch expects one (direct receive, batched path only).
+    direct: bool,
 }
 
 impl KernelPort {
     /// Wraps an open tap (non-blocking, with the 12-byte virtio-net header), moving packets
     /// as `io` says; where `io_uring` cannot be set up it falls back to a syscall per packet
     /// (logged).
-    pub fn new(id: PortId, stats: Arc<PortStats>, dev: HostDev, io: HostIo) -> Self {
+    pub fn new(id: PortId, stats: Arc<PortStats>, dev: HostDev, io: HostIo, direct: bool) -> Self {
         let uring = match io {
             HostIo::Syscall => None,
             HostIo::Uring => match Uring::new() {
@@ -213,6 +231,7 @@ impl KernelPort {
             last_look: None,
             // The kernel never makes a writer wait: nothing is held for a tap.
             egress: Egress::new(HoldPolicy::Bounded(Duration::ZERO)),
+            direct,
         }
     }
 
@@ -224,6 +243,11 @@ impl KernelPort {
     /// Its egress state.
     pub fn egress(&mut self) -> &mut Egress {
         &mut self.egress
+    }
+
+    /// Whether it reads straight into a frontend's receive buffers when it can.
+    pub fn direct(&self) -> bool {
+        self.direct && self.uring.is_some()
     }
 
     /// How it moves packets now.
@@ -556,6 +580,7 @@ impl KernelPort {
             return 0;
         };
         let mut drained = false;
+        let mut done = 0;
         if u.ready.is_empty() {
             if !self.look
                 && self
@@ -565,12 +590,27 @@ impl KernelPort {
                 return 0;
             }
             let k = u.reads.min(max.max(1)).min(RX_BUFS);
+            let lent = if self.direct { to.direct_open(k) } else { 0 };
+            let k = if lent > 0 { k.min(lent) } else { k };
             for i in 0..k {
                 let buf = u.rx[i * RECV_BUF_LEN..].as_mut_ptr();
                 let len = u32::try_from(RECV_BUF_LEN).unwrap_or(u32::MAX);
-                // SAFETY: buffer `i` is `RECV_BUF_LEN` bytes of `u.rx`, untouched until the
-                // `complete` below returns (no packet is ready, so none points into it).
-                if !unsafe { u.batch.read(fd, buf, len, i as u64) } {
+                let queued = if i < lent {
+                    let iov = &mut u.riov[i * LEND_IOV..(i + 1) * LEND_IOV];
+                    let (n, inchain) = lend_iovecs(to.direct_chain(i), buf, iov);
+                    u.lent[i] = inchain;
+                    // SAFETY: the iovecs point into lent chain `i` (the frontend's memory,
+                    // mapped while the shard holds the ring, which it does for this whole
+                    // call; the chain is popped for this batch, so neither the frontend nor
+                    // another sender writes it) and into buffer `i` of `u.rx`, as below.
+                    unsafe { u.batch.readv(fd, &iov[..n], i as u64) }
+                } else {
+                    // SAFETY: buffer `i` is `RECV_BUF_LEN` bytes of `u.rx`, untouched until
+                    // the `complete` below returns (no packet is ready, so none points into
+                    // it).
+                    unsafe { u.batch.read(fd, buf, len, i as u64) }
+                };
+                if !queued {
                     break;
                 }
             }
@@ -586,11 +626,20 @@ impl KernelPort {
                         port = self.id,
                         "io_uring submit failed ({e}): one syscall per packet from now on"
                     );
+                    if lent > 0 {
+                        to.direct_close(&self.stats);
+                    }
                     self.uring = None;
                     return 0;
                 }
             }
-            for (i, &r) in res.iter().enumerate().take(k) {
+            if lent > 0 {
+                let (n, gone) = direct_frames(u, &res[..k], to, &self.stats, self.id);
+                done += n;
+                drained |= gone;
+                u.reads = ((n + u.ready.len()) * 2).clamp(1, RX_BUFS);
+            }
+            for (i, &r) in res.iter().enumerate().take(k).filter(|_| lent == 0) {
                 match usize::try_from(r) {
                     Ok(n) => u.ready.push_back((i, n)),
                     Err(_) => {
@@ -605,11 +654,12 @@ impl KernelPort {
                     }
                 }
             }
-            u.reads = (u.ready.len() * 2).clamp(1, RX_BUFS);
+            if lent == 0 {
+                u.reads = (u.ready.len() * 2).clamp(1, RX_BUFS);
+            }
         }
         // Hand out what was read, in bursts of valid packets; a short one is dropped in its
         // place.
-        let mut done = 0;
         while done < max && !u.ready.is_empty() {
             let mut segs: [Seg<'_>; RX_BUFS] = std::array::from_fn(|_| Seg::from_mut(&mut []));
             let mut pkts = [super::EMPTY; RX_BUFS];
@@ -676,4 +726,83 @@ impl KernelPort {
         self.last_look = Some(now);
         done
     }
+}
+
+/// The iovecs of one direct read into `iov`: the lent chain's segments (at most
+/// [`LEND_IOV`] - 1 of them, [`RECV_BUF_LEN`] bytes in all), then `buf` (the port's own
+/// buffer, [`RECV_BUF_LEN`] bytes) for what does not fit, so that no frame is ever cut.
+/// Returns the iovecs used and the bytes that land in the chain.
+fn lend_iovecs(chain: &[Seg<'_>], buf: *mut u8, iov: &mut [libc::iovec]) -> (usize, u32) {
+    let mut n = 0;
+    let mut inchain = 0usize;
+    for s in chain.iter().take(iov.len() - 1) {
+        let l = (s.len() as usize).min(RECV_BUF_LEN - inchain);
+        if l == 0 {
+            break;
+        }
+        iov[n] = libc::iovec {
+            iov_base: s.as_ptr().cast(),
+            iov_len: l,
+        };
+        n += 1;
+        inchain += l;
+    }
+    iov[n] = libc::iovec {
+        iov_base: buf.cast(),
+        iov_len: RECV_BUF_LEN - inchain,
+    };
+    (n + 1, u32::try_from(inchain).unwrap_or(0))
+}
+
+/// The results of one batch of direct reads (`res[i]`: read `i`, into lent chain `i`), in
+/// order. While every packet so far was completed in place, the next one is too if it lies
+/// wholly in its chain and the switch sends it to the lending port as it is. From the first
+/// one that is not (or the first read that found nothing), each packet read is copied out of
+/// its chain into the port's buffer of the same index, behind what overflowed there, and
+/// waits in `ready` for the usual path; its chain goes back to the ring at the close.
+/// Returns the packets completed in place and whether the kernel had no more.
+fn direct_frames(
+    u: &mut Uring,
+    res: &[i32],
+    to: &mut impl Ingress,
+    stats: &PortStats,
+    id: PortId,
+) -> (usize, bool) {
+    let (mut direct, mut bytes) = (0usize, 0u64);
+    let mut in_place = true;
+    let mut drained = false;
+    for (i, &r) in res.iter().enumerate() {
+        let Ok(n) = usize::try_from(r) else {
+            in_place = false;
+            drained = true;
+            if r != -libc::EAGAIN {
+                let e = std::io::Error::from_raw_os_error(-r);
+                tracing::warn!(port = id, "tap read: {e}");
+            }
+            continue;
+        };
+        let len = u32::try_from(n).unwrap_or(u32::MAX);
+        if in_place && len <= u.lent[i] && len >= HDR_LEN + MACS {
+            // Completed packets are gone from the front: this one's chain is the next.
+            let head = read_head(to.direct_chain(0), HDR_LEN);
+            if let Some((hdr, macs)) = head {
+                if to.direct_take(len, &hdr, &macs) {
+                    direct += 1;
+                    bytes += u64::from(len - HDR_LEN);
+                    continue;
+                }
+            }
+        }
+        in_place = false;
+        let buf = &mut u.rx[i * RECV_BUF_LEN..(i + 1) * RECV_BUF_LEN];
+        let inchain = n.min(u.lent[i] as usize);
+        buf.copy_within(0..n - inchain, inchain);
+        read_segs(to.direct_chain(i - direct), 0, &mut buf[..inchain]);
+        u.ready.push_back((i, n));
+    }
+    to.direct_close(stats);
+    bump(&stats.rx_packets, direct as u64);
+    bump(&stats.rx_bytes, bytes);
+    bump(&stats.rx_direct, direct as u64);
+    (direct, drained)
 }

@@ -110,6 +110,30 @@ pub trait Ingress {
     fn burst(&mut self, pkts: &[Pkt<'_>], stats: &PortStats) -> usize;
     /// Whether anything could take a packet from this port now (a generator starts only then).
     fn has_receiver(&self) -> bool;
+
+    /// Direct receive (technique 3, docs/no-copy.md), for a kernel port: opens the receive
+    /// batch of the port this sender's packets are expected to go to, if that port can take
+    /// packets written straight into its buffers, for about `want` of them. Returns how many
+    /// chains it lends (0: none, read into the port's own buffers as usual). The lent
+    /// chains are completed in order ([`direct_take`](Self::direct_take)) and the batch
+    /// closed ([`direct_close`](Self::direct_close)) before anything else goes through.
+    fn direct_open(&mut self, _want: usize) -> usize {
+        0
+    }
+    /// The writable segments of the `k`-th lent chain not completed yet.
+    fn direct_chain(&self, _k: usize) -> &[Seg<'_>] {
+        &[]
+    }
+    /// The next lent chain holds a packet the kernel wrote (`len` bytes, header included,
+    /// decoded as `hdr` and `macs`): routes it, learning its source, and completes it in
+    /// place if it goes to the lending port as it is. False: nothing was done; the packet,
+    /// and every one read after it, takes the usual path (copied out of the chain first).
+    fn direct_take(&mut self, _len: u32, _hdr: &VnetHdr, _macs: &[u8; 12]) -> bool {
+        false
+    }
+    /// Commits what was completed in place (one publish, one call decision) and gives the
+    /// chains not completed back to the ring.
+    fn direct_close(&mut self, _stats: &PortStats) {}
 }
 
 /// The state of a packet slot before a source fills it.

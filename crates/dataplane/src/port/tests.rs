@@ -241,7 +241,7 @@ fn af_packet_port_writes_to_a_veth_and_reads_its_answer() {
 fn round_trip(dev: super::kernel::HostDev, tap_mac: [u8; 6], net: u8, io: super::kernel::HostIo) {
     use crate::sys::tap::tests::{fold, ipv4_frame, parse_ipv4, sum, Ipv4};
     let stats: Arc<PortStats> = Arc::default();
-    let mut port = AnyPort::Kernel(KernelPort::new(9, stats.clone(), dev, io));
+    let mut port = AnyPort::Kernel(KernelPort::new(9, stats.clone(), dev, io, true));
     let (peer, host) = ([10, 213, net, 2], [10, 213, net, 1]);
     if let AnyPort::Kernel(t) = &port {
         assert_eq!(t.io(), io, "io_uring must be available here");

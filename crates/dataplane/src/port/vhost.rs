@@ -448,6 +448,30 @@ impl RxSide<'_> {
         deliver(&mut self.rx.q, &mut st.rxb, len, copy)
     }
 
+    /// Direct receive: the next chain of the batch already holds a packet of `len` bytes,
+    /// header first, written there by the kernel (the hop's one copy). Completes it in place:
+    /// `num_buffers` set, the used entry pushed, counted as any delivery. False, with nothing
+    /// consumed, if the packet is not wholly in that chain.
+    fn in_place(&mut self, len: u32, frame_len: u32) -> bool {
+        let b = &self.st.rxb;
+        if b.chains.get(b.next).is_none_or(|c| c.writable < len) {
+            return false;
+        }
+        match deliver(&mut self.rx.q, &mut self.st.rxb, len, |_, _, _, n| n) {
+            Ok(Delivered::Done) => {
+                self.st.sent[0] += 1;
+                self.st.sent[1] += u64::from(frame_len);
+                self.st.egress.sent();
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                self.rx.fail(self.id, self.stats, e);
+                false
+            }
+        }
+    }
+
     /// One packet into the frontend's receive ring: the whole packet in one copy when its
     /// header can pass as it is, else a header written for this frontend, then the frame.
     /// Inlined into each caller: the per-packet path must not pay a call (the drain has its
@@ -725,6 +749,64 @@ impl VhostPort {
             qp.as_ref()
                 .is_some_and(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken))
         })
+    }
+
+    /// Whether a kernel port may read packets straight into this frontend's receive buffers
+    /// (direct receive, docs/no-copy.md): its header is the kernel's 12 bytes, and nothing
+    /// waits in its egress queue (what waits goes first).
+    pub fn lends(&self) -> bool {
+        self.hdr_len == HDR_LEN && !super::Port::backlogged(self)
+    }
+
+    /// The open receive batch's chains not filled yet (0 when none is open).
+    pub fn lent(&self) -> usize {
+        match self.qps.get(self.tx_qp).and_then(Option::as_ref) {
+            Some(qp) if qp.out.open && qp.rx.as_ref().is_some_and(|s| !s.broken) => {
+                qp.out.rxb.remaining()
+            }
+            _ => 0,
+        }
+    }
+
+    /// The writable segments of the open batch's `k`-th chain not filled yet (none past the
+    /// batch). They stay the frontend's buffers, popped for this batch: a kernel port reads
+    /// into them and then completes each with [`take_in_place`](Self::take_in_place), in
+    /// order; the rest go back to the ring at the commit.
+    pub fn lent_chain(&self, k: usize) -> &[Seg<'_>] {
+        let Some(QueuePair {
+            rx: Some(rx), out, ..
+        }) = self.qps.get(self.tx_qp).and_then(Option::as_ref)
+        else {
+            return &[];
+        };
+        out.rxb
+            .chains
+            .get(out.rxb.next + k)
+            .map_or(&[], |c| rx.q.writable(c))
+    }
+
+    /// Completes the next lent chain in place: it holds a packet of `len` bytes (header
+    /// included) that the kernel wrote there. False, nothing consumed, if it does not (a
+    /// packet longer than the chain, the ring stopped).
+    pub fn take_in_place(&mut self, len: u32) -> bool {
+        let (id, features, hdr_len) = (self.id, self.features, self.hdr_len);
+        match self.qps.get_mut(self.tx_qp).and_then(Option::as_mut) {
+            Some(QueuePair {
+                rx: Some(rx),
+                stats,
+                out,
+                ..
+            }) if out.open && !rx.broken => RxSide {
+                id,
+                features,
+                hdr_len,
+                rx,
+                st: out,
+                stats,
+            }
+            .in_place(len, len.saturating_sub(hdr_len)),
+            _ => false,
+        }
     }
 
     /// Sends what the frontend transmits straight back to it (request/response benchmarks):

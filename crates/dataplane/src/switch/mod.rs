@@ -301,6 +301,7 @@ impl Fabric {
                 flooded: 0,
                 hint: 1,
                 segs_left: SEG_BUDGET,
+                direct: None,
             };
             let batch = cx.f.batch;
             work += src.rx_burst(batch, now, &mut cx);
@@ -324,6 +325,15 @@ impl Others<'_> {
             std::cmp::Ordering::Less => self.before.get_mut(j),
             std::cmp::Ordering::Equal => None,
             std::cmp::Ordering::Greater => self.after.get_mut(j - self.i - 1),
+        }
+    }
+
+    #[inline]
+    fn get_ref(&self, j: usize) -> Option<&AnyPort> {
+        match j.cmp(&self.i) {
+            std::cmp::Ordering::Less => self.before.get(j),
+            std::cmp::Ordering::Equal => None,
+            std::cmp::Ordering::Greater => self.after.get(j - self.i - 1),
         }
     }
 
@@ -360,6 +370,8 @@ struct Cx<'a, 'p> {
     hint: usize,
     /// Segments this sender's packets may still be cut into this round ([`SEG_BUDGET`]).
     segs_left: usize,
+    /// The port lending its receive chains to the sender's reads (direct receive).
+    direct: Option<usize>,
 }
 
 impl Cx<'_, '_> {
@@ -651,6 +663,110 @@ impl Ingress for Cx<'_, '_> {
                 .chain(self.others.after.iter())
                 .any(|p| p.caps().receives),
         }
+    }
+
+    /// Lends the receive chains of the port every packet of the sender goes to: its fixed
+    /// route, or under learning the only other port that receives. Never a guess among
+    /// several: the kernel writes a packet into the lending frontend's memory before the
+    /// switch has read where it goes, so a frontend lends only where it would be sent the
+    /// packet anyway. (Under learning, a packet addressed to a station on the sender's own
+    /// side is then dropped as `filtered` after it sat in that buffer, unseen by the
+    /// frontend unless it reads buffers it has not been given back: as with vhost-net, where
+    /// everything the tap carries goes to the guest.) Only a vhost-user port lends, with
+    /// 12-byte headers and nothing waiting in its queue.
+    fn direct_open(&mut self, want: usize) -> usize {
+        let j = match self.fixed {
+            Some(Route::One(j, _)) => Some(j),
+            Some(_) => None,
+            None => self.expected(),
+        };
+        let Some(j) = j else {
+            return 0;
+        };
+        let now = self.now;
+        let Some(AnyPort::Vhost(v)) = self.others.get(j) else {
+            return 0;
+        };
+        if !v.lends() {
+            return 0;
+        }
+        if !self.f.touched.contains(&j) {
+            if !v.tx_begin(now, want) {
+                return 0;
+            }
+            self.f.touched.push(j);
+        }
+        self.direct = Some(j);
+        v.lent()
+    }
+
+    fn direct_chain(&self, k: usize) -> &[Seg<'_>] {
+        match self.direct.and_then(|j| self.others.get_ref(j)) {
+            Some(AnyPort::Vhost(v)) => v.lent_chain(k),
+            _ => &[],
+        }
+    }
+
+    /// In place when the route is the lending port and the header can pass as it is (no
+    /// metadata, or metadata it negotiated: no software checksum or segmentation to do).
+    fn direct_take(&mut self, len: u32, hdr: &VnetHdr, macs: &[u8; 12]) -> bool {
+        let Some(j) = self.direct else {
+            return false;
+        };
+        let route = match (self.fixed, self.last) {
+            (Some(r), _) => r,
+            (None, Some((m, r))) if m == *macs => r,
+            _ => {
+                let r = self.route(macs);
+                self.last = Some((*macs, r));
+                r
+            }
+        };
+        let Route::One(k, flooded) = route else {
+            return false;
+        };
+        let Some(AnyPort::Vhost(v)) = self.others.get(j) else {
+            return false;
+        };
+        if k != j {
+            return false;
+        }
+        if hdr.flags != 0 || hdr.gso_type != VnetHdr::GSO_NONE {
+            let offloads = v.caps().offloads;
+            if offloads & VIRTIO_NET_F_GUEST_CSUM == 0 || fit(hdr, offloads) != Fit::Pass {
+                return false;
+            }
+        }
+        if !v.take_in_place(len) {
+            return false;
+        }
+        self.flooded += u64::from(flooded);
+        true
+    }
+
+    fn direct_close(&mut self, stats: &PortStats) {
+        self.direct = None;
+        self.commit(stats);
+    }
+}
+
+impl Cx<'_, '_> {
+    /// Under learning, the only port other than the sender that receives, if there is one
+    /// (every packet of the sender goes there, or is dropped).
+    fn expected(&self) -> Option<usize> {
+        if !matches!(self.f.router, Router::Learn(_)) {
+            return None;
+        }
+        let mut only = None;
+        for j in 0..self.others.len() {
+            if self.others.get_ref(j).is_some_and(|p| p.caps().receives) {
+                if only.is_some() {
+                    return None;
+                }
+                only = Some(j);
+            }
+        }
+        only
     }
 }
 

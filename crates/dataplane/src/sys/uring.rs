@@ -80,9 +80,27 @@ impl Batch {
         self.push(&e)
     }
 
+    /// Queues a scattered read from `fd` into `iov`, tagged `user`. False if the batch is
+    /// full.
+    ///
+    /// # Safety
+    ///
+    /// `iov` and the memory it describes must stay valid, and not otherwise accessed, until
+    /// the next [`complete`](Self::complete) returns.
+    pub unsafe fn readv(&mut self, fd: RawFd, iov: &[libc::iovec], user: u64) -> bool {
+        let Ok(n) = u32::try_from(iov.len()) else {
+            return false;
+        };
+        let e = opcode::Readv::new(types::Fd(fd), iov.as_ptr(), n)
+            .rw_flags(libc::RWF_NOWAIT)
+            .build()
+            .user_data(user);
+        self.push(&e)
+    }
+
     fn push(&mut self, e: &io_uring::squeue::Entry) -> bool {
         // SAFETY: the entry's buffers are the caller's to keep valid until `complete` (see
-        // `writev` and `read`), which drains every completion before returning.
+        // `writev`, `read` and `readv`), which drains every completion before returning.
         if unsafe { self.ring.submission().push(e) }.is_err() {
             return false;
         }

@@ -99,8 +99,13 @@ impl Default for WorkerConfig {
 /// A port that is not a vhost-user frontend, for the switch.
 #[derive(Debug)]
 pub enum HostPort {
-    /// The host kernel (a tap, or an interface through `AF_PACKET`), and how it moves packets.
-    Kernel(crate::port::kernel::HostDev, crate::port::kernel::HostIo),
+    /// The host kernel (a tap, or an interface through `AF_PACKET`), how it moves packets,
+    /// and whether it reads straight into a frontend's buffers (direct receive).
+    Kernel(
+        crate::port::kernel::HostDev,
+        crate::port::kernel::HostIo,
+        bool,
+    ),
     /// Consumes and checks.
     Sink,
     /// Produces.
@@ -111,8 +116,8 @@ impl HostPort {
     /// "tap", "sink" or "gen".
     pub fn kind_name(&self) -> &'static str {
         match self {
-            HostPort::Kernel(crate::port::kernel::HostDev::Tap(_), _) => "tap",
-            HostPort::Kernel(crate::port::kernel::HostDev::Packet(_), _) => "af-packet",
+            HostPort::Kernel(crate::port::kernel::HostDev::Tap(_), _, _) => "tap",
+            HostPort::Kernel(crate::port::kernel::HostDev::Packet(_), _, _) => "af-packet",
             HostPort::Sink => "sink",
             HostPort::Gen(_) => "gen",
         }

@@ -240,8 +240,8 @@ impl Shard {
         stats.up.store(1, Ordering::Relaxed);
         info!(port = id, kind = h.kind_name(), "host port added");
         let port = match h {
-            HostPort::Kernel(dev, io) => {
-                let p = KernelPort::new(id, stats, dev, io);
+            HostPort::Kernel(dev, io, direct) => {
+                let p = KernelPort::new(id, stats, dev, io, direct);
                 self.epoll.add(p.fd(), token(id, HOST_QUEUE));
                 AnyPort::Kernel(p)
             }
