@@ -31,7 +31,10 @@
 # Usage: scripts/peers/bench_guest_tap.sh     Env: ROUNDS=2 DUR=4 CFGS="pvnet bh timer bh:intx timer:intx"
 #        TESTS="tcp_g2h tcp_h2g udp_g2h udp_h2g rr" (a subset runs only those)
 #        (pvnet@KEY=V@KEY=V appends ,KEY=V,... to the switch's vhost-user port: its egress
-#        options, e.g. pvnet@qdisc=fifo@dql=false or pvnet@qdisc=none; see docs/egress.md)
+#        options, e.g. pvnet@qdisc=fifo@dql=false or pvnet@qdisc=none; see docs/egress.md;
+#        pvnet^KEY=V, last, appends to its tap port: pvnet^direct=false reads into the tap
+#        port's own buffers first, see docs/no-copy.md; tap_direct_share in the RESULT lines
+#        is the share of the tap's packets the kernel wrote straight into the guest)
 #        (pvnet:POLICY runs the switch with --policy POLICY, e.g. pvnet:busy: never sleeps, so
 #        the guest never kicks: the guest's own ceiling; a "+napi0" suffix, e.g. pvnet+napi0,
 #        boots the guest with virtio_net napi_tx=0: no TX-completion interrupts)
@@ -112,6 +115,8 @@ run_one() {   # run_one CFG[+napi0] ROUND
   local cfg="$1" round="$2" tag="${1//[@=]/_}-$2" glog c2c_a c2c_b netdev dev initrd="$B/initrd.gz" vo=""
   glog="$B/$tag.console.log"
   if [[ "$cfg" == *+napi0 ]]; then cfg="${cfg%+napi0}"; initrd="$B/initrd-napi0.gz"; fi
+  local to=""
+  if [[ "$cfg" == *^* ]]; then to=",${cfg#*^}"; to="${to//^/,}"; cfg="${cfg%%^*}"; fi
   if [[ "$cfg" == *@* ]]; then vo=",${cfg#*@}"; vo="${vo//@/,}"; cfg="${cfg%%@*}"; fi
   wait_quiet; c2c_a=$(c2c_ns)
   if [[ "$cfg" == pvnet* ]]; then
@@ -121,7 +126,7 @@ run_one() {   # run_one CFG[+napi0] ROUND
     if [[ "$cfg" == pvnet:* ]]; then rest="${cfg#pvnet:}"; pol="${rest%%:*}"; [[ "$rest" == *:* ]] && dly="${rest#*:}"; fi
     rm -f "$B/vu.sock"
     timeout -k 5 300 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" --policy "$pol" --tx-call-delay "$dly" \
-      --port "vhost-user:name=vm,socket=$B/vu.sock$vo" --port "tap:name=host,ifname=$PVTAP" \
+      --port "vhost-user:name=vm,socket=$B/vu.sock$vo" --port "tap:name=host,ifname=$PVTAP$to" \
       > "$B/$tag.pvnet.json" 2> "$B/$tag.pvnet.log" &
     SW_PID=$!
     wait_for 10 test -S "$B/vu.sock" || die "pvnet switch did not start ($B/$tag.pvnet.log)"
@@ -160,7 +165,9 @@ for l in open(sys.argv[1]):
     if "final" in d:
         p = [p for p in d["final"]["ports"] if p["name"] == "vm"][0]["counters"]
         n = p.get("rx_packets", 0) + p.get("tx_packets", 0)
-        print(" vm_kicks_per_pkt=%.3f vm_calls_per_pkt=%.3f" % (p.get("kicks", 0) / max(n, 1), p.get("calls", 0) / max(n, 1)))' "$B/$tag.pvnet.json" 2>/dev/null)
+        h = [p for p in d["final"]["ports"] if p["name"] == "host"][0]["counters"]
+        print(" vm_kicks_per_pkt=%.3f vm_calls_per_pkt=%.3f tap_direct_share=%.3f" % (p.get("kicks", 0) / max(n, 1), p.get("calls", 0) / max(n, 1),
+              h.get("rx_direct", 0) / max(h.get("rx_packets", 0), 1)))' "$B/$tag.pvnet.json" 2>/dev/null)
   fi
   python3 - "$glog.txt" "$1" "$round" "$c2c_a/$c2c_b" "$DUR" "${ALL_TESTS[*]}" "$kc" <<'PY' | tee -a "$RES"
 import re, sys
@@ -230,7 +237,7 @@ def describe(k):
     m = re.match(r"(.*?)(?:_x(\d+))?_(gbit|pps|p50_us|p99_us|tps)$", k)
     base = label.get("%s_%s" % (m.group(1), m.group(3)), k) if m else k
     return base + (", %s flows" % m.group(2) if m and m.group(2) else "")
-meta = {"cfg", "round", "c2c_ns", "ok", "vm_kicks_per_pkt", "vm_calls_per_pkt"}
+meta = {"cfg", "round", "c2c_ns", "ok", "vm_kicks_per_pkt", "vm_calls_per_pkt", "tap_direct_share"}
 keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in meta]
 order = ["pvnet", "pvnet+napi0", "pvnet:busy", "pvnet:notify", "bh", "timer", "bh:intx", "timer:intx"]
 cfgs = [c for c in order if any(r["cfg"] == c for r in rows)]

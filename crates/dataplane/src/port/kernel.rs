@@ -21,6 +21,7 @@
 //! read at most every [`TAP_LOOK`] (each look is a syscall); right after every sleep it is
 //! read at once. `syscalls` counts every `read`, `writev` and `io_uring_enter`.
 
+use super::vhost::MAX_MERGE;
 use super::{offer_each, read_head, Caps, Ingress, Pkt, PortId, TxOut, MACS, RX_OFFLOADS};
 use crate::egress::{Egress, HoldPolicy};
 use crate::poll::plan::Settle;
@@ -48,9 +49,12 @@ pub const RX_BUFS: usize = 32;
 /// Iovecs a batch of writes may use in all (a packet that does not fit waits for the next
 /// submission).
 const TX_IOVS: usize = 512;
-/// Iovecs of one direct read: the lent chain's first segments, then the port's own buffer
-/// for what does not fit in them.
+/// Iovecs of one direct read of a small packet: its lent chain's first segments, then the
+/// port's own buffer for what does not fit in them.
 const LEND_IOV: usize = 8;
+/// Iovecs of the one direct read of a large packet: the segments of as many lent chains as
+/// a merged packet may take ([`MAX_MERGE`]), then the port's own buffer.
+const LARGE_IOV: usize = MAX_MERGE + 1;
 
 /// The kernel's end of a port.
 #[derive(Debug)]
@@ -130,8 +134,13 @@ struct Uring {
     reads: usize,
     /// Iovecs of the direct reads, [`LEND_IOV`] per read (never reallocated).
     riov: Vec<libc::iovec>,
-    /// Bytes of each direct read that land in the lent chain (the rest in the port's buffer).
+    /// Bytes of each direct read that land in lent chains (the rest in the port's buffer).
     lent: [u32; RX_BUFS],
+    /// Packets are large (the last one read in place did not fit one chain): the next look
+    /// makes one read over as many chains as a packet may take, not one chain per read.
+    large: bool,
+    /// Bytes the first chain of a large read holds (a packet within it: small again).
+    first: u32,
 }
 
 // SAFETY: the raw pointers in `iov` point at packet memory only between a queued write and
@@ -172,9 +181,11 @@ impl Uring {
                     iov_base: std::ptr::null_mut(),
                     iov_len: 0,
                 };
-                RX_BUFS * LEND_IOV
+                (RX_BUFS * LEND_IOV).max(LARGE_IOV)
             ],
             lent: [0; RX_BUFS],
+            large: false,
+            first: 0,
         })
     }
 }
@@ -590,19 +601,36 @@ impl KernelPort {
                 return 0;
             }
             let k = u.reads.min(max.max(1)).min(RX_BUFS);
-            let lent = if self.direct { to.direct_open(k) } else { 0 };
-            let k = if lent > 0 { k.min(lent) } else { k };
+            let lent = if self.direct {
+                to.direct_open(if u.large { MAX_MERGE } else { k })
+            } else {
+                0
+            };
+            // Chains per read: one for small packets; for large ones a single read over all.
+            let per = if u.large { lent.min(MAX_MERGE) } else { 1 };
+            let k = match lent {
+                0 => k,
+                _ if u.large => 1,
+                _ => k.min(lent),
+            };
             for i in 0..k {
                 let buf = u.rx[i * RECV_BUF_LEN..].as_mut_ptr();
                 let len = u32::try_from(RECV_BUF_LEN).unwrap_or(u32::MAX);
-                let queued = if i < lent {
-                    let iov = &mut u.riov[i * LEND_IOV..(i + 1) * LEND_IOV];
-                    let (n, inchain) = lend_iovecs(to.direct_chain(i), buf, iov);
+                let queued = if lent > 0 {
+                    let iov = if u.large {
+                        &mut u.riov[..LARGE_IOV]
+                    } else {
+                        &mut u.riov[i * LEND_IOV..(i + 1) * LEND_IOV]
+                    };
+                    let segs = (i * per..(i + 1) * per).flat_map(|c| to.direct_chain(c));
+                    let (n, inchain) = lend_iovecs(segs, buf, iov);
                     u.lent[i] = inchain;
-                    // SAFETY: the iovecs point into lent chain `i` (the frontend's memory,
-                    // mapped while the shard holds the ring, which it does for this whole
-                    // call; the chain is popped for this batch, so neither the frontend nor
-                    // another sender writes it) and into buffer `i` of `u.rx`, as below.
+                    u.first = to.direct_chain(0).iter().map(Seg::len).sum();
+                    // SAFETY: the iovecs point into the lent chains of read `i` (the
+                    // frontend's memory, mapped while the shard holds the ring, which it does
+                    // for this whole call; the chains are popped for this batch, so neither
+                    // the frontend nor another sender writes them) and into buffer `i` of
+                    // `u.rx`, as below.
                     unsafe { u.batch.readv(fd, &iov[..n], i as u64) }
                 } else {
                     // SAFETY: buffer `i` is `RECV_BUF_LEN` bytes of `u.rx`, untouched until
@@ -634,7 +662,7 @@ impl KernelPort {
                 }
             }
             if lent > 0 {
-                let (n, gone) = direct_frames(u, &res[..k], to, &self.stats, self.id);
+                let (n, gone) = direct_frames(u, &res[..k], per, to, &self.stats, self.id);
                 done += n;
                 drained |= gone;
                 u.reads = ((n + u.ready.len()) * 2).clamp(1, RX_BUFS);
@@ -728,14 +756,18 @@ impl KernelPort {
     }
 }
 
-/// The iovecs of one direct read into `iov`: the lent chain's segments (at most
-/// [`LEND_IOV`] - 1 of them, [`RECV_BUF_LEN`] bytes in all), then `buf` (the port's own
+/// The iovecs of one direct read into `iov`: the lent chains' segments, in order (as many
+/// as `iov` holds less one, [`RECV_BUF_LEN`] bytes in all), then `buf` (the port's own
 /// buffer, [`RECV_BUF_LEN`] bytes) for what does not fit, so that no frame is ever cut.
-/// Returns the iovecs used and the bytes that land in the chain.
-fn lend_iovecs(chain: &[Seg<'_>], buf: *mut u8, iov: &mut [libc::iovec]) -> (usize, u32) {
+/// Returns the iovecs used and the bytes that land in the chains.
+fn lend_iovecs<'s>(
+    segs: impl Iterator<Item = &'s Seg<'s>>,
+    buf: *mut u8,
+    iov: &mut [libc::iovec],
+) -> (usize, u32) {
     let mut n = 0;
     let mut inchain = 0usize;
-    for s in chain.iter().take(iov.len() - 1) {
+    for s in segs.take(iov.len() - 1) {
         let l = (s.len() as usize).min(RECV_BUF_LEN - inchain);
         if l == 0 {
             break;
@@ -754,16 +786,19 @@ fn lend_iovecs(chain: &[Seg<'_>], buf: *mut u8, iov: &mut [libc::iovec]) -> (usi
     (n + 1, u32::try_from(inchain).unwrap_or(0))
 }
 
-/// The results of one batch of direct reads (`res[i]`: read `i`, into lent chain `i`), in
-/// order. While every packet so far was completed in place, the next one is too if it lies
-/// wholly in its chain and the switch sends it to the lending port as it is. From the first
-/// one that is not (or the first read that found nothing), each packet read is copied out of
-/// its chain into the port's buffer of the same index, behind what overflowed there, and
-/// waits in `ready` for the usual path; its chain goes back to the ring at the close.
-/// Returns the packets completed in place and whether the kernel had no more.
+/// The results of one batch of direct reads (`res[i]`: read `i`, into lent chains
+/// `i * per..(i + 1) * per`), in order. While every packet so far was completed in place, the
+/// next one is too if it lies wholly in its chains and the switch sends it to the lending
+/// port as it is (it then takes the chains it fills: merged buffers, `num_buffers` set).
+/// From the first one that is not (or the first read that found nothing), each packet read
+/// is copied out of its chains into the port's buffer of the same index, behind what
+/// overflowed there, and waits in `ready` for the usual path; its chains go back to the ring
+/// at the close. Sets whether the next look reads large packets. Returns the packets
+/// completed in place and whether the kernel had no more.
 fn direct_frames(
     u: &mut Uring,
     res: &[i32],
+    per: usize,
     to: &mut impl Ingress,
     stats: &PortStats,
     id: PortId,
@@ -782,6 +817,13 @@ fn direct_frames(
             continue;
         };
         let len = u32::try_from(n).unwrap_or(u32::MAX);
+        // One chain per read, and a packet did not fit it: read the next ones large. A large
+        // read whose packet fits the first chain: small again.
+        if per == 1 && len > u.lent[i] {
+            u.large = true;
+        } else if per > 1 && len <= u.first {
+            u.large = false;
+        }
         if in_place && len <= u.lent[i] && len >= HDR_LEN + MACS {
             // Completed packets are gone from the front: this one's chain is the next.
             let head = read_head(to.direct_chain(0), HDR_LEN);
@@ -797,7 +839,18 @@ fn direct_frames(
         let buf = &mut u.rx[i * RECV_BUF_LEN..(i + 1) * RECV_BUF_LEN];
         let inchain = n.min(u.lent[i] as usize);
         buf.copy_within(0..n - inchain, inchain);
-        read_segs(to.direct_chain(i - direct), 0, &mut buf[..inchain]);
+        // This read's chains, past those the packets before it took (one each: a large
+        // read is the only one of its batch).
+        let mut at = 0;
+        let mut c = i * per - direct;
+        while at < inchain {
+            let chain = to.direct_chain(c);
+            if chain.is_empty() {
+                break;
+            }
+            at += read_segs(chain, 0, &mut buf[at..inchain]);
+            c += 1;
+        }
         u.ready.push_back((i, n));
     }
     to.direct_close(stats);

@@ -448,15 +448,12 @@ impl RxSide<'_> {
         deliver(&mut self.rx.q, &mut st.rxb, len, copy)
     }
 
-    /// Direct receive: the next chain of the batch already holds a packet of `len` bytes,
-    /// header first, written there by the kernel (the hop's one copy). Completes it in place:
-    /// `num_buffers` set, the used entry pushed, counted as any delivery. False, with nothing
-    /// consumed, if the packet is not wholly in that chain.
+    /// Direct receive: the next chains of the batch already hold a packet of `len` bytes,
+    /// header first, written there by the kernel (the hop's one copy), filling each in turn.
+    /// Completes it in place: `num_buffers` set, a used entry per chain it fills, counted as
+    /// any delivery. False, with nothing consumed, if the batch's chains cannot hold it (more
+    /// than a packet may merge, or none left).
     fn in_place(&mut self, len: u32, frame_len: u32) -> bool {
-        let b = &self.st.rxb;
-        if b.chains.get(b.next).is_none_or(|c| c.writable < len) {
-            return false;
-        }
         match deliver(&mut self.rx.q, &mut self.st.rxb, len, |_, _, _, n| n) {
             Ok(Delivered::Done) => {
                 self.st.sent[0] += 1;
@@ -785,9 +782,10 @@ impl VhostPort {
             .map_or(&[], |c| rx.q.writable(c))
     }
 
-    /// Completes the next lent chain in place: it holds a packet of `len` bytes (header
-    /// included) that the kernel wrote there. False, nothing consumed, if it does not (a
-    /// packet longer than the chain, the ring stopped).
+    /// Completes the next lent chains in place: they hold a packet of `len` bytes (header
+    /// included) that the kernel wrote across them in order, each filled before the next.
+    /// The caller knows it lies within the chains it lent that read. False, nothing consumed,
+    /// if the chains cannot take it (more than a packet may merge, the ring stopped).
     pub fn take_in_place(&mut self, len: u32) -> bool {
         let (id, features, hdr_len) = (self.id, self.features, self.hdr_len);
         match self.qps.get_mut(self.tx_qp).and_then(Option::as_mut) {

@@ -686,22 +686,31 @@ fn tap_packets_are_read_straight_into_the_frontends_buffers() {
     use pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM;
     let csum = MODERN | VIRTIO_NET_F_GUEST_CSUM;
     // (tag, subnet, frontend's features, its buffer size, direct, expected in place)
-    for (tag, net, features, buf, direct, expect) in [
-        ("dra", 41, csum, 2048, true, Direct::All),
-        ("drb", 42, csum, 512, true, Direct::Some),
-        ("drc", 43, csum, 2048, false, Direct::None),
-        ("drd", 44, MODERN, 2048, true, Direct::NoUdp),
+    // Small and full-size datagrams, some past a 512-byte buffer.
+    let mixed = [
+        18usize, 100, 64, 1000, 18, 1472, 300, 1472, 64, 700, 18, 18, 1200, 1472, 64, 90,
+    ];
+    let full = [1472usize; 16];
+    for (tag, net, features, buf, sizes, direct, expect) in [
+        ("dra", 41, csum, 2048, &mixed, true, Direct::All),
+        ("drb", 42, csum, 512, &mixed, true, Direct::Some),
+        ("drc", 43, csum, 2048, &mixed, false, Direct::None),
+        ("drd", 44, MODERN, 2048, &mixed, true, Direct::NoUdp),
+        // Every packet spans three buffers: after the first, each is read over as many
+        // chains as a packet may take, and completed in place across three of them.
+        ("drf", 46, csum, 512, &full, true, Direct::AllButFirst),
     ] {
-        tap_to_frontend(tag, net, features, buf, direct, expect, false);
+        tap_to_frontend(tag, net, features, buf, sizes, direct, expect, false);
     }
     // A second frontend on the switch: the kernel's packets could go to either, so neither
     // lends its buffers (a frontend never sees what was not sent to it).
-    tap_to_frontend("dre", 45, csum, 2048, true, Direct::None, true);
+    tap_to_frontend("dre", 45, csum, 2048, &mixed, true, Direct::None, true);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Direct {
     All,
+    AllButFirst,
     Some,
     None,
     NoUdp,
@@ -712,6 +721,7 @@ fn tap_to_frontend(
     net: u8,
     features: u64,
     buf: u32,
+    sizes: &[usize],
     direct: bool,
     expect: Direct,
     another: bool,
@@ -749,10 +759,6 @@ fn tap_to_frontend(
     let before = get(&fe.stats.tx_packets);
     let sock = std::net::UdpSocket::bind(format!("10.213.{net}.1:0")).expect("bind");
     let to = format!("10.213.{net}.2:9");
-    // Small and full-size datagrams, one past a 512-byte buffer early on.
-    let sizes = [
-        18usize, 100, 64, 1000, 18, 1472, 300, 1472, 64, 700, 18, 18, 1200, 1472, 64, 90,
-    ];
     let mut sent = Vec::new();
     for round in 0..4u8 {
         for (i, &n) in sizes.iter().enumerate() {
@@ -797,6 +803,13 @@ fn tap_to_frontend(
     assert_eq!(all as u64, rx, "{tag}: the frontend got each packet once");
     match expect {
         Direct::All => assert_eq!(in_place, rx, "{tag}: every packet read in place"),
+        Direct::AllButFirst => {
+            assert!(
+                in_place + 1 >= rx,
+                "{tag}: {in_place} of {rx} read in place"
+            );
+            assert!(get(&fe.stats.tx_batches) > 0);
+        }
         Direct::Some => assert!(in_place > 0 && in_place < rx, "{tag}: {in_place} of {rx}"),
         Direct::None => assert_eq!(in_place, 0, "{tag}"),
         Direct::NoUdp => {

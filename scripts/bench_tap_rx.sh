@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# scripts/bench_tap_rx.sh - the host kernel's packets through `pvnet switch`'s tap port into a
+# vhost-user frontend, read straight into the frontend's buffers (direct=true) against read
+# into the tap port's own buffers and copied (direct=false): the switch's CPU per packet
+# (docs/no-copy.md). A benchmark, not a test: it prints figures and ratios, and fails only when
+# a run breaks.
+#
+# The receiver is `pvnet frontend --role drop --guest-tso` (pvnet's frontend, the only other
+# port, so every packet goes to it; like a Linux guest it takes partial checksums, which the
+# host's UDP packets carry), busy-polling on CPU0; the switch runs on CPU1 with --policy
+# notify (it sleeps whenever it has nothing to do). The host's UDP stack is several times
+# slower than pvnet's side, so a steady sender would measure the host; instead each burst
+# fills the tap's queue while the switch is stopped (SIGSTOP; txqueuelen raised so the
+# queue holds the burst): PKTS UDP datagrams of PAYLOAD bytes (22: 64-byte frames) to an
+# address behind the tap (a static neighbour entry), sent with sendmmsg; then the switch is
+# continued (SIGCONT) and drains the queue at its own pace into the frontend. Its CPU time
+# over the drain comes from /proc/<pid>/task/*/schedstat (nanoseconds), its packets from `pvnet
+# ctl`: switch CPU ns per packet, the tap's syscalls per packet, and the share read in place
+# (rx_direct / rx_packets). BURSTS bursts per run; runs alternate between the two settings,
+# the order reversed every round; medians.
+#
+# Usage: scripts/bench_tap_rx.sh      Env: ROUNDS=3 BURSTS=10 PKTS=32768 PAYLOAD=22
+#        DOC=docs/no-copy.md (DOC= to skip)
+# Wall time: ~15 s per run: ~2 min with the defaults.
+source "$(dirname "$0")/peers/lib.sh"
+need_root
+ROUNDS="${ROUNDS:-3}"; BURSTS="${BURSTS:-10}"; PKTS="${PKTS:-32768}"; PAYLOAD="${PAYLOAD:-22}"
+DOC="${DOC-$PVNET_ROOT/docs/no-copy.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
+NET=10.79.0; TAP=pvtr0
+build_pvnet
+B="$WORK/taprx"; rm -rf "$B"; mkdir -p "$B"
+cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
+RES="$B/results.txt"; : > "$RES"
+ip link show "$TAP" >/dev/null 2>&1 && die "$TAP exists already (another run?)"
+SW_PID=; FE_PID=
+cleanup() {
+  [ -n "$FE_PID" ] && stop_pid "$FE_PID"
+  [ -n "$SW_PID" ] && stop_pid "$SW_PID" INT
+  ip link del "$TAP" 2>/dev/null || true
+  return 0
+}
+trap cleanup EXIT
+trap 'exit 130' INT; trap 'exit 143' TERM
+
+cat > "$B/send.py" <<'PY'
+# COUNT UDP datagrams of PAYLOAD bytes to ADDR:9 with sendmmsg, 64 per call.
+import ctypes, socket, sys
+addr, payload, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+libc = ctypes.CDLL(None, use_errno=True)
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+class msghdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.POINTER(iovec)),
+                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+class mmsghdr(ctypes.Structure):
+    _fields_ = [("hdr", msghdr), ("len", ctypes.c_uint)]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
+s.connect((addr, 9))
+buf = ctypes.create_string_buffer(b"\x5a" * payload, payload)
+iov = iovec(ctypes.cast(buf, ctypes.c_void_p), payload)
+N = 64
+msgs = (mmsghdr * N)()
+for m in msgs:
+    m.hdr.iov = ctypes.pointer(iov); m.hdr.iovlen = 1
+sent = 0
+while sent < count:
+    r = libc.sendmmsg(s.fileno(), msgs, min(N, count - sent), 0)
+    if r > 0:
+        sent += r
+print(sent)
+PY
+
+# ctl_port FIELD : FIELD of the tap port ("host") from `pvnet ctl ports --json`.
+ctl_port() {
+  "$PVNET_BIN" ctl --socket "$B/ctl.sock" ports --json 2>/dev/null | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+ports = d["ports"] if isinstance(d, dict) else d
+p = [p for p in ports if p["name"] == "host"][0]
+c = p.get("counters", p)
+print(c.get(sys.argv[1], 0))' "$1"
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {printf "%d", s}'; }   # every thread
+tx_dropped() { cat "/sys/class/net/$TAP/statistics/tx_dropped"; }
+
+run_one() {   # run_one DIRECT ROUND
+  local direct="$1" round="$2" tag="d$1-$2" c2c sw b
+  wait_quiet; c2c=$(c2c_ns)
+  rm -f "$B/vu.sock"
+  timeout -k 5 120 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" --policy notify --rx-policy notify \
+    --port "vhost-user:name=vm,socket=$B/vu.sock" --port "tap:name=host,ifname=$TAP,direct=$direct" \
+    > "$B/$tag.sw.json" 2> "$B/$tag.sw.log" &
+  SW_PID=$!
+  wait_for 10 test -S "$B/vu.sock" || die "pvnet switch did not start ($B/$tag.sw.log)"
+  sw=$(child_pid "$SW_PID")
+  sysctl -qw "net.ipv6.conf.$TAP.disable_ipv6=1" || true
+  ip link set dev "$TAP" txqueuelen $((PKTS * 2))
+  ip addr add "$NET.1/24" dev "$TAP"
+  ip neigh replace "$NET.2" lladdr 02:00:00:00:79:02 dev "$TAP"
+  timeout -k 5 100 "$PVNET_BIN" frontend --socket "$B/vu.sock" --role drop --cpu 0 --poll busy \
+    --guest-tso --secs 90 --idle-timeout 90 > "$B/$tag.fe.json" 2> "$B/$tag.fe.log" &
+  FE_PID=$!
+  wait_for 10 grep -q '"ready"' "$B/$tag.fe.json" || die "pvnet frontend did not connect ($B/$tag.fe.log)"
+  taskset -c 0 python3 "$B/send.py" "$NET.2" "$PAYLOAD" 1000 > /dev/null   # warm-up: learn, size
+  sleep 0.3
+  local cpu=0 pk=0 sc=0 dr=0 c0 p0 s0 d0 x0
+  x0=$(tx_dropped)
+  for b in $(seq "$BURSTS"); do
+    p0=$(ctl_port rx_packets)   # (the control thread stops with the rest)
+    kill -STOP "$sw"
+    taskset -c 0 python3 "$B/send.py" "$NET.2" "$PAYLOAD" "$PKTS" > /dev/null
+    c0=$(cpu_ns "$sw")
+    kill -CONT "$sw"
+    sleep 0.3
+    cpu=$((cpu + $(cpu_ns "$sw") - c0))
+    pk=$((pk + $(ctl_port rx_packets) - p0))
+  done
+  sc=$(ctl_port syscalls); dr=$(ctl_port rx_direct)
+  local drops=$(( $(tx_dropped) - x0 ))
+  stop_pid "$FE_PID" INT; wait "$FE_PID" 2>/dev/null; FE_PID=
+  stop_pid "$SW_PID" INT; wait "$SW_PID" 2>/dev/null; SW_PID=
+  ip link del "$TAP" 2>/dev/null || true
+  python3 - "$direct" "$round" "$c2c" "$cpu" "$pk" "$sc" "$dr" "$drops" "$BURSTS" "$PKTS" <<'PY' | tee -a "$RES"
+import sys
+d, rnd, c2c, cpu, pk, sc, dr, drops, bursts, pkts = sys.argv[1:]
+cpu, pk = int(cpu), int(pk)
+# syscalls and rx_direct are totals since the start (warm-up included): per packet over all read.
+tot = pk + 1000
+print("RESULT direct=%s round=%s c2c_ns=%s read=%d of=%d tap_dropped=%s sw_cpu_ns_per_pkt=%.1f drain_mpps=%.3f syscalls_per_pkt=%.3f direct_share=%.3f"
+      % (d, rnd, c2c, pk, int(bursts) * int(pkts), drops, cpu / max(pk, 1), pk / max(cpu, 1) * 1e3, int(sc) / tot, int(dr) / tot))
+PY
+}
+
+log "tap -> pvnet frontend: $ROUNDS rounds x direct {true,false}, $BURSTS bursts of $PKTS, UDP payload $PAYLOAD B"
+for r in $(seq "$ROUNDS"); do
+  if [ $((r % 2)) = 1 ]; then order=(true false); else order=(false true); fi
+  for d in "${order[@]}"; do run_one "$d" "$r"; done
+done
+
+python3 - "$RES" "$B/summary.md" "$PAYLOAD" <<'PY'
+import sys, statistics as st
+rows = [dict(kv.split("=", 1) for kv in l.split()[1:]) for l in open(sys.argv[1]) if l.startswith("RESULT")]
+med = lambda d, k: st.median([float(r[k]) for r in rows if r["direct"] == d])
+c2c = sorted(float(r["c2c_ns"]) for r in rows)
+out = ["Core-to-core latency over the runs: %.0f-%.0f ns. UDP payload %s B (frame %d B). Medians of %d runs each; the switch's CPU over the drain of each burst." %
+       (c2c[0], c2c[-1], sys.argv[3], int(sys.argv[3]) + 42, len(rows) // 2), "",
+       "| tap port | switch CPU ns/packet | Mpps per switch CPU | syscalls/packet | read in place |", "|---|---|---|---|---|"]
+for d, name in (("false", "direct=false (read, then copied)"), ("true", "direct=true (read into the frontend's buffers)")):
+    out.append("| %s | %.1f | %.3f | %.3f | %.3f |" % (name, med(d, "sw_cpu_ns_per_pkt"), med(d, "drain_mpps"), med(d, "syscalls_per_pkt"), med(d, "direct_share")))
+out += ["", "direct / copied: switch CPU ns per packet **%.3fx** (packets per CPU-second **%.3fx**)." %
+        (med("true", "sw_cpu_ns_per_pkt") / med("false", "sw_cpu_ns_per_pkt"), med("true", "drain_mpps") / med("false", "drain_mpps"))]
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
+
+if [ -n "$DOC" ]; then
+  {
+    echo "Measured $(date -u +%Y-%m-%d) with \`ROUNDS=$ROUNDS BURSTS=$BURSTS PKTS=$PKTS PAYLOAD=$PAYLOAD scripts/bench_tap_rx.sh\`, pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)."
+    echo; cat "$B/summary.md"; echo
+    echo "<details><summary>raw RESULT lines</summary>"; echo; echo '```'; cat "$RES"; echo '```'; echo; echo "</details>"
+  } > "$B/section.md"
+  doc_section "$DOC" "bench_tap_rx_$PAYLOAD" "$B/section.md"
+  log "table written to $DOC"
+fi
