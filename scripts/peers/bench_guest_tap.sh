@@ -41,6 +41,7 @@
 #        FLOWS="1" (concurrency levels, see above)
 #        RESULTS=path/results.txt: no runs, the table (and DOC) from an earlier run's results
 #        DOC=docs/guest-tap.md (table written between the bench markers; DOC= to skip)
+#        SECTION=bench_guest_tap (the markers' name, for a second table in one DOC)
 # Wall time: ~45 s per run: ~8 min with the defaults.
 source "$(dirname "$0")/lib.sh"
 need_root
@@ -269,6 +270,6 @@ if [ -n "$DOC" ]; then
     echo; cat "$B/summary.md"; echo
     echo "<details><summary>raw RESULT lines</summary>"; echo; echo '```'; cat "$RES"; echo '```'; echo; echo "</details>"
   } > "$B/section.md"
-  doc_section "$DOC" bench_guest_tap "$B/section.md"
+  doc_section "$DOC" "${SECTION:-bench_guest_tap}" "$B/section.md"
   log "table written to $DOC"
 fi
