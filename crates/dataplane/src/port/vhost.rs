@@ -787,6 +787,15 @@ impl VhostPort {
     /// The caller knows it lies within the chains it lent that read. False, nothing consumed,
     /// if the chains cannot take it (more than a packet may merge, the ring stopped).
     pub fn take_in_place(&mut self, len: u32) -> bool {
+        let frame_len = len.saturating_sub(self.hdr_len);
+        self.rx_side()
+            .is_some_and(|mut side| side.in_place(len, frame_len))
+    }
+
+    /// The receive side of the pair the open transmit batch goes to, if that batch is open
+    /// and its ring running.
+    #[inline(always)]
+    fn rx_side(&mut self) -> Option<RxSide<'_>> {
         let (id, features, hdr_len) = (self.id, self.features, self.hdr_len);
         match self.qps.get_mut(self.tx_qp).and_then(Option::as_mut) {
             Some(QueuePair {
@@ -794,16 +803,15 @@ impl VhostPort {
                 stats,
                 out,
                 ..
-            }) if out.open && !rx.broken => RxSide {
+            }) if out.open && !rx.broken => Some(RxSide {
                 id,
                 features,
                 hdr_len,
                 rx,
                 st: out,
                 stats,
-            }
-            .in_place(len, len.saturating_sub(hdr_len)),
-            _ => false,
+            }),
+            _ => None,
         }
     }
 
@@ -1209,23 +1217,9 @@ impl super::Port for VhostPort {
 
     #[inline]
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
-        let (id, features, hdr_len) = (self.id, self.features, self.hdr_len);
-        match self.qps.get_mut(self.tx_qp).and_then(Option::as_mut) {
-            Some(QueuePair {
-                rx: Some(rx),
-                stats,
-                out,
-                ..
-            }) if out.open && !rx.broken => RxSide {
-                id,
-                features,
-                hdr_len,
-                rx,
-                st: out,
-                stats,
-            }
-            .take_burst(pkts),
-            _ => (0, TxOut::Dropped(DropReason::PortDown)),
+        match self.rx_side() {
+            Some(mut side) => side.take_burst(pkts),
+            None => (0, TxOut::Dropped(DropReason::PortDown)),
         }
     }
 

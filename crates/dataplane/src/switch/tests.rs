@@ -685,26 +685,38 @@ fn a_gso_flood_at_the_smallest_gso_size_leaves_other_ports_their_rate() {
 fn tap_packets_are_read_straight_into_the_frontends_buffers() {
     use pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM;
     let csum = MODERN | VIRTIO_NET_F_GUEST_CSUM;
-    // (tag, subnet, frontend's features, its buffer size, direct, expected in place)
     // Small and full-size datagrams, some past a 512-byte buffer.
     let mixed = [
         18usize, 100, 64, 1000, 18, 1472, 300, 1472, 64, 700, 18, 18, 1200, 1472, 64, 90,
     ];
     let full = [1472usize; 16];
-    for (tag, net, features, buf, sizes, direct, expect) in [
-        ("dra", 41, csum, 2048, &mixed, true, Direct::All),
-        ("drb", 42, csum, 512, &mixed, true, Direct::Some),
-        ("drc", 43, csum, 2048, &mixed, false, Direct::None),
-        ("drd", 44, MODERN, 2048, &mixed, true, Direct::NoUdp),
+    let case = |tag, net, features, buf, sizes, direct, expect| TapCase {
+        tag,
+        net,
+        features,
+        buf,
+        sizes,
+        direct,
+        expect,
+        another: false,
+    };
+    for c in [
+        case("dra", 41, csum, 2048, &mixed[..], true, Direct::All),
+        case("drb", 42, csum, 512, &mixed, true, Direct::Some),
+        case("drc", 43, csum, 2048, &mixed, false, Direct::None),
+        case("drd", 44, MODERN, 2048, &mixed, true, Direct::NoUdp),
         // Every packet spans three buffers: after the first, each is read over as many
         // chains as a packet may take, and completed in place across three of them.
-        ("drf", 46, csum, 512, &full, true, Direct::AllButFirst),
+        case("drf", 46, csum, 512, &full, true, Direct::AllButFirst),
+        // A second frontend on the switch: the kernel's packets could go to either, so
+        // neither lends its buffers (a frontend never sees what was not sent to it).
+        TapCase {
+            another: true,
+            ..case("dre", 45, csum, 2048, &mixed, true, Direct::None)
+        },
     ] {
-        tap_to_frontend(tag, net, features, buf, sizes, direct, expect, false);
+        tap_to_frontend(&c);
     }
-    // A second frontend on the switch: the kernel's packets could go to either, so neither
-    // lends its buffers (a frontend never sees what was not sent to it).
-    tap_to_frontend("dre", 45, csum, 2048, &mixed, true, Direct::None, true);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -716,19 +728,39 @@ enum Direct {
     NoUdp,
 }
 
-fn tap_to_frontend(
-    tag: &str,
+/// One run of [`tap_packets_are_read_straight_into_the_frontends_buffers`].
+#[derive(Debug, Clone, Copy)]
+struct TapCase<'a> {
+    tag: &'a str,
+    /// The tap's subnet, 10.213.`net`.0/24.
     net: u8,
+    /// The frontend's features.
     features: u64,
+    /// Its receive buffers' size.
     buf: u32,
-    sizes: &[usize],
+    /// Datagram payloads sent, in bytes (four rounds of them).
+    sizes: &'a [usize],
+    /// The tap port's `direct`.
     direct: bool,
     expect: Direct,
+    /// A second frontend on the switch.
     another: bool,
-) {
+}
+
+fn tap_to_frontend(c: &TapCase<'_>) {
     use crate::egress::EgressConfig;
     use crate::port::kernel::{HostDev, HostIo, KernelPort};
     use crate::sys::tap::tests::{parse_ipv4, setup};
+    let TapCase {
+        tag,
+        net,
+        features,
+        buf,
+        sizes,
+        direct,
+        expect,
+        another,
+    } = *c;
     let tap = setup(tag, net, true);
     let tap_stats: std::sync::Arc<PortStats> = std::sync::Arc::default();
     let (mut fe, vm) = MockFe::with_buffers(
