@@ -173,6 +173,25 @@ impl Ring {
         unsafe { AtomicU16::from_ptr(self.desc.as_ptr().add(usize::from(i)).cast::<u16>().add(7)) }
     }
 
+    /// Walks up to `n` slots from `i` (all before the ring's end) while their AVAIL/USED bits
+    /// are `want`: returns how many were, and how many of those end a chain (no `NEXT`).
+    #[inline]
+    fn walk_avail(&self, i: u16, n: u16, want: u16) -> (u16, u16) {
+        debug_assert!(u32::from(i) + u32::from(n) <= u32::from(self.size));
+        let (mut k, mut ends) = (0u16, 0u16);
+        while k < n {
+            // Acquire: the descriptor's other fields, written before its flags, are visible
+            // to the reads that follow (pairs with the driver's release store of the flags).
+            let f = self.flags(i + k).load(Ordering::Acquire);
+            if f & (DESC_F_AVAIL | DESC_F_USED) != want {
+                break;
+            }
+            ends += u16::from(f & DESC_F_NEXT == 0);
+            k += 1;
+        }
+        (k, ends)
+    }
+
     /// Reads descriptor `i` once into a local copy (its flags re-read as part of the copy:
     /// validation uses the copy only).
     #[inline]
@@ -368,24 +387,35 @@ impl<M: Translate> DeviceQueue<M> {
         self.segs.clear();
         self.popped.clear();
         self.m.refresh()?;
-        let (mut i, mut wrap) = (self.last_avail, self.avail_wrap);
-        let (mut chains, mut descs) = (0u16, 0u16);
         // A chain whose tail is not available yet is not counted (a driver makes the head
         // available last; one that does not is caught when the chain is parsed). A chain
-        // longer than the window is still counted once it is whole.
-        let window = self.size.min(SCAN);
-        while descs < self.size && (descs < window || chains == 0) {
-            // Acquire: the descriptor's other fields, written before its flags, are visible
-            // to the reads that follow (pairs with the driver's release store of the flags).
-            let f = self.m.ring.flags(i).load(Ordering::Acquire);
-            if !is_avail(f, wrap) {
+        // longer than the window is still counted once it is whole: past the window the walk
+        // goes on one slot at a time until a chain ends.
+        let size = self.size;
+        let (mut chains, mut descs) = (0u16, 0u16);
+        let (mut i, mut want) = (self.last_avail, avail_bits(self.avail_wrap));
+        let mut limit = size.min(SCAN);
+        loop {
+            // To the ring's end or the limit, with one pattern of AVAIL/USED bits (it flips
+            // where the ring wraps): one load, one compare and one count per slot.
+            let run = (size - i).min(limit - descs);
+            let (n, c) = self.m.ring.walk_avail(i, run, want);
+            descs += n;
+            chains += c;
+            if n < run {
                 break;
             }
-            descs += 1;
-            if f & DESC_F_NEXT == 0 {
-                chains += 1;
+            i += n;
+            if i == size {
+                i = 0;
+                want ^= DESC_F_AVAIL | DESC_F_USED;
             }
-            i = advance(i, &mut wrap, 1, self.size);
+            if descs == limit {
+                if chains > 0 || limit == size {
+                    break;
+                }
+                limit = (descs + 1).min(size);
+            }
         }
         self.pending = chains;
         Ok(chains)

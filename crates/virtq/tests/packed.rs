@@ -712,3 +712,57 @@ fn in_order_returns_a_transmit_batch_with_one_used_descriptor() {
     );
     assert_eq!(dev.last_avail() & 0x7fff, 7);
 }
+
+/// `available()` counts whole chains within a window of `SCAN` slots, and a chain longer than
+/// the window once it is whole, across the wrap: the walk flips the AVAIL/USED pattern where
+/// the ring wraps and stops at the first slot not made available.
+#[test]
+fn available_counts_chains_past_the_window_and_across_the_wrap() {
+    use virtq::packed::SCAN;
+    const BIG: u16 = 256;
+    let mq = MockQueue::new(BIG, 16);
+    let (mut drv, mut dev) = pair(&mq, Direction::DeviceReads, false);
+    dev.disable_notify();
+    let buf = |k: u16| Buf {
+        addr: mq.buf(k % BIG),
+        len: 16,
+        write: false,
+    };
+    // 200 single-descriptor chains: the window counts SCAN of them per look.
+    for lap in 0..3u16 {
+        for k in 0..200 {
+            drv.add_one(buf(k)).expect("room");
+        }
+        drv.publish();
+        let mut seen = 0usize;
+        while seen < 200 {
+            let n = dev.available().expect("walk");
+            assert_eq!(
+                n,
+                SCAN.min(200 - seen as u16),
+                "lap {lap}: a window at a time"
+            );
+            for _ in 0..n {
+                let c = dev.pop().expect("valid").expect("chain");
+                dev.push_used(c.head, 0);
+            }
+            seen += usize::from(n);
+        }
+        dev.publish();
+        drv.used_available().expect("used");
+        while drv.pop_used().expect("pop").is_some() {}
+        assert_eq!(dev.available(), Ok(0));
+    }
+    // The ring has wrapped (600 slots over 256). A chain of SCAN + 6 descriptors, then a
+    // single one: the long chain counts once it is whole, alone; the next look finds the
+    // single one.
+    let long: Vec<Buf> = (0..SCAN + 6).map(buf).collect();
+    drv.add_chain(&long).expect("room");
+    drv.add_one(buf(0)).expect("room");
+    drv.publish();
+    assert_eq!(dev.available(), Ok(1), "the long chain, whole");
+    let c = dev.pop().expect("valid").expect("chain");
+    assert_eq!(c.readable, 16 * u32::from(SCAN + 6));
+    assert_eq!(dev.pop(), Ok(None));
+    assert_eq!(dev.available(), Ok(1), "then the single one");
+}
