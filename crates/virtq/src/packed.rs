@@ -771,11 +771,15 @@ impl<M: Translate> DeviceQueue<M> {
             .event(self.m.ring.driver, 2)
             .load(Ordering::Relaxed);
         let prev = std::mem::replace(&mut self.signalled, (self.used_idx, self.used_wrap));
-        if !std::mem::replace(&mut self.signalled_valid, true) {
-            return true;
-        }
+        let valid = std::mem::replace(&mut self.signalled_valid, true);
         if flags != EVENT_DESC || !self.event_idx {
+            // Enabled or disabled as a whole: exactly what the driver asked, the first time
+            // too (a driver that polls gets no call).
             return flags != EVENT_DISABLE;
+        }
+        if !valid {
+            // The first decision with a descriptor event: nothing to measure it against.
+            return true;
         }
         let off_wrap = self
             .m

@@ -507,6 +507,10 @@ mod model {
                         // Woken: it polls again.
                         self.dev_armed = false;
                         self.dev.disable_notify();
+                    } else {
+                        // Nothing new, or a device that polls (notifications disabled, its
+                        // event area says so): no kick, exactly.
+                        assert!(!kick, "a kick the device did not ask for");
                     }
                     self.published.extend(self.added.drain(..));
                 }
@@ -569,6 +573,8 @@ mod model {
                         assert!(call, "the driver armed on an empty ring: it must be called");
                         self.drv_armed = false;
                         self.drv.disable_used_notify();
+                    } else {
+                        assert!(!call, "a call the driver did not ask for");
                     }
                     self.used.extend(self.pushed.drain(..));
                 }
