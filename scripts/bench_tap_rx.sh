@@ -20,11 +20,12 @@
 # the order reversed every round; medians.
 #
 # Usage: scripts/bench_tap_rx.sh      Env: ROUNDS=3 BURSTS=10 PKTS=32768 PAYLOAD=22
+#        IO=uring (the tap's io; IO=syscall: one read per packet, never in place)
 #        DOC=docs/no-copy.md (DOC= to skip)
 # Wall time: ~15 s per run: ~2 min with the defaults.
 source "$(dirname "$0")/peers/lib.sh"
 need_root
-ROUNDS="${ROUNDS:-3}"; BURSTS="${BURSTS:-10}"; PKTS="${PKTS:-32768}"; PAYLOAD="${PAYLOAD:-22}"
+ROUNDS="${ROUNDS:-3}"; BURSTS="${BURSTS:-10}"; PKTS="${PKTS:-32768}"; PAYLOAD="${PAYLOAD:-22}"; IO="${IO:-uring}"
 DOC="${DOC-$PVNET_ROOT/docs/no-copy.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
 NET=10.79.0; TAP=pvtr0
 build_pvnet
@@ -92,7 +93,7 @@ run_one() {   # run_one DIRECT ROUND
   wait_quiet; c2c=$(c2c_ns)
   rm -f "$B/vu.sock"
   timeout -k 5 120 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" --policy notify --rx-policy notify \
-    --port "vhost-user:name=vm,socket=$B/vu.sock" --port "tap:name=host,ifname=$TAP,direct=$direct" \
+    --port "vhost-user:name=vm,socket=$B/vu.sock" --port "tap:name=host,ifname=$TAP,io=$IO,direct=$direct" \
     > "$B/$tag.sw.json" 2> "$B/$tag.sw.log" &
   SW_PID=$!
   wait_for 10 test -S "$B/vu.sock" || die "pvnet switch did not start ($B/$tag.sw.log)"
