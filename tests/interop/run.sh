@@ -28,7 +28,9 @@
 #   guest_rx_from_gen     gen -> guest: the guest's eth0 rx_packets == fe tx_packets.
 #   guest_tap             guest <-> switch <-> tap <-> host kernel, offloads negotiated: ping
 #                         both ways, iperf3 TCP both ways, UDP 64 B both ways; the guest's
-#                         counters == the vm port's, the kernel's tap counters == the tap port's.
+#                         counters == the vm port's, the kernel's tap counters == the tap port's;
+#                         some host->guest packets read straight into the guest's buffers
+#                         (the tap port's rx_direct > 0).
 #   guest_tap_packed      guest_tap with virtio-net-pci packed=on (the packed ring acked).
 #
 # Each case is bounded in time, prints `PASS name` or `FAIL name: reason` (details on indented
@@ -482,6 +484,8 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS]
   local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
   info "$name: guest eth0 tx=$gtx rx=$grx | pvnet vm rx=$v_rx tx=$v_tx | kernel $TAPIF tx=$k_tx rx=$k_rx | pvnet host rx=$s_rx tx=$s_tx"
   info "$name: software offload fallbacks: host port sw_gso=$(sw_final "$tag" host sw_gso) sw_csum=$(sw_final "$tag" host sw_csum), vm port sw_gso=$(sw_final "$tag" vm sw_gso) sw_csum=$(sw_final "$tag" vm sw_csum) ($(elapsed "$t0"))"
+  local s_direct; s_direct=$(sw_final "$tag" host rx_direct)
+  info "$name: host->guest packets the kernel wrote straight into the guest's buffers (rx_direct): $s_direct of $s_rx"
   plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
   local perr; perr=$(pvnet_error "$tag")
   if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
@@ -497,6 +501,10 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS]
     grep -q "GUEST_IPERF_RC $t 0" "$glog.txt" || { fail "$name" "iperf3 $t failed (console: $glog)"; return; }
   done
   [ "$ok" = 1 ] || { fail "$name" "tap counters differ: kernel tx=$k_tx rx=$k_rx, pvnet host rx=$s_rx tx=$s_tx"; return; }
+  # Direct receive (the only other port is the guest): the TCP stream to the guest is read
+  # straight into its buffers, one copy per packet.
+  [ "${s_direct:-0}" -gt 0 ] 2>/dev/null && [ "$s_direct" -le "$s_rx" ] \
+    || { fail "$name" "no packet read straight into the guest's buffers (rx_direct=$s_direct of $s_rx)"; return; }
   [ "$gtx" = "$v_rx" ] || { fail "$name" "guest tx_packets $gtx != pvnet vm rx_packets $v_rx"; return; }
   [ "$grx" = "$v_tx" ] || { fail "$name" "guest rx_packets $grx != pvnet vm tx_packets $v_tx"; return; }
   pass "$name"
