@@ -18,6 +18,11 @@
 #   dpdk_packed_txonly_to_sink, dpdk_packed_rxonly_from_gen
 #                         the first two with net_virtio_user packed_vq=1: the packed ring
 #                         (VIRTIO_F_RING_PACKED) must be acked, counts as exact.
+#   pvnet_packed_to_dpdk_vhost, dpdk_vhost_to_pvnet_packed
+#                         pvnet's own frontend on the packed ring against DPDK's vhost-user
+#                         backend (testpmd net_vhost rxonly / txonly): the frontend's frames ==
+#                         testpmd RX (IN_ORDER acked: DPDK returns transmit batches with one
+#                         used descriptor), testpmd TX == the frontend's rx_packets.
 #   dpdk_killed_leaves_nothing  testpmd txonly into port "fe" (-> sink), killed with SIGKILL in
 #                         the middle of traffic FAULT_KILLS times (default 6; scripts/faults.sh
 #                         runs 1000): the switch's fds, mappings and RSS come back to what they
@@ -301,6 +306,62 @@ dpdk_two_frontends() {
   pass "$name"
 }
 
+# pvnet's own frontend, packed ring, against DPDK's vhost-user backend (testpmd net_vhost):
+# the driver side of pvnet against a device it did not write. DIR tx: the frontend sends
+# COUNT frames to testpmd rxonly (DPDK returns in-order transmit batches with one used
+# descriptor, VIRTIO_F_IN_ORDER acked); rx: testpmd txonly into the frontend, stopped before
+# the frontend leaves. Counts exact either way, no queue error on pvnet's side.
+dpdk_vhost_packed_case() {   # dpdk_vhost_packed_case NAME tx|rx
+  local name="$1" dir="$2" t0 tag tplog fwd
+  t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
+  fwd=rxonly; [ "$dir" = rx ] && fwd=txonly
+  local free; free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
+  [ "$free" -ge 256 ] || { fail "$name" "only $free free 2 MiB hugepages (testpmd needs 256)"; return; }
+  rm -f "$D/$tag.sock"
+  testpmd_start be "$tplog" 60 -l 0,1 --main-lcore 0 --socket-mem 512 --single-file-segments \
+    --file-prefix pvnet_it_be --no-pci --vdev "net_vhost0,iface=$D/$tag.sock,queues=1" \
+    -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i --forward-mode="$fwd"
+  if ! wait_for 30 grep -q 'testpmd> ' "$tplog" || ! wait_for 10 test -S "$D/$tag.sock"; then
+    testpmd_quit be 5; hugepage_cleanup pvnet_it_be; fail "$name" "testpmd net_vhost did not start"; return
+  fi
+  tp be start
+  local ferc
+  if [ "$dir" = tx ]; then
+    timeout 60 "$PVNET_BIN" frontend --socket "$D/$tag.sock" --role tx --packed --count 2000000 --cpu 1 \
+      > "$D/$tag.frontend.json" 2> "$D/$tag.frontend.log"
+    ferc=$?; sleep 0.5
+    testpmd_quit be 20
+  else
+    timeout 60 "$PVNET_BIN" frontend --socket "$D/$tag.sock" --role drop --packed --secs 50 --idle-timeout 1 \
+      --cpu 1 > "$D/$tag.frontend.json" 2> "$D/$tag.frontend.log" &
+    local fp=$!
+    sleep "$DUR"; tp be stop
+    wait "$fp"; ferc=$?
+    testpmd_quit be 20
+  fi
+  local tprc=$?
+  hugepage_cleanup pvnet_it_be
+  local feat f_tx f_rx tp_rx tp_tx
+  feat=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["ready"]["features"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
+  f_tx=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["final"]["tx_packets"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
+  f_rx=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["final"]["rx_packets"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
+  tp_rx=$(tp_last "$tplog" RX-packets); tp_tx=$(tp_last "$tplog" TX-packets)
+  info "$name: features acked: $(decode_features "$feat") | pvnet frontend tx=$f_tx rx=$f_rx | testpmd RX-packets=$tp_rx TX-packets=$tp_tx ($(elapsed "$t0"))"
+  grep -m2 'error' "$D/$tag.frontend.log" | sed 's/^/  frontend: /'
+  [ "$ferc" = 0 ] || { fail "$name" "pvnet frontend failed (status $ferc, log $D/$tag.frontend.log)"; return; }
+  [ "$tprc" = 0 ] || { fail "$name" "testpmd did not quit cleanly (status $tprc)"; return; }
+  decode_features "$feat" | grep -qw RING_PACKED || { fail "$name" "packed ring not negotiated"; return; }
+  if [ "$dir" = tx ]; then
+    decode_features "$feat" | grep -qw IN_ORDER || { fail "$name" "IN_ORDER not negotiated"; return; }
+    [ "${f_tx:-0}" -gt 0 ] 2>/dev/null || { fail "$name" "the frontend sent nothing"; return; }
+    [ "$tp_rx" = "$f_tx" ] || { fail "$name" "testpmd RX $tp_rx != frontend tx_packets $f_tx"; return; }
+  else
+    [ "${f_rx:-0}" -gt 0 ] 2>/dev/null || { fail "$name" "the frontend received nothing"; return; }
+    [ "$tp_tx" = "$f_rx" ] || { fail "$name" "testpmd TX $tp_tx != frontend rx_packets $f_rx"; return; }
+  fi
+  pass "$name"
+}
+
 # What a process holds: open fds, mappings, RSS (KiB).
 proc_held() { echo "$(ls "/proc/$1/fd" | wc -l) $(wc -l < "/proc/$1/maps") $(awk '/^VmRSS:/{print $2}' "/proc/$1/status")"; }
 fe_moved() { [ "$(ctl_port "$1" fe rx_packets)" -gt "$2" ] 2>/dev/null; }   # fe_moved TAG RX
@@ -513,7 +574,7 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS]
 # ---- run ----------------------------------------------------------------------------------------
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_killed_leaves_nothing
-  guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed)
+  pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed)
 # INTEROP_CASES="a b": run only those (names above); default all.
 read -r -a CASES <<< "${INTEROP_CASES:-${ALL_CASES[*]}}"
 
@@ -528,6 +589,8 @@ for c in "${CASES[@]}"; do
     dpdk_packed_txonly_to_sink)  dpdk_case "$c" sink txonly 1 ",packed_vq=1" ;;
     dpdk_packed_rxonly_from_gen) dpdk_case "$c" gen rxonly 1 ",packed_vq=1" ;;
     dpdk_killed_leaves_nothing) dpdk_killed_leaves_nothing "$c" ;;
+    dpdk_vhost_to_pvnet_packed)  dpdk_vhost_packed_case "$c" rx ;;
+    pvnet_packed_to_dpdk_vhost)  dpdk_vhost_packed_case "$c" tx ;;
     guest_pktgen_to_sink) guest_case "$c" sink ;;
     guest_rx_from_gen)    guest_case "$c" gen ;;
     guest_tap)            guest_tap_case "$c" ;;

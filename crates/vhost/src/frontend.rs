@@ -20,9 +20,9 @@
 //! interrupt only when the ring is full and it must wait.
 
 use crate::features::{
-    RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_RING_PACKED,
-    VIRTIO_F_VERSION_1, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
-    VIRTIO_NET_F_MRG_RXBUF,
+    RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_IN_ORDER,
+    VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4,
+    VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_MRG_RXBUF,
 };
 use crate::rxpool::{Posted, RxPool};
 pub use crate::rxpool::{RxBuffers, DEFAULT_HEADROOM};
@@ -530,12 +530,18 @@ impl NetClient {
             want |= VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4 | VIRTIO_NET_F_GUEST_TSO6;
         }
         if cfg.packed {
-            want |= VIRTIO_F_RING_PACKED;
+            // IN_ORDER with the packed ring: the device may return a transmit batch with one
+            // used descriptor (one cache line read per batch instead of one per buffer).
+            want |= VIRTIO_F_RING_PACKED | VIRTIO_F_IN_ORDER;
         }
         if cfg.event_idx {
             want |= VIRTIO_F_EVENT_IDX;
         }
-        let features = offered & want;
+        let mut features = offered & want;
+        if features & VIRTIO_F_RING_PACKED == 0 {
+            // The split driver takes every used buffer on its own entry: no IN_ORDER there.
+            features &= !VIRTIO_F_IN_ORDER;
+        }
         if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
             let p = fe.get_protocol_features()?;
             fe.set_protocol_features(p & VhostUserProtocolFeatures::MQ)?;
@@ -588,9 +594,8 @@ impl NetClient {
             base: 0,
             event_idx,
             indirect: false,
-            // pvnet's driver does not ask for IN_ORDER: every used buffer comes back with its
-            // own entry.
-            in_order: false,
+            // Asked for with the packed ring only (above).
+            in_order: features & VIRTIO_F_IN_ORDER != 0,
             direction,
         };
         let rx = DriverQueue::new(mem.clone(), &qcfg(lay.rx, Direction::DeviceWrites))?;

@@ -141,9 +141,21 @@ impl MockQueue {
         direction: Direction,
         event_idx: bool,
     ) -> Result<(queue::DriverQueue, queue::DeviceQueue)> {
+        self.pair_with(format, direction, event_idx, false)
+    }
+
+    /// [`pair_in`](Self::pair_in), with `VIRTIO_F_IN_ORDER` negotiated or not.
+    pub fn pair_with(
+        &self,
+        format: Format,
+        direction: Direction,
+        event_idx: bool,
+        in_order: bool,
+    ) -> Result<(queue::DriverQueue, queue::DeviceQueue)> {
         let cfg = QueueConfig {
             format,
             base: format.fresh_base(),
+            in_order,
             ..self.config(direction, event_idx, true)
         };
         let drv = queue::DriverQueue::new(self.mem.clone(), &cfg)?;

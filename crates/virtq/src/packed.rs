@@ -870,6 +870,13 @@ pub struct DriverQueue {
     /// Used buffers `used_available` counted and not yet popped.
     used_pending: u16,
     irq_on: bool,
+    /// `VIRTIO_F_IN_ORDER` negotiated: buffers come back in the order they were made
+    /// available, and one used descriptor (the batch's last buffer id, in the batch's first
+    /// slot) may return a whole batch.
+    in_order: bool,
+    /// Descriptors of the buffers already popped of the batch whose used descriptor sits at
+    /// `next_used` (it is passed once the batch's last buffer is popped).
+    batch_descs: u16,
 }
 
 impl DriverQueue {
@@ -901,6 +908,8 @@ impl DriverQueue {
             used_wrap: true,
             used_pending: 0,
             irq_on: true,
+            in_order: cfg.in_order,
+            batch_descs: 0,
         })
     }
 
@@ -1024,6 +1033,9 @@ impl DriverQueue {
     /// returns how many buffers came back, validating each id against what is in flight.
     #[inline]
     pub fn used_available(&mut self) -> Result<u16> {
+        if self.in_order {
+            return self.used_available_in_order();
+        }
         let (mut i, mut wrap) = (self.next_used, self.used_wrap);
         let mut n = 0u16;
         while n < self.in_flight {
@@ -1052,9 +1064,90 @@ impl DriverQueue {
         }
     }
 
+    /// [`used_available`](Self::used_available) under IN_ORDER: each used descriptor returns
+    /// every buffer in flight up to the one it names, oldest first; the next one sits past
+    /// all their descriptors. A named buffer that is not in flight stops the queue.
+    fn used_available_in_order(&mut self) -> Result<u16> {
+        let (mut i, mut wrap) = (self.next_used, self.used_wrap);
+        // Buffers counted, oldest in flight first.
+        let mut n = 0u16;
+        // A batch partly popped already: its used descriptor is still at `next_used`.
+        let mut skip = self.batch_descs;
+        while n < self.in_flight {
+            // Acquire: as in `used_available`.
+            let f = self.m.ring.flags(i).load(Ordering::Acquire);
+            if !is_used(f, wrap) {
+                break;
+            }
+            let last = self.m.ring.desc(i).id;
+            let mut descs = std::mem::take(&mut skip);
+            loop {
+                if n == self.in_flight {
+                    return Err(Error::UsedIdInvalid {
+                        id: u32::from(last),
+                    });
+                }
+                let id = self.free.recent(n, self.in_flight);
+                descs += self.in_flight_desc(id)?;
+                n += 1;
+                if id == last {
+                    break;
+                }
+            }
+            i = advance(i, &mut wrap, descs, self.size);
+        }
+        self.used_pending = n;
+        Ok(n)
+    }
+
+    /// [`pop_used`](Self::pop_used) under IN_ORDER: the oldest buffer in flight. Before the
+    /// batch's last one it comes back with length 0 (the batch's one used descriptor carries
+    /// the last buffer's length); the last one passes the batch's descriptors.
+    fn pop_used_in_order(&mut self) -> Result<Option<(u16, u32)>> {
+        if self.used_pending == 0 {
+            return Ok(None);
+        }
+        let d = self.m.ring.desc(self.next_used);
+        if !is_used(d.flags, self.used_wrap) {
+            return Err(Error::UsedIdInvalid {
+                id: u32::from(d.id),
+            });
+        }
+        let id = self.free.recent(0, self.in_flight);
+        let k = self.in_flight_desc(id)?;
+        // The batch's slots are freed together once its last buffer is popped: the used
+        // descriptor sits in the first of them until then.
+        let (len, freed) = if id == d.id {
+            let cap = self.cap[usize::from(id)].unwrap_or(0);
+            let len = crate::ring::used_len(id, d.len, cap)?;
+            let descs = std::mem::take(&mut self.batch_descs) + k;
+            self.next_used = advance(self.next_used, &mut self.used_wrap, descs, self.size);
+            (len, descs)
+        } else {
+            if self.used_pending == 1 {
+                // The device changed the descriptor since it was counted: the batch counted
+                // ends here, and not at the buffer it names now.
+                return Err(Error::UsedIdInvalid {
+                    id: u32::from(d.id),
+                });
+            }
+            self.batch_descs += k;
+            (0, 0)
+        };
+        self.cap[usize::from(id)] = None;
+        self.free_slots += freed;
+        self.free.push(id);
+        self.in_flight -= 1;
+        self.used_pending -= 1;
+        Ok(Some((id, len)))
+    }
+
     /// Takes the next used buffer of the batch: (id, len), validated, its slots freed.
     #[inline]
     pub fn pop_used(&mut self) -> Result<Option<(u16, u32)>> {
+        if self.in_order {
+            return self.pop_used_in_order();
+        }
         if self.used_pending == 0 {
             return Ok(None);
         }
@@ -1067,21 +1160,14 @@ impl DriverQueue {
         let id = d.id;
         let k = self.in_flight_desc(id)?;
         let slot = &mut self.cap[usize::from(id)];
-        let cap = slot.unwrap_or(0);
-        if d.len > cap {
-            return Err(Error::UsedLenTooBig {
-                id,
-                len: d.len,
-                cap,
-            });
-        }
+        let len = crate::ring::used_len(id, d.len, slot.unwrap_or(0))?;
         *slot = None;
         self.next_used = advance(self.next_used, &mut self.used_wrap, k, self.size);
         self.free_slots += k;
         self.free.push(id);
         self.in_flight -= 1;
         self.used_pending -= 1;
-        Ok(Some((id, d.len)))
+        Ok(Some((id, len)))
     }
 
     /// Asks the device not to interrupt us.

@@ -74,6 +74,19 @@ impl<M: Translate, R: Layout> Mapped<M, R> {
     }
 }
 
+/// The length a driver takes from a used entry for a buffer with `cap` writable bytes. For a
+/// buffer the device only reads there is nothing to report: some devices write the bytes they
+/// read there (DPDK's vhost does in its in-order transmit batches); it is ignored and 0 taken,
+/// since no byte of such a buffer is ever read back. Past the writable bytes is a violation.
+#[inline]
+pub(crate) fn used_len(id: u16, len: u32, cap: u32) -> Result<u32> {
+    match cap {
+        0 => Ok(0),
+        _ if len > cap => Err(crate::Error::UsedLenTooBig { id, len, cap }),
+        _ => Ok(len),
+    }
+}
+
 /// Free descriptor (or buffer) ids, first in first out: when the device completes in order,
 /// ids (and the buffers a driver ties to them) cycle through the table in order, so
 /// descriptor lines and buffers are touched sequentially and hardware prefetchers can follow.
@@ -105,6 +118,16 @@ impl IdFifo {
         self.head = (self.head + 1) & (self.ids.len() - 1);
         self.len -= 1;
         Some(id)
+    }
+
+    /// The `k`-th oldest of the `in_flight` ids popped and not pushed back, when they come
+    /// back in the order they left (IN_ORDER): they still sit, in that order, in the slots
+    /// just before `head` (a pop leaves its slot as it was; a push writes the oldest one's
+    /// slot, with that same id).
+    #[inline]
+    pub(crate) fn recent(&self, k: u16, in_flight: u16) -> u16 {
+        let mask = self.ids.len() - 1;
+        self.ids[(self.head + self.ids.len() - usize::from(in_flight) + usize::from(k)) & mask]
     }
 
     /// Never overflows: only ids that were popped are pushed back (validated in flight).

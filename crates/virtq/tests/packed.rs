@@ -433,14 +433,18 @@ mod model {
     }
 
     impl World {
-        fn new(size: u16, write: bool, event_idx: bool) -> Self {
+        fn new(size: u16, write: bool, event_idx: bool, in_order: bool) -> Self {
             let mq = MockQueue::new(size, BUF);
             let dir = if write {
                 Direction::DeviceWrites
             } else {
                 Direction::DeviceReads
             };
-            let (drv, mut dev) = mq.pair_in(Format::Packed, dir, event_idx).expect("pair");
+            // IN_ORDER: the device returns a transmit batch with one used descriptor, and
+            // the driver must take it as every buffer up to the one it names.
+            let (drv, mut dev) = mq
+                .pair_with(Format::Packed, dir, event_idx, in_order)
+                .expect("pair");
             dev.disable_notify();
             let mut drv = drv;
             drv.disable_used_notify();
@@ -650,9 +654,10 @@ mod model {
             size in prop_oneof![Just(4u16), Just(8), Just(16)],
             write in any::<bool>(),
             event_idx in any::<bool>(),
+            in_order in any::<bool>(),
             ops in prop::collection::vec(op(), 1..200),
         ) {
-            let mut w = World::new(size, write, event_idx);
+            let mut w = World::new(size, write, event_idx, in_order);
             for op in &ops {
                 w.apply(op);
             }

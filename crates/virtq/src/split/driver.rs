@@ -229,9 +229,7 @@ impl DriverQueue {
             .get_mut(usize::from(id))
             .ok_or(Error::UsedIdInvalid { id: id32 })?;
         let cap = slot.ok_or(Error::UsedIdInvalid { id: id32 })?;
-        if len > cap {
-            return Err(Error::UsedLenTooBig { id, len, cap });
-        }
+        let len = crate::ring::used_len(id, len, cap)?;
         *slot = None;
         self.last_used = self.last_used.wrapping_add(1);
         self.in_flight -= 1;
