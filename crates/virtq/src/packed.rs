@@ -1067,6 +1067,7 @@ impl DriverQueue {
     /// [`used_available`](Self::used_available) under IN_ORDER: each used descriptor returns
     /// every buffer in flight up to the one it names, oldest first; the next one sits past
     /// all their descriptors. A named buffer that is not in flight stops the queue.
+    #[inline]
     fn used_available_in_order(&mut self) -> Result<u16> {
         let (mut i, mut wrap) = (self.next_used, self.used_wrap);
         // Buffers counted, oldest in flight first.
@@ -1103,6 +1104,7 @@ impl DriverQueue {
     /// [`pop_used`](Self::pop_used) under IN_ORDER: the oldest buffer in flight. Before the
     /// batch's last one it comes back with length 0 (the batch's one used descriptor carries
     /// the last buffer's length); the last one passes the batch's descriptors.
+    #[inline]
     fn pop_used_in_order(&mut self) -> Result<Option<(u16, u32)>> {
         if self.used_pending == 0 {
             return Ok(None);
