@@ -1101,11 +1101,10 @@ impl DriverQueue {
         Ok(n)
     }
 
-    /// [`pop_used`](Self::pop_used) under IN_ORDER: the oldest buffer in flight. Before the
-    /// batch's last one it comes back with length 0 (the batch's one used descriptor carries
-    /// the last buffer's length); the last one passes the batch's descriptors.
+    /// The used descriptor at `next_used`, if `used_available` counted a buffer still to pop
+    /// (read once; it must still be marked used).
     #[inline]
-    fn pop_used_in_order(&mut self) -> Result<Option<(u16, u32)>> {
+    fn pending_used(&self) -> Result<Option<PackedDesc>> {
         if self.used_pending == 0 {
             return Ok(None);
         }
@@ -1115,6 +1114,17 @@ impl DriverQueue {
                 id: u32::from(d.id),
             });
         }
+        Ok(Some(d))
+    }
+
+    /// [`pop_used`](Self::pop_used) under IN_ORDER: the oldest buffer in flight. Before the
+    /// batch's last one it comes back with length 0 (the batch's one used descriptor carries
+    /// the last buffer's length); the last one passes the batch's descriptors.
+    #[inline]
+    fn pop_used_in_order(&mut self) -> Result<Option<(u16, u32)>> {
+        let Some(d) = self.pending_used()? else {
+            return Ok(None);
+        };
         let id = self.free.recent(0, self.in_flight);
         let k = self.in_flight_desc(id)?;
         // The batch's slots are freed together once its last buffer is popped: the used
@@ -1150,15 +1160,9 @@ impl DriverQueue {
         if self.in_order {
             return self.pop_used_in_order();
         }
-        if self.used_pending == 0 {
+        let Some(d) = self.pending_used()? else {
             return Ok(None);
-        }
-        let d = self.m.ring.desc(self.next_used);
-        if !is_used(d.flags, self.used_wrap) {
-            return Err(Error::UsedIdInvalid {
-                id: u32::from(d.id),
-            });
-        }
+        };
         let id = d.id;
         let k = self.in_flight_desc(id)?;
         let slot = &mut self.cap[usize::from(id)];
