@@ -22,7 +22,7 @@ set -euo pipefail
 SECONDS_PER_TARGET="${1:-20}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE"
-TARGETS="${TARGETS:-desc_chain packed_chain driver_used gso vhost_msg}"
+TARGETS="${TARGETS:-desc_chain packed_chain driver_used packed_used gso vhost_msg}"
 HOST="$(rustc -vV | sed -n 's/^host: //p')"
 LOGDIR="$HERE/target/run-logs"
 mkdir -p "$LOGDIR"
