@@ -418,6 +418,21 @@ impl Cx<'_, '_> {
         }
     }
 
+    /// The route of a packet with these addresses: the fixed one, the burst's last one if the
+    /// addresses are the same, else decided (and learned) now and kept as the last one.
+    #[inline(always)]
+    fn route_of(&mut self, macs: &[u8; 12]) -> Route {
+        match (self.fixed, self.last) {
+            (Some(r), _) => r,
+            (None, Some((m, r))) if m == *macs => r,
+            _ => {
+                let r = self.route(macs);
+                self.last = Some((*macs, r));
+                r
+            }
+        }
+    }
+
     /// Offers a run of packets to port `j` (one copy each): opens its batch the first time,
     /// fits a packet with offload metadata to what the port takes (such a run is that one
     /// packet), and turns "no room" into the receiver's backpressure decision. Returns how
@@ -586,15 +601,7 @@ impl Ingress for Cx<'_, '_> {
         let mut k = 0;
         while k < pkts.len() {
             let p = &pkts[k];
-            let route = match (self.fixed, self.last) {
-                (Some(r), _) => r,
-                (None, Some((m, r))) if m == p.macs => r,
-                _ => {
-                    let r = self.route(&p.macs);
-                    self.last = Some((p.macs, r));
-                    r
-                }
-            };
+            let route = self.route_of(&p.macs);
             let (n, out) = match route {
                 Route::Drop(r) => (0, Out::Dropped(r)),
                 Route::One(j, flooded) => {
@@ -713,15 +720,7 @@ impl Ingress for Cx<'_, '_> {
         let Some(j) = self.direct else {
             return false;
         };
-        let route = match (self.fixed, self.last) {
-            (Some(r), _) => r,
-            (None, Some((m, r))) if m == *macs => r,
-            _ => {
-                let r = self.route(macs);
-                self.last = Some((*macs, r));
-                r
-            }
-        };
+        let route = self.route_of(macs);
         let Route::One(k, flooded) = route else {
             return false;
         };
