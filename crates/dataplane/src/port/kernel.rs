@@ -613,6 +613,10 @@ impl KernelPort {
                 _ if u.large => 1,
                 _ => k.min(lent),
             };
+            if per > 1 {
+                // A packet within the first chain of a large read makes the next look small.
+                u.first = to.direct_chain(0).iter().map(Seg::len).sum();
+            }
             for i in 0..k {
                 let buf = u.rx[i * RECV_BUF_LEN..].as_mut_ptr();
                 let len = u32::try_from(RECV_BUF_LEN).unwrap_or(u32::MAX);
@@ -625,7 +629,6 @@ impl KernelPort {
                     let segs = (i * per..(i + 1) * per).flat_map(|c| to.direct_chain(c));
                     let (n, inchain) = lend_iovecs(segs, buf, iov);
                     u.lent[i] = inchain;
-                    u.first = to.direct_chain(0).iter().map(Seg::len).sum();
                     // SAFETY: the iovecs point into the lent chains of read `i` (the
                     // frontend's memory, mapped while the shard holds the ring, which it does
                     // for this whole call; the chains are popped for this batch, so neither
