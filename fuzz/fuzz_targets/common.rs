@@ -1,5 +1,7 @@
-//! What the device-side fuzz targets share: taking input in pieces and folding descriptor
+//! What the fuzz targets share: taking input in pieces, and (device side) folding descriptor
 //! addresses and lengths toward the mock's region (so most chains reach the deep checks).
+//! Each target uses what it needs of it.
+#![allow(dead_code)]
 
 use virtq::mock::GPA_BASE;
 
@@ -11,6 +13,17 @@ pub fn take(data: &mut &[u8], n: usize) -> Vec<u8> {
     let mut v = head.to_vec();
     v.resize(n, 0);
     v
+}
+
+/// Takes exactly `n` bytes from the front of the input, or nothing if it is shorter (the
+/// driver-side targets end a run there).
+pub fn take_exact<'a>(data: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if data.len() < n {
+        return None;
+    }
+    let (head, tail) = data.split_at(n);
+    *data = tail;
+    Some(head)
 }
 
 /// Folds 16-byte descriptors' addresses (bit 63 clear: into the region `span` bytes long, a

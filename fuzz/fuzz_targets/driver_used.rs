@@ -14,21 +14,15 @@
 
 #![no_main]
 
+mod common;
+
+use common::take_exact as take;
 use libfuzzer_sys::fuzz_target;
 use virtq::mock::MockQueue;
 use virtq::split::{Buf, Direction};
 use virtq::Error;
 
 const BUF: u32 = 256;
-
-fn take<'a>(data: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    if data.len() < n {
-        return None;
-    }
-    let (head, tail) = data.split_at(n);
-    *data = tail;
-    Some(head)
-}
 
 /// Notes a head the driver handed out: its writable capacity and descriptor count.
 fn record(

@@ -19,6 +19,9 @@
 
 #![no_main]
 
+mod common;
+
+use common::take_exact as take;
 use libfuzzer_sys::fuzz_target;
 use std::collections::VecDeque;
 use virtq::mock::MockQueue;
@@ -26,15 +29,6 @@ use virtq::queue::{Buf, Direction};
 use virtq::{Error, Format};
 
 const BUF: u32 = 256;
-
-fn take<'a>(data: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    if data.len() < n {
-        return None;
-    }
-    let (head, tail) = data.split_at(n);
-    *data = tail;
-    Some(head)
-}
 
 /// Notes a buffer the driver handed out: its writable capacity and descriptors, in order.
 fn record(
