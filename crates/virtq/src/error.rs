@@ -77,6 +77,14 @@ pub enum Error {
         len: u64,
         perm: crate::xlate::Perm,
     },
+    /// The peer granted the range, but not for this access (a write into a read-only grant):
+    /// refused, never retried.
+    #[error("access to {addr:#x}+{len:#x} ({perm:?}) not allowed by its grant")]
+    AccessDenied {
+        addr: u64,
+        len: u64,
+        perm: crate::xlate::Perm,
+    },
 }
 
 impl Error {

@@ -10,8 +10,9 @@
 //!   - driver side: adds buffers with one index store per batch and reclaims used buffers in
 //!     batches, validating what the device wrote.
 //! * [`xlate::Translate`]: the translation seam, from the peer's addresses to host memory with
-//!   a permission; [`mem::MemTable`] (the validated region table) is today's translator. A
-//!   miss is a value: fatal for the table, retryable for a cache of grants.
+//!   a permission; [`mem::MemTable`] is the translator: the validated region table, or an
+//!   IOTLB snapshot of what the peer granted ([`MemTable::granted`], from an [`Iotlb`]). A
+//!   miss is a value: fatal for the table, retryable for grants.
 //! * [`chain::Chain`]: a parsed chain, format-neutral; [`mem::Seg`] its pieces, each borrowing
 //!   the memory it points into.
 //!
@@ -22,6 +23,7 @@
 pub mod chain;
 pub mod error;
 pub mod event;
+pub mod iotlb;
 pub mod mem;
 pub mod packed;
 pub mod queue;
@@ -34,6 +36,7 @@ pub mod mock;
 
 pub use chain::Chain;
 pub use error::Error;
-pub use mem::{MemTable, RegionSpec, Seg};
+pub use iotlb::{Iotlb, IotlbError};
+pub use mem::{Grant, MemTable, RegionSpec, Seg};
 pub use queue::{DeviceQueue, DriverQueue, Format};
 pub use xlate::{Miss, Perm, Translate};

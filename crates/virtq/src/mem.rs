@@ -1,6 +1,13 @@
 //! The validated region table: guest (or IOVA) addresses and the peer's user addresses to
 //! host pointers, with every access checked against the region's validated length.
 //!
+//! The same table, built with [`MemTable::granted`], is an IOTLB snapshot: its entries are
+//! the IOVA ranges the peer granted (vhost-user `VIRTIO_F_ACCESS_PLATFORM`), each resolved
+//! once to host memory through the region table and carrying its permission. The per-packet
+//! lookup is the same code either way (the per-queue last hit, then a binary search), plus a
+//! permission compare; a miss is retryable (the grant may come) and an access the grant does
+//! not allow is refused.
+//!
 //! The table holds raw pointers into mappings it does not own. Whoever builds it promises
 //! (in the `unsafe` constructor) that the mappings outlive the table; the vhost-user glue
 //! does that by keeping the mappings and the table in one reference-counted object.
@@ -36,6 +43,22 @@ struct Region {
     uaddr: u64,
     uaddr_end: u64,
     host: NonNull<u8>,
+    /// What the peer allows (always read-write for shared memory; a grant's own otherwise).
+    perm: Perm,
+}
+
+/// One IOVA range the peer granted: `iova .. iova + len` is its memory at its own user
+/// address `uaddr`, with `perm` (vhost-user `VHOST_IOTLB_UPDATE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// Start of the range in the device's I/O address space.
+    pub iova: u64,
+    /// Its length.
+    pub len: u64,
+    /// The peer's user address of the first byte.
+    pub uaddr: u64,
+    /// What the device may do there.
+    pub perm: Perm,
 }
 
 /// Address space of an address the peer gave us.
@@ -53,6 +76,9 @@ pub struct MemTable {
     regions: Box<[Region]>,
     /// Indices into `regions`, sorted by `uaddr` (ring addresses come in the peer's user space).
     by_uaddr: Box<[usize]>,
+    /// An IOTLB snapshot: every address the peer writes (ring addresses included) is an IOVA,
+    /// looked up in `regions`; a miss may be granted later.
+    granted: bool,
     owner: Box<dyn std::any::Any + Send + Sync>,
 }
 
@@ -98,6 +124,7 @@ impl MemTable {
                 uaddr: s.uaddr,
                 uaddr_end,
                 host: s.host,
+                perm: Perm::ReadWrite,
             });
         }
         regions.sort_by_key(|r| r.gpa);
@@ -122,8 +149,95 @@ impl MemTable {
         Ok(Self {
             regions: regions.into_boxed_slice(),
             by_uaddr: by_uaddr.into_boxed_slice(),
+            granted: false,
             owner,
         })
+    }
+
+    /// An IOTLB snapshot over `base` (the shared-memory table): `grants`, sorted by IOVA and
+    /// not overlapping, each resolved to host memory through `base`'s user addresses (a grant
+    /// that spans two shared regions becomes two entries). The snapshot keeps `base` alive.
+    ///
+    /// A grant whose bytes are not all in shared memory is an error naming it: the caller
+    /// checks each grant with [`MemTable::covers_user`] as it arrives.
+    pub fn granted(base: &std::sync::Arc<MemTable>, grants: &[Grant]) -> Result<Self> {
+        let mut regions: Vec<Region> = Vec::with_capacity(grants.len());
+        let mut last_end = 0;
+        for (index, g) in grants.iter().enumerate() {
+            let bad = |why| Error::BadRegion { index, why };
+            let end = g.iova.checked_add(g.len).ok_or(bad("IOVA range wraps"))?;
+            if g.len == 0 || (index > 0 && g.iova < last_end) {
+                return Err(bad("grants must be non-empty, sorted and not overlap"));
+            }
+            last_end = end;
+            let (mut iova, mut uaddr) = (g.iova, g.uaddr);
+            while iova < end {
+                let r = base.user_region(uaddr).ok_or(bad("not in shared memory"))?;
+                let n = (end - iova).min(r.uaddr_end - uaddr);
+                let (host, _) = Self::host_at(r, uaddr - r.uaddr);
+                // Pieces that continue the previous one in IOVA, host memory and permission
+                // are one entry (a vIOMMU grants page by page: a ring spans several).
+                if let Some(p) = regions.last_mut() {
+                    let ptr = p.host.as_ptr() as usize;
+                    let contiguous = usize::try_from(p.gpa_end - p.gpa)
+                        .ok()
+                        .and_then(|l| ptr.checked_add(l))
+                        == Some(host.as_ptr() as usize);
+                    if p.gpa_end == iova && p.perm == g.perm && contiguous {
+                        p.gpa_end += n;
+                        p.uaddr_end += n;
+                        iova += n;
+                        uaddr += n;
+                        continue;
+                    }
+                }
+                regions.push(Region {
+                    gpa: iova,
+                    gpa_end: iova + n,
+                    uaddr,
+                    uaddr_end: uaddr + n,
+                    host,
+                    perm: g.perm,
+                });
+                iova += n;
+                uaddr += n;
+            }
+        }
+        Ok(Self {
+            regions: regions.into_boxed_slice(),
+            by_uaddr: Box::new([]),
+            granted: true,
+            owner: Box::new(base.clone()),
+        })
+    }
+
+    /// Whether `uaddr .. uaddr + len` (the peer's user addresses) lies wholly in shared
+    /// memory: what a grant must name.
+    pub fn covers_user(&self, mut uaddr: u64, len: u64) -> bool {
+        let Some(end) = uaddr.checked_add(len) else {
+            return false;
+        };
+        while uaddr < end {
+            match self.user_region(uaddr) {
+                Some(r) => uaddr = r.uaddr_end,
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// The shared region holding user address `uaddr`.
+    fn user_region(&self, uaddr: u64) -> Option<&Region> {
+        let i = self
+            .by_uaddr
+            .partition_point(|&k| self.regions[k].uaddr <= uaddr);
+        let r = &self.regions[self.by_uaddr[i.checked_sub(1)?]];
+        (uaddr < r.uaddr_end).then_some(r)
+    }
+
+    /// Whether this is an IOTLB snapshot ([`MemTable::granted`]).
+    pub fn is_granted(&self) -> bool {
+        self.granted
     }
 
     /// Whatever keeps the mappings alive (as given to [`MemTable::new`]).
@@ -163,7 +277,7 @@ impl Translate for MemTable {
         hint: &mut usize,
     ) -> std::result::Result<(NonNull<u8>, u64), Miss> {
         if let Some(r) = self.regions.get(*hint) {
-            if gpa >= r.gpa && gpa < r.gpa_end {
+            if gpa >= r.gpa && gpa < r.gpa_end && r.perm.allows(perm) {
                 return Ok(Self::host_at(r, gpa - r.gpa));
             }
         }
@@ -177,7 +291,7 @@ impl Translate for MemTable {
             .regions
             .get(i.checked_sub(1).ok_or(miss)?)
             .ok_or(miss)?;
-        if gpa < r.gpa_end {
+        if gpa < r.gpa_end && r.perm.allows(perm) {
             *hint = i - 1;
             Ok(Self::host_at(r, gpa - r.gpa))
         } else {
@@ -195,11 +309,17 @@ impl Translate for MemTable {
     ) -> std::result::Result<NonNull<u8>, Miss> {
         let miss = Miss { addr, len, perm };
         let end = addr.checked_add(len).ok_or(miss)?;
+        // Under an IOTLB the rings' addresses are IOVAs too.
+        let space = if self.granted {
+            AddrSpace::Guest
+        } else {
+            space
+        };
         let (r, off) = match space {
             AddrSpace::Guest => {
                 let i = self.regions.partition_point(|r| r.gpa <= addr);
                 let r = &self.regions[i.checked_sub(1).ok_or(miss)?];
-                (end <= r.gpa_end).then(|| (r, addr - r.gpa))
+                (end <= r.gpa_end && r.perm.allows(perm)).then(|| (r, addr - r.gpa))
             }
             AddrSpace::User => {
                 let i = self
@@ -213,10 +333,27 @@ impl Translate for MemTable {
         Ok(Self::host_at(r, off).0)
     }
 
+    /// For shared memory, a violation. For grants: an access the grant covering the address
+    /// does not allow is refused for good; anything else waits for a grant.
     fn miss_error(&self, m: Miss) -> Error {
-        Error::AddrNotMapped {
-            addr: m.addr,
-            len: m.len,
+        if !self.granted {
+            return Error::AddrNotMapped {
+                addr: m.addr,
+                len: m.len,
+            };
+        }
+        let i = self.regions.partition_point(|r| r.gpa <= m.addr);
+        match i.checked_sub(1).map(|i| &self.regions[i]) {
+            Some(r) if m.addr < r.gpa_end && !r.perm.allows(m.perm) => Error::AccessDenied {
+                addr: m.addr,
+                len: m.len,
+                perm: m.perm,
+            },
+            _ => Error::TranslationMiss {
+                addr: m.addr,
+                len: m.len,
+                perm: m.perm,
+            },
         }
     }
 }

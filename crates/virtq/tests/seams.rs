@@ -15,7 +15,7 @@ use virtq::event::Armed;
 use virtq::mem::{read_segs, write_segs, AddrSpace};
 use virtq::mock::MockQueue;
 use virtq::queue::{Buf, DeviceQueue, Direction, QueueConfig};
-use virtq::{Error, Format, MemTable, Miss, Perm, Translate};
+use virtq::{Error, Format, Grant, Iotlb, MemTable, Miss, Perm, Translate};
 
 fn offer(drv: &mut virtq::DriverQueue, mq: &MockQueue, ids: std::ops::Range<u16>, write: bool) {
     for i in ids {
@@ -242,4 +242,99 @@ fn a_grant_cache_translator_is_honoured() {
         perm: Perm::Read,
     });
     assert!(!e.is_retryable());
+}
+
+/// The IOTLB itself ([`Iotlb`] snapshots as [`MemTable::granted`]): the device reaches
+/// exactly what was granted, with the permission granted; a revoked range is refused from
+/// the next batch on; rings granted page by page translate as one range.
+#[test]
+fn an_iotlb_snapshot_grants_exactly_what_was_granted() {
+    let mq = MockQueue::new(8, 64);
+    let (mut drv, _) = mq
+        .pair_in(Format::Split, Direction::DeviceWrites, true)
+        .unwrap();
+    // IOVA = GPA here; the grant names the frontend's user address, as vhost-user does.
+    let uaddr = |gpa: u64| gpa - virtq::mock::GPA_BASE + 0x7f00_0000_0000;
+    let grant = |t: &mut Iotlb, iova: u64, len: u64, perm| {
+        t.update(Grant {
+            iova,
+            len,
+            uaddr: uaddr(iova),
+            perm,
+        })
+        .unwrap();
+    };
+    let snap = |t: &Iotlb| Arc::new(MemTable::granted(&mq.mem, &t.grants()).unwrap());
+    let mut t = Iotlb::new(64);
+    let (dl, al, ul) = virtq::split::ring_sizes(8);
+    // The descriptor table in two pieces, as a vIOMMU grants it page by page.
+    grant(&mut t, mq.addrs.desc, dl / 2, Perm::Read);
+    grant(&mut t, mq.addrs.desc + dl / 2, dl / 2, Perm::Read);
+    grant(&mut t, mq.addrs.avail, al, Perm::Read);
+    grant(&mut t, mq.addrs.used, ul, Perm::ReadWrite);
+    let mut cfg = mq.config(Direction::DeviceWrites, true, true);
+    cfg.space = AddrSpace::User; // ignored under an IOTLB: ring addresses are IOVAs
+    let mut dev = DeviceQueue::new(snap(&t), &cfg).unwrap();
+    offer(&mut drv, &mq, 0..2, true);
+
+    // Not granted: retryable, nothing consumed.
+    let mut chains = Vec::new();
+    assert_eq!(dev.available().unwrap(), 2);
+    assert!(dev
+        .pop_batch(&mut chains, 8, |_| {})
+        .unwrap_err()
+        .is_retryable());
+    assert_eq!(dev.last_avail(), 0);
+
+    // Granted read-only: writing there is refused for good.
+    grant(&mut t, mq.buf(0), 64, Perm::Read);
+    dev.set_mem(snap(&t)).unwrap();
+    assert_eq!(dev.available().unwrap(), 2);
+    let e = dev.pop_batch(&mut chains, 8, |_| {}).unwrap_err();
+    assert!(matches!(e, Error::AccessDenied { .. }), "{e}");
+    assert!(!e.is_retryable());
+
+    // Granted writable: the bytes land where the peer sees them.
+    grant(&mut t, mq.buf(0), 64, Perm::Write);
+    grant(&mut t, mq.buf(1), 64, Perm::ReadWrite);
+    dev.set_mem(snap(&t)).unwrap();
+    assert_eq!(dev.available().unwrap(), 2);
+    assert_eq!(dev.pop_batch(&mut chains, 8, |_| {}).unwrap(), 2);
+    write_segs(dev.writable(&chains[0]), 0, b"granted!");
+    let mut b = [0u8; 8];
+    mq.peek(mq.buf(0), &mut b);
+    assert_eq!(&b, b"granted!");
+    dev.push_used(chains[0].head, 8);
+    dev.push_used(chains[1].head, 0);
+    dev.publish();
+    drop(chains);
+
+    // Revoked: the next chain naming it waits; the snapshot refuses the range.
+    offer(&mut drv, &mq, 0..1, true);
+    assert!(t.invalidate(mq.buf(0), 64));
+    let s = snap(&t);
+    let mut hint = 0;
+    assert!(s.translate(mq.buf(0), Perm::Write, &mut hint).is_err());
+    assert!(s.translate(mq.buf(1), Perm::Write, &mut hint).is_ok());
+    dev.set_mem(s).unwrap();
+    let mut chains = Vec::new();
+    assert_eq!(dev.available().unwrap(), 1);
+    assert!(dev
+        .pop_batch(&mut chains, 8, |_| {})
+        .unwrap_err()
+        .is_retryable());
+
+    // A ring revoked: the queue cannot be translated until it is granted again.
+    assert!(t.invalidate(mq.addrs.used, ul));
+    assert!(dev.set_mem(snap(&t)).unwrap_err().is_retryable());
+    // A grant of memory the peer never shared cannot be turned into a snapshot.
+    t.update(Grant {
+        iova: 0x9000_0000,
+        len: 8,
+        uaddr: 0x10,
+        perm: Perm::Read,
+    })
+    .unwrap();
+    assert!(!mq.mem.covers_user(0x10, 8));
+    assert!(MemTable::granted(&mq.mem, &t.grants()).is_err());
 }

@@ -98,7 +98,7 @@ impl Ring {
                 .map_err(|m| mem.miss_error(m))
         };
         let desc = part(a.desc, dl, Perm::Read)?.cast::<Desc>();
-        let avail = part(a.avail, al, Perm::ReadWrite)?;
+        let avail = part(a.avail, al, Perm::Read)?;
         let used = part(a.used, ul, Perm::ReadWrite)?;
         // Host alignment follows from guest alignment only if regions are page aligned;
         // check the host pointers too, since the atomics below need it.

@@ -1,0 +1,187 @@
+//! The IOTLB's master copy: what the peer has granted, as it grants and revokes.
+//!
+//! vhost-user `VHOST_IOTLB_UPDATE` adds a grant (an IOVA range, the peer's user address of it
+//! and a permission) and `VHOST_IOTLB_INVALIDATE` revokes a range, which may cut grants in
+//! pieces. This map is the control plane's copy, changed one message at a time; the queues
+//! translate through immutable snapshots of it ([`MemTable::granted`](crate::MemTable::granted)),
+//! rebuilt after each change. Overlapping updates take the newest grant for the overlap
+//! (a vIOMMU remapping a page), as the kernel's vhost IOTLB does.
+
+use crate::mem::Grant;
+use std::collections::BTreeMap;
+
+/// Why an update was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IotlbError {
+    /// Empty, or `iova + size` (or `uaddr + size`) wraps.
+    #[error("empty or wrapping range")]
+    BadRange,
+    /// The grant would take the map past its bound.
+    #[error("more than {0} grants")]
+    TooMany(usize),
+}
+
+/// Grants by IOVA: sorted, never overlapping.
+#[derive(Debug, Default, Clone)]
+pub struct Iotlb {
+    /// Keyed by start IOVA.
+    map: BTreeMap<u64, Grant>,
+    limit: usize,
+}
+
+impl Iotlb {
+    /// An empty map that holds at most `limit` grants (a peer that floods updates is refused,
+    /// not allowed to grow our memory).
+    pub fn new(limit: usize) -> Self {
+        Self {
+            map: BTreeMap::new(),
+            limit,
+        }
+    }
+
+    /// Number of grants held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True if nothing is granted.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Adds a grant; where it overlaps older ones it replaces them.
+    pub fn update(&mut self, g: Grant) -> Result<(), IotlbError> {
+        if g.len == 0 || g.iova.checked_add(g.len).is_none() || g.uaddr.checked_add(g.len).is_none()
+        {
+            return Err(IotlbError::BadRange);
+        }
+        // Removing the overlap may split one grant in two: room for both.
+        if self.map.len() + 2 > self.limit {
+            return Err(IotlbError::TooMany(self.limit));
+        }
+        self.remove(g.iova, g.len);
+        self.map.insert(g.iova, g);
+        Ok(())
+    }
+
+    /// Revokes `iova .. iova + len` (saturating at the top of the space): grants wholly
+    /// inside go, grants across an edge keep their outside part. Returns whether anything
+    /// was revoked.
+    pub fn invalidate(&mut self, iova: u64, len: u64) -> bool {
+        if len == 0 {
+            return false;
+        }
+        self.remove(iova, len)
+    }
+
+    /// Whether `iova .. iova + len` is wholly granted with at least `perm`.
+    pub fn covers(&self, mut iova: u64, len: u64, perm: crate::Perm) -> bool {
+        let Some(end) = iova.checked_add(len) else {
+            return false;
+        };
+        while iova < end {
+            match self.map.range(..=iova).next_back() {
+                Some((_, g)) if iova < g.iova + g.len && g.perm.allows(perm) => {
+                    iova = g.iova + g.len;
+                }
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Every grant, by IOVA (what a snapshot is built from).
+    pub fn grants(&self) -> Vec<Grant> {
+        self.map.values().copied().collect()
+    }
+
+    fn remove(&mut self, start: u64, len: u64) -> bool {
+        let end = start.saturating_add(len);
+        let mut hit: Vec<Grant> = Vec::new();
+        // The grant starting before `start` that may reach into it, and every one starting
+        // inside.
+        if let Some((_, g)) = self.map.range(..start).next_back() {
+            if g.iova + g.len > start {
+                hit.push(*g);
+            }
+        }
+        hit.extend(self.map.range(start..end).map(|(_, g)| *g));
+        for g in &hit {
+            self.map.remove(&g.iova);
+            let g_end = g.iova + g.len;
+            if g.iova < start {
+                let keep = start - g.iova;
+                self.map.insert(g.iova, Grant { len: keep, ..*g });
+            }
+            if g_end > end {
+                let cut = end - g.iova;
+                self.map.insert(
+                    end,
+                    Grant {
+                        iova: end,
+                        len: g_end - end,
+                        uaddr: g.uaddr + cut,
+                        perm: g.perm,
+                    },
+                );
+            }
+        }
+        !hit.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Perm;
+
+    fn g(iova: u64, len: u64, uaddr: u64) -> Grant {
+        Grant {
+            iova,
+            len,
+            uaddr,
+            perm: Perm::ReadWrite,
+        }
+    }
+
+    #[test]
+    fn invalidation_cuts_grants_at_its_edges() {
+        let mut t = Iotlb::new(16);
+        t.update(g(0x1000, 0x3000, 0x10_0000)).unwrap();
+        assert!(t.invalidate(0x2000, 0x1000));
+        assert_eq!(
+            t.grants(),
+            vec![g(0x1000, 0x1000, 0x10_0000), g(0x3000, 0x1000, 0x10_2000)]
+        );
+        assert!(!t.covers(0x2000, 1, Perm::Read));
+        assert!(t.covers(0x1000, 0x1000, Perm::Write));
+        assert!(!t.invalidate(0x2000, 0x1000), "nothing left there");
+        assert!(t.invalidate(0, u64::MAX), "everything");
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_newer_grant_replaces_the_overlap() {
+        let mut t = Iotlb::new(16);
+        t.update(g(0x1000, 0x2000, 0x10_0000)).unwrap();
+        t.update(Grant {
+            perm: Perm::Read,
+            ..g(0x1800, 0x1000, 0x20_0000)
+        })
+        .unwrap();
+        assert_eq!(t.len(), 3);
+        assert!(t.covers(0x1000, 0x800, Perm::Write));
+        assert!(!t.covers(0x1800, 1, Perm::Write));
+        assert!(t.covers(0x1000, 0x2000, Perm::Read));
+    }
+
+    #[test]
+    fn bad_updates_are_refused() {
+        let mut t = Iotlb::new(2);
+        assert_eq!(t.update(g(1, 0, 0)), Err(IotlbError::BadRange));
+        assert_eq!(t.update(g(u64::MAX, 2, 0)), Err(IotlbError::BadRange));
+        assert_eq!(t.update(g(0, 2, u64::MAX)), Err(IotlbError::BadRange));
+        t.update(g(0, 1, 0)).unwrap();
+        assert_eq!(t.update(g(8, 1, 0)), Err(IotlbError::TooMany(2)));
+    }
+}
