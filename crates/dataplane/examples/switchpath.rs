@@ -80,6 +80,7 @@ fn fe(id: u32, last: u8) -> (Fe, AnyPort) {
             err: None,
             mergeable: true,
             features,
+            iotlb: None,
         });
     }
     let mac = [2, 0, 0, 0, 0, last];

@@ -85,6 +85,8 @@ pub struct PortStats {
     pub sleeps: AtomicU64,
     /// Queues stopped for a virtqueue violation.
     pub queue_errors: AtomicU64,
+    /// IOTLB: translations the queues found missing and asked the frontend for (MISS).
+    pub iotlb_misses: AtomicU64,
     /// Sink: data frames out of order or missing.
     pub seq_errors: AtomicU64,
     /// Sink: count carried by the end marker + 1 (0 = none seen yet).
@@ -159,6 +161,8 @@ pub struct PortSnapshot {
     /// See [`PortStats`].
     pub queue_errors: u64,
     /// See [`PortStats`].
+    pub iotlb_misses: u64,
+    /// See [`PortStats`].
     pub seq_errors: u64,
     /// End marker count, if one arrived.
     pub end_marker: Option<u64>,
@@ -216,6 +220,7 @@ impl PortSnapshot {
             t.tx_batches += s.tx_batches;
             t.sleeps += s.sleeps;
             t.queue_errors += s.queue_errors;
+            t.iotlb_misses += s.iotlb_misses;
             t.seq_errors += s.seq_errors;
             t.end_marker = t.end_marker.max(s.end_marker);
             t.flooded += s.flooded;
@@ -256,6 +261,7 @@ impl PortStats {
             tx_batches: r(&self.tx_batches),
             sleeps: r(&self.sleeps),
             queue_errors: r(&self.queue_errors),
+            iotlb_misses: r(&self.iotlb_misses),
             seq_errors: r(&self.seq_errors),
             end_marker: end.checked_sub(1),
             flooded: r(&self.flooded),

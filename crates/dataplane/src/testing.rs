@@ -96,6 +96,7 @@ impl MockFe {
                 err: None,
                 mergeable: features & VIRTIO_NET_F_MRG_RXBUF != 0,
                 features,
+                iotlb: None,
             });
         }
         let mut fe = Self {

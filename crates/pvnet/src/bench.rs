@@ -45,6 +45,10 @@ pub struct BenchArgs {
     /// Run the frontends on the packed virtqueue (virtio 1.1) instead of the split one.
     #[arg(long)]
     pub packed: bool,
+    /// Put the backend behind an IOMMU and grant it the frontends' buffers: off, per-packet
+    /// (an acked IOTLB update and invalidation per buffer) or pool (granted once).
+    #[arg(long, default_value = "off")]
+    pub grants: pvnet_vhost::frontend::GrantMode,
     #[command(subcommand)]
     pub sub: Option<BenchSub>,
 }
@@ -69,6 +73,7 @@ impl Default for BenchArgs {
             no_limits: false,
             policy: Policy::Adaptive,
             packed: false,
+            grants: pvnet_vhost::frontend::GrantMode::Off,
             sub: None,
         }
     }
@@ -279,6 +284,7 @@ impl Ctx<'_> {
         if self.a.packed {
             args.push("--packed".into());
         }
+        args.extend(["--grants".into(), self.a.grants.to_string()]);
         Proc::spawn("frontend", &args)
     }
 }
@@ -368,6 +374,13 @@ fn one_way(
         json!({ "backend": ns_per(bcpu, recv), "frontend": ns_per(fcpu, recv) });
     r["kicks_per_kpkt"] = json!(per_k(u(&ff, "/kicks"), recv));
     r["calls_per_kpkt"] = json!(per_k(u(&p, "/calls"), recv));
+    r["iotlb_msgs_per_pkt"] = json!(
+        per_k(
+            u(&ff, "/iotlb/updates") + u(&ff, "/iotlb/invalidates"),
+            recv
+        ) / 1000.0
+    );
+    r["iotlb_misses"] = json!(u(&p, "/iotlb_misses"));
     Ok(r)
 }
 
@@ -450,6 +463,12 @@ fn f2f(cx: &Ctx<'_>) -> Result<Value> {
     let calls: u64 = ports.iter().map(|p| u(p, "/calls")).sum();
     r["kicks_per_kpkt"] = json!(per_k(u(&tf, "/kicks") + u(&rf, "/kicks"), recv));
     r["calls_per_kpkt"] = json!(per_k(calls, recv));
+    let msgs = ["/iotlb/updates", "/iotlb/invalidates"]
+        .iter()
+        .map(|k| u(&tf, k) + u(&rf, k))
+        .sum::<u64>();
+    r["iotlb_msgs_per_pkt"] = json!(per_k(msgs, recv) / 1000.0);
+    r["iotlb_misses"] = json!(ports.iter().map(|p| u(p, "/iotlb_misses")).sum::<u64>());
     Ok(r)
 }
 
@@ -489,9 +508,10 @@ fn idle(cx: &Ctx<'_>) -> Result<Value> {
 fn print_table(out: &Value) {
     let size = out["frame_len"].as_u64().unwrap_or(0);
     println!(
-        "\npvnet bench: {size}-byte frames, {} ring of {}, {} s per scenario",
+        "\npvnet bench: {size}-byte frames, {} ring of {}, grants {}, {} s per scenario",
         out["ring"].as_str().unwrap_or("split"),
         out["queue_size"],
+        out["grants"].as_str().unwrap_or("off"),
         out["secs"]
     );
     if let Some(l) = out.get("limits").filter(|l| !l.is_null()) {
@@ -501,7 +521,7 @@ fn print_table(out: &Value) {
         );
     }
     println!(
-        "\n{:<5} {:>8} {:>8} {:>12} {:>12} {:>8} {:>18} {:>9} {:>9} {:>6} {:>6}",
+        "\n{:<5} {:>8} {:>8} {:>12} {:>12} {:>8} {:>18} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6}",
         "",
         "Mpps",
         "Gbit/s",
@@ -511,6 +531,8 @@ fn print_table(out: &Value) {
         "cpu ns/pkt (b/f)",
         "kicks/k",
         "calls/k",
+        "iotlb/pkt",
+        "misses",
         "exact",
         "limit"
     );
@@ -532,7 +554,7 @@ fn print_table(out: &Value) {
             .unwrap_or(0.0);
         let cpu = format!("{:.1}/{:.1}", f(c, "/backend"), fe);
         println!(
-            "{:<5} {:>8.2} {:>8.2} {:>12} {:>12} {:>8} {:>18} {:>9.3} {:>9.3} {:>6} {:>5.0}%",
+            "{:<5} {:>8.2} {:>8.2} {:>12} {:>12} {:>8} {:>18} {:>9.3} {:>9.3} {:>8.2} {:>6} {:>6} {:>5.0}%",
             name,
             f(s, "/mpps"),
             f(s, "/gbps"),
@@ -542,6 +564,8 @@ fn print_table(out: &Value) {
             cpu,
             f(s, "/kicks_per_kpkt"),
             f(s, "/calls_per_kpkt"),
+            f(s, "/iotlb_msgs_per_pkt"),
+            u(s, "/iotlb_misses"),
             if s["counts_add_up"].as_bool() == Some(true) {
                 "yes"
             } else {
@@ -551,6 +575,7 @@ fn print_table(out: &Value) {
         );
     }
     println!("\nexact: every frame sent was received, in order, and drops by reason add up.");
+    println!("iotlb/pkt: IOTLB updates + invalidations the frontends sent per packet; misses: the backend's.");
     println!("limit: pvnet's rate as a fraction of the 64-byte-slot ring measured in this run.");
 }
 
@@ -626,6 +651,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let mut out = json!({
         "frame_len": a.size, "queue_size": a.queue_size, "secs": a.secs,
         "ring": if a.packed { "packed" } else { "split" },
+        "grants": a.grants.to_string(),
         "limits": limits, "scenarios": scenarios, "failures": failures,
     });
     // The headline figures are the one-way frontend -> backend run.

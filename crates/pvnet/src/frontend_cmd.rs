@@ -14,7 +14,9 @@ use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use pvnet_dataplane::frame::{self, SeqCheck};
 use pvnet_dataplane::poll::{Idle, Policy, Poller, WakeCost};
-use pvnet_vhost::frontend::{ClientConfig, NetClient, RxBuffers, TxMode, DEFAULT_HEADROOM};
+use pvnet_vhost::frontend::{
+    ClientConfig, GrantMode, NetClient, RxBuffers, TxMode, DEFAULT_HEADROOM,
+};
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
@@ -123,6 +125,12 @@ pub struct FrontendArgs {
     /// does not offer it. The `ready` line shows what was negotiated.
     #[arg(long)]
     pub packed: bool,
+    /// Put the device behind an IOMMU (VIRTIO_F_ACCESS_PLATFORM) and grant it buffers:
+    /// `off` (no IOMMU), `per-packet` (each buffer granted with an IOTLB update before it is
+    /// posted and revoked when it returns, each acked: a guest's iommu.strict=1) or `pool`
+    /// (rings and buffer pools granted once: staging grants).
+    #[arg(long, default_value = "off")]
+    pub grants: GrantMode,
     /// Receive buffers: `ewma` (sized from an EWMA of the frames received, weight 1/64, carved
     /// from 4 KiB chunks; the floor keeps room for the largest frame in a full ring) or
     /// `fixed:<bytes>` (every buffer offers that many bytes, header included).
@@ -298,6 +306,7 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         rx_headroom: a.rx_headroom,
         guest_tso: a.guest_tso,
         packed: a.packed,
+        grants: a.grants,
         ..ClientConfig::default()
     };
     let wake = WakeCost::measure(30);
@@ -329,6 +338,12 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
     });
     if let (Some(o), Some(r)) = (out.as_object_mut(), r.as_object()) {
         o.extend(r.clone());
+    }
+    if let Some(g) = c.grant_stats() {
+        out["iotlb"] = json!({
+            "updates": g.updates, "invalidates": g.invalidates,
+            "misses_answered": g.misses_answered, "misses_refused": g.misses_refused,
+        });
     }
     emit(&json!({ "final": out }));
     if out["timed_out"].as_bool() == Some(true) {

@@ -9,12 +9,19 @@
 //!
 //! A frontend that disconnects or dies only ends its own session: its queues are stopped, its
 //! port is removed and its memory unmapped once the dataplane lets go of the table.
+//!
+//! With `VIRTIO_F_ACCESS_PLATFORM` the session also keeps the IOTLB: the master copy of what
+//! the frontend granted ([`virtq::Iotlb`]), changed by `VHOST_USER_IOTLB_MSG`, and handed to
+//! the queues as an immutable snapshot ([`MemTable::granted`]) after every change, the same
+//! way a new memory table is. The queues ask for what they miss on the backend channel
+//! ([`BackendChannel`]).
 
 use crate::eventfd::Notifier;
 use crate::features::{
-    DEVICE_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
-    VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_NET_F_MRG_RXBUF,
+    DEVICE_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_EVENT_IDX,
+    VIRTIO_F_INDIRECT_DESC, VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_NET_F_MRG_RXBUF,
 };
+use crate::iotlb::{BackendChannel, IotlbMsg, Kind};
 use crate::mmap::{map_regions, PeerRegion};
 use crate::ratelimit::PeerLog;
 use crate::{peer_error, peer_warn};
@@ -36,7 +43,7 @@ use vhost::vhost_user::{
 };
 use virtq::mem::AddrSpace;
 use virtq::queue::{DeviceQueue, Direction, Format, QueueConfig, RingAddrs};
-use virtq::MemTable;
+use virtq::{Grant, Iotlb, MemTable, Perm};
 
 /// Identifies a frontend connection (a switch port) for the life of the backend process.
 pub type PortId = u32;
@@ -58,6 +65,8 @@ pub struct StartedQueue {
     pub mergeable: bool,
     /// Every feature the frontend acked (offloads decide what it may be sent).
     pub features: u64,
+    /// With `VIRTIO_F_ACCESS_PLATFORM`: where to ask for a translation the queue misses.
+    pub iotlb: Option<Arc<BackendChannel>>,
 }
 
 /// What the dataplane provides to the control plane. Called from session threads.
@@ -69,7 +78,9 @@ pub trait DeviceHooks: Send + Sync + 'static {
     /// Stops a running queue and returns its next avail index (None if it was not running).
     /// Must not return before the dataplane has let go of the ring.
     fn stop_queue(&self, port: PortId, index: u16) -> Option<u16>;
-    /// The memory table changed while queues may be running.
+    /// The memory table (or the IOTLB snapshot) changed while queues may be running. Must
+    /// not return before every running queue of the port has switched to `mem`: after an
+    /// IOTLB invalidation the frontend is told (acked) only then, and may reuse the range.
     fn set_mem(&self, port: PortId, mem: Arc<MemTable>);
     /// The frontend is gone: every queue of the port is already stopped.
     fn port_gone(&self, port: PortId);
@@ -129,7 +140,15 @@ pub struct Session {
     protocol: u64,
     vrings: Vec<Vring>,
     regions: Vec<Region>,
+    /// The shared-memory table.
+    base: Option<Arc<MemTable>>,
+    /// What the queues translate through: `base`, or under `VIRTIO_F_ACCESS_PLATFORM` the
+    /// snapshot of `iotlb` over it.
     mem: Option<Arc<MemTable>>,
+    /// What the frontend granted (`VIRTIO_F_ACCESS_PLATFORM`).
+    iotlb: Iotlb,
+    /// The backend request channel (`SET_BACKEND_REQ_FD`).
+    channel: Arc<BackendChannel>,
     /// The listener's bound on the warnings its frontends can cause.
     log: Arc<PeerLog>,
 }
@@ -251,9 +270,100 @@ impl Session {
             protocol: 0,
             vrings: (0..n).map(|_| Vring::default()).collect(),
             regions: Vec::new(),
+            base: None,
             mem: None,
+            iotlb: Iotlb::new(MAX_GRANTS),
+            channel: Arc::new(BackendChannel::default()),
             log,
         }
+    }
+
+    fn iommu(&self) -> bool {
+        self.acked & VIRTIO_F_ACCESS_PLATFORM != 0
+    }
+
+    /// Hands the queues what they translate through now: the shared-memory table, or under
+    /// an IOMMU the snapshot of the grants over it. Returns only after every running queue
+    /// switched (see [`DeviceHooks::set_mem`]), then starts the rings that were waiting for
+    /// memory (or for a grant of their own addresses).
+    fn publish(&mut self) -> VuResult<()> {
+        let Some(base) = self.base.clone() else {
+            return Ok(());
+        };
+        let mem = if self.iommu() {
+            // Grants of memory no longer shared (a new table) are dropped; the frontend
+            // grants again on a miss.
+            let grants: Vec<Grant> = self
+                .iotlb
+                .grants()
+                .into_iter()
+                .filter(|g| base.covers_user(g.uaddr, g.len))
+                .collect();
+            let t = MemTable::granted(&base, &grants)
+                .map_err(|e| io_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+            Arc::new(t)
+        } else {
+            base
+        };
+        if self.vrings.iter().any(|v| v.running) {
+            self.hooks.set_mem(self.port, mem.clone());
+        }
+        self.mem = Some(mem);
+        // A ring set up before the memory table (the protocol does not order them), or whose
+        // addresses were not granted yet, starts now.
+        for i in 0..self.vrings.len() {
+            if let Ok(i) = u16::try_from(i) {
+                self.maybe_start(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `VHOST_USER_IOTLB_MSG`: a grant or a revocation. Anything else (the feature not
+    /// negotiated, a type only the backend sends, no or unknown access bits, a range that
+    /// wraps or names memory the frontend did not share, more grants than the bound) is a
+    /// violation: the session ends, and with it only this port.
+    ///
+    /// An invalidation takes effect before the ack: [`Self::publish`] returns only when every
+    /// running queue has switched to the snapshot without the range, and a queue switches
+    /// only between batches (the worker runs commands between batches), so no access to the
+    /// range is in progress or can start once the frontend hears back.
+    fn iotlb_msg(&mut self, m: IotlbMsg) -> Result<(), String> {
+        if !self.iommu() {
+            return Err("IOTLB message without VIRTIO_F_ACCESS_PLATFORM".into());
+        }
+        match m.kind {
+            Kind::Update => {
+                let perm = Perm::from_bits(m.perm)
+                    .ok_or_else(|| format!("update with access bits {:#x}", m.perm))?;
+                let base = self.base.as_ref().ok_or("update before the memory table")?;
+                if !base.covers_user(m.uaddr, m.size) {
+                    return Err(format!(
+                        "update of {:#x}+{:#x} names user address {:#x}, outside shared memory",
+                        m.iova, m.size, m.uaddr
+                    ));
+                }
+                self.iotlb
+                    .update(Grant {
+                        iova: m.iova,
+                        len: m.size,
+                        uaddr: m.uaddr,
+                        perm,
+                    })
+                    .map_err(|e| format!("update of {:#x}+{:#x}: {e}", m.iova, m.size))?;
+            }
+            Kind::Invalidate => {
+                if !self.iotlb.invalidate(m.iova, m.size) {
+                    return Ok(()); // nothing granted there: nothing changes
+                }
+            }
+            Kind::Miss | Kind::AccessFail => {
+                return Err(format!("{:?} is a backend's message", m.kind));
+            }
+        }
+        debug!(port = self.port, kind = ?m.kind, iova = format_args!("{:#x}", m.iova),
+            size = m.size, grants = self.iotlb.len(), "IOTLB");
+        self.publish().map_err(|e| e.to_string())
     }
 
     fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {
@@ -265,6 +375,11 @@ impl Session {
     }
 
     fn remap(&mut self) -> VuResult<()> {
+        self.map_regions()?;
+        self.publish()
+    }
+
+    fn map_regions(&mut self) -> VuResult<()> {
         let regions = self
             .regions
             .iter()
@@ -284,17 +399,7 @@ impl Session {
             io_err(e)
         })?;
         info!(port = self.port, regions = mem.len(), "memory table mapped");
-        if self.vrings.iter().any(|v| v.running) {
-            self.hooks.set_mem(self.port, mem.clone());
-        }
-        self.mem = Some(mem);
-        // A ring set up before the memory table (the protocol does not order them) starts
-        // now: its addresses are translated when the ring starts.
-        for i in 0..self.vrings.len() {
-            if let Ok(i) = u16::try_from(i) {
-                self.maybe_start(i)?;
-            }
-        }
+        self.base = Some(mem);
         Ok(())
     }
 
@@ -345,8 +450,26 @@ impl Session {
                 Direction::DeviceReads
             },
         };
-        let queue = DeviceQueue::new(mem, &cfg)
-            .map_err(|source| refuse(&log, port, SessionError::Queue { index, source }))?;
+        let queue = match DeviceQueue::new(mem, &cfg) {
+            Ok(q) => q,
+            // Under an IOMMU, a ring not granted yet: ask, and start when the grant arrives.
+            Err(virtq::Error::TranslationMiss { addr, perm, .. }) => {
+                debug!(
+                    port,
+                    queue = index,
+                    addr = format_args!("{addr:#x}"),
+                    "ring not granted yet: asking"
+                );
+                self.channel.miss(addr, perm);
+                return Ok(());
+            }
+            Err(source) => {
+                return Err(refuse(&log, port, SessionError::Queue { index, source }));
+            }
+        };
+        let iommu = self.iommu();
+        let channel = self.channel.clone();
+        let v = self.vring(u32::from(index))?;
         let dup = |f: &Option<File>| -> VuResult<Option<Notifier>> {
             f.as_ref()
                 .map(|f| {
@@ -379,6 +502,7 @@ impl Session {
                 err,
                 mergeable,
                 features: self.acked,
+                iotlb: iommu.then_some(channel),
             },
         );
         Ok(())
@@ -421,6 +545,7 @@ impl VhostUserBackendReqHandlerMut for Session {
             *v = Vring::default();
         }
         self.acked = 0;
+        self.iotlb = Iotlb::new(MAX_GRANTS);
         Ok(())
     }
 
@@ -552,9 +677,11 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
+        // BACKEND_REQ carries the IOTLB misses; QEMU requires it and REPLY_ACK for an IOMMU.
         Ok(VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::BACKEND_REQ)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
@@ -697,11 +824,11 @@ pub fn run_session(
     let mut handler = BackendReqHandler::from_stream(stream, session.clone());
     loop {
         if let Some(sock) = &peek {
-            match take_early_vring_enable(sock, &session) {
+            match take_own_message(sock, &session) {
                 Ok(true) => continue,
                 Ok(false) => {}
                 Err(e) => {
-                    peer_error!(log, port, "closing session: SET_VRING_ENABLE: {e}");
+                    peer_error!(log, port, "closing session: {e}");
                     break;
                 }
             }
@@ -721,6 +848,7 @@ pub fn run_session(
     if let Ok(mut s) = session.lock() {
         s.stop_all();
         s.mem = None;
+        s.base = None;
     }
     hooks.port_gone(port);
 }
@@ -753,7 +881,7 @@ const HDR_NEED_REPLY: u32 = 0x8;
 /// protocol features are not acked is read here, applied, and acked if the frontend asked
 /// (`NEED_REPLY` with `REPLY_ACK`). Returns `Ok(true)` if it handled a message.
 fn take_early_vring_enable(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Result<bool> {
-    use std::io::{Read, Write};
+    use std::io::Read;
     use std::os::fd::AsRawFd;
     let protocol = match session.lock() {
         Ok(s) if s.acked & VHOST_USER_F_PROTOCOL_FEATURES == 0 => s.protocol,
@@ -808,14 +936,7 @@ fn take_early_vring_enable(sock: &UnixStream, session: &Mutex<Session>) -> std::
         }
         _ => false,
     };
-    if flags & HDR_NEED_REPLY != 0 && protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0 {
-        let mut reply = [0u8; MSG_HDR_LEN + 8];
-        reply[0..4].copy_from_slice(&SET_VRING_ENABLE.to_le_bytes());
-        reply[4..8].copy_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
-        reply[8..12].copy_from_slice(&8u32.to_le_bytes());
-        reply[12..20].copy_from_slice(&u64::from(!res).to_le_bytes());
-        (&*sock).write_all(&reply)?;
-    }
+    reply_ack(sock, SET_VRING_ENABLE, flags, protocol, u64::from(!res))?;
     Ok(true)
 }
 
@@ -864,6 +985,101 @@ fn sessions_end_within(
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Grants one frontend may hold at once (IOTLB entries). A Linux guest in strict mode has one
+/// per buffer in flight (a few thousand at most); a pool, a handful.
+pub const MAX_GRANTS: usize = 1 << 16;
+
+/// Handles the messages the `vhost` crate does not dispatch, before it sees them:
+/// `VHOST_USER_IOTLB_MSG`, `VHOST_USER_SET_BACKEND_REQ_FD` (with its fd), and an early
+/// `SET_VRING_ENABLE` (see [`take_early_vring_enable`]). Peeks the header; anything else is
+/// left for the crate. Returns `Ok(true)` if it handled a message,
+/// an error (which ends the session) for a malformed one or a violation.
+fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Result<bool> {
+    use crate::iotlb::{BODY_LEN, HDR_LEN, IOTLB_MSG, SET_BACKEND_REQ_FD};
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    let mut hdr = [0u8; HDR_LEN];
+    // SAFETY: `hdr` is valid for writes of its length; MSG_PEEK leaves the bytes (and any fd
+    // attached) queued.
+    let n = unsafe {
+        libc::recv(
+            sock.as_raw_fd(),
+            hdr.as_mut_ptr().cast(),
+            hdr.len(),
+            libc::MSG_PEEK,
+        )
+    };
+    if usize::try_from(n).ok() != Some(HDR_LEN) {
+        return Ok(false); // EOF, error or a lagging header: for the crate to report
+    }
+    let word = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
+    let (request, flags, size) = (word(0), word(4), word(8) as usize);
+    let ok = match request {
+        IOTLB_MSG => {
+            if size != BODY_LEN {
+                return Err(bad(format!("IOTLB message of {size} bytes")));
+            }
+            let mut m = [0u8; HDR_LEN + BODY_LEN];
+            (&*sock).read_exact(&mut m)?;
+            let msg = IotlbMsg::parse(&m[HDR_LEN..])
+                .ok_or_else(|| bad(format!("IOTLB message of type {}", m[HDR_LEN + 25])))?;
+            let mut s = session.lock().map_err(|_| bad("session poisoned".into()))?;
+            s.iotlb_msg(msg).map_err(bad)?;
+            s.protocol
+        }
+        SET_BACKEND_REQ_FD => {
+            if size != 0 && size != 8 {
+                return Err(bad(format!("SET_BACKEND_REQ_FD of {size} bytes")));
+            }
+            let mut m = [0u8; HDR_LEN + 8];
+            let (got, file) = sock
+                .recv_with_fd(&mut m[..HDR_LEN + size])
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+            if got != HDR_LEN + size {
+                return Err(bad("SET_BACKEND_REQ_FD cut short".into()));
+            }
+            let file = file.ok_or_else(|| bad("SET_BACKEND_REQ_FD without an fd".into()))?;
+            let s = session.lock().map_err(|_| bad("session poisoned".into()))?;
+            // SAFETY: the fd was just received and is owned by `file` alone.
+            let stream = unsafe {
+                <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(
+                    std::os::fd::IntoRawFd::into_raw_fd(file),
+                )
+            };
+            s.channel.set(stream)?;
+            info!(port = s.port, "backend request channel set");
+            s.protocol
+        }
+        SET_VRING_ENABLE => return take_early_vring_enable(sock, session),
+        _ => return Ok(false),
+    };
+    reply_ack(sock, request, flags, ok, 0)?;
+    Ok(true)
+}
+
+/// Acks a request the session handled itself, if the frontend asked (`NEED_REPLY` with
+/// `REPLY_ACK` negotiated): `status` 0 for success.
+fn reply_ack(
+    sock: &UnixStream,
+    request: u32,
+    flags: u32,
+    protocol: u64,
+    status: u64,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    if flags & HDR_NEED_REPLY != 0 && protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0 {
+        let mut reply = [0u8; MSG_HDR_LEN + 8];
+        reply[0..4].copy_from_slice(&request.to_le_bytes());
+        reply[4..8].copy_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
+        reply[8..12].copy_from_slice(&8u32.to_le_bytes());
+        reply[12..20].copy_from_slice(&status.to_le_bytes());
+        (&*sock).write_all(&reply)?;
+    }
+    Ok(())
 }
 
 /// Sessions one listener runs at once (each is a thread): a switch port takes one frontend,

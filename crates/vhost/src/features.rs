@@ -18,6 +18,11 @@ pub const VIRTIO_F_IN_ORDER: u64 = 1 << 35;
 /// The packed virtqueue (virtio 1.1+, 2.8).
 pub const VIRTIO_F_RING_PACKED: u64 = 1 << 34;
 
+/// The device reaches memory only through the platform's IOMMU (virtio 1.x 6; formerly
+/// `VIRTIO_F_IOMMU_PLATFORM`): over vhost-user, every ring address is an IOVA translated by
+/// the IOTLB the frontend fills ([`crate::iotlb`]).
+pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
+
 /// What pvnet's device offers.
 pub const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1
     | VIRTIO_F_RING_PACKED
@@ -25,6 +30,7 @@ pub const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1
     | VIRTIO_F_EVENT_IDX
     | VIRTIO_NET_F_MRG_RXBUF
     | VIRTIO_F_INDIRECT_DESC
+    | VIRTIO_F_ACCESS_PLATFORM
     | VHOST_USER_F_PROTOCOL_FEATURES;
 
 /// Checksum and TSO offloads in both directions (5.1.6.2, 5.1.6.4). Offered by `pvnet switch`,

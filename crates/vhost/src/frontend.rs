@@ -1,7 +1,9 @@
 //! pvnet's own virtio-net driver over vhost-user (the userspace frontend library).
 //!
 //! Memory is one memfd shared with the backend: both rings and persistent pools of buffers,
-//! mapped once for the life of the connection: no per-packet mapping. Transmit buffers are one
+//! mapped once for the life of the connection: no per-packet mapping. With an IOMMU
+//! ([`ClientConfig::grants`], `VIRTIO_F_ACCESS_PLATFORM`) the device reaches only what is
+//! granted: the pools once (staging grants), or each buffer while it is posted. Transmit buffers are one
 //! per descriptor (descriptor `i` always points at buffer `i`); receive buffers are carved
 //! from chunks and sized by [`RxBuffers`] (an EWMA of the frames received, by default; see
 //! [`crate::rxpool`]). The device is untrusted: used ids and lengths are validated by
@@ -20,10 +22,13 @@
 //! interrupt only when the ring is full and it must wait.
 
 use crate::features::{
-    RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_EVENT_IDX, VIRTIO_F_IN_ORDER,
-    VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4,
-    VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_MRG_RXBUF,
+    RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM,
+    VIRTIO_F_EVENT_IDX, VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1,
+    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_MRG_RXBUF,
 };
+pub use crate::iotlb::GrantMode;
+use crate::iotlb::{GrantStats, Granter};
 use crate::rxpool::{Posted, RxPool};
 pub use crate::rxpool::{RxBuffers, DEFAULT_HEADROOM};
 use pvnet_net::hdr::{hdr_len, VnetHdr, HDR_LEN};
@@ -102,6 +107,8 @@ pub struct ClientConfig {
     /// How long `connect` and `stop` may wait for the backend's answers before giving up (a
     /// backend that accepts the connection and then says nothing must not hang us).
     pub reply_timeout: Duration,
+    /// Whether the device goes through an IOMMU, and how buffers are granted to it.
+    pub grants: GrantMode,
 }
 
 /// How completed TX buffers come back (the Linux virtio-net "tx napi" series and what it
@@ -135,6 +142,7 @@ impl Default for ClientConfig {
             packed: false,
             guest_tso: false,
             reply_timeout: Duration::from_secs(10),
+            grants: GrantMode::Off,
         }
     }
 }
@@ -151,13 +159,19 @@ struct Layout {
 
 /// Guest address of the memfd's first byte (non-zero, so that address 0 is never valid).
 pub const GPA_BASE: u64 = 0x10_0000;
+/// With an IOMMU, the I/O address of the memfd's first byte: what the rings carry. Distinct
+/// from every guest and user address, so that a device translating anything but the grants
+/// fails at once.
+pub const IOVA_BASE: u64 = 0x40_0000_0000;
 
 fn align(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
 impl Layout {
-    fn new(c: &ClientConfig, rx_pool: u64) -> Self {
+    /// Parts laid out from `base` (the address of the memfd's first byte in the space the
+    /// rings use).
+    fn new(c: &ClientConfig, rx_pool: u64, base: u64) -> Self {
         let (dl, al, ul) = ring_sizes(c.queue_size);
         let ring = |at: u64| -> (RingAddrs, u64) {
             let desc = at;
@@ -165,12 +179,12 @@ impl Layout {
             let used = align(avail + al, 4096);
             (RingAddrs { desc, avail, used }, align(used + ul, 4096))
         };
-        let (rx, next) = ring(GPA_BASE);
+        let (rx, next) = ring(base);
         let (tx, next) = ring(next);
         let pool = u64::from(c.queue_size) * u64::from(c.buf_size);
         let rx_bufs = next;
         let tx_bufs = align(rx_bufs + rx_pool, 4096);
-        let len = align(tx_bufs + pool, 2 << 20) - GPA_BASE;
+        let len = align(tx_bufs + pool, 2 << 20) - base;
         Self {
             rx,
             tx,
@@ -178,6 +192,16 @@ impl Layout {
             tx_bufs,
             len,
         }
+    }
+}
+
+/// From an address the rings carry to our user address of it (the memfd's two bases apart).
+#[derive(Debug, Clone, Copy)]
+struct ToUser(u64);
+
+impl ToUser {
+    fn at(self, a: u64) -> u64 {
+        a.wrapping_add(self.0)
     }
 }
 
@@ -490,6 +514,10 @@ pub struct NetClient {
     tx_err: Option<virtq::Error>,
     /// Scratch for the (id, len) used entries of one receive batch.
     used: Vec<(u16, u32)>,
+    /// The IOTLB side, unless `grants` is off.
+    granter: Option<Granter>,
+    /// Our user address of a ring address (grants name it).
+    to_user: ToUser,
     /// Counters.
     pub stats: ClientStats,
 }
@@ -537,16 +565,42 @@ impl NetClient {
         if cfg.event_idx {
             want |= VIRTIO_F_EVENT_IDX;
         }
+        if cfg.grants != GrantMode::Off {
+            if offered & VIRTIO_F_ACCESS_PLATFORM == 0 {
+                return Err(Error::Missing("VIRTIO_F_ACCESS_PLATFORM (grants)"));
+            }
+            want |= VIRTIO_F_ACCESS_PLATFORM;
+        }
         let mut features = offered & want;
         if features & VIRTIO_F_RING_PACKED == 0 {
             // The split driver takes every used buffer on its own entry: no IN_ORDER there.
             features &= !VIRTIO_F_IN_ORDER;
         }
+        // With an IOMMU: misses come on the backend channel, and every grant is acked.
+        let iotlb_proto =
+            VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::REPLY_ACK;
+        let iommu = cfg.grants != GrantMode::Off;
         if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
             let p = fe.get_protocol_features()?;
-            fe.set_protocol_features(p & VhostUserProtocolFeatures::MQ)?;
+            let mut ask = VhostUserProtocolFeatures::MQ;
+            if iommu {
+                if !p.contains(iotlb_proto) {
+                    return Err(Error::Missing("BACKEND_REQ and REPLY_ACK (grants)"));
+                }
+                ask |= iotlb_proto;
+            }
+            fe.set_protocol_features(p & ask)?;
+        } else if iommu {
+            return Err(Error::Missing("protocol features (grants)"));
         }
         fe.set_features(features)?;
+        let mut granter = None;
+        if iommu {
+            let (ours, theirs) = UnixStream::pair().map_err(os("socketpair"))?;
+            fe.set_backend_request_fd(&theirs)?;
+            let main = ctl.try_clone().map_err(os("socket"))?;
+            granter = Some(Granter::new(main, ours).map_err(os("backend channel"))?);
+        }
 
         let hdr = hdr_len(features);
         let big = VIRTIO_NET_F_GUEST_TSO4 | VIRTIO_NET_F_GUEST_TSO6;
@@ -561,7 +615,9 @@ impl NetClient {
             cfg.queue_size,
             max_frame,
         );
-        let lay = Layout::new(&cfg, rxp.bytes());
+        // Under an IOMMU the rings carry IOVAs; our own table maps them as the device's does.
+        let base = if iommu { IOVA_BASE } else { GPA_BASE };
+        let lay = Layout::new(&cfg, rxp.bytes(), base);
         let shm = SharedMem::new(lay.len)?;
         let uaddr = shm.base.as_ptr() as u64;
         let region = VhostUserMemoryRegionInfo {
@@ -573,7 +629,7 @@ impl NetClient {
         };
         fe.set_mem_table(&[region])?;
         let spec = RegionSpec {
-            gpa: GPA_BASE,
+            gpa: base,
             len: lay.len,
             uaddr,
             host: shm.base,
@@ -606,11 +662,30 @@ impl NetClient {
         };
         let tx_len = u64::from(cfg.queue_size) * u64::from(cfg.buf_size);
         let (rx_pool, tx_pool) = (pool(lay.rx_bufs, rxp.bytes())?, pool(lay.tx_bufs, tx_len)?);
+        let to_user = ToUser(uaddr.wrapping_sub(base));
+        if let Some(g) = granter.as_mut() {
+            let grant = |g: &mut Granter, at: u64, len: u64, perm| {
+                g.grant(at, len, to_user.at(at), perm)
+                    .map_err(os("IOTLB update"))
+            };
+            // The rings are granted for good (a driver's coherent allocation): each ring's
+            // parts, which lie together.
+            for a in [lay.rx, lay.tx] {
+                let (_, _, ul) = ring_sizes(cfg.queue_size);
+                grant(g, a.desc, a.used + ul - a.desc, Perm::ReadWrite)?;
+            }
+            // Staging grants: both pools, once. Per packet: each buffer while it is posted.
+            if cfg.grants == GrantMode::Pool {
+                grant(g, lay.rx_bufs, rxp.bytes(), Perm::Write)?;
+                grant(g, lay.tx_bufs, tx_len, Perm::Read)?;
+            }
+        }
         let ev = || EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"));
         let kick = [ev()?, ev()?];
         let call = [ev()?, ev()?];
         for (q, addrs) in [(RX_QUEUE, lay.rx), (TX_QUEUE, lay.tx)] {
-            let to_u = |gpa: u64| gpa - GPA_BASE + uaddr;
+            // Ring addresses: our user addresses, or under an IOMMU the IOVAs themselves.
+            let to_u = |a: u64| if iommu { a } else { to_user.at(a) };
             fe.set_vring_num(q, cfg.queue_size)?;
             fe.set_vring_base(q, format.fresh_base())?;
             fe.set_vring_addr(
@@ -647,6 +722,8 @@ impl NetClient {
             rx_err: None,
             tx_err: None,
             used: Vec::with_capacity(usize::from(cfg.queue_size)),
+            granter,
+            to_user,
             stats: ClientStats::default(),
         };
         c.refill_rx()?;
@@ -671,6 +748,16 @@ impl NetClient {
     /// The memory table over the shared memfd.
     pub fn mem(&self) -> &Arc<MemTable> {
         &self.mem
+    }
+
+    /// IOTLB counters (`None` without an IOMMU).
+    pub fn grant_stats(&self) -> Option<GrantStats> {
+        self.granter.as_ref().map(|g| g.stats)
+    }
+
+    /// Whether each buffer is granted while posted (`GrantMode::PerPacket`).
+    fn per_packet(&self) -> bool {
+        self.cfg.grants == GrantMode::PerPacket
     }
 
     /// The violation that stopped the RX queue (`None` while it runs).
@@ -710,6 +797,16 @@ impl NetClient {
             let Some(b) = pool.alloc(len) else { break };
             staged.push(b);
         }
+        if self.cfg.grants == GrantMode::PerPacket {
+            if let Some(g) = self.granter.as_mut() {
+                let to_u = self.to_user;
+                for b in staged.iter() {
+                    let at = base + u64::from(b.off) + head;
+                    g.grant(at, u64::from(b.len), to_u.at(at), Perm::Write)
+                        .map_err(os("IOTLB update"))?;
+                }
+            }
+        }
         let posted = &mut pool.posted;
         let r = self.rx.add_many(staged.len(), |k, id| {
             let b = staged[k];
@@ -740,7 +837,14 @@ impl NetClient {
         loop {
             let n = stop_on(&mut self.tx_err, self.tx.used_available())?;
             for _ in 0..n {
-                stop_on(&mut self.tx_err, self.tx.pop_used())?;
+                let e = stop_on(&mut self.tx_err, self.tx.pop_used())?;
+                if let (Some((id, _)), true) = (e, self.per_packet()) {
+                    if let Some(g) = self.granter.as_mut() {
+                        let bs = u64::from(self.cfg.buf_size);
+                        g.revoke(self.lay.tx_bufs + u64::from(id) * bs, bs)
+                            .map_err(os("IOTLB invalidate"))?;
+                    }
+                }
             }
             total += usize::from(n);
             // In `Irq` mode the interrupt stays armed: re-arm after each reclaim, and take
@@ -784,6 +888,12 @@ impl NetClient {
         let h = self.hdr_len;
         let lim = scratch.len().min(bs - h);
         let (pool, base) = (self.tx_pool, self.lay.tx_bufs);
+        let mut granter = match self.cfg.grants {
+            GrantMode::PerPacket => self.granter.as_mut(),
+            _ => None,
+        };
+        let to_u = self.to_user;
+        let mut refused = None;
         let r = self.tx.add_many(max, |k, id| {
             let len = fill(k, &mut scratch[h..]).min(lim - h.min(lim));
             scratch[..h].fill(0);
@@ -797,14 +907,24 @@ impl NetClient {
                     total,
                 );
             }
+            let addr = base + u64::from(id) * bs as u64;
+            if let Some(g) = granter.as_deref_mut() {
+                if let Err(e) = g.grant(addr, total as u64, to_u.at(addr), Perm::Read) {
+                    refused = Some(e);
+                    return None;
+                }
+            }
             #[allow(clippy::cast_possible_truncation)] // total <= buf_size (u32)
             Some(Buf {
-                addr: base + u64::from(id) * bs as u64,
+                addr,
                 len: total as u32,
                 write: false,
             })
         });
         let sent = stop_on(&mut self.tx_err, r)?;
+        if let Some(e) = refused {
+            return Err(os("IOTLB update")(e));
+        }
         if sent > 0 {
             self.stats.tx_packets += sent as u64;
             if self.tx.publish() {
@@ -906,6 +1026,13 @@ impl NetClient {
             let b = self.rxp.posted[usize::from(id)];
             self.stats.rx_truesize += u64::from(b.slot);
             self.rxp.release(b);
+            if self.cfg.grants == GrantMode::PerPacket {
+                if let Some(g) = self.granter.as_mut() {
+                    let at = self.lay.rx_bufs + u64::from(b.off) + u64::from(self.rxp.headroom());
+                    g.revoke(at, u64::from(b.len))
+                        .map_err(os("IOTLB invalidate"))?;
+                }
+            }
         }
         self.refill_rx()?;
         // A stopped TX queue does not stop RX: its violation was reported once already.
@@ -967,6 +1094,9 @@ impl NetClient {
                 what: "poll",
                 source: e,
             });
+        }
+        if let Some(g) = self.granter.as_mut() {
+            g.serve_misses().map_err(os("backend channel"))?;
         }
         let mut any = false;
         for q in [RX_QUEUE, TX_QUEUE] {

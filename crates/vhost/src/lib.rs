@@ -6,6 +6,8 @@
 //!   touches a running ring: the dataplane owns it.
 //! * [`frontend`]: pvnet's own virtio-net driver over vhost-user: memfd memory, eventfds,
 //!   negotiation, and a burst send / burst receive API.
+//! * [`iotlb`]: the vhost-user IOTLB messages and the backend request channel (handled on
+//!   the crate's framing: the crate dispatches neither).
 //! * [`mmap`]: shared mappings of the peer's fds, owned by the memory table.
 //! * [`eventfd`]: kick/call/err notifiers with counters.
 //! * [`ratelimit`]: a bound on the log lines a peer can cause.
@@ -16,6 +18,7 @@ pub mod eventfd;
 pub mod fault;
 pub mod features;
 pub mod frontend;
+pub mod iotlb;
 pub mod mmap;
 pub mod ratelimit;
 pub mod rxpool;

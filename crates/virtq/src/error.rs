@@ -85,6 +85,12 @@ pub enum Error {
         len: u64,
         perm: crate::xlate::Perm,
     },
+    /// A queue waited for a translation the peer never granted (an IOTLB miss unanswered).
+    #[error("no translation for {addr:#x} after {waited_ms} ms: the peer did not answer the miss")]
+    IotlbMissUnanswered { addr: u64, waited_ms: u32 },
+    /// The peer revoked the grant of a running ring's own memory.
+    #[error("ring memory {addr:#x}+{len:#x} revoked while the queue runs")]
+    RingRevoked { addr: u64, len: u64 },
 }
 
 impl Error {

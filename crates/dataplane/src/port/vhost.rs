@@ -53,7 +53,25 @@ pub struct QueueSlot {
     calls: Calls,
     /// A call went out since the shard last looked (`take_called`).
     called: bool,
+    /// Under an IOMMU: where to ask for missing translations.
+    iotlb: Option<Arc<pvnet_vhost::iotlb::BackendChannel>>,
+    /// The translation the queue waits for, since when, and when it last asked.
+    waiting: Option<Waiting>,
 }
+
+/// A queue waiting for a translation (an IOTLB miss).
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    addr: u64,
+    since: Instant,
+    asked: Instant,
+}
+
+/// How long a queue waits for the frontend to answer an IOTLB miss before it is stopped
+/// (QEMU answers in microseconds; a frontend that never does must not hold the queue).
+pub const IOTLB_MISS_BOUND: Duration = Duration::from_secs(1);
+/// How often a miss still unanswered is asked again.
+const IOTLB_MISS_RETRY: Duration = Duration::from_millis(20);
 
 impl QueueSlot {
     /// Wraps a started queue, polled by `policy`.
@@ -69,6 +87,8 @@ impl QueueSlot {
             worked: false,
             calls: Calls::default(),
             called: false,
+            iotlb: s.iotlb,
+            waiting: None,
         }
     }
 
@@ -82,9 +102,17 @@ impl QueueSlot {
     /// and every other queue go on. A retryable error (a translation not there yet) consumed
     /// nothing and stops nothing.
     pub fn fail(&mut self, port: PortId, stats: &PortStats, e: virtq::Error) {
-        if e.is_retryable() {
-            tracing::debug!(port, queue = self.index, "queue waits: {e}");
-            return;
+        let e = match e {
+            virtq::Error::TranslationMiss { addr, perm, .. } => {
+                match self.wait_for_grant(port, stats, addr, perm) {
+                    Ok(()) => return,
+                    Err(e) => e,
+                }
+            }
+            e => e,
+        };
+        if let (virtq::Error::AccessDenied { addr, perm, .. }, Some(ch)) = (&e, &self.iotlb) {
+            ch.access_fail(*addr, *perm);
         }
         if !self.broken {
             pvnet_vhost::peer_error!(stats.log, port, queue = self.index, "queue stopped: {e}");
@@ -96,6 +124,59 @@ impl QueueSlot {
                 let _ = err.signal();
             }
         }
+    }
+
+    /// A translation is missing: ask the frontend (once, then every [`IOTLB_MISS_RETRY`]),
+    /// and wait; the queue consumed nothing and is polled again. Past [`IOTLB_MISS_BOUND`]
+    /// without an answer, or without an IOMMU to ask, the miss is an error that stops it.
+    #[cold]
+    fn wait_for_grant(
+        &mut self,
+        port: PortId,
+        stats: &PortStats,
+        addr: u64,
+        perm: virtq::Perm,
+    ) -> Result<(), virtq::Error> {
+        let now = Instant::now();
+        let unanswered = virtq::Error::IotlbMissUnanswered {
+            addr,
+            waited_ms: IOTLB_MISS_BOUND.as_millis().try_into().unwrap_or(u32::MAX),
+        };
+        let Some(ch) = &self.iotlb else {
+            return Err(unanswered);
+        };
+        let w = match self.waiting {
+            Some(w) if w.addr == addr => w,
+            _ => {
+                tracing::debug!(
+                    port,
+                    queue = self.index,
+                    addr = format_args!("{addr:#x}"),
+                    "IOTLB miss"
+                );
+                let w = Waiting {
+                    addr,
+                    since: now,
+                    asked: now,
+                };
+                ch.miss(addr, perm);
+                bump(&stats.iotlb_misses, 1);
+                w
+            }
+        };
+        if now.duration_since(w.since) > IOTLB_MISS_BOUND {
+            self.waiting = None;
+            return Err(unanswered);
+        }
+        let asked = if now.duration_since(w.asked) > IOTLB_MISS_RETRY {
+            ch.miss(addr, perm);
+            bump(&stats.iotlb_misses, 1);
+            now
+        } else {
+            w.asked
+        };
+        self.waiting = Some(Waiting { asked, ..w });
+        Ok(())
     }
 
     /// Publishes used entries; calls the frontend if it asked (a transmit-completion call may
@@ -674,12 +755,19 @@ impl VhostPort {
     }
 
     /// Switches every running ring to a new memory table.
+    /// A ring whose own addresses were revoked cannot go on with the old translation: it is
+    /// stopped. A queue that waited for a grant tries again at once.
     pub fn set_mem(&mut self, mem: &Arc<MemTable>) {
         let id = self.id;
         for qp in self.qps.iter_mut().flatten() {
             for s in [&mut qp.rx, &mut qp.tx].into_iter().flatten() {
-                if let Err(e) = s.q.set_mem(mem.clone()) {
-                    s.fail(id, &qp.stats, e);
+                s.waiting = None;
+                match s.q.set_mem(mem.clone()) {
+                    Ok(()) => {}
+                    Err(virtq::Error::TranslationMiss { addr, len, .. }) => {
+                        s.fail(id, &qp.stats, virtq::Error::RingRevoked { addr, len });
+                    }
+                    Err(e) => s.fail(id, &qp.stats, e),
                 }
             }
         }

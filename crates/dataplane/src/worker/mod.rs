@@ -272,7 +272,9 @@ impl DeviceHooks for Dataplane {
         rx.recv().ok().flatten()
     }
     fn set_mem(&self, port: PortId, mem: Arc<MemTable>) {
-        self.send_port(port, Cmd::Mem(port, mem));
+        let (tx, rx) = sync_channel(1);
+        self.send_port(port, Cmd::Mem(port, mem, tx));
+        let _ = rx.recv();
     }
     fn port_gone(&self, port: PortId) {
         let (tx, rx) = sync_channel(1);

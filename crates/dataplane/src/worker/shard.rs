@@ -35,7 +35,8 @@ pub(crate) enum Cmd {
     AddPort(PortId),
     Start(PortId, Box<StartedQueue>),
     Stop(PortId, u16, SyncSender<Option<u16>>),
-    Mem(PortId, Arc<MemTable>),
+    /// A new memory table or IOTLB snapshot; the reply says every ring switched.
+    Mem(PortId, Arc<MemTable>, SyncSender<()>),
     RemovePort(PortId, SyncSender<()>),
     AddHost(PortId, Box<HostPort>),
     Egress(PortId, EgressConfig),
@@ -307,10 +308,11 @@ impl Shard {
                     }
                     let _ = reply.send(self.stop_queue(id, index));
                 }
-                Cmd::Mem(id, mem) => {
+                Cmd::Mem(id, mem, reply) => {
                     if let Some(p) = self.vhost(id) {
                         p.set_mem(&mem);
                     }
+                    let _ = reply.send(());
                 }
                 Cmd::RemovePort(id, reply) => {
                     self.remove(id);
