@@ -78,10 +78,12 @@ pub trait DeviceHooks: Send + Sync + 'static {
     /// Stops a running queue and returns its next avail index (None if it was not running).
     /// Must not return before the dataplane has let go of the ring.
     fn stop_queue(&self, port: PortId, index: u16) -> Option<u16>;
-    /// The memory table (or the IOTLB snapshot) changed while queues may be running. Must
-    /// not return before every running queue of the port has switched to `mem`: after an
-    /// IOTLB invalidation the frontend is told (acked) only then, and may reuse the range.
-    fn set_mem(&self, port: PortId, mem: Arc<MemTable>);
+    /// The memory table (or the IOTLB snapshot) changed while queues may be running. With
+    /// `wait`, must not return before every running queue of the port has switched to `mem`:
+    /// after an IOTLB invalidation (or a new table) the frontend is told (acked) only then,
+    /// and may reuse the range. A grant added needs no wait: a queue that looks before it
+    /// switches finds a retryable miss and tries again after it has.
+    fn set_mem(&self, port: PortId, mem: Arc<MemTable>, wait: bool);
     /// The frontend is gone: every queue of the port is already stopped.
     fn port_gone(&self, port: PortId);
 }
@@ -286,7 +288,7 @@ impl Session {
     /// an IOMMU the snapshot of the grants over it. Returns only after every running queue
     /// switched (see [`DeviceHooks::set_mem`]), then starts the rings that were waiting for
     /// memory (or for a grant of their own addresses).
-    fn publish(&mut self) -> VuResult<()> {
+    fn publish(&mut self, wait: bool) -> VuResult<()> {
         let Some(base) = self.base.clone() else {
             return Ok(());
         };
@@ -306,7 +308,7 @@ impl Session {
             base
         };
         if self.vrings.iter().any(|v| v.running) {
-            self.hooks.set_mem(self.port, mem.clone());
+            self.hooks.set_mem(self.port, mem.clone(), wait);
         }
         self.mem = Some(mem);
         // A ring set up before the memory table (the protocol does not order them), or whose
@@ -332,7 +334,7 @@ impl Session {
         if !self.iommu() {
             return Err("IOTLB message without VIRTIO_F_ACCESS_PLATFORM".into());
         }
-        match m.kind {
+        let revoked = match m.kind {
             Kind::Update => {
                 let perm = Perm::from_bits(m.perm)
                     .ok_or_else(|| format!("update with access bits {:#x}", m.perm))?;
@@ -351,19 +353,22 @@ impl Session {
                         perm,
                     })
                     .map_err(|e| format!("update of {:#x}+{:#x}: {e}", m.iova, m.size))?;
+                // An update may replace an older grant of the same range: a revocation too.
+                false
             }
             Kind::Invalidate => {
                 if !self.iotlb.invalidate(m.iova, m.size) {
                     return Ok(()); // nothing granted there: nothing changes
                 }
+                true
             }
             Kind::Miss | Kind::AccessFail => {
                 return Err(format!("{:?} is a backend's message", m.kind));
             }
-        }
+        };
         debug!(port = self.port, kind = ?m.kind, iova = format_args!("{:#x}", m.iova),
             size = m.size, grants = self.iotlb.len(), "IOTLB");
-        self.publish().map_err(|e| e.to_string())
+        self.publish(revoked).map_err(|e| e.to_string())
     }
 
     fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {
@@ -376,7 +381,7 @@ impl Session {
 
     fn remap(&mut self) -> VuResult<()> {
         self.map_regions()?;
-        self.publish()
+        self.publish(true)
     }
 
     fn map_regions(&mut self) -> VuResult<()> {
@@ -1226,7 +1231,7 @@ mod tests {
         fn stop_queue(&self, _: PortId, _: u16) -> Option<u16> {
             None
         }
-        fn set_mem(&self, _: PortId, _: Arc<MemTable>) {}
+        fn set_mem(&self, _: PortId, _: Arc<MemTable>, _: bool) {}
         fn port_gone(&self, _: PortId) {}
     }
 

@@ -675,8 +675,12 @@ impl NetClient {
                 grant(g, a.desc, a.used + ul - a.desc, Perm::ReadWrite)?;
             }
             // Staging grants: both pools, once. Per packet: each buffer while it is posted.
+            // Receive buffers are granted read-write, as a Linux guest's VT-d mappings are
+            // (intel-iommu sets read permission on every mapping when the IOMMU lacks
+            // zero-length-read support, as QEMU's does), and as DPDK's vhost asks when it
+            // fills one; pvnet's own device asks only for write.
             if cfg.grants == GrantMode::Pool {
-                grant(g, lay.rx_bufs, rxp.bytes(), Perm::Write)?;
+                grant(g, lay.rx_bufs, rxp.bytes(), Perm::ReadWrite)?;
                 grant(g, lay.tx_bufs, tx_len, Perm::Read)?;
             }
         }
@@ -802,7 +806,7 @@ impl NetClient {
                 let to_u = self.to_user;
                 for b in staged.iter() {
                     let at = base + u64::from(b.off) + head;
-                    g.grant(at, u64::from(b.len), to_u.at(at), Perm::Write)
+                    g.grant(at, u64::from(b.len), to_u.at(at), Perm::ReadWrite)
                         .map_err(os("IOTLB update"))?;
                 }
             }

@@ -273,12 +273,16 @@ impl RxBatch {
         self.next = 0;
         let avail = q.available()?;
         let max = max.min(cap(avail));
-        q.pop_batch(&mut self.chains, max, |segs| {
+        match q.pop_batch(&mut self.chains, max, |segs| {
             if let Some(s) = segs.first() {
                 s.prefetch_write(2);
             }
-        })?;
-        Ok(())
+        }) {
+            // A translation missing (IOTLB) after some chains: the batch is those; the miss
+            // comes back, and is reported, when the next batch starts at that chain.
+            Err(e) if e.is_retryable() && !self.chains.is_empty() => Ok(()),
+            r => r.map(|_| ()),
+        }
     }
 
     /// Chains not consumed yet.
@@ -579,6 +583,11 @@ impl RxSide<'_> {
             }
             Ok(Delivered::NoRoom) => TxOut::NoRoom,
             Ok(Delivered::TooBig) => TxOut::Dropped(DropReason::TooBig),
+            // The next buffer is not granted yet (IOTLB): as if the ring were full.
+            Err(e) if e.is_retryable() => {
+                self.rx.fail(self.id, self.stats, e);
+                TxOut::NoRoom
+            }
             Err(e) => {
                 self.rx.fail(self.id, self.stats, e);
                 TxOut::Dropped(DropReason::PortDown)

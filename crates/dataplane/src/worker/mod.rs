@@ -271,9 +271,13 @@ impl DeviceHooks for Dataplane {
         self.send_port(port, Cmd::Stop(port, index, tx));
         rx.recv().ok().flatten()
     }
-    fn set_mem(&self, port: PortId, mem: Arc<MemTable>) {
+    fn set_mem(&self, port: PortId, mem: Arc<MemTable>, wait: bool) {
+        if !wait {
+            self.send_port(port, Cmd::Mem(port, mem, None));
+            return;
+        }
         let (tx, rx) = sync_channel(1);
-        self.send_port(port, Cmd::Mem(port, mem, tx));
+        self.send_port(port, Cmd::Mem(port, mem, Some(tx)));
         let _ = rx.recv();
     }
     fn port_gone(&self, port: PortId) {

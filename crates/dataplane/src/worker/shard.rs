@@ -35,8 +35,8 @@ pub(crate) enum Cmd {
     AddPort(PortId),
     Start(PortId, Box<StartedQueue>),
     Stop(PortId, u16, SyncSender<Option<u16>>),
-    /// A new memory table or IOTLB snapshot; the reply says every ring switched.
-    Mem(PortId, Arc<MemTable>, SyncSender<()>),
+    /// A new memory table or IOTLB snapshot; the reply (if asked) says every ring switched.
+    Mem(PortId, Arc<MemTable>, Option<SyncSender<()>>),
     RemovePort(PortId, SyncSender<()>),
     AddHost(PortId, Box<HostPort>),
     Egress(PortId, EgressConfig),
@@ -312,7 +312,9 @@ impl Shard {
                     if let Some(p) = self.vhost(id) {
                         p.set_mem(&mem);
                     }
-                    let _ = reply.send(());
+                    if let Some(r) = reply {
+                        let _ = r.send(());
+                    }
                 }
                 Cmd::RemovePort(id, reply) => {
                     self.remove(id);
