@@ -169,7 +169,11 @@ fn f2f_with(frame_len: u64, extra_tx: &[&str], extra_rx: &[&str]) {
     let sent = u(&tf, "/data_sent");
     assert!(sent > 0, "{tf}");
     assert_eq!(u(&tf, "/tx_packets"), sent + 1, "{tf}");
-    assert_eq!(u(&rf, "/data_received"), sent, "tx {tf}\nrx {rf}\nbackend {fin}");
+    assert_eq!(
+        u(&rf, "/data_received"),
+        sent,
+        "tx {tf}\nrx {rf}\nbackend {fin}"
+    );
     assert_eq!(u(&rf, "/end_count"), sent, "{rf}");
     assert_eq!(rf["complete"], Value::Bool(true), "{rf}");
     assert_eq!(u(&rf, "/seq_errors"), 0, "{rf}");
@@ -478,7 +482,11 @@ fn iommu_grants_per_packet_and_pool_both_ways_and_through_forward() {
     let dir = TestDir::new("grants");
     let (mut b, sock) = backend(&dir, "b", &["--role", "sink", "--sessions", "2"]);
     let f = features_of(&sock, &["--grants", "pool"]);
-    assert_ne!(f & (1 << 33), 0, "VIRTIO_F_ACCESS_PLATFORM negotiated: {f:#x}");
+    assert_ne!(
+        f & (1 << 33),
+        0,
+        "VIRTIO_F_ACCESS_PLATFORM negotiated: {f:#x}"
+    );
     let off = features_of(&sock, &[]);
     assert_eq!(off & (1 << 33), 0, "no IOMMU unless asked: {off:#x}");
     b.finish(RUN);

@@ -146,6 +146,9 @@ const SMALL: Layout = Layout {
 /// A frontend that negotiates like `NetClient::connect` and then writes whatever it likes.
 struct Hostile {
     fe: Frontend,
+    /// With `VIRTIO_F_ACCESS_PLATFORM`: a clone of the main socket (for IOTLB messages the
+    /// crate does not send) and our end of the backend request channel.
+    iommu: Option<(UnixStream, UnixStream)>,
     shm: Shm,
     lay: Layout,
     kick: [EventFd; 2],
@@ -185,7 +188,10 @@ impl Hostile {
         mem_last: bool,
         lay: Layout,
     ) -> Result<Self, vhost::Error> {
-        let mut fe = Frontend::connect(sock, 2)?;
+        let iommu = extra & VIRTIO_F_ACCESS_PLATFORM != 0;
+        let stream = UnixStream::connect(sock).expect("connect");
+        let raw = stream.try_clone().expect("socket clone");
+        let mut fe = Frontend::from_stream(stream, 2);
         fe.set_owner()?;
         let offered = fe.get_features()?;
         assert_ne!(offered & VIRTIO_F_VERSION_1, 0, "VERSION_1 offered");
@@ -201,9 +207,11 @@ impl Hostile {
             p.contains(VhostUserProtocolFeatures::REPLY_ACK),
             "REPLY_ACK offered: {p:?}"
         );
-        fe.set_protocol_features(
-            p & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK),
-        )?;
+        let mut ask = VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK;
+        if iommu {
+            ask |= VhostUserProtocolFeatures::BACKEND_REQ;
+        }
+        fe.set_protocol_features(p & ask)?;
         // Every request from here on is acknowledged: when a call returns, the backend has
         // handled it (and a refusal comes back as an error).
         fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
@@ -220,9 +228,17 @@ impl Hostile {
         if !mem_last {
             fe.set_mem_table(&table)?;
         }
+        let iommu = iommu.then(|| {
+            let (ours, theirs) = UnixStream::pair().expect("socketpair");
+            fe.set_backend_request_fd(&theirs)
+                .expect("SET_BACKEND_REQ_FD");
+            ours.set_nonblocking(true).expect("nonblocking");
+            (raw, ours)
+        });
         let ev = || EventFd::new(EFD_NONBLOCK).expect("eventfd");
         let h = Self {
             fe,
+            iommu,
             shm,
             lay,
             kick: [ev(), ev()],
@@ -236,6 +252,16 @@ impl Hostile {
             0
         };
         for (q, &(desc, avail, used)) in lay.rings.iter().enumerate() {
+            if h.iommu.is_some() {
+                // Rings granted for good, at IOVA = our user address.
+                h.iotlb(
+                    IOTLB_UPDATE,
+                    uaddr + desc,
+                    used + 4096 - desc,
+                    uaddr + desc,
+                    3,
+                );
+            }
             h.fe.set_vring_num(q, lay.qsz)?;
             h.fe.set_vring_base(q, base)?;
             h.fe.set_vring_addr(
@@ -261,6 +287,45 @@ impl Hostile {
             h.fe.set_mem_table(&table)?;
         }
         Ok(h)
+    }
+
+    /// Sends one `VHOST_USER_IOTLB_MSG` (need-reply) and checks the ack.
+    fn iotlb(&self, kind: u8, iova: u64, size: u64, uaddr: u64, perm: u8) {
+        let (raw, _) = self.iommu.as_ref().expect("IOMMU negotiated");
+        let mut m = Vec::with_capacity(44);
+        m.extend_from_slice(&22u32.to_le_bytes());
+        m.extend_from_slice(&(1u32 | 8).to_le_bytes());
+        m.extend_from_slice(&32u32.to_le_bytes());
+        m.extend_from_slice(&iova.to_le_bytes());
+        m.extend_from_slice(&size.to_le_bytes());
+        m.extend_from_slice(&uaddr.to_le_bytes());
+        m.extend_from_slice(&[perm, kind, 0, 0, 0, 0, 0, 0]);
+        (&*raw).write_all(&m).expect("IOTLB message");
+        let mut ack = [0u8; 20];
+        (&*raw).read_exact(&mut ack).expect("IOTLB ack");
+        assert_eq!(&ack[12..], &[0u8; 8], "IOTLB message acked with success");
+    }
+
+    /// The (type, iova, perm) of every backend-channel IOTLB message waiting.
+    fn backend_msgs(&self) -> Vec<(u8, u64, u8)> {
+        let (_, chan) = self.iommu.as_ref().expect("IOMMU negotiated");
+        let mut out = Vec::new();
+        let mut m = [0u8; 44];
+        while (&*chan).read_exact(&mut m).is_ok() {
+            assert_eq!(
+                &m[0..4],
+                &1u32.to_le_bytes(),
+                "VHOST_USER_BACKEND_IOTLB_MSG"
+            );
+            let iova = u64::from_le_bytes(m[12..20].try_into().unwrap());
+            out.push((m[37], iova, m[36]));
+        }
+        out
+    }
+
+    /// Our user address of offset `off` of the memfd (the IOVA the IOMMU cases use for it).
+    fn user(&self, off: u64) -> u64 {
+        self.shm.base.as_ptr() as u64 + off
     }
 
     /// Guest address of buffer `i`.
@@ -1109,4 +1174,107 @@ fn a_gso_flood_leaves_a_paced_port_its_rate() {
     rx.signal(libc::SIGKILL);
     let mut sw = sw;
     assert!(sw.proc.alive(), "switch died\n{}", sw.proc.stderr());
+}
+
+/// Bit 33: the device goes through an IOMMU (the vhost-user IOTLB).
+const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
+const IOTLB_MISS: u8 = 1;
+const IOTLB_UPDATE: u8 = 2;
+const IOTLB_INVALIDATE: u8 = 3;
+const IOTLB_ACCESS_FAIL: u8 = 4;
+
+/// Under an IOMMU the backend touches only what is granted: a granted buffer is consumed; once
+/// revoked the same buffer is not (no byte read, nothing marked used); the backend asks for it
+/// on the backend channel, at a bounded rate, and after its bound stops that queue with the
+/// reason. The process and other ports go on; the counters say what happened.
+#[test]
+fn iommu_revoked_range_is_refused_and_misses_are_bounded() {
+    let dir = common::TestDir::new("iommu-miss");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+    let h = Hostile::connect_with(&sock, MEM_LEN, VIRTIO_F_ACCESS_PLATFORM).expect("connects");
+    let iova = h.user(BUFS);
+    h.iotlb(IOTLB_UPDATE, iova, BUF, iova, 1);
+    h.set_desc(TX, 0, iova, 64, 0, 0);
+    h.set_avail_entry(TX, 0, 0);
+    h.publish_and_kick(TX, 1);
+    let until = Instant::now() + EVENT;
+    while h.used_idx(TX) != 1 {
+        assert!(Instant::now() < until, "granted buffer not consumed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Revoked: posting it again is a miss, never a read.
+    h.iotlb(IOTLB_INVALIDATE, iova, BUF, 0, 0);
+    h.set_avail_entry(TX, 1, 0);
+    h.publish_and_kick(TX, 2);
+    let line = b.wait_stderr("queue stopped:", EVENT);
+    assert!(line.contains("no translation for"), "{line}");
+    assert!(line.contains("queue=1"), "{line}");
+    assert_eq!(h.used_idx(TX), 1, "the revoked buffer was not completed");
+    assert!(h.wait_err(TX, EVENT) >= 1);
+    let msgs = h.backend_msgs();
+    assert!(!msgs.is_empty(), "the backend asked for the range");
+    assert!(
+        msgs.iter()
+            .all(|&(t, a, p)| t == IOTLB_MISS && a == iova && p == 1),
+        "{msgs:?}"
+    );
+    // Asked again every 20 ms for at most the 1 s bound: a bounded flood.
+    assert!(msgs.len() <= 60, "{} misses", msgs.len());
+
+    // Everything else goes on.
+    let good = good_tx(&sock);
+    assert!(b.alive(), "backend died\n{}", b.stderr());
+    drop(h);
+    let fin = stop_backend(&mut b);
+    let hp = port(&fin, 0);
+    assert_eq!(u(&hp, "/queue_errors"), 1, "{hp}");
+    assert_eq!(u(&hp, "/rx_packets"), 1, "only the granted one: {hp}");
+    assert_eq!(u(&hp, "/iotlb_misses"), msgs.len() as u64, "{hp}");
+    assert_tx_to_sink_exact(&good, &port(&fin, 1), 64);
+}
+
+/// A write into a read-only grant is refused for good: the receive queue stops with the
+/// reason, nothing is written, and the frontend is told (ACCESS_FAIL).
+#[test]
+fn iommu_write_into_read_only_grant_is_refused() {
+    let dir = common::TestDir::new("iommu-ro");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--gen-secs", "5"]);
+    let h = Hostile::connect_with(&sock, MEM_LEN, VIRTIO_F_ACCESS_PLATFORM).expect("connects");
+    let iova = h.user(BUFS);
+    h.iotlb(IOTLB_UPDATE, iova, BUF, iova, 1);
+    h.shm.write(BUFS, [0xaau8; 16]);
+    h.set_desc(RX, 0, iova, 2048, DESC_F_WRITE, 0);
+    h.set_avail_entry(RX, 0, 0);
+    h.publish_and_kick(RX, 1);
+    let line = b.wait_stderr("queue stopped:", EVENT);
+    assert!(line.contains("not allowed by its grant"), "{line}");
+    assert!(line.contains("queue=0"), "{line}");
+    assert_eq!(h.used_idx(RX), 0);
+    let mut head = [0u8; 16];
+    // SAFETY: inside our own mapping.
+    unsafe { std::ptr::copy_nonoverlapping(h.shm.ptr(BUFS, 16), head.as_mut_ptr(), 16) };
+    assert_eq!(head, [0xaa; 16], "nothing written into the read-only grant");
+    let until = Instant::now() + EVENT;
+    let msgs = loop {
+        let m = h.backend_msgs();
+        if !m.is_empty() || Instant::now() > until {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // A grant reaches the worker without a wait: a look just before it is a miss, asked for.
+    let (last, before) = msgs.split_last().expect("a message");
+    assert_eq!(
+        *last,
+        (IOTLB_ACCESS_FAIL, iova, 2),
+        "ACCESS_FAIL for the write: {msgs:?}"
+    );
+    assert!(
+        before.iter().all(|&m| m == (IOTLB_MISS, iova, 2)),
+        "{msgs:?}"
+    );
+    assert!(b.alive(), "backend died\n{}", b.stderr());
+    drop(h);
+    let fin = stop_backend(&mut b);
+    assert_eq!(u(&port(&fin, 0), "/queue_errors"), 1, "{fin}");
 }

@@ -994,7 +994,7 @@ fn sessions_end_within(
 
 /// Grants one frontend may hold at once (IOTLB entries). A Linux guest in strict mode has one
 /// per buffer in flight (a few thousand at most); a pool, a handful.
-pub const MAX_GRANTS: usize = 1 << 16;
+pub const MAX_GRANTS: usize = 8192;
 
 /// Handles the messages the `vhost` crate does not dispatch, before it sees them:
 /// `VHOST_USER_IOTLB_MSG`, `VHOST_USER_SET_BACKEND_REQ_FD` (with its fd), and an early
@@ -1223,6 +1223,7 @@ pub fn connect_loop(
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use virtq::Translate;
 
     struct NoHooks;
     impl DeviceHooks for NoHooks {
@@ -1305,6 +1306,195 @@ mod tests {
         assert!(s
             .set_vring_kick(u8::try_from(queues).unwrap(), None)
             .is_err());
+    }
+
+    fn iotlb(iova: u64, size: u64, uaddr: u64, perm: u8, kind: Kind) -> Vec<u8> {
+        IotlbMsg {
+            iova,
+            size,
+            uaddr,
+            perm,
+            kind,
+        }
+        .message(crate::iotlb::IOTLB_MSG, HDR_VERSION | HDR_NEED_REPLY)
+        .to_vec()
+    }
+
+    /// A session with 1 MiB of shared memory at user address 1 << 32, the IOMMU negotiated
+    /// unless `iommu` is false, and REPLY_ACK.
+    fn iommu_session(iommu: bool) -> Mutex<Session> {
+        let s = session();
+        {
+            let mut g = s.lock().unwrap();
+            let acked = DEVICE_FEATURES & !if iommu { 0 } else { VIRTIO_F_ACCESS_PLATFORM };
+            g.set_features(acked).unwrap();
+            g.protocol = VhostUserProtocolFeatures::REPLY_ACK.bits();
+            let r = VhostUserSingleMemoryRegion::new(0, 1 << 20, 1 << 32, 0);
+            g.add_mem_region(&r, memfd(1 << 20), None).unwrap();
+        }
+        s
+    }
+
+    /// Sends one message and lets the session take it: Ok(ack status) or the error that
+    /// ends the session.
+    fn send(s: &Mutex<Session>, m: &[u8]) -> std::io::Result<u64> {
+        let (mut front, back) = UnixStream::pair().unwrap();
+        front.write_all(m).unwrap();
+        assert!(take_own_message(&back, s)?, "taken by the session");
+        let mut ack = [0u8; MSG_HDR_LEN + 8];
+        front.read_exact(&mut ack).unwrap();
+        Ok(u64::from_le_bytes(ack[MSG_HDR_LEN..].try_into().unwrap()))
+    }
+
+    /// Grants and revocations change what the snapshot translates, and only that: a revoked
+    /// range is refused, a read-only grant refuses a write.
+    #[test]
+    fn iotlb_updates_and_invalidations_reach_the_snapshot() {
+        let s = iommu_session(true);
+        let base = 1u64 << 32;
+        assert_eq!(
+            send(&s, &iotlb(0x1000, 0x2000, base, 3, Kind::Update)).unwrap(),
+            0
+        );
+        assert_eq!(
+            send(&s, &iotlb(0x8000, 0x1000, base + 0x8000, 1, Kind::Update)).unwrap(),
+            0
+        );
+        let mem = s.lock().unwrap().mem.clone().unwrap();
+        assert!(mem.is_granted());
+        let mut hint = 0;
+        assert!(mem.translate(0x1800, Perm::Write, &mut hint).is_ok());
+        assert!(mem.translate(0x8000, Perm::Read, &mut hint).is_ok());
+        let denied = mem.translate(0x8000, Perm::Write, &mut hint).unwrap_err();
+        assert!(matches!(
+            mem.miss_error(denied),
+            virtq::Error::AccessDenied { .. }
+        ));
+        assert!(
+            mem.translate(0x4000, Perm::Read, &mut hint).is_err(),
+            "never granted"
+        );
+        // Revoke the middle page of the first grant.
+        assert_eq!(
+            send(&s, &iotlb(0x2000, 0x1000, 0, 0, Kind::Invalidate)).unwrap(),
+            0
+        );
+        let mem = s.lock().unwrap().mem.clone().unwrap();
+        assert!(mem.translate(0x1fff, Perm::Write, &mut hint).is_ok());
+        let miss = mem.translate(0x2000, Perm::Read, &mut hint).unwrap_err();
+        assert!(
+            mem.miss_error(miss).is_retryable(),
+            "revoked: a miss, retryable"
+        );
+        // An invalidation of nothing is acked and changes nothing.
+        assert_eq!(
+            send(&s, &iotlb(0x10_0000, 0x1000, 0, 0, Kind::Invalidate)).unwrap(),
+            0
+        );
+        assert_eq!(s.lock().unwrap().iotlb.len(), 2);
+    }
+
+    /// Hostile IOTLB messages end the session (and with it only that port) with a reason.
+    #[test]
+    fn hostile_iotlb_messages_end_the_session() {
+        let base = 1u64 << 32;
+        let cases: &[(&str, Vec<u8>, bool)] = &[
+            ("no feature", iotlb(0, 0x1000, base, 3, Kind::Update), false),
+            (
+                "no access bits",
+                iotlb(0, 0x1000, base, 0, Kind::Update),
+                true,
+            ),
+            (
+                "unknown access bits",
+                iotlb(0, 0x1000, base, 7, Kind::Update),
+                true,
+            ),
+            (
+                "IOVA range wraps",
+                iotlb(u64::MAX - 10, 0x1000, base, 3, Kind::Update),
+                true,
+            ),
+            ("empty", iotlb(0, 0, base, 3, Kind::Update), true),
+            (
+                "outside shared memory",
+                iotlb(0, 0x1000, base + (1 << 20), 3, Kind::Update),
+                true,
+            ),
+            (
+                "straddles its end",
+                iotlb(0, 0x2000, base + (1 << 20) - 0x1000, 3, Kind::Update),
+                true,
+            ),
+            (
+                "user range wraps",
+                iotlb(0, 0x2000, u64::MAX - 0x1000, 3, Kind::Update),
+                true,
+            ),
+            (
+                "a backend's message",
+                iotlb(0, 0x1000, base, 3, Kind::Miss),
+                true,
+            ),
+            (
+                "access fail",
+                iotlb(0, 0x1000, base, 3, Kind::AccessFail),
+                true,
+            ),
+            (
+                "unknown type",
+                {
+                    let mut m = iotlb(0, 0x1000, base, 3, Kind::Update);
+                    m[MSG_HDR_LEN + 25] = 9;
+                    m
+                },
+                true,
+            ),
+            (
+                "short body",
+                msg(crate::iotlb::IOTLB_MSG, HDR_VERSION, &[0u8; 16]),
+                true,
+            ),
+        ];
+        for (why, m, iommu) in cases {
+            let s = iommu_session(*iommu);
+            let e = send(&s, m).expect_err(why);
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{why}: {e}");
+            assert!(s.lock().unwrap().iotlb.is_empty(), "{why}: nothing granted");
+        }
+        // A SET_BACKEND_REQ_FD without its fd.
+        let s = iommu_session(true);
+        let m = msg(crate::iotlb::SET_BACKEND_REQ_FD, HDR_VERSION, &[]);
+        assert!(send(&s, &m).is_err());
+        assert!(!s.lock().unwrap().channel.is_set());
+    }
+
+    /// A flood of grants stops at the bound: the session ends, having held at most the bound.
+    #[test]
+    fn a_flood_of_grants_is_bounded() {
+        let s = iommu_session(true);
+        let base = 1u64 << 32;
+        let mut n = 0u64;
+        let err = loop {
+            match send(
+                &s,
+                &iotlb(
+                    n * 0x2000,
+                    0x1000,
+                    base + (n % 256) * 0x1000,
+                    3,
+                    Kind::Update,
+                ),
+            ) {
+                Ok(0) => n += 1,
+                Ok(st) => panic!("nacked with {st}"),
+                Err(e) => break e,
+            }
+            assert!(n <= MAX_GRANTS as u64, "past the bound");
+        };
+        assert!(err.to_string().contains("grants"), "{err}");
+        assert!(s.lock().unwrap().iotlb.len() <= MAX_GRANTS);
+        assert!(n >= MAX_GRANTS as u64 - 2, "{n}");
     }
 
     /// QEMU 7.2 vhost-user-net: SET_VRING_ENABLE before SET_FEATURES is honoured and acked.
