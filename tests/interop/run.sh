@@ -37,6 +37,10 @@
 #                         some host->guest packets read straight into the guest's buffers
 #                         (the tap port's rx_direct > 0).
 #   guest_tap_packed      guest_tap with virtio-net-pci packed=on (the packed ring acked).
+#   guest_tap_viommu      guest_tap with the guest behind a virtual IOMMU (q35, intel-iommu with
+#                         device IOTLB, virtio-net-pci iommu_platform=on,ats=on, the guest in
+#                         iommu.strict=1): VIRTIO_F_ACCESS_PLATFORM acked, every buffer reached
+#                         through the IOTLB (pvnet asked for misses: iotlb_misses > 0).
 #
 # Each case is bounded in time, prints `PASS name` or `FAIL name: reason` (details on indented
 # lines before it), and the run ends with `N passed, N failed`; the exit status is non-zero on
@@ -138,7 +142,7 @@ SW_PID=
 switch_start() {
   local tag="$1"; shift
   rm -f "$D/$tag.ctl"
-  PVNET_LOG=info timeout -k 5 "${SW_TIMEOUT:-150}" "$PVNET_BIN" switch --cpu 1 --ctl-socket "$D/$tag.ctl" "$@" \
+  PVNET_LOG="${PVNET_LOG:-info}" timeout -k 5 "${SW_TIMEOUT:-150}" "$PVNET_BIN" switch --cpu 1 --ctl-socket "$D/$tag.ctl" "$@" \
     > "$D/$tag.pvnet.json" 2> "$D/$tag.pvnet.log" &
   SW_PID=$!; PIDS+=("$SW_PID")
   wait_for 10 test -S "$D/$tag.ctl"
@@ -436,6 +440,8 @@ run_iperf tcp_g2h -t 3
 run_iperf tcp_h2g -t 3 -R
 run_iperf udp_g2h -t 3 -u -l 22 -b 0
 run_iperf udp_h2g -t 3 -u -l 22 -b 0 -R
+# let the last completions come back (tx_packets counts reclaimed buffers), until stable
+last=-1; i=0; while [ "$(cat $S/tx_packets)" != "$last" ] && [ $i -lt 20 ]; do last=$(cat $S/tx_packets); sleep 0.5; i=$((i+1)); done
 EOF
   elif [ "$1" = sink ]; then
     cat <<'EOF'
@@ -504,23 +510,24 @@ guest_case() {   # guest_case NAME ROLE
 
 # ---- pvnet switch: a Linux guest and the host kernel (tap) ----------------------------------------
 TAPIF=pvit0
-guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS]
-  local name="$1" dopt="${2:-}" t0 tag glog acc vec=""
+guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_ARG...]]]
+  local name="$1" dopt="${2:-}" gappend="${3:-}" t0 tag glog acc vec=""
+  shift; shift || true; shift || true
   t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
   acc=$(guest_accel)
   case "$acc" in *tcg*) vec=",vectors=0" ;; esac
   guest_script tap > "$D/$tag.run.sh"; make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
   ip link del "$TAPIF" 2>/dev/null || true
-  switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.sock" --port "tap:name=host,ifname=$TAPIF" \
+  switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.sock" --port "tap:name=host,ifname=$TAPIF${TAP_OPTS:-}" \
     || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
   wait_for 5 test -S "$D/$tag.sock" || { fail "$name" "vm port socket missing"; return; }
   sysctl -qw "net.ipv6.conf.$TAPIF.disable_ipv6=1" || true
   ip addr add 10.77.0.1/24 dev "$TAPIF"
   timeout -k 2 120 iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
   local ip3=$!; PIDS+=("$ip3")
-  guest_start 120 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=100 ipv6.disable=1" \
+  guest_start 120 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=100 ipv6.disable=1 $gappend" \
     "virtio-net-pci,netdev=n0,mac=$GMAC$vec$dopt" -chardev socket,id=c0,path="$D/$tag.sock" \
-    -netdev vhost-user,id=n0,chardev=c0
+    -netdev vhost-user,id=n0,chardev=c0 "$@"
   local qp=$GUEST_PID; PIDS+=("$qp")
   local hping="no reply"
   if wait_for 60 grep -q GUEST_NET_READY "$glog"; then
@@ -555,6 +562,12 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS]
   case "$dopt" in *packed=on*)
     acked_features "$D/$tag.pvnet.log" | grep -qw RING_PACKED || { fail "$name" "packed ring not negotiated"; return; } ;;
   esac
+  case "$dopt" in *iommu_platform=on*)
+    acked_features "$D/$tag.pvnet.log" | grep -qw ACCESS_PLATFORM || { fail "$name" "ACCESS_PLATFORM not negotiated"; return; }
+    local misses; misses=$(sw_final "$tag" vm iotlb_misses)
+    info "$name: IOTLB misses pvnet asked QEMU for: $misses"
+    [ "${misses:-0}" -gt 0 ] 2>/dev/null || { fail "$name" "no IOTLB miss: the IOTLB was not used"; return; } ;;
+  esac
   [ "$hping" = "3 received" ] || { fail "$name" "host->guest ping: $hping"; return; }
   grep -q 'GUEST_PING 3 packets received' "$glog.txt" || { fail "$name" "guest->host ping failed"; return; }
   local t
@@ -574,7 +587,14 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS]
 # ---- run ----------------------------------------------------------------------------------------
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_killed_leaves_nothing
-  pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed)
+  pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
+  guest_tap_viommu)
+# The guest behind a virtual IOMMU (QEMU 7.2, TCG): q35 with intel-iommu (interrupt remapping,
+# device IOTLB), the NIC modern-only with iommu_platform and ATS; the guest maps and unmaps
+# every buffer (iommu.strict=1), so every access of pvnet's goes through the IOTLB.
+VIOMMU_DEV=",disable-legacy=on,iommu_platform=on,ats=on"
+VIOMMU_APPEND="${VIOMMU_APPEND:-intel_iommu=on iommu.strict=1}"
+VIOMMU_QEMU=(-machine q35 -device intel-iommu,intremap=on,device-iotlb=on)
 # INTEROP_CASES="a b": run only those (names above); default all.
 read -r -a CASES <<< "${INTEROP_CASES:-${ALL_CASES[*]}}"
 
@@ -595,6 +615,7 @@ for c in "${CASES[@]}"; do
     guest_rx_from_gen)    guest_case "$c" gen ;;
     guest_tap)            guest_tap_case "$c" ;;
     guest_tap_packed)     guest_tap_case "$c" ",packed=on" ;;
+    guest_tap_viommu)     guest_tap_case "$c" "$VIOMMU_DEV" "$VIOMMU_APPEND" "${VIOMMU_QEMU[@]}" ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]})" ;;
   esac
 done

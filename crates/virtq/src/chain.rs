@@ -121,10 +121,12 @@ impl<M: Translate> Walk<'_, M> {
         let perm = if write { Perm::Write } else { Perm::Read };
         let (mut at, mut left) = (addr, len);
         while left > 0 {
+            // The miss names the first byte not translated (under an IOTLB, what to ask for:
+            // a buffer may cross into a page not granted yet).
             let Ok((p, contig)) = self.mem.translate(at, perm, self.hint) else {
                 return Err(self.mem.miss_error(Miss {
-                    addr,
-                    len: u64::from(len),
+                    addr: at,
+                    len: u64::from(left),
                     perm,
                 }));
             };

@@ -26,7 +26,7 @@ use crate::event::{need_event, Armed};
 use crate::mem::{AddrSpace, MemTable, Seg};
 use crate::queue::{Direction, QueueConfig, RingAddrs};
 use crate::ring::{store_load_fence, IdFifo, Layout, Mapped};
-use crate::xlate::{Miss, Perm, Translate};
+use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
@@ -636,21 +636,10 @@ impl<M: Translate> DeviceQueue<M> {
         if len == 0 || !len.is_multiple_of(16) || len / 16 > u32::from(self.size) {
             return Err(Error::IndirectBadLen { len });
         }
-        let miss = Miss {
-            addr: d.addr,
-            len: u64::from(len),
-            perm: Perm::Read,
-        };
-        let table = match self.m.mem.translate(d.addr, Perm::Read, &mut self.hint) {
-            Ok((p, contig)) if contig >= u64::from(len) => p,
-            Ok(_) => {
-                return Err(Error::AddrNotMapped {
-                    addr: d.addr,
-                    len: u64::from(len),
-                })
-            }
-            Err(_) => return Err(self.m.mem.miss_error(miss)),
-        };
+        let table =
+            self.m
+                .mem
+                .translate_contig(d.addr, u64::from(len), Perm::Read, &mut self.hint)?;
         for k in 0..len / 16 {
             // SAFETY: k < len/16 and the table of len bytes was validated inside one region;
             // read_unaligned: the spec does not force the table's alignment.

@@ -93,6 +93,28 @@ pub trait Translate: Send + Sync + std::fmt::Debug {
     /// truth, a retryable wait for a cache that can be filled.
     fn miss_error(&self, m: Miss) -> Error;
 
+    /// Translates `len` bytes at `addr` that must be contiguous in host memory and are read
+    /// per chain (an indirect table): the per-queue hint first. A range that stops short
+    /// names its first untranslated byte (under an IOTLB, the page to ask for).
+    #[inline]
+    fn translate_contig(
+        &self,
+        addr: u64,
+        len: u64,
+        perm: Perm,
+        hint: &mut usize,
+    ) -> Result<NonNull<u8>, Error> {
+        match self.translate(addr, perm, hint) {
+            Ok((p, contig)) if contig >= len => Ok(p),
+            Ok((_, contig)) => Err(self.miss_error(Miss {
+                addr: addr + contig,
+                len: len - contig,
+                perm,
+            })),
+            Err(m) => Err(self.miss_error(Miss { len, ..m })),
+        }
+    }
+
     /// Moves whenever a translation handed out may have been revoked (an invalidation):
     /// queues re-translate their rings when it changes. Constant for an immutable table.
     #[inline]

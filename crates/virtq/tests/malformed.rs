@@ -308,7 +308,8 @@ fn length_overflow() {
 }
 
 /// Two descriptors of 0xffff_ffff bytes: the first cannot be mapped (the mock region is
-/// small), so the chain fails on the first one's address before its length can overflow.
+/// small), so the chain fails at the end of the region, inside the first one, before its
+/// length can overflow. The error names the first byte that is not mapped.
 #[test]
 fn length_overflow_two_max_descs() {
     let mq = mock();
@@ -316,9 +317,10 @@ fn length_overflow_two_max_descs() {
     let mut dev = device(&mq, Direction::DeviceReads, false);
     h.desc(0, mq.buf(0), 0xffff_ffff, R | N, 1);
     h.desc(1, mq.buf(1), 0xffff_ffff, R, 0);
+    let end = GPA_BASE + mq.len;
     let want = Error::AddrNotMapped {
-        addr: mq.buf(0),
-        len: 0xffff_ffff,
+        addr: end,
+        len: 0xffff_ffff - (end - mq.buf(0)),
     };
     expect_pop_err(&mut dev, &h, &[0], 0, want);
 }
@@ -383,8 +385,8 @@ fn address_plus_len_crosses_region_end() {
         &[0],
         0,
         Error::AddrNotMapped {
-            addr: last,
-            len: 16,
+            addr: GPA_BASE + mq.len,
+            len: 8,
         },
     );
     // Ending exactly at the end is fine.
@@ -616,14 +618,14 @@ fn indirect_table_outside_memory() {
         0,
         Error::AddrNotMapped { addr: 0, len: 32 },
     );
-    // Starting inside, ending past the region.
+    // Starting inside, ending past the region: the first byte past it is named.
     let last = GPA_BASE + mq.len - 16;
     h.desc(0, last, 32, I, 0);
     assert_sticky(
         &mut dev,
         Error::AddrNotMapped {
-            addr: last,
-            len: 32,
+            addr: last + 16,
+            len: 16,
         },
     );
 }
@@ -889,8 +891,8 @@ fn buffers_across_regions() {
     assert_sticky(
         &mut dev,
         Error::AddrNotMapped {
-            addr: B + 0x1000 - 16,
-            len: 32,
+            addr: B + 0x1000,
+            len: 16,
         },
     );
     // Translation hint: hit, miss and a gap.

@@ -65,7 +65,13 @@ struct Waiting {
     addr: u64,
     since: Instant,
     asked: Instant,
+    /// The last time the queue met this miss: a miss of the same address after a quiet gap
+    /// is a new wait (the queue made progress in between; the success path keeps no state).
+    last: Instant,
 }
+
+/// A miss of the same address this long after the last one starts a new wait.
+const IOTLB_MISS_GAP: Duration = Duration::from_millis(100);
 
 /// How long a queue waits for the frontend to answer an IOTLB miss before it is stopped
 /// (QEMU answers in microseconds; a frontend that never does must not hold the queue).
@@ -146,7 +152,7 @@ impl QueueSlot {
             return Err(unanswered);
         };
         let w = match self.waiting {
-            Some(w) if w.addr == addr => w,
+            Some(w) if w.addr == addr && now.duration_since(w.last) < IOTLB_MISS_GAP => w,
             _ => {
                 tracing::debug!(
                     port,
@@ -158,6 +164,7 @@ impl QueueSlot {
                     addr,
                     since: now,
                     asked: now,
+                    last: now,
                 };
                 ch.miss(addr, perm);
                 bump(&stats.iotlb_misses, 1);
@@ -175,7 +182,11 @@ impl QueueSlot {
         } else {
             w.asked
         };
-        self.waiting = Some(Waiting { asked, ..w });
+        self.waiting = Some(Waiting {
+            asked,
+            last: now,
+            ..w
+        });
         Ok(())
     }
 
@@ -247,6 +258,10 @@ pub struct RxBatch {
     max_merge: usize,
     /// Header length of this ring's frontend.
     hdr_len: u32,
+    /// A missing translation (IOTLB) that cut the last fill short, for the caller to report
+    /// (ask for it): the batch is the chains before it, and a packet that needs more than
+    /// those would otherwise retry forever without the miss ever being asked for.
+    miss: Option<virtq::Error>,
 }
 
 impl RxBatch {
@@ -256,6 +271,7 @@ impl RxBatch {
             next: 0,
             max_merge: if mergeable { MAX_MERGE } else { 1 },
             hdr_len,
+            miss: None,
         }
     }
 
@@ -278,9 +294,12 @@ impl RxBatch {
                 s.prefetch_write(2);
             }
         }) {
-            // A translation missing (IOTLB) after some chains: the batch is those; the miss
-            // comes back, and is reported, when the next batch starts at that chain.
-            Err(e) if e.is_retryable() && !self.chains.is_empty() => Ok(()),
+            // A translation missing (IOTLB) after some chains: the batch is those, and the
+            // miss is left for the caller to report.
+            Err(e) if e.is_retryable() && !self.chains.is_empty() => {
+                self.miss = Some(e);
+                Ok(())
+            }
             r => r.map(|_| ()),
         }
     }
@@ -421,6 +440,9 @@ impl RxState {
                 rx.fail(id, stats, e);
                 return false;
             }
+            if let Some(e) = self.rxb.miss.take() {
+                rx.fail(id, stats, e);
+            }
             self.open = true;
             self.retry = true;
             self.now = now;
@@ -530,6 +552,9 @@ impl RxSide<'_> {
         let (egress, now) = (&mut st.egress, st.now);
         st.rxb
             .fill(&mut self.rx.q, MAX_MERGE, |a| egress.cap(a, now))?;
+        if let Some(e) = st.rxb.miss.take() {
+            self.rx.fail(self.id, self.stats, e);
+        }
         deliver(&mut self.rx.q, &mut st.rxb, len, copy)
     }
 
@@ -765,12 +790,13 @@ impl VhostPort {
 
     /// Switches every running ring to a new memory table.
     /// A ring whose own addresses were revoked cannot go on with the old translation: it is
-    /// stopped. A queue that waited for a grant tries again at once.
+    /// stopped. A queue that waited for a grant tries again at once (still under the same
+    /// wait: a grant that does not cover the miss is asked again after the retry interval,
+    /// and the bound holds).
     pub fn set_mem(&mut self, mem: &Arc<MemTable>) {
         let id = self.id;
         for qp in self.qps.iter_mut().flatten() {
             for s in [&mut qp.rx, &mut qp.tx].into_iter().flatten() {
-                s.waiting = None;
                 match s.q.set_mem(mem.clone()) {
                     Ok(()) => {}
                     Err(virtq::Error::TranslationMiss { addr, len, .. }) => {
@@ -953,7 +979,15 @@ impl VhostPort {
         if s.broken {
             return;
         }
-        let worked = std::mem::take(&mut s.worked);
+        // A queue waiting for a grant is polled on: the grant wakes no one (the frontend
+        // kicked already), and the wait is bounded. It stops waiting once the miss is gone.
+        let waiting = s
+            .waiting
+            .is_some_and(|w| now.saturating_duration_since(w.last) < IOTLB_MISS_GAP);
+        if !waiting {
+            s.waiting = None;
+        }
+        let worked = std::mem::take(&mut s.worked) || waiting;
         settle.queue(&mut s.poll, worked, wanted, now);
     }
 }

@@ -361,21 +361,10 @@ impl<M: Translate> DeviceQueue<M> {
         }
         // The table must be contiguous in host memory: one translation (hint first, then a
         // binary search), its contiguous length checked.
-        let miss = crate::xlate::Miss {
-            addr: d.addr,
-            len: u64::from(len),
-            perm: Perm::Read,
-        };
-        let table = match self.m.mem.translate(d.addr, Perm::Read, &mut self.hint) {
-            Ok((p, contig)) if contig >= u64::from(len) => p,
-            Ok(_) => {
-                return Err(Error::AddrNotMapped {
-                    addr: d.addr,
-                    len: u64::from(len),
-                })
-            }
-            Err(_) => return Err(self.m.mem.miss_error(miss)),
-        };
+        let table =
+            self.m
+                .mem
+                .translate_contig(d.addr, u64::from(len), Perm::Read, &mut self.hint)?;
         let mut i = 0u32;
         loop {
             // SAFETY: i < n and the table of n*16 bytes was validated inside one region;
