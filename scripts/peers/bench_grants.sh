@@ -24,6 +24,7 @@
 # Wall time: ~8 s per run; 3 rounds x 3 modes x 2 directions x 2 backends: ~5 min.
 source "$(dirname "$0")/lib.sh"
 need_root
+QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-4}"; MODES="${MODES:-off per-packet pool}"; DIRS="${DIRS:-tx rx}"
 IMPLS="${IMPLS:-pvnet dpdk}"; DOC="${DOC-$PVNET_ROOT/docs/grants.md}"
 "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }

@@ -38,6 +38,11 @@
 #        (pvnet:POLICY runs the switch with --policy POLICY, e.g. pvnet:busy: never sleeps, so
 #        the guest never kicks: the guest's own ceiling; a "+napi0" suffix, e.g. pvnet+napi0,
 #        boots the guest with virtio_net napi_tx=0: no TX-completion interrupts)
+#        (a "+viommu:strict" or "+viommu:lazy" suffix, last, e.g. pvnet+viommu:strict, puts the
+#        guest behind a virtual IOMMU: q35, intel-iommu with device IOTLB, the NIC with
+#        iommu_platform=on,ats=on, the guest booted with intel_iommu=on iommu.strict=1 (every
+#        buffer mapped and unmapped, each unmap an IOTLB invalidation pvnet acks) or
+#        iommu.strict=0 (lazy: unmaps batched, invalidations deferred); see docs/grants.md)
 #        FLOWS="1" (concurrency levels, see above)
 #        RESULTS=path/results.txt: no runs, the table (and DOC) from an earlier run's results
 #        DOC=docs/guest-tap.md (table written between the bench markers; DOC= to skip)
@@ -115,6 +120,12 @@ stop_servers() { local p; for p in "${SRV_PIDS[@]}"; do stop_pid "$p"; done; SRV
 run_one() {   # run_one CFG[+napi0] ROUND
   local cfg="$1" round="$2" tag="${1//[@=]/_}-$2" glog c2c_a c2c_b netdev dev initrd="$B/initrd.gz" vo=""
   glog="$B/$tag.console.log"
+  local gappend="" qextra=() viommu=""
+  if [[ "$cfg" == *+viommu:* ]]; then viommu="${cfg##*+viommu:}"; cfg="${cfg%+viommu:*}"
+    case "$viommu" in strict) gappend="intel_iommu=on iommu.strict=1" ;; lazy) gappend="intel_iommu=on iommu.strict=0" ;;
+      *) die "+viommu:strict or +viommu:lazy, not $viommu" ;; esac
+    qextra=(-machine q35 -device intel-iommu,intremap=on,device-iotlb=on)
+  fi
   if [[ "$cfg" == *+napi0 ]]; then cfg="${cfg%+napi0}"; initrd="$B/initrd-napi0.gz"; fi
   local to=""
   if [[ "$cfg" == *^* ]]; then to=",${cfg#*^}"; to="${to//^/,}"; cfg="${cfg%%^*}"; fi
@@ -135,6 +146,7 @@ run_one() {   # run_one CFG[+napi0] ROUND
     ip addr add "$NET.1/24" dev "$PVTAP"
     netdev="-chardev socket,id=c0,path=$B/vu.sock -netdev vhost-user,id=n0,chardev=c0"
     dev="virtio-net-pci,netdev=n0,mac=$GMAC$VEC"
+    [ -n "$viommu" ] && dev+=",disable-legacy=on,iommu_platform=on,ats=on"
   else
     ip tuntap add dev "$QTAP" mode tap
     sysctl -qw "net.ipv6.conf.$QTAP.disable_ipv6=1" || true
@@ -147,7 +159,7 @@ run_one() {   # run_one CFG[+napi0] ROUND
   fi
   host_servers
   # shellcheck disable=SC2086  # $netdev is a list of arguments
-  guest_start 200 "$initrd" "$glog" "pvg.timeout=150 ipv6.disable=1" "$dev" $netdev
+  guest_start 200 "$initrd" "$glog" "pvg.timeout=150 ipv6.disable=1 $gappend" "$dev" $netdev "${qextra[@]}"
   Q_PID=$GUEST_PID
   if [[ "$cfg" != pvnet* ]]; then
     wait_for 60 grep -q PVG-READY "$glog" && split_qemu "$(child_pid "$Q_PID")" > "$B/$tag.affinity"
@@ -240,11 +252,12 @@ def describe(k):
     return base + (", %s flows" % m.group(2) if m and m.group(2) else "")
 meta = {"cfg", "round", "c2c_ns", "ok", "vm_kicks_per_pkt", "vm_calls_per_pkt", "tap_direct_share"}
 keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in meta]
-order = ["pvnet", "pvnet+napi0", "pvnet:busy", "pvnet:notify", "bh", "timer", "bh:intx", "timer:intx"]
+order = ["pvnet", "pvnet+napi0", "pvnet:busy", "pvnet:notify", "pvnet+viommu:strict", "pvnet+viommu:lazy", "bh", "timer", "bh:intx", "timer:intx"]
 cfgs = [c for c in order if any(r["cfg"] == c for r in rows)]
 cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
 med = lambda c, k: st.median([float(r[k]) for r in rows if r["cfg"] == c and r["ok"] == "1"] or [float("nan")])
-names = {"pvnet": "pvnet switch + tap (INTx)", "pvnet+napi0": "pvnet switch + tap, guest napi_tx=0", "bh": "QEMU tap tx=bh", "timer": "QEMU tap tx=timer",
+names = {"pvnet": "pvnet switch + tap (INTx)", "pvnet+napi0": "pvnet switch + tap, guest napi_tx=0",
+         "pvnet+viommu:strict": "pvnet, guest vIOMMU iommu.strict=1", "pvnet+viommu:lazy": "pvnet, guest vIOMMU iommu.strict=0", "bh": "QEMU tap tx=bh", "timer": "QEMU tap tx=timer",
          "bh:intx": "QEMU tap tx=bh, INTx", "timer:intx": "QEMU tap tx=timer, INTx"}
 name = lambda c: names.get(c, "pvnet switch --policy %s (INTx)" % c[6:].replace(":", ", tx-call-delay ") if c.startswith("pvnet:") else c)
 refs = [c for c in cfgs if c != "pvnet"]

@@ -111,6 +111,7 @@ pub fn run(a: &BackendArgs) -> Result<()> {
         ),
     };
     let dp = Dataplane::start(cfg).map_err(io("starting the dataplane"))?;
+    dp.keep_control_off_workers();
     let hooks: Arc<dyn DeviceHooks> = dp.clone();
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {

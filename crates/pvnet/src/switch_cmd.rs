@@ -467,6 +467,7 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
     }
     let cfg = load(a)?;
     let dp = Dataplane::start(cfg.worker)?;
+    dp.keep_control_off_workers();
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let mut threads = Vec::new();

@@ -293,15 +293,7 @@ impl Session {
             return Ok(());
         };
         let mem = if self.iommu() {
-            // Grants of memory no longer shared (a new table) are dropped; the frontend
-            // grants again on a miss.
-            let grants: Vec<Grant> = self
-                .iotlb
-                .grants()
-                .into_iter()
-                .filter(|g| base.covers_user(g.uaddr, g.len))
-                .collect();
-            let t = MemTable::granted(&base, &grants)
+            let t = MemTable::granted(&base, self.iotlb.iter())
                 .map_err(|e| io_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
             Arc::new(t)
         } else {
@@ -381,6 +373,17 @@ impl Session {
 
     fn remap(&mut self) -> VuResult<()> {
         self.map_regions()?;
+        // Grants of memory no longer shared are dropped (every grant is checked against the
+        // table when it arrives); the frontend grants again on a miss.
+        if let Some(base) = self.base.clone() {
+            let dropped = self.iotlb.retain(|g| base.covers_user(g.uaddr, g.len));
+            if dropped > 0 {
+                info!(
+                    port = self.port,
+                    dropped, "grants outside the new memory table dropped"
+                );
+            }
+        }
         self.publish(true)
     }
 

@@ -90,9 +90,22 @@ impl Iotlb {
         true
     }
 
-    /// Every grant, by IOVA (what a snapshot is built from).
+    /// Every grant, by IOVA.
     pub fn grants(&self) -> Vec<Grant> {
         self.map.values().copied().collect()
+    }
+
+    /// Every grant, by IOVA, borrowed (what a snapshot is built from).
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &Grant> {
+        self.map.values()
+    }
+
+    /// Keeps only the grants `keep` accepts (those still in shared memory after a new
+    /// memory table); returns how many were dropped.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Grant) -> bool) -> usize {
+        let before = self.map.len();
+        self.map.retain(|_, g| keep(g));
+        before - self.map.len()
     }
 
     fn remove(&mut self, start: u64, len: u64) -> bool {

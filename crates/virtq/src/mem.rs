@@ -160,10 +160,16 @@ impl MemTable {
     ///
     /// A grant whose bytes are not all in shared memory is an error naming it: the caller
     /// checks each grant with [`MemTable::covers_user`] as it arrives.
-    pub fn granted(base: &std::sync::Arc<MemTable>, grants: &[Grant]) -> Result<Self> {
-        let mut regions: Vec<Region> = Vec::with_capacity(grants.len());
+    pub fn granted<'g>(
+        base: &std::sync::Arc<MemTable>,
+        grants: impl IntoIterator<Item = &'g Grant>,
+    ) -> Result<Self> {
+        let grants = grants.into_iter();
+        let mut regions: Vec<Region> = Vec::with_capacity(grants.size_hint().0);
         let mut last_end = 0;
-        for (index, g) in grants.iter().enumerate() {
+        // The shared region of the last grant: the next one is nearly always in it too.
+        let mut near: Option<&Region> = None;
+        for (index, g) in grants.enumerate() {
             let bad = |why| Error::BadRegion { index, why };
             let end = g.iova.checked_add(g.len).ok_or(bad("IOVA range wraps"))?;
             if g.len == 0 || (index > 0 && g.iova < last_end) {
@@ -172,7 +178,11 @@ impl MemTable {
             last_end = end;
             let (mut iova, mut uaddr) = (g.iova, g.uaddr);
             while iova < end {
-                let r = base.user_region(uaddr).ok_or(bad("not in shared memory"))?;
+                let r = match near.filter(|r| uaddr >= r.uaddr && uaddr < r.uaddr_end) {
+                    Some(r) => r,
+                    None => base.user_region(uaddr).ok_or(bad("not in shared memory"))?,
+                };
+                near = Some(r);
                 let n = (end - iova).min(r.uaddr_end - uaddr);
                 let (host, _) = Self::host_at(r, uaddr - r.uaddr);
                 // Pieces that continue the previous one in IOVA, host memory and permission

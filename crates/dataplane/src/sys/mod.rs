@@ -102,6 +102,42 @@ pub fn pin_current_thread(cpu: usize) -> bool {
     rc == 0
 }
 
+/// Takes `avoid` out of the calling thread's CPU set (threads it starts later inherit the
+/// result), unless that would leave no CPU. Returns the CPUs it keeps, or `None` if it
+/// changed nothing.
+#[cfg(target_os = "linux")]
+pub fn avoid_cpus(avoid: &[usize]) -> Option<Vec<usize>> {
+    let setsize = usize::try_from(libc::CPU_SETSIZE).ok()?;
+    // SAFETY: cpu_set_t is a plain array of integers; all-zero bytes is the valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the size passed.
+    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return None;
+    }
+    // SAFETY (both closures): every index is < CPU_SETSIZE, inside `set`'s bit array.
+    let has = |s: &libc::cpu_set_t, c: usize| unsafe { libc::CPU_ISSET(c, s) };
+    let keep: Vec<usize> = (0..setsize)
+        .filter(|&c| has(&set, c) && !avoid.contains(&c))
+        .collect();
+    if keep.is_empty() || !avoid.iter().any(|&c| c < setsize && has(&set, c)) {
+        return None;
+    }
+    for &c in avoid.iter().filter(|&&c| c < setsize) {
+        // SAFETY: c < CPU_SETSIZE.
+        unsafe { libc::CPU_CLR(c, &mut set) };
+    }
+    // SAFETY: as for sched_getaffinity above; the kernel only reads `set`.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    (rc == 0).then_some(keep)
+}
+
+/// Not supported on this OS: changes nothing.
+#[cfg(not(target_os = "linux"))]
+pub fn avoid_cpus(avoid: &[usize]) -> Option<Vec<usize>> {
+    let _ = avoid;
+    None
+}
+
 /// Pins the calling thread to one CPU. Not supported on this OS: always false.
 #[cfg(not(target_os = "linux"))]
 pub fn pin_current_thread(cpu: usize) -> bool {

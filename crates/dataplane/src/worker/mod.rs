@@ -130,6 +130,7 @@ pub(crate) type Registry = BTreeMap<PortId, Vec<Arc<PortStats>>>;
 struct ShardHandle {
     tx: Sender<Cmd>,
     pending: Arc<AtomicBool>,
+    asleep: Arc<AtomicBool>,
     wake: Notifier,
 }
 
@@ -159,12 +160,14 @@ impl Dataplane {
         for index in 0..n {
             let (tx, rx) = channel();
             let pending = Arc::new(AtomicBool::new(false));
+            let asleep = Arc::new(AtomicBool::new(false));
             let wake = Notifier::new()?;
             let mut s = Shard::new(
                 index,
                 cfg,
                 rx,
                 pending.clone(),
+                asleep.clone(),
                 wake.try_clone()?,
                 registry.clone(),
             )?;
@@ -179,7 +182,12 @@ impl Dataplane {
                 })?;
             let _ = measured_rx.recv_timeout(Duration::from_secs(5));
             threads.push(thread);
-            shards.push(ShardHandle { tx, pending, wake });
+            shards.push(ShardHandle {
+                tx,
+                pending,
+                asleep,
+                wake,
+            });
         }
         Ok(Arc::new(Self {
             cfg,
@@ -187,6 +195,20 @@ impl Dataplane {
             registry,
             threads: Mutex::new(threads),
         }))
+    }
+
+    /// Keeps the calling thread, and the threads it starts from now on (the vhost-user
+    /// sessions, the control socket), off the CPUs the shards are pinned to, when other CPUs
+    /// are allowed: control work then neither steals a worker's CPU nor wakes across CPUs to
+    /// reach it. (A frontend's IOTLB messages, one acked round trip each under a strict
+    /// IOMMU, ran at half the rate with their session on the worker's CPU here.)
+    pub fn keep_control_off_workers(&self) {
+        let Some(cpu) = self.cfg.cpu else { return };
+        let n = crate::sys::online_cpus();
+        let workers: Vec<usize> = (0..self.shards.len()).map(|i| (cpu + i) % n).collect();
+        if let Some(keep) = crate::sys::avoid_cpus(&workers) {
+            tracing::info!(?workers, control = ?keep, "control threads kept off the worker CPUs");
+        }
     }
 
     /// The shard a port lives on (see the module docs).
@@ -271,14 +293,25 @@ impl DeviceHooks for Dataplane {
         self.send_port(port, Cmd::Stop(port, index, tx));
         rx.recv().ok().flatten()
     }
+    /// Never wakes the shard. A sleeping shard touches no ring and applies the command when
+    /// it wakes, before anything else: nothing to wait for. A running one applies it at the
+    /// top of its next round (it checks `pending` there, and again before it sleeps): with
+    /// `wait`, this returns once it has. So a revocation costs the frontend a round trip to
+    /// the worker only while the worker is busy, and a grant never does.
     fn set_mem(&self, port: PortId, mem: Arc<MemTable>, wait: bool) {
-        if !wait {
-            self.send_port(port, Cmd::Mem(port, mem, None));
+        let Some(s) = self.shards.get(self.shard_of(port)) else {
+            return;
+        };
+        let (tx, rx) = sync_channel(1);
+        if s.tx.send(Cmd::Mem(port, mem, wait.then_some(tx))).is_err() {
             return;
         }
-        let (tx, rx) = sync_channel(1);
-        self.send_port(port, Cmd::Mem(port, mem, Some(tx)));
-        let _ = rx.recv();
+        // SeqCst store then SeqCst load, against the shard's store of `asleep` then load of
+        // `pending` (`Shard::sleep`): at least one side sees the other.
+        s.pending.store(true, Ordering::SeqCst);
+        if wait && !s.asleep.load(Ordering::SeqCst) {
+            let _ = rx.recv();
+        }
     }
     fn port_gone(&self, port: PortId) {
         let (tx, rx) = sync_channel(1);

@@ -65,6 +65,10 @@ pub(crate) struct Shard {
     cfg: WorkerConfig,
     rx: Receiver<Cmd>,
     pending: Arc<AtomicBool>,
+    /// Set while the shard sleeps (touching no ring): a new memory table or IOTLB snapshot
+    /// then needs neither a wake-up nor a wait, since the shard applies pending commands
+    /// when it wakes, before it touches a ring again (see `Dataplane::set_mem`).
+    asleep: Arc<AtomicBool>,
     wake_fd: Notifier,
     registry: Arc<Mutex<Registry>>,
     ports: Vec<AnyPort>,
@@ -86,6 +90,7 @@ impl Shard {
         cfg: WorkerConfig,
         rx: Receiver<Cmd>,
         pending: Arc<AtomicBool>,
+        asleep: Arc<AtomicBool>,
         wake_fd: Notifier,
         registry: Arc<Mutex<Registry>>,
     ) -> std::io::Result<Self> {
@@ -102,6 +107,7 @@ impl Shard {
             cfg,
             rx,
             pending,
+            asleep,
             wake_fd,
             registry,
             ports: Vec::new(),
@@ -402,9 +408,20 @@ impl Shard {
         if let Some(d) = timed {
             self.timer.set(d);
         }
+        // Asleep from here: SeqCst store, then the pending check (the control plane stores
+        // pending, then reads asleep): one of the two sees the other's store.
+        self.asleep.store(true, Ordering::SeqCst);
+        if self.pending.load(Ordering::SeqCst) {
+            self.asleep.store(false, Ordering::SeqCst);
+            if let Some(_d) = timed {
+                self.timer.clear();
+            }
+            return;
+        }
         // Deadlines come from the timerfd: epoll itself waits without a timeout.
         let mut evs = [EpollEvent::default(); 16];
         let n = self.epoll.wait(-1, &mut evs);
+        self.asleep.store(false, Ordering::SeqCst);
         if timed.is_some() {
             self.timer.clear();
         }
@@ -448,6 +465,11 @@ impl Shard {
                 continue;
             };
             self.sleep(deadline, now);
+            // Commands that came while asleep (a revocation acked without waiting for us)
+            // apply before any ring is touched again.
+            if self.pending.load(Ordering::SeqCst) && self.pending.swap(false, Ordering::Acquire) {
+                self.commands(clock.now());
+            }
             self.disarm(true);
         }
         info!(shard = self.index, "shard stopped");
