@@ -114,8 +114,10 @@ pub fn avoid_cpus(avoid: &[usize]) -> Option<Vec<usize>> {
     if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
         return None;
     }
-    // SAFETY (both closures): every index is < CPU_SETSIZE, inside `set`'s bit array.
-    let has = |s: &libc::cpu_set_t, c: usize| unsafe { libc::CPU_ISSET(c, s) };
+    let has = |s: &libc::cpu_set_t, c: usize| {
+        // SAFETY: every index passed is < CPU_SETSIZE, inside the set's bit array.
+        unsafe { libc::CPU_ISSET(c, s) }
+    };
     let keep: Vec<usize> = (0..setsize)
         .filter(|&c| has(&set, c) && !avoid.contains(&c))
         .collect();
