@@ -45,6 +45,23 @@ struct Region {
     host: NonNull<u8>,
     /// What the peer allows (always read-write for shared memory; a grant's own otherwise).
     perm: Perm,
+    /// The end of the range for an access needing each `Perm` (indexed by its bits): `gpa_end`
+    /// where `perm` allows it, `gpa` (an empty range) where it does not. The per-packet check
+    /// `gpa < ends[need]` is then the bounds check and the permission check in one compare.
+    ends: [u64; 4],
+}
+
+impl Region {
+    fn ends(gpa: u64, gpa_end: u64, perm: Perm) -> [u64; 4] {
+        let end = |need| if perm.allows(need) { gpa_end } else { gpa };
+        [gpa, end(Perm::Read), end(Perm::Write), end(Perm::ReadWrite)]
+    }
+
+    /// Whether `addr` lies in the region for an access needing `need`.
+    #[inline(always)]
+    fn holds(&self, addr: u64, need: Perm) -> bool {
+        addr >= self.gpa && addr < self.ends[need as usize & 3]
+    }
 }
 
 /// One IOVA range the peer granted: `iova .. iova + len` is its memory at its own user
@@ -125,6 +142,7 @@ impl MemTable {
                 uaddr_end,
                 host: s.host,
                 perm: Perm::ReadWrite,
+                ends: Region::ends(s.gpa, gpa_end, Perm::ReadWrite),
             });
         }
         regions.sort_by_key(|r| r.gpa);
@@ -195,6 +213,7 @@ impl MemTable {
                         == Some(host.as_ptr() as usize);
                     if p.gpa_end == iova && p.perm == g.perm && contiguous {
                         p.gpa_end += n;
+                        p.ends = Region::ends(p.gpa, p.gpa_end, p.perm);
                         p.uaddr_end += n;
                         iova += n;
                         uaddr += n;
@@ -208,6 +227,7 @@ impl MemTable {
                     uaddr_end: uaddr + n,
                     host,
                     perm: g.perm,
+                    ends: Region::ends(iova, iova + n, g.perm),
                 });
                 iova += n;
                 uaddr += n;
@@ -279,7 +299,9 @@ impl MemTable {
 /// miss is an address outside every region, a violation of the peer's.
 impl Translate for MemTable {
     /// The per-queue last-hit region first, then a binary search: never a linear scan.
-    #[inline]
+    /// Always inlined: callers pass the permission as a constant, which folds its check into
+    /// the bounds compare.
+    #[inline(always)]
     fn translate(
         &self,
         gpa: u64,
@@ -287,7 +309,7 @@ impl Translate for MemTable {
         hint: &mut usize,
     ) -> std::result::Result<(NonNull<u8>, u64), Miss> {
         if let Some(r) = self.regions.get(*hint) {
-            if gpa >= r.gpa && gpa < r.gpa_end && r.perm.allows(perm) {
+            if r.holds(gpa, perm) {
                 return Ok(Self::host_at(r, gpa - r.gpa));
             }
         }
@@ -301,7 +323,7 @@ impl Translate for MemTable {
             .regions
             .get(i.checked_sub(1).ok_or(miss)?)
             .ok_or(miss)?;
-        if gpa < r.gpa_end && r.perm.allows(perm) {
+        if r.holds(gpa, perm) {
             *hint = i - 1;
             Ok(Self::host_at(r, gpa - r.gpa))
         } else {

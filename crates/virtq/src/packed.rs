@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{AddrSpace, MemTable, Seg};
 use crate::queue::{Direction, QueueConfig, RingAddrs};
+use crate::ring::translate_buffer;
 use crate::ring::{store_load_fence, IdFifo, Layout, Mapped};
 use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;
@@ -503,22 +504,15 @@ impl<M: Translate> DeviceQueue<M> {
     fn simple(&mut self) -> Option<Chain> {
         let d = self.m.ring.desc(self.last_avail);
         let write = d.flags & DESC_F_WRITE != 0;
-        let dir_ok = match self.dir {
-            Direction::DeviceReads => !write,
-            Direction::DeviceWrites => write,
-            Direction::Mixed => true,
-        };
         if !is_avail(d.flags, self.avail_wrap)
             || d.flags & (DESC_F_NEXT | DESC_F_INDIRECT) != 0
             || d.len == 0
             || d.id >= self.size
-            || !dir_ok
             || self.segs.len() == self.segs.capacity()
         {
             return None;
         }
-        let perm = if write { Perm::Write } else { Perm::Read };
-        let (p, contig) = self.m.mem.translate(d.addr, perm, &mut self.hint).ok()?;
+        let (p, contig) = translate_buffer(&*self.m.mem, self.dir, write, d.addr, &mut self.hint)?;
         if u64::from(d.len) > contig {
             return None;
         }

@@ -74,6 +74,27 @@ impl<M: Translate, R: Layout> Mapped<M, R> {
     }
 }
 
+/// Translates a single-descriptor buffer the device reads (`write` false) or writes, if the
+/// queue's direction allows it. Each arm passes its permission as a constant, so once
+/// inlined the permission check folds into the translator's bounds compare (the hot path of
+/// every format's simple parser).
+#[inline(always)]
+pub(crate) fn translate_buffer<M: Translate>(
+    mem: &M,
+    dir: crate::queue::Direction,
+    write: bool,
+    addr: u64,
+    hint: &mut usize,
+) -> Option<(std::ptr::NonNull<u8>, u64)> {
+    use crate::queue::Direction;
+    use crate::xlate::Perm;
+    match write {
+        false if dir != Direction::DeviceWrites => mem.translate(addr, Perm::Read, hint).ok(),
+        true if dir != Direction::DeviceReads => mem.translate(addr, Perm::Write, hint).ok(),
+        _ => None,
+    }
+}
+
 /// The length a driver takes from a used entry for a buffer with `cap` writable bytes. For a
 /// buffer the device only reads there is nothing to report: some devices write the bytes they
 /// read there (DPDK's vhost does in its in-order transmit batches); it is ignored and 0 taken,

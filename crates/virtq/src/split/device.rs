@@ -20,6 +20,7 @@ use crate::chain::{Chain, Segs, Walk};
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{MemTable, Seg};
+use crate::ring::translate_buffer;
 use crate::xlate::{Perm, Translate};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -265,14 +266,10 @@ impl<M: Translate> DeviceQueue<M> {
             && self.segs.len() < self.segs.capacity()
         {
             let write = d.flags & DESC_F_WRITE != 0;
-            let dir_ok = match self.dir {
-                Direction::DeviceReads => !write,
-                Direction::DeviceWrites => write,
-                Direction::Mixed => true,
-            };
-            let perm = if write { Perm::Write } else { Perm::Read };
-            if dir_ok {
-                if let Ok((p, contig)) = self.m.mem.translate(d.addr, perm, &mut self.hint) {
+            {
+                if let Some((p, contig)) =
+                    translate_buffer(&*self.m.mem, self.dir, write, d.addr, &mut self.hint)
+                {
                     if u64::from(d.len) <= contig {
                         let start = u32::try_from(self.segs.len()).unwrap_or(u32::MAX);
                         self.segs.push(Seg::new(p, d.len));
