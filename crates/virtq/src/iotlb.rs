@@ -67,9 +67,24 @@ impl Iotlb {
     /// Revokes `iova .. iova + len` (saturating at the top of the space): grants wholly
     /// inside go, grants across an edge keep their outside part. Returns whether anything
     /// was revoked.
+    ///
+    /// A length of 0 revokes everything from `iova` up: QEMU sends a whole-space flush (a
+    /// guest's domain-wide invalidation, as Linux's lazy mode issues) as `addr_mask + 1`
+    /// with an all-ones mask, which wraps to 0, and the kernel's vhost reads it as the
+    /// inclusive range `iova ..= iova - 1`, all of it from 0. Revoking too much only costs
+    /// a miss; keeping a revoked range would let the device reach memory the guest has
+    /// since given to something else.
     pub fn invalidate(&mut self, iova: u64, len: u64) -> bool {
+        let len = if len == 0 {
+            (u64::MAX - iova).wrapping_add(1)
+        } else {
+            len
+        };
         if len == 0 {
-            return false;
+            // iova == 0 and len == 2^64: the whole space.
+            let any = !self.map.is_empty();
+            self.map.clear();
+            return any;
         }
         self.remove(iova, len)
     }
@@ -170,6 +185,13 @@ mod tests {
         assert!(t.covers(0x1000, 0x1000, Perm::Write));
         assert!(!t.invalidate(0x2000, 0x1000), "nothing left there");
         assert!(t.invalidate(0, u64::MAX), "everything");
+        assert!(t.is_empty());
+        // A length of 0 is a flush from there up (QEMU's whole-space flush is 0 + 0).
+        t.update(g(0x1000, 0x1000, 0x10_0000)).unwrap();
+        t.update(g(0x8000, 0x1000, 0x10_0000)).unwrap();
+        assert!(t.invalidate(0x4000, 0));
+        assert_eq!(t.grants(), vec![g(0x1000, 0x1000, 0x10_0000)]);
+        assert!(t.invalidate(0, 0));
         assert!(t.is_empty());
     }
 
