@@ -66,7 +66,7 @@ impl DeviceHooks for Hooks {
         let mut r = self.running.lock().unwrap();
         r.get_mut(&port)?.remove(&index).map(|_| 0)
     }
-    fn set_mem(&self, _: PortId, _: Arc<MemTable>) {}
+    fn set_mem(&self, _: PortId, _: Arc<MemTable>, _: bool) {}
     fn port_gone(&self, port: PortId) {
         let queues = self
             .running

@@ -1044,13 +1044,34 @@ fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Res
                 return Err(bad(format!("SET_BACKEND_REQ_FD of {size} bytes")));
             }
             let mut m = [0u8; HDR_LEN + 8];
-            let (got, file) = sock
-                .recv_with_fd(&mut m[..HDR_LEN + size])
+            let mut iov = [libc::iovec {
+                iov_base: m.as_mut_ptr().cast(),
+                iov_len: HDR_LEN + size,
+            }];
+            // Room for as many fds as a vhost-user message may carry: with room for one,
+            // vmm-sys-util's `recv_with_fd` leaks a second fd the kernel fits into the cmsg
+            // buffer's alignment padding (found by the vhost_msg fuzz target).
+            let mut raw = [-1; 32];
+            // SAFETY: the iovec points at `m`, valid for writes of the length given.
+            let (got, n) = unsafe { sock.recv_with_fds(&mut iov, &mut raw) }
                 .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+            // SAFETY: the first `n` entries are fds just received, owned by nothing else.
+            let mut files: Vec<File> = raw[..n]
+                .iter()
+                .map(|&fd| unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+                .collect();
             if got != HDR_LEN + size {
                 return Err(bad("SET_BACKEND_REQ_FD cut short".into()));
             }
-            let file = file.ok_or_else(|| bad("SET_BACKEND_REQ_FD without an fd".into()))?;
+            if files.len() != 1 {
+                return Err(bad(format!("SET_BACKEND_REQ_FD with {} fds", files.len())));
+            }
+            let file = files.swap_remove(0);
+            if !std::os::unix::fs::FileTypeExt::is_socket(&file.metadata()?.file_type()) {
+                return Err(bad(
+                    "SET_BACKEND_REQ_FD with an fd that is not a socket".into()
+                ));
+            }
             let s = session.lock().map_err(|_| bad("session poisoned".into()))?;
             // SAFETY: the fd was just received and is owned by `file` alone.
             let stream = unsafe {
@@ -1470,6 +1491,45 @@ mod tests {
         let m = msg(crate::iotlb::SET_BACKEND_REQ_FD, HDR_VERSION, &[]);
         assert!(send(&s, &m).is_err());
         assert!(!s.lock().unwrap().channel.is_set());
+    }
+
+    /// A backend channel that is not a socket, or comes with more than one fd, is refused,
+    /// and every fd sent with it is closed.
+    #[test]
+    fn a_bad_backend_channel_is_refused_and_its_fds_closed() {
+        use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+        // Other tests open and close fds at the same time: count only this test's memfds.
+        let ours = || {
+            std::fs::read_dir("/proc/self/fd")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().contains("memfd:bad-channel"))
+                })
+                .count()
+        };
+        let m = msg(crate::iotlb::SET_BACKEND_REQ_FD, HDR_VERSION, &[]);
+        for n in [1usize, 2, 3] {
+            let s = iommu_session(true);
+            let (front, back) = UnixStream::pair().unwrap();
+            let files: Vec<File> = (0..n)
+                .map(|_| {
+                    // SAFETY: a valid name; the fd is checked, then owned by the File.
+                    let fd = unsafe { libc::memfd_create(c"bad-channel".as_ptr(), 0) };
+                    assert!(fd >= 0);
+                    // SAFETY: just created, owned by nothing else.
+                    unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+                })
+                .collect();
+            let raw: Vec<i32> = files.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+            front.send_with_fds(&[&m[..]], &raw).unwrap();
+            assert!(take_own_message(&back, &s).is_err(), "{n} fds");
+            assert!(!s.lock().unwrap().channel.is_set());
+            drop(files);
+            assert_eq!(ours(), 0, "{n} fds: every received fd closed");
+        }
     }
 
     /// A flood of grants stops at the bound: the session ends, having held at most the bound.

@@ -938,6 +938,16 @@ impl VhostPort {
         }
     }
 
+    /// Whether the egress pair's receive ring runs (not stopped) with no batch open: what a
+    /// retryable miss leaves.
+    #[cold]
+    fn rx_waits(&self) -> bool {
+        self.qps
+            .get(self.tx_qp)
+            .and_then(Option::as_ref)
+            .is_some_and(|qp| qp.rx.as_ref().is_some_and(|rx| !rx.broken) && !qp.out.open)
+    }
+
     /// Sends what the frontend transmits straight back to it (request/response benchmarks):
     /// the same one-copy path as any delivery, within one pair. Returns the packets taken.
     pub fn hairpin(&mut self, max: usize, now: Instant) -> usize {
@@ -1348,9 +1358,15 @@ impl super::Port for VhostPort {
 
     #[inline]
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
-        match self.rx_side() {
-            Some(mut side) => side.take_burst(pkts),
-            None => (0, TxOut::Dropped(DropReason::PortDown)),
+        if let Some(mut side) = self.rx_side() {
+            return side.take_burst(pkts);
+        }
+        if self.rx_waits() {
+            // The ring runs but its batch could not open: it waits for a grant (IOTLB miss),
+            // as if it were full.
+            (0, TxOut::NoRoom)
+        } else {
+            (0, TxOut::Dropped(DropReason::PortDown))
         }
     }
 
