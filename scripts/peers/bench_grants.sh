@@ -21,17 +21,26 @@
 #
 # Usage: scripts/peers/bench_grants.sh     Env: ROUNDS=3 DUR=4 MODES="off per-packet pool"
 #        DIRS="tx rx" IMPLS="pvnet dpdk" DOC=docs/grants.md (DOC= to skip)
+#        RESULTS=path/results.txt: no runs, the table from an earlier run's RESULT lines
+# The table takes the medians of the runs in the most common core-to-core state (both samples
+# in it) when that state has every combination, else of all runs; it says which.
 # Wall time: ~8 s per run; 3 rounds x 3 modes x 2 directions x 2 backends: ~5 min.
 source "$(dirname "$0")/lib.sh"
 need_root
 QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-4}"; MODES="${MODES:-off per-packet pool}"; DIRS="${DIRS:-tx rx}"
 IMPLS="${IMPLS:-pvnet dpdk}"; DOC="${DOC-$PVNET_ROOT/docs/grants.md}"
-"$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
-build_pvnet
-B="$WORK/grants"; rm -rf "$B"; mkdir -p "$B"
-cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
-RES="$B/results.txt"; : > "$RES"
+B="$WORK/grants"
+if [ -n "${RESULTS:-}" ]; then
+  [ -s "$RESULTS" ] || die "RESULTS=$RESULTS: no such results file"
+  RES="$RESULTS"; ROUNDS=0
+else
+  "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
+  build_pvnet
+  rm -rf "$B"; mkdir -p "$B"
+  cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
+  RES="$B/results.txt"; : > "$RES"
+fi
 SOCK="$B/vu.sock"; TCK=$(getconf CLK_TCK); BE_PREFIX=pvnet_grants_be
 BE_TPID=
 cleanup() {
@@ -112,11 +121,18 @@ def state(c):
     a, b = (float(x) if x != "nan" else 1e9 for x in c.split("/"))
     s = lambda v: "fast" if v < 75 else "mid" if v < 150 else "slow"
     return s(a) if s(a) == s(b) else "mixed"
+combos = {(r["dir"], r["impl"], r["mode"]) for r in rows}
+states = collections.Counter(state(r["c2c_ns"]) for r in rows)
+used = "all runs"
+for st, _ in states.most_common():
+    if st != "mixed" and {(r["dir"], r["impl"], r["mode"]) for r in rows if state(r["c2c_ns"]) == st} == combos:
+        rows = [r for r in rows if state(r["c2c_ns"]) == st]
+        used = "the %d runs in the %s state" % (len(rows), st)
+        break
 by = collections.defaultdict(list)
 for r in rows:
     by[(r["dir"], r["impl"], r["mode"])].append(r)
 med = lambda k, f: statistics.median(float(r[f]) for r in by[k]) if by[k] else float("nan")
-states = collections.Counter(state(r["c2c_ns"]) for r in rows)
 modes = [m for m in ["off", "per-packet", "pool"] if any(k[2] == m for k in by)]
 out = []
 out.append("| mode | pvnet TX Mpps | pvnet RX Mpps | DPDK TX Mpps | DPDK RX Mpps | pvnet/DPDK TX | pvnet/DPDK RX | pvnet backend ns/pkt TX / RX | IOTLB msgs/pkt |")
@@ -140,8 +156,8 @@ out.append("| backend | direction | pool / off | pool / per-packet |")
 out.append("|---|---|---|---|")
 out.extend(ratio)
 out.append("")
-out.append("Medians of %s rounds of %s s, 64-byte frames, one queue pair; c2c states of the runs: %s." % (
-    rounds, dur, ", ".join("%s %d" % kv for kv in states.items())))
+out.append("Medians of %s (c2c states of every run: %s), %s s each, 64-byte frames, one queue pair." % (
+    used, ", ".join("%s %d" % kv for kv in states.items()), dur))
 table = "\n".join(out)
 print(table)
 if doc:

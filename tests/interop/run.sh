@@ -592,9 +592,11 @@ ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk
 # The guest behind a virtual IOMMU (QEMU 7.2, TCG): q35 with intel-iommu (interrupt remapping,
 # device IOTLB), the NIC modern-only with iommu_platform and ATS; the guest maps and unmaps
 # every buffer (iommu.strict=1), so every access of pvnet's goes through the IOTLB.
-VIOMMU_DEV=",disable-legacy=on,iommu_platform=on,ats=on"
+# (VIOMMU_DEV, VIOMMU_APPEND and VIOMMU_IOMMU override the NIC options, the kernel's and
+# intel-iommu's, for experiments.)
+VIOMMU_DEV="${VIOMMU_DEV:-,disable-legacy=on,iommu_platform=on,ats=on}"
 VIOMMU_APPEND="${VIOMMU_APPEND:-intel_iommu=on iommu.strict=1}"
-VIOMMU_QEMU=(-machine q35 -device intel-iommu,intremap=on,device-iotlb=on)
+VIOMMU_QEMU=(-machine q35 -device "intel-iommu,${VIOMMU_IOMMU:-intremap=on,device-iotlb=on}")
 # INTEROP_CASES="a b": run only those (names above); default all.
 read -r -a CASES <<< "${INTEROP_CASES:-${ALL_CASES[*]}}"
 

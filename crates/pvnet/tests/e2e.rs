@@ -503,9 +503,16 @@ fn iommu_grants_per_packet_and_pool_both_ways_and_through_forward() {
             // transmit buffer reclaimed: at least two messages per packet sent.
             assert!(msgs >= 2 * sent, "{msgs} messages for {sent} packets: {fe}");
         }
-        assert_eq!(u(&p, "/iotlb_misses"), 0, "granted before posted: {p}");
         let fe = b2f_len(&["--grants", mode], 64);
-        assert_eq!(u(&fe, "/iotlb/misses_refused"), 0, "{fe}");
+        if mode == "pool" {
+            // Everything granted before the rings start: the device never misses.
+            assert_eq!(u(&p, "/iotlb_misses"), 0, "granted before posted: {p}");
+            assert_eq!(u(&fe, "/iotlb/misses_answered"), 0, "{fe}");
+            assert_eq!(u(&fe, "/iotlb/misses_refused"), 0, "{fe}");
+        }
+        // Per packet, a grant reaches the worker without a wait: a look just before it
+        // arrives is a miss, asked for and then found (or by then revoked: the frontend
+        // leaves it unanswered). The counts stay exact either way (checked above).
         f2b(&["--grants", mode, "--packed"], 64);
         b2f(&["--grants", mode, "--packed"]);
         f2f_with(64, &["--grants", mode], &["--grants", mode]);

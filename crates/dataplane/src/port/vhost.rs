@@ -1351,9 +1351,11 @@ impl super::Port for VhostPort {
             return false;
         };
         self.tx_qp = k;
+        // A running ring whose batch could not open (a grant missing) still counts as
+        // begun: its packets then meet "no room" and wait, rather than being dropped.
         self.qps[k]
             .as_mut()
-            .is_some_and(|qp| qp.open(id, hint, now))
+            .is_some_and(|qp| qp.open(id, hint, now) || qp.rx.as_ref().is_some_and(|rx| !rx.broken))
     }
 
     #[inline]
