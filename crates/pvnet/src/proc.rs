@@ -17,6 +17,30 @@ pub fn install_stop_handler() {
     }
 }
 
+/// Tells the service manager that `state` holds (`READY=1`, `STOPPING=1`, `STATUS=...`), if it
+/// started us as a `Type=notify` service: one datagram to the socket named in `NOTIFY_SOCKET`
+/// (a path, or an abstract name written with a leading `@`), the protocol `sd_notify(3)`
+/// describes. Returns whether the message went out; without `NOTIFY_SOCKET` it does nothing.
+pub fn sd_notify(state: &str) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::UnixDatagram;
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return false;
+    };
+    let Ok(sock) = UnixDatagram::unbound() else {
+        return false;
+    };
+    let sent = match target.as_bytes().strip_prefix(b"@") {
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            std::os::unix::net::SocketAddr::from_abstract_name(name)
+                .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+        }
+        None => sock.send_to(state.as_bytes(), std::path::Path::new(&target)),
+    };
+    sent.is_ok()
+}
+
 /// True once SIGINT or SIGTERM arrived.
 pub fn stopping() -> bool {
     STOP.load(Ordering::Relaxed)

@@ -668,6 +668,14 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
         ctl = %cfg.ctl_socket.display(),
         "switch running"
     );
+    // Ready once every port listens and the control socket answers (systemd Type=notify).
+    if proc::sd_notify(&format!(
+        "READY=1\nSTATUS=switching {} ports, control socket {}",
+        cfg.ports.len(),
+        cfg.ctl_socket.display()
+    )) {
+        info!("service manager told: ready");
+    }
     let deadline = (a.duration > 0.0).then(|| started + Duration::from_secs_f64(a.duration));
     while !stop.load(Ordering::Relaxed) {
         if proc::stopping() || deadline.is_some_and(|d| Instant::now() >= d) {
@@ -681,6 +689,7 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
             warn!("a port thread panicked");
         }
     }
+    proc::sd_notify("STOPPING=1");
     let _ = ctl_thread.join();
     if let Some(t) = metrics_thread {
         let _ = t.join();

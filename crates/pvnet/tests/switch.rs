@@ -104,3 +104,40 @@ fn bad_configuration_is_refused_with_a_clear_error() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// Started by a service manager (`Type=notify`): the switch says READY=1 once its control
+/// socket answers, and STOPPING=1 when it is stopped.
+#[test]
+fn the_switch_tells_the_service_manager_when_it_is_ready() {
+    let dir = TestDir::new("notify");
+    let notify = dir.sock("notify");
+    let sock = std::os::unix::net::UnixDatagram::bind(&notify).expect("bind notify socket");
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let ctl = dir.sock("ctl");
+    let ctl_s = ctl.to_string_lossy().to_string();
+    let mut sw = common::Proc::spawn(
+        "switch",
+        &["switch", "--port", "sink:name=s", "--ctl-socket", &ctl_s],
+        &[("NOTIFY_SOCKET", &notify.to_string_lossy())],
+    );
+    let mut buf = [0u8; 512];
+    let n = sock.recv(&mut buf).expect("READY within 20 s");
+    let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(msg.starts_with("READY=1\n"), "{msg}");
+    assert!(msg.contains("STATUS=switching 1 ports"), "{msg}");
+    // Ready means the control socket answers.
+    let out = std::process::Command::new(common::BIN)
+        .args(["ctl", "--socket", &ctl_s, "ports", "--json"])
+        .output()
+        .expect("pvnet ctl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sw.signal(libc::SIGTERM);
+    let n = sock.recv(&mut buf).expect("STOPPING");
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    assert!(sw.wait_exit(RUN).success());
+}
