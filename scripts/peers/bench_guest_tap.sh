@@ -38,11 +38,12 @@
 #        (pvnet:POLICY runs the switch with --policy POLICY, e.g. pvnet:busy: never sleeps, so
 #        the guest never kicks: the guest's own ceiling; a "+napi0" suffix, e.g. pvnet+napi0,
 #        boots the guest with virtio_net napi_tx=0: no TX-completion interrupts)
-#        (a "+viommu:strict" or "+viommu:lazy" suffix, last, e.g. pvnet+viommu:strict, puts the
+#        (a "+viommu:strict", "+viommu:lazy" or "+viommu:pt" suffix, last, e.g. pvnet+viommu:strict, puts the
 #        guest behind a virtual IOMMU: q35, intel-iommu with device IOTLB, the NIC with
 #        iommu_platform=on,ats=on, the guest booted with intel_iommu=on iommu.strict=1 (every
 #        buffer mapped and unmapped, each unmap an IOTLB invalidation pvnet acks) or
-#        iommu.strict=0 (lazy: unmaps batched, invalidations deferred); see docs/grants.md)
+#        iommu.strict=0 (lazy: unmaps batched, invalidations deferred) or iommu=pt (the vIOMMU
+#        passes the guest's addresses through: identity grants); see docs/grants.md)
 #        FLOWS="1" (concurrency levels, see above)
 #        RESULTS=path/results.txt: no runs, the table (and DOC) from an earlier run's results
 #        DOC=docs/guest-tap.md (table written between the bench markers; DOC= to skip)
@@ -123,7 +124,8 @@ run_one() {   # run_one CFG[+napi0] ROUND
   local gappend="" qextra=() viommu=""
   if [[ "$cfg" == *+viommu:* ]]; then viommu="${cfg##*+viommu:}"; cfg="${cfg%+viommu:*}"
     case "$viommu" in strict) gappend="intel_iommu=on iommu.strict=1" ;; lazy) gappend="intel_iommu=on iommu.strict=0" ;;
-      *) die "+viommu:strict or +viommu:lazy, not $viommu" ;; esac
+      pt) gappend="intel_iommu=on iommu=pt" ;;
+      *) die "+viommu:strict, +viommu:lazy or +viommu:pt, not $viommu" ;; esac
     qextra=(-machine q35 -device intel-iommu,intremap=on,device-iotlb=on)
   fi
   if [[ "$cfg" == *+napi0 ]]; then cfg="${cfg%+napi0}"; initrd="$B/initrd-napi0.gz"; fi
@@ -252,12 +254,13 @@ def describe(k):
     return base + (", %s flows" % m.group(2) if m and m.group(2) else "")
 meta = {"cfg", "round", "c2c_ns", "ok", "vm_kicks_per_pkt", "vm_calls_per_pkt", "tap_direct_share"}
 keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in meta]
-order = ["pvnet", "pvnet+napi0", "pvnet:busy", "pvnet:notify", "pvnet+viommu:strict", "pvnet+viommu:lazy", "bh", "timer", "bh:intx", "timer:intx"]
+order = ["pvnet", "pvnet+napi0", "pvnet:busy", "pvnet:notify", "pvnet+viommu:strict", "pvnet+viommu:lazy", "pvnet+viommu:pt", "bh", "timer", "bh:intx", "timer:intx"]
 cfgs = [c for c in order if any(r["cfg"] == c for r in rows)]
 cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
 med = lambda c, k: st.median([float(r[k]) for r in rows if r["cfg"] == c and r["ok"] == "1"] or [float("nan")])
 names = {"pvnet": "pvnet switch + tap (INTx)", "pvnet+napi0": "pvnet switch + tap, guest napi_tx=0",
-         "pvnet+viommu:strict": "pvnet, guest vIOMMU iommu.strict=1", "pvnet+viommu:lazy": "pvnet, guest vIOMMU iommu.strict=0", "bh": "QEMU tap tx=bh", "timer": "QEMU tap tx=timer",
+         "pvnet+viommu:strict": "pvnet, guest vIOMMU iommu.strict=1", "pvnet+viommu:lazy": "pvnet, guest vIOMMU iommu.strict=0",
+         "pvnet+viommu:pt": "pvnet, guest vIOMMU iommu=pt", "bh": "QEMU tap tx=bh", "timer": "QEMU tap tx=timer",
          "bh:intx": "QEMU tap tx=bh, INTx", "timer:intx": "QEMU tap tx=timer, INTx"}
 name = lambda c: names.get(c, "pvnet switch --policy %s (INTx)" % c[6:].replace(":", ", tx-call-delay ") if c.startswith("pvnet:") else c)
 refs = [c for c in cfgs if c != "pvnet"]
