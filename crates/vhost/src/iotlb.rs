@@ -144,32 +144,27 @@ impl BackendChannel {
     /// Asks the frontend for a translation of `iova` with `perm`. No reply is asked for: the
     /// answer is an `UPDATE` on the main channel. Returns whether it was sent.
     pub fn miss(&self, iova: u64, perm: Perm) -> bool {
-        let sent = self.send(IotlbMsg {
-            iova,
-            size: 0,
-            uaddr: 0,
-            perm: perm as u8,
-            kind: Kind::Miss,
-        });
-        if sent {
-            self.misses.fetch_add(1, Ordering::Relaxed);
-        }
-        sent
+        self.report(Kind::Miss, iova, perm, &self.misses)
     }
 
     /// Tells the frontend an access to `iova` with `perm` was refused.
     pub fn access_fail(&self, iova: u64, perm: Perm) -> bool {
-        let sent = self.send(IotlbMsg {
+        self.report(Kind::AccessFail, iova, perm, &self.access_fails)
+    }
+
+    /// Sends a backend's report about `iova` and counts it in `sent` if it went out.
+    fn report(&self, kind: Kind, iova: u64, perm: Perm, sent: &AtomicU64) -> bool {
+        let ok = self.send(IotlbMsg {
             iova,
             size: 0,
             uaddr: 0,
             perm: perm as u8,
-            kind: Kind::AccessFail,
+            kind,
         });
-        if sent {
-            self.access_fails.fetch_add(1, Ordering::Relaxed);
+        if ok {
+            sent.fetch_add(1, Ordering::Relaxed);
         }
-        sent
+        ok
     }
 
     fn send(&self, m: IotlbMsg) -> bool {
