@@ -302,15 +302,28 @@ impl DeviceHooks for Dataplane {
         let Some(s) = self.shards.get(self.shard_of(port)) else {
             return;
         };
-        let (tx, rx) = sync_channel(1);
-        if s.tx.send(Cmd::Mem(port, mem, wait.then_some(tx))).is_err() {
+        let done = Arc::new(AtomicBool::new(false));
+        if s.tx
+            .send(Cmd::Mem(port, mem, wait.then(|| done.clone())))
+            .is_err()
+        {
             return;
         }
         // SeqCst store then SeqCst load, against the shard's store of `asleep` then load of
         // `pending` (`Shard::sleep`): at least one side sees the other.
         s.pending.store(true, Ordering::SeqCst);
         if wait && !s.asleep.load(Ordering::SeqCst) {
-            let _ = rx.recv();
+            // A running shard gets to it within a round: spin for that (a blocking wait
+            // costs a cross-CPU wake-up, most of an acked IOTLB round trip here), then nap.
+            // The command dropped unapplied (the shard gone) leaves the flag's only owner.
+            let spin_until = std::time::Instant::now() + Duration::from_micros(200);
+            while !done.load(Ordering::Acquire) && Arc::strong_count(&done) > 1 {
+                if std::time::Instant::now() < spin_until {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+            }
         }
     }
     fn port_gone(&self, port: PortId) {

@@ -35,8 +35,9 @@ pub(crate) enum Cmd {
     AddPort(PortId),
     Start(PortId, Box<StartedQueue>),
     Stop(PortId, u16, SyncSender<Option<u16>>),
-    /// A new memory table or IOTLB snapshot; the reply (if asked) says every ring switched.
-    Mem(PortId, Arc<MemTable>, Option<SyncSender<()>>),
+    /// A new memory table or IOTLB snapshot; the flag (if given) is set once every ring
+    /// switched.
+    Mem(PortId, Arc<MemTable>, Option<Arc<AtomicBool>>),
     RemovePort(PortId, SyncSender<()>),
     AddHost(PortId, Box<HostPort>),
     Egress(PortId, EgressConfig),
@@ -318,8 +319,8 @@ impl Shard {
                     if let Some(p) = self.vhost(id) {
                         p.set_mem(&mem);
                     }
-                    if let Some(r) = reply {
-                        let _ = r.send(());
+                    if let Some(done) = reply {
+                        done.store(true, Ordering::Release);
                     }
                 }
                 Cmd::RemovePort(id, reply) => {
