@@ -21,7 +21,9 @@ use crate::features::{
     DEVICE_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_EVENT_IDX,
     VIRTIO_F_INDIRECT_DESC, VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_NET_F_MRG_RXBUF,
 };
-use crate::iotlb::{BackendChannel, IotlbMsg, Kind};
+use crate::iotlb::{
+    BackendChannel, IotlbMsg, Kind, HDR_LEN, HDR_NEED_REPLY, HDR_REPLY, HDR_VERSION,
+};
 use crate::mmap::{map_regions, PeerRegion};
 use crate::ratelimit::PeerLog;
 use crate::{peer_error, peer_warn};
@@ -864,12 +866,7 @@ pub fn run_session(
 /// `VHOST_USER_SET_VRING_ENABLE` (request 18) on the wire: a 12-byte header (request, flags,
 /// size) and a `vhost_vring_state` body (index, num), no fds.
 const SET_VRING_ENABLE: u32 = 18;
-const MSG_HDR_LEN: usize = 12;
 const VRING_STATE_LEN: usize = 8;
-/// Header flags: protocol version 1, reply, need-reply (vhost-user spec, "Header").
-const HDR_VERSION: u32 = 0x1;
-const HDR_REPLY: u32 = 0x4;
-const HDR_NEED_REPLY: u32 = 0x8;
 
 /// Handles a `SET_VRING_ENABLE` that arrives before `SET_FEATURES` acked
 /// `VHOST_USER_F_PROTOCOL_FEATURES`, which the `vhost` crate refuses (`InactiveFeature`, which
@@ -895,8 +892,8 @@ fn take_early_vring_enable(sock: &UnixStream, session: &Mutex<Session>) -> std::
         Ok(s) if s.acked & VHOST_USER_F_PROTOCOL_FEATURES == 0 => s.protocol,
         _ => return Ok(false),
     };
-    let mut buf = [0u8; MSG_HDR_LEN + VRING_STATE_LEN];
-    let word = |b: &[u8; MSG_HDR_LEN + VRING_STATE_LEN], i: usize| {
+    let mut buf = [0u8; HDR_LEN + VRING_STATE_LEN];
+    let word = |b: &[u8; HDR_LEN + VRING_STATE_LEN], i: usize| {
         u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
     };
     // A 20-byte message sent with one sendmsg arrives whole; still, wait a little for a body
@@ -916,7 +913,7 @@ fn take_early_vring_enable(sock: &UnixStream, session: &Mutex<Session>) -> std::
         let Ok(n) = usize::try_from(n) else {
             return Ok(false);
         };
-        if n < MSG_HDR_LEN || word(&buf, 0) != SET_VRING_ENABLE {
+        if n < HDR_LEN || word(&buf, 0) != SET_VRING_ENABLE {
             return Ok(false);
         }
         if word(&buf, 8) as usize != VRING_STATE_LEN {
@@ -1005,7 +1002,7 @@ pub const MAX_GRANTS: usize = 8192;
 /// left for the crate. Returns `Ok(true)` if it handled a message,
 /// an error (which ends the session) for a malformed one or a violation.
 fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Result<bool> {
-    use crate::iotlb::{BODY_LEN, HDR_LEN, IOTLB_MSG, SET_BACKEND_REQ_FD};
+    use crate::iotlb::{BODY_LEN, IOTLB_MSG, SET_BACKEND_REQ_FD};
     use std::io::Read;
     use std::os::fd::AsRawFd;
     use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -1101,7 +1098,7 @@ fn reply_ack(
 ) -> std::io::Result<()> {
     use std::io::Write;
     if flags & HDR_NEED_REPLY != 0 && protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0 {
-        let mut reply = [0u8; MSG_HDR_LEN + 8];
+        let mut reply = [0u8; HDR_LEN + 8];
         reply[0..4].copy_from_slice(&request.to_le_bytes());
         reply[4..8].copy_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
         reply[8..12].copy_from_slice(&8u32.to_le_bytes());
@@ -1365,9 +1362,9 @@ mod tests {
         let (mut front, back) = UnixStream::pair().unwrap();
         front.write_all(m).unwrap();
         assert!(take_own_message(&back, s)?, "taken by the session");
-        let mut ack = [0u8; MSG_HDR_LEN + 8];
+        let mut ack = [0u8; HDR_LEN + 8];
         front.read_exact(&mut ack).unwrap();
-        Ok(u64::from_le_bytes(ack[MSG_HDR_LEN..].try_into().unwrap()))
+        Ok(u64::from_le_bytes(ack[HDR_LEN..].try_into().unwrap()))
     }
 
     /// Grants and revocations change what the snapshot translates, and only that: a revoked
@@ -1469,7 +1466,7 @@ mod tests {
                 "unknown type",
                 {
                     let mut m = iotlb(0, 0x1000, base, 3, Kind::Update);
-                    m[MSG_HDR_LEN + 25] = 9;
+                    m[HDR_LEN + 25] = 9;
                     m
                 },
                 true,

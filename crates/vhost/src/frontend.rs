@@ -599,7 +599,8 @@ impl NetClient {
             let (ours, theirs) = UnixStream::pair().map_err(os("socketpair"))?;
             fe.set_backend_request_fd(&theirs)?;
             let main = ctl.try_clone().map_err(os("socket"))?;
-            granter = Some(Granter::new(main, ours).map_err(os("backend channel"))?);
+            let per_packet = cfg.grants == GrantMode::PerPacket;
+            granter = Some(Granter::new(main, ours, per_packet).map_err(os("backend channel"))?);
         }
 
         let hdr = hdr_len(features);
@@ -759,11 +760,6 @@ impl NetClient {
         self.granter.as_ref().map(|g| g.stats)
     }
 
-    /// Whether each buffer is granted while posted (`GrantMode::PerPacket`).
-    fn per_packet(&self) -> bool {
-        self.cfg.grants == GrantMode::PerPacket
-    }
-
     /// The violation that stopped the RX queue (`None` while it runs).
     pub fn rx_error(&self) -> Option<virtq::Error> {
         self.rx_err
@@ -801,14 +797,11 @@ impl NetClient {
             let Some(b) = pool.alloc(len) else { break };
             staged.push(b);
         }
-        if self.cfg.grants == GrantMode::PerPacket {
-            if let Some(g) = self.granter.as_mut() {
-                let to_u = self.to_user;
-                for b in staged.iter() {
-                    let at = base + u64::from(b.off) + head;
-                    g.grant(at, u64::from(b.len), to_u.at(at), Perm::ReadWrite)
-                        .map_err(os("IOTLB update"))?;
-                }
+        if let Some(g) = self.granter.as_mut().filter(|g| g.per_packet) {
+            for b in staged.iter() {
+                let at = base + u64::from(b.off) + head;
+                g.grant(at, u64::from(b.len), self.to_user.at(at), Perm::ReadWrite)
+                    .map_err(os("IOTLB update"))?;
             }
         }
         let posted = &mut pool.posted;
@@ -842,12 +835,12 @@ impl NetClient {
             let n = stop_on(&mut self.tx_err, self.tx.used_available())?;
             for _ in 0..n {
                 let e = stop_on(&mut self.tx_err, self.tx.pop_used())?;
-                if let (Some((id, _)), true) = (e, self.per_packet()) {
-                    if let Some(g) = self.granter.as_mut() {
-                        let bs = u64::from(self.cfg.buf_size);
-                        g.revoke(self.lay.tx_bufs + u64::from(id) * bs, bs)
-                            .map_err(os("IOTLB invalidate"))?;
-                    }
+                if let (Some((id, _)), Some(g)) =
+                    (e, self.granter.as_mut().filter(|g| g.per_packet))
+                {
+                    let bs = u64::from(self.cfg.buf_size);
+                    g.revoke(self.lay.tx_bufs + u64::from(id) * bs, bs)
+                        .map_err(os("IOTLB invalidate"))?;
                 }
             }
             total += usize::from(n);
@@ -892,10 +885,7 @@ impl NetClient {
         let h = self.hdr_len;
         let lim = scratch.len().min(bs - h);
         let (pool, base) = (self.tx_pool, self.lay.tx_bufs);
-        let mut granter = match self.cfg.grants {
-            GrantMode::PerPacket => self.granter.as_mut(),
-            _ => None,
-        };
+        let mut granter = self.granter.as_mut().filter(|g| g.per_packet);
         let to_u = self.to_user;
         let mut refused = None;
         let r = self.tx.add_many(max, |k, id| {
@@ -1030,12 +1020,10 @@ impl NetClient {
             let b = self.rxp.posted[usize::from(id)];
             self.stats.rx_truesize += u64::from(b.slot);
             self.rxp.release(b);
-            if self.cfg.grants == GrantMode::PerPacket {
-                if let Some(g) = self.granter.as_mut() {
-                    let at = self.lay.rx_bufs + u64::from(b.off) + u64::from(self.rxp.headroom());
-                    g.revoke(at, u64::from(b.len))
-                        .map_err(os("IOTLB invalidate"))?;
-                }
+            if let Some(g) = self.granter.as_mut().filter(|g| g.per_packet) {
+                let at = self.lay.rx_bufs + u64::from(b.off) + u64::from(self.rxp.headroom());
+                g.revoke(at, u64::from(b.len))
+                    .map_err(os("IOTLB invalidate"))?;
             }
         }
         self.refill_rx()?;

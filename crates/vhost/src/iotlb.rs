@@ -26,13 +26,14 @@ pub const IOTLB_MSG: u32 = 22;
 pub const BACKEND_IOTLB_MSG: u32 = 1;
 /// `struct vhost_iotlb_msg` on the wire.
 pub const BODY_LEN: usize = 32;
-/// Header flags: protocol version 1, reply, need-reply (vhost-user spec, "Header").
+/// Header flags: protocol version 1, reply, need-reply (vhost-user spec, "Header"). These and
+/// the header length serve every message pvnet frames itself (the session's too).
 pub const HDR_VERSION: u32 = 0x1;
 /// Reply flag.
 pub const HDR_REPLY: u32 = 0x4;
 /// Need-reply flag.
 pub const HDR_NEED_REPLY: u32 = 0x8;
-/// Header length.
+/// Header length: request, flags, body size (u32 each).
 pub const HDR_LEN: usize = 12;
 
 /// `type` of a `vhost_iotlb_msg`.
@@ -265,17 +266,21 @@ pub struct Granter {
     backend: UnixStream,
     /// What we granted, to answer misses.
     held: virtq::Iotlb,
+    /// Each buffer is granted while posted (`GrantMode::PerPacket`), not the pools once.
+    pub per_packet: bool,
     /// Counters.
     pub stats: GrantStats,
 }
 
 impl Granter {
-    /// Over the main channel `main`, with our end of the backend channel `backend`.
-    pub fn new(main: UnixStream, backend: UnixStream) -> io::Result<Self> {
+    /// Over the main channel `main`, with our end of the backend channel `backend`;
+    /// `per_packet`: buffers are granted one at a time (see [`GrantMode`]).
+    pub fn new(main: UnixStream, backend: UnixStream, per_packet: bool) -> io::Result<Self> {
         backend.set_nonblocking(true)?;
         Ok(Self {
             main,
             backend,
+            per_packet,
             held: virtq::Iotlb::new(usize::MAX),
             stats: GrantStats::default(),
         })
@@ -348,13 +353,9 @@ impl Granter {
             }
             n += 1;
             let msg = IotlbMsg::parse(&m[HDR_LEN..]);
-            let held = msg.filter(|g| g.kind == Kind::Miss).and_then(|g| {
-                let perm = Perm::from_bits(g.perm)?;
-                self.held
-                    .grants()
-                    .into_iter()
-                    .find(|h| g.iova >= h.iova && g.iova < h.iova + h.len && h.perm.allows(perm))
-            });
+            let held = msg
+                .filter(|g| g.kind == Kind::Miss)
+                .and_then(|g| self.held.find(g.iova, Perm::from_bits(g.perm)?));
             match held {
                 Some(h) => {
                     self.grant(h.iova, h.len, h.uaddr, h.perm)?;

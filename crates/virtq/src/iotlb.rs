@@ -89,17 +89,21 @@ impl Iotlb {
         self.remove(iova, len)
     }
 
+    /// The grant holding `iova` with at least `perm`, if any (a binary search).
+    pub fn find(&self, iova: u64, perm: crate::Perm) -> Option<Grant> {
+        let (_, g) = self.map.range(..=iova).next_back()?;
+        (iova < g.iova + g.len && g.perm.allows(perm)).then_some(*g)
+    }
+
     /// Whether `iova .. iova + len` is wholly granted with at least `perm`.
     pub fn covers(&self, mut iova: u64, len: u64, perm: crate::Perm) -> bool {
         let Some(end) = iova.checked_add(len) else {
             return false;
         };
         while iova < end {
-            match self.map.range(..=iova).next_back() {
-                Some((_, g)) if iova < g.iova + g.len && g.perm.allows(perm) => {
-                    iova = g.iova + g.len;
-                }
-                _ => return false,
+            match self.find(iova, perm) {
+                Some(g) => iova = g.iova + g.len,
+                None => return false,
             }
         }
         true

@@ -4,9 +4,9 @@
 //! The same table, built with [`MemTable::granted`], is an IOTLB snapshot: its entries are
 //! the IOVA ranges the peer granted (vhost-user `VIRTIO_F_ACCESS_PLATFORM`), each resolved
 //! once to host memory through the region table and carrying its permission. The per-packet
-//! lookup is the same code either way (the per-queue last hit, then a binary search), plus a
-//! permission compare; a miss is retryable (the grant may come) and an access the grant does
-//! not allow is refused.
+//! lookup is the same code either way (the per-queue last hit, then a binary search), with the
+//! permission folded into the bounds compare (`Region::ends`); a miss is retryable (the grant
+//! may come) and an access the grant does not allow is refused.
 //!
 //! The table holds raw pointers into mappings it does not own. Whoever builds it promises
 //! (in the `unsafe` constructor) that the mappings outlive the table; the vhost-user glue

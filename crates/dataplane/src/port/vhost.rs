@@ -258,10 +258,6 @@ pub struct RxBatch {
     max_merge: usize,
     /// Header length of this ring's frontend.
     hdr_len: u32,
-    /// A missing translation (IOTLB) that cut the last fill short, for the caller to report
-    /// (ask for it): the batch is the chains before it, and a packet that needs more than
-    /// those would otherwise retry forever without the miss ever being asked for.
-    miss: Option<virtq::Error>,
 }
 
 impl RxBatch {
@@ -271,7 +267,6 @@ impl RxBatch {
             next: 0,
             max_merge: if mergeable { MAX_MERGE } else { 1 },
             hdr_len,
-            miss: None,
         }
     }
 
@@ -281,23 +276,25 @@ impl RxBatch {
     #[inline]
     pub fn fill(
         &mut self,
-        q: &mut DeviceQueue,
+        rx: &mut QueueSlot,
+        (id, stats): (PortId, &PortStats),
         max: usize,
         cap: impl FnOnce(u16) -> usize,
     ) -> Result<(), virtq::Error> {
         self.chains.clear();
         self.next = 0;
-        let avail = q.available()?;
+        let avail = rx.q.available()?;
         let max = max.min(cap(avail));
-        match q.pop_batch(&mut self.chains, max, |segs| {
+        match rx.q.pop_batch(&mut self.chains, max, |segs| {
             if let Some(s) = segs.first() {
                 s.prefetch_write(2);
             }
         }) {
             // A translation missing (IOTLB) after some chains: the batch is those, and the
-            // miss is left for the caller to report.
+            // miss is asked for now (a packet that needs more chains than those would
+            // otherwise retry without it ever being asked for).
             Err(e) if e.is_retryable() && !self.chains.is_empty() => {
-                self.miss = Some(e);
+                rx.fail(id, stats, e);
                 Ok(())
             }
             r => r.map(|_| ()),
@@ -435,13 +432,10 @@ impl RxState {
             let egress = &mut self.egress;
             if let Err(e) = self
                 .rxb
-                .fill(&mut rx.q, want.max(1), |a| egress.cap(a, now))
+                .fill(rx, (id, stats), want.max(1), |a| egress.cap(a, now))
             {
                 rx.fail(id, stats, e);
                 return false;
-            }
-            if let Some(e) = self.rxb.miss.take() {
-                rx.fail(id, stats, e);
             }
             self.open = true;
             self.retry = true;
@@ -551,10 +545,9 @@ impl RxSide<'_> {
         self.rx.publish(self.stats);
         let (egress, now) = (&mut st.egress, st.now);
         st.rxb
-            .fill(&mut self.rx.q, MAX_MERGE, |a| egress.cap(a, now))?;
-        if let Some(e) = st.rxb.miss.take() {
-            self.rx.fail(self.id, self.stats, e);
-        }
+            .fill(self.rx, (self.id, self.stats), MAX_MERGE, |a| {
+                egress.cap(a, now)
+            })?;
         deliver(&mut self.rx.q, &mut st.rxb, len, copy)
     }
 
@@ -622,6 +615,12 @@ impl RxSide<'_> {
 }
 
 impl QueuePair {
+    /// Whether its receive ring runs (started, not stopped for a violation).
+    #[inline]
+    fn rx_runs(&self) -> bool {
+        self.rx.as_ref().is_some_and(|s| !s.broken)
+    }
+
     fn new(
         stats: Arc<PortStats>,
         mergeable: bool,
@@ -841,14 +840,7 @@ impl VhostPort {
 
     /// The egress state of the pair packets are delivered to (pair 0 before any runs).
     pub fn egress(&mut self) -> &mut Egress {
-        let k = self
-            .qps
-            .iter()
-            .position(|qp| {
-                qp.as_ref()
-                    .is_some_and(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken))
-            })
-            .unwrap_or(0);
+        let k = self.egress_pair().unwrap_or(0);
         let (stats, m, h, egress, batch) = (
             self.stats[k].clone(),
             self.mergeable,
@@ -865,10 +857,9 @@ impl VhostPort {
     /// The pair packets for this frontend go to: the first with a running receive ring.
     #[inline]
     fn egress_pair(&self) -> Option<usize> {
-        self.qps.iter().position(|qp| {
-            qp.as_ref()
-                .is_some_and(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken))
-        })
+        self.qps
+            .iter()
+            .position(|qp| qp.as_ref().is_some_and(QueuePair::rx_runs))
     }
 
     /// Whether a kernel port may read packets straight into this frontend's receive buffers
@@ -881,9 +872,7 @@ impl VhostPort {
     /// The open receive batch's chains not filled yet (0 when none is open).
     pub fn lent(&self) -> usize {
         match self.qps.get(self.tx_qp).and_then(Option::as_ref) {
-            Some(qp) if qp.out.open && qp.rx.as_ref().is_some_and(|s| !s.broken) => {
-                qp.out.rxb.remaining()
-            }
+            Some(qp) if qp.out.open && qp.rx_runs() => qp.out.rxb.remaining(),
             _ => 0,
         }
     }
@@ -945,7 +934,7 @@ impl VhostPort {
         self.qps
             .get(self.tx_qp)
             .and_then(Option::as_ref)
-            .is_some_and(|qp| qp.rx.as_ref().is_some_and(|rx| !rx.broken) && !qp.out.open)
+            .is_some_and(|qp| qp.rx_runs() && !qp.out.open)
     }
 
     /// Sends what the frontend transmits straight back to it (request/response benchmarks):
@@ -1321,11 +1310,7 @@ impl super::Port for VhostPort {
 
     #[inline]
     fn caps(&self) -> Caps {
-        let receives = self
-            .qps
-            .iter()
-            .flatten()
-            .any(|qp| qp.rx.as_ref().is_some_and(|s| !s.broken));
+        let receives = self.qps.iter().flatten().any(QueuePair::rx_runs);
         Caps {
             receives,
             offloads: self.features & RX_OFFLOADS,
@@ -1355,7 +1340,7 @@ impl super::Port for VhostPort {
         // begun: its packets then meet "no room" and wait, rather than being dropped.
         self.qps[k]
             .as_mut()
-            .is_some_and(|qp| qp.open(id, hint, now) || qp.rx.as_ref().is_some_and(|rx| !rx.broken))
+            .is_some_and(|qp| qp.open(id, hint, now) || qp.rx_runs())
     }
 
     #[inline]

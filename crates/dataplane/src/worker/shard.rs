@@ -414,7 +414,7 @@ impl Shard {
         self.asleep.store(true, Ordering::SeqCst);
         if self.pending.load(Ordering::SeqCst) {
             self.asleep.store(false, Ordering::SeqCst);
-            if let Some(_d) = timed {
+            if timed.is_some() {
                 self.timer.clear();
             }
             return;
