@@ -26,11 +26,14 @@ pub enum DropReason {
     /// Egress queue: dropped by CoDel (the flow's packets waited longer than its target for
     /// an interval).
     Aqm = 7,
+    /// Egress queue: emptied because its settings were changed while packets waited
+    /// (`pvnet ctl port set`), as `tc qdisc replace` drops what the old qdisc held.
+    Reconfigured = 8,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::NoBuffer,
         DropReason::PortDown,
         DropReason::Invalid,
@@ -39,6 +42,7 @@ impl DropReason {
         DropReason::Offload,
         DropReason::QueueLimit,
         DropReason::Aqm,
+        DropReason::Reconfigured,
     ];
 
     /// Stable name for reports.
@@ -52,6 +56,7 @@ impl DropReason {
             DropReason::Offload => "offload",
             DropReason::QueueLimit => "queue_limit",
             DropReason::Aqm => "aqm",
+            DropReason::Reconfigured => "reconfigured",
         }
     }
 }
@@ -71,7 +76,7 @@ pub struct PortStats {
     /// Drops decided at this port, by reason: of packets that entered here, and of packets
     /// that waited in its egress queue (`queue_limit`, `aqm`; `no_buffer` or `port_down` when
     /// a queue that could not drain is emptied).
-    pub drops: [AtomicU64; 8],
+    pub drops: [AtomicU64; DropReason::ALL.len()],
     /// Kicks received (eventfd counts drained).
     pub kicks: AtomicU64,
     /// Calls (interrupts) sent.

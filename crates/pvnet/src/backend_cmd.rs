@@ -133,7 +133,7 @@ pub fn run(a: &BackendArgs) -> Result<()> {
     let r = if a.client {
         connect_loop(
             &a.socket,
-            bcfg,
+            Arc::new(std::sync::Mutex::new(bcfg)),
             hooks,
             stop.clone(),
             Duration::from_millis(200),

@@ -1,13 +1,25 @@
 //! The control channel of `pvnet switch` and its client, `pvnet ctl`; Prometheus metrics.
 //!
 //! The switch hands [`serve_ctl`] (and optionally [`serve_metrics`]) a closure that produces
-//! its current [`Status`]; each server runs on one thread of its own and never touches the
-//! dataplane. Protocol on the control socket (a Unix stream socket): the client sends one
-//! request line, `status`, `ports` or `macs`, and the server answers with one line of JSON,
-//! the whole [`Status`] for any of the three, or `{"error":"..."}`, and closes.
+//! its current [`Status`], and [`serve_ctl`] one that applies changes ([`Op`]); each server
+//! runs on one thread of its own and never touches the dataplane itself.
+//!
+//! Protocol on the control socket (a Unix stream socket; docs/operations.md): the client
+//! sends one request line and the server answers with one line of JSON and closes.
+//! - Version 1, a JSON object: `{"version":1,"op":"port-add","spec":"KIND:key=value,..."}`,
+//!   `{"version":1,"op":"port-del","name":"vm1"}`,
+//!   `{"version":1,"op":"port-set","name":"vm1","set":{"qdisc":"fifo"}}`,
+//!   `{"version":1,"op":"reload"}`, `{"version":1,"op":"status"}`; answered by a [`Reply`]:
+//!   `{"version":1,"ok":true,"result":"added",...}` or `{"version":1,"ok":false,"error":...}`.
+//! - The bare words `status`, `ports` and `macs` (the first protocol, kept): the whole
+//!   [`Status`], or `{"error":"..."}`.
+//!
+//! Only the switch's own user (and root, and the members of the group the switch was given)
+//! may talk to it: the socket is created 0600 (0660 with a group) and each connection's peer
+//! credentials (`SO_PEERCRED`) are checked.
 
 use crate::error::{failed, Error, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -80,6 +92,121 @@ pub struct MacInfo {
 
 /// Produces the switch's current status; called on the server thread once per request.
 pub type StatusFn = Arc<dyn Fn() -> Status + Send + Sync>;
+
+/// The control protocol's version (the `version` of requests and replies).
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A request of the JSON protocol.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Protocol version the client speaks; the server refuses a newer one.
+    pub version: u32,
+    /// What to do.
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+/// What a request asks for.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Op {
+    /// The whole status (as the bare word `status`).
+    Status,
+    /// Add a port, `KIND:key=value,...` as `pvnet switch --port`. Idempotent: an identical
+    /// port of that name is `exists`; a different one is an error.
+    PortAdd {
+        /// The port spec.
+        spec: String,
+    },
+    /// Delete a port: its frontend is disconnected, what was in flight counted. Deleting a
+    /// port that is not there is `absent`, not an error.
+    PortDel {
+        /// Port name.
+        name: String,
+    },
+    /// Change settings of a port (`key=value` as in its spec).
+    PortSet {
+        /// Port name.
+        name: String,
+        /// Keys and values.
+        set: BTreeMap<String, String>,
+    },
+    /// Read the configuration file again and apply the difference (as `SIGHUP`).
+    Reload,
+}
+
+/// The answer to a [`Request`].
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(default)]
+pub struct Reply {
+    /// [`PROTOCOL_VERSION`].
+    pub version: u32,
+    /// Whether the request was carried out.
+    pub ok: bool,
+    /// What happened: `added`, `exists`, `deleted`, `absent`, `changed`, `unchanged`,
+    /// `reloaded`, `status`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    /// Why not (with `ok: false`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Details: what changed, what applies when.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// The port concerned (a deleted port: its last counters).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<PortInfo>,
+    /// The status (`op: status`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+}
+
+impl Reply {
+    /// A successful reply.
+    pub fn done(result: &str) -> Self {
+        Self {
+            version: PROTOCOL_VERSION,
+            ok: true,
+            result: Some(result.into()),
+            ..Self::default()
+        }
+    }
+    /// A refusal.
+    pub fn refused(error: impl Into<String>) -> Self {
+        Self {
+            version: PROTOCOL_VERSION,
+            ok: false,
+            error: Some(error.into()),
+            ..Self::default()
+        }
+    }
+}
+
+/// Applies a change; called on the control thread, one request at a time.
+pub type ApplyFn = Arc<dyn Fn(&Op) -> Reply + Send + Sync>;
+
+/// What the control socket serves and to whom.
+#[derive(Clone)]
+pub struct Server {
+    /// The status.
+    pub status: StatusFn,
+    /// Changes (None: a read-only switch; change requests are refused).
+    pub apply: Option<ApplyFn>,
+    /// A group whose members may use the socket besides its owner (mode 0660, not 0600).
+    pub group: Option<u32>,
+}
+
+impl Server {
+    /// A server that answers status requests only.
+    #[cfg(test)]
+    pub fn read_only(status: StatusFn) -> Self {
+        Self {
+            status,
+            apply: None,
+            group: None,
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------------
 // Connection helpers shared by both servers.
@@ -221,7 +348,7 @@ impl Drop for SocketFile {
 /// `path` is an error (`AlreadyExists`) and left alone. The socket is bound under a temporary
 /// name in the same directory and renamed into place, so `path` only ever names a socket
 /// that is already listening.
-fn bind_ctl(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
+fn bind_ctl(path: &Path, group: Option<u32>) -> io::Result<(UnixListener, SocketFile)> {
     let ctx = |e: io::Error, what: &str| io::Error::new(e.kind(), format!("{what}: {e}"));
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
@@ -258,6 +385,19 @@ fn bind_ctl(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
     let _ = std::fs::remove_file(&tmp);
     let listener =
         UnixListener::bind(&tmp).map_err(|e| ctx(e, &format!("binding {}", tmp.display())))?;
+    // Owner only (and a group if given), set before the socket is reachable at `path`.
+    let limit = || -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(g) = group {
+            std::os::unix::fs::chown(&tmp, None, Some(g))?;
+        }
+        let mode = if group.is_some() { 0o660 } else { 0o600 };
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+    };
+    if let Err(e) = limit() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(ctx(e, &format!("restricting {}", tmp.display())));
+    }
     if let Err(e) = std::fs::rename(&tmp, path) {
         let _ = std::fs::remove_file(&tmp);
         return Err(ctx(
@@ -275,42 +415,115 @@ fn bind_ctl(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
 }
 
 /// The JSON line answering one control request.
-fn ctl_answer(req: &str, status: &StatusFn) -> String {
-    let mut out = match req {
-        "status" | "ports" | "macs" => match current_status(status) {
-            Some(s) => serde_json::to_string(&s).unwrap_or_else(|e| {
-                serde_json::json!({ "error": format!("cannot encode status: {e}") }).to_string()
-            }),
-            None => serde_json::json!({ "error": "status unavailable (status function panicked)" })
-                .to_string(),
-        },
-        other => serde_json::json!({
-            "error": format!("unknown request '{other}' (status|ports|macs)")
+fn ctl_answer(req: &str, server: &Server) -> String {
+    let status = &server.status;
+    let mut out = if req.starts_with('{') {
+        let reply = match serde_json::from_str::<Request>(req) {
+            Err(e) => Reply::refused(format!("bad request: {e}")),
+            Ok(r) if r.version > PROTOCOL_VERSION || r.version == 0 => Reply::refused(format!(
+                "protocol version {} not supported (this switch speaks 1..={PROTOCOL_VERSION})",
+                r.version
+            )),
+            Ok(Request { op: Op::Status, .. }) => match current_status(status) {
+                Some(s) => Reply {
+                    status: Some(s),
+                    ..Reply::done("status")
+                },
+                None => Reply::refused("status unavailable (status function panicked)"),
+            },
+            Ok(r) => match &server.apply {
+                None => Reply::refused("this switch takes no changes"),
+                Some(apply) => {
+                    catch_unwind(AssertUnwindSafe(|| apply(&r.op))).unwrap_or_else(|_| {
+                        Reply::refused("the request failed inside the switch (see its log)")
+                    })
+                }
+            },
+        };
+        serde_json::to_string(&reply).unwrap_or_else(|e| {
+            serde_json::json!({ "version": PROTOCOL_VERSION, "ok": false, "error": e.to_string() })
+                .to_string()
         })
-        .to_string(),
+    } else {
+        match req {
+            "status" | "ports" | "macs" => match current_status(status) {
+                Some(s) => serde_json::to_string(&s).unwrap_or_else(|e| {
+                    serde_json::json!({ "error": format!("cannot encode status: {e}") }).to_string()
+                }),
+                None => {
+                    serde_json::json!({ "error": "status unavailable (status function panicked)" })
+                        .to_string()
+                }
+            },
+            other => serde_json::json!({
+                "error": format!("unknown request '{other}' (status|ports|macs, or a JSON request)")
+            })
+            .to_string(),
+        }
     };
     out.push('\n');
     out
 }
 
-fn handle_ctl(mut c: UnixStream, status: &StatusFn) -> io::Result<()> {
+/// The peer's uid and gid (`SO_PEERCRED`).
+fn peer_cred(c: &UnixStream) -> io::Result<(u32, u32)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: ucred is plain data; getsockopt writes at most `len` bytes into it.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(size_of::<libc::ucred>())
+        .map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: valid pointers to locals of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::addr_of_mut!(cred).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((cred.uid, cred.gid))
+}
+
+/// Whether a peer with `uid`/`gid` may use the control socket: root, the switch's own user,
+/// or the configured group.
+fn peer_allowed((uid, gid): (u32, u32), group: Option<u32>) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    uid == 0 || uid == me || group == Some(gid)
+}
+
+fn handle_ctl(mut c: UnixStream, server: &Server) -> io::Result<()> {
     // Accepted sockets do not inherit O_NONBLOCK on Linux; make sure on every platform.
     c.set_nonblocking(false)?;
+    let cred = peer_cred(&c)?;
+    if !peer_allowed(cred, server.group) {
+        tracing::warn!(
+            uid = cred.0,
+            gid = cred.1,
+            "control request refused: not the switch's user nor its group"
+        );
+        let reply = Reply::refused(format!(
+            "permission denied: uid {} is not allowed on this control socket",
+            cred.0
+        ));
+        let line = serde_json::to_string(&reply).unwrap_or_default() + "\n";
+        return write_response(&mut c, line.as_bytes());
+    }
     let buf = read_request(&mut c, |b| b.contains(&b'\n'))?;
     let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
     let req = String::from_utf8_lossy(line);
-    write_response(&mut c, ctl_answer(req.trim(), status).as_bytes())
+    write_response(&mut c, ctl_answer(req.trim(), server).as_bytes())
 }
 
 /// Serves control requests on a Unix stream socket at `path` until `stop` is set, on one
 /// thread named `pvnet-ctl`. See [`bind_ctl`] for what happens to an existing file at
 /// `path`. The socket file is removed when the thread ends.
-pub fn serve_ctl(
-    path: &Path,
-    status: StatusFn,
-    stop: Arc<AtomicBool>,
-) -> io::Result<JoinHandle<()>> {
-    let (listener, file) = bind_ctl(path)?;
+pub fn serve_ctl(path: &Path, server: Server, stop: Arc<AtomicBool>) -> io::Result<JoinHandle<()>> {
+    let (listener, file) = bind_ctl(path, server.group)?;
     std::thread::Builder::new()
         .name("pvnet-ctl".into())
         .spawn(move || {
@@ -319,7 +532,7 @@ pub fn serve_ctl(
                 "ctl",
                 &stop,
                 || listener.accept().map(|(c, _)| c),
-                |c| handle_ctl(c, &status),
+                |c| handle_ctl(c, &server),
             );
         })
 }
@@ -327,8 +540,8 @@ pub fn serve_ctl(
 // ---------------------------------------------------------------------------------------
 // Client.
 
-/// Sends one request (`status`, `ports` or `macs`) to the switch listening on `path`.
-pub fn request(path: &Path, req: &str) -> Result<Status> {
+/// Sends one request line to the switch listening on `path`; returns its answer line.
+fn exchange(path: &Path, req: &str) -> Result<String> {
     let p = path.display();
     if req.contains(['\n', '\r']) {
         return Err(crate::error::usage(format!(
@@ -340,12 +553,15 @@ pub fn request(path: &Path, req: &str) -> Result<Status> {
             io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
                 format!("no switch listening on {p}")
             }
+            io::ErrorKind::PermissionDenied => {
+                format!("{p}: permission denied (the switch's user, root or its ctl_group only)")
+            }
             _ => format!("cannot connect to {p}"),
         };
         Error::Io { what, source }
     })?;
     let io_err = crate::error::io(&p);
-    let exchange = || -> io::Result<String> {
+    let talk = || -> io::Result<String> {
         c.set_read_timeout(Some(CLIENT_TIMEOUT))?;
         c.set_write_timeout(Some(CLIENT_TIMEOUT))?;
         (&c).write_all(format!("{req}\n").as_bytes())?;
@@ -353,12 +569,19 @@ pub fn request(path: &Path, req: &str) -> Result<Status> {
         BufReader::new(&c).read_line(&mut line)?;
         Ok(line)
     };
-    let line = exchange().map_err(io_err)?;
+    let line = talk().map_err(io_err)?;
     if line.trim().is_empty() {
         return Err(failed(format!(
             "{p}: the switch closed the connection without answering"
         )));
     }
+    Ok(line)
+}
+
+/// Sends one status request (`status`, `ports` or `macs`) to the switch listening on `path`.
+pub fn request(path: &Path, req: &str) -> Result<Status> {
+    let p = path.display();
+    let line = exchange(path, req)?;
     let v: serde_json::Value =
         serde_json::from_str(&line).map_err(|e| failed(format!("{p}: bad answer: {e}")))?;
     if let Some(err) = v.get("error") {
@@ -368,46 +591,164 @@ pub fn request(path: &Path, req: &str) -> Result<Status> {
     serde_json::from_value(v).map_err(|e| failed(format!("{p}: bad status: {e}")))
 }
 
+/// Sends a versioned request; an answer with `ok: false` is an error.
+pub fn change(path: &Path, op: Op) -> Result<Reply> {
+    let p = path.display();
+    let req = serde_json::to_string(&Request {
+        version: PROTOCOL_VERSION,
+        op,
+    })?;
+    let line = exchange(path, &req)?;
+    let r: Reply =
+        serde_json::from_str(&line).map_err(|e| failed(format!("{p}: bad answer: {e}")))?;
+    if !r.ok {
+        return Err(failed(format!(
+            "switch on {p}: {}",
+            r.error.as_deref().unwrap_or("refused")
+        )));
+    }
+    Ok(r)
+}
+
 // ---------------------------------------------------------------------------------------
 // `pvnet ctl`.
 
-/// What `pvnet ctl` shows.
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum What {
-    /// Ports: kind, state, packet/byte/drop/notification counters.
+/// What `pvnet ctl` does.
+#[derive(Debug, Clone, clap::Subcommand, PartialEq, Eq)]
+pub enum CtlCmd {
+    /// Ports: kind, state, packet/byte/drop/notification counters (the default).
     Ports,
     /// The learned MAC address table.
     Macs,
+    /// Add, delete or change a port while the switch runs.
+    #[command(subcommand)]
+    Port(PortCmd),
+    /// Read the switch's configuration file again and apply the difference (as SIGHUP).
+    Reload,
+}
+
+/// `pvnet ctl port ...`.
+#[derive(Debug, Clone, clap::Subcommand, PartialEq, Eq)]
+pub enum PortCmd {
+    /// Add a port: KIND:key=value,... as `pvnet switch --port` (see `pvnet switch --help`).
+    /// Adding a port identical to one there succeeds ("exists"); a different port of that
+    /// name is refused.
+    Add {
+        /// The port spec, e.g. vhost-user:name=vm1,socket=/run/vm1.sock
+        spec: String,
+    },
+    /// Delete a port: its frontend is disconnected, what waited for it counted as dropped;
+    /// prints its last counters. A port that is not there: "absent", not an error.
+    Del {
+        /// Port name.
+        name: String,
+    },
+    /// Change a vhost-user port's settings: egress (qdisc, dql, bulk, limit) at once;
+    /// offloads and queue_pairs from its frontend's next connection.
+    Set {
+        /// Port name.
+        name: String,
+        /// key=value, one or more.
+        #[arg(required = true, value_name = "KEY=VALUE")]
+        settings: Vec<String>,
+    },
 }
 
 /// `pvnet ctl` arguments.
 #[derive(Args, Debug, Clone)]
+#[command(after_help = "\
+EXAMPLES:
+  pvnet ctl                                  ports and their counters
+  pvnet ctl port add vhost-user:name=vm2,socket=/run/pvnet/vm2.sock
+  pvnet ctl port set vm2 qdisc=fifo limit=256
+  pvnet ctl port del vm2
+  pvnet ctl reload                           apply the edited --config file
+
+The protocol (one JSON line each way, versioned) is in docs/operations.md.")]
 pub struct CtlArgs {
     /// The switch's control socket.
-    #[arg(long, default_value = DEFAULT_CTL_SOCKET)]
+    #[arg(long, default_value = DEFAULT_CTL_SOCKET, global = true)]
     pub socket: PathBuf,
-    /// What to show.
-    #[arg(value_enum, default_value_t = What::Ports)]
-    pub what: What,
-    /// Print the switch's whole status (every counter, the MAC table, uptime) as one JSON
-    /// line instead of a table.
-    #[arg(long)]
+    /// Print JSON instead of a table: the switch's whole status (every counter, the MAC
+    /// table, uptime), or the reply to a change.
+    #[arg(long, global = true)]
     pub json: bool,
+    /// What to do (default: ports).
+    #[command(subcommand)]
+    pub cmd: Option<CtlCmd>,
+}
+
+/// `key=value` settings as a map.
+fn settings(kv: &[String]) -> Result<BTreeMap<String, String>> {
+    kv.iter()
+        .map(|s| {
+            s.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| crate::error::usage(format!("'{s}' is not key=value")))
+        })
+        .collect()
+}
+
+/// A change's reply as a person reads it.
+fn render_reply(r: &Reply) -> String {
+    let mut o = r.result.clone().unwrap_or_default();
+    if let Some(p) = &r.port {
+        let _ = write!(o, ": {} ({})", p.name, p.kind);
+    }
+    o.push('\n');
+    for n in &r.notes {
+        let _ = writeln!(o, "  {n}");
+    }
+    if let Some(p) = r
+        .port
+        .as_ref()
+        .filter(|_| r.result.as_deref() == Some("deleted"))
+    {
+        let c: Vec<String> = p
+            .counters
+            .iter()
+            .filter(|(_, &v)| v != 0)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(o, "  last counters: {}", c.join(" "));
+    }
+    o
 }
 
 /// Runs `pvnet ctl`: asks the switch and prints a table or the JSON.
 pub fn run(a: &CtlArgs) -> Result<()> {
-    let req = match a.what {
-        What::Ports => "ports",
-        What::Macs => "macs",
+    let cmd = a.cmd.clone().unwrap_or(CtlCmd::Ports);
+    let op = match &cmd {
+        CtlCmd::Ports | CtlCmd::Macs => None,
+        CtlCmd::Reload => Some(Op::Reload),
+        CtlCmd::Port(PortCmd::Add { spec }) => Some(Op::PortAdd { spec: spec.clone() }),
+        CtlCmd::Port(PortCmd::Del { name }) => Some(Op::PortDel { name: name.clone() }),
+        CtlCmd::Port(PortCmd::Set { name, settings: kv }) => Some(Op::PortSet {
+            name: name.clone(),
+            set: settings(kv)?,
+        }),
     };
-    let s = request(&a.socket, req)?;
-    let out = if a.json {
-        serde_json::to_string(&s)? + "\n"
-    } else {
-        match a.what {
-            What::Ports => render_ports(&s),
-            What::Macs => render_macs(&s),
+    let out = match op {
+        Some(op) => {
+            let r = change(&a.socket, op)?;
+            if a.json {
+                serde_json::to_string(&r)? + "\n"
+            } else {
+                render_reply(&r)
+            }
+        }
+        None => {
+            let s = request(
+                &a.socket,
+                if cmd == CtlCmd::Macs { "macs" } else { "ports" },
+            )?;
+            if a.json {
+                serde_json::to_string(&s)? + "\n"
+            } else if cmd == CtlCmd::Macs {
+                render_macs(&s)
+            } else {
+                render_ports(&s)
+            }
         }
     };
     match io::stdout().lock().write_all(out.as_bytes()) {
@@ -886,7 +1227,7 @@ mod tests {
         let dir = temp_dir("rt");
         let path = dir.join("ctl.sock");
         let stop = Arc::new(AtomicBool::new(false));
-        let t = serve_ctl(&path, sample_fn(), stop.clone()).expect("serve_ctl");
+        let t = serve_ctl(&path, Server::read_only(sample_fn()), stop.clone()).expect("serve_ctl");
         assert!(std::fs::symlink_metadata(&path)
             .expect("socket exists")
             .file_type()
@@ -907,12 +1248,32 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&ans).expect("json");
         assert_eq!(
             v,
-            serde_json::json!({ "error": "unknown request 'bogus' (status|ports|macs)" })
+            serde_json::json!({ "error": "unknown request 'bogus' (status|ports|macs, or a JSON request)" })
+        );
+        // The versioned JSON protocol: status, a newer version refused, a malformed request,
+        // a change asked of a read-only server.
+        let ask = |req: &str| -> Reply {
+            serde_json::from_str(&raw_ctl(&path, format!("{req}\n").as_bytes())).expect("reply")
+        };
+        let r = ask(r#"{"version":1,"op":"status"}"#);
+        assert!(r.ok && r.version == PROTOCOL_VERSION, "{r:?}");
+        assert_eq!(r.status, Some(sample()));
+        let r = ask(r#"{"version":2,"op":"status"}"#);
+        assert!(!r.ok && r.error.unwrap().contains("version 2 not supported"));
+        let r = ask(r#"{"version":1,"op":"port-frob"}"#);
+        assert!(!r.ok && r.error.unwrap().contains("bad request"));
+        let r = ask(r#"{"version":1,"op":"port-del","name":"x"}"#);
+        assert!(!r.ok && r.error.unwrap().contains("takes no changes"));
+        // The socket is the owner's only.
+        let mode = std::fs::metadata(&path).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
         );
         let e = request(&path, "bogus").expect_err("unknown request");
         assert!(
             e.to_string()
-                .contains("unknown request 'bogus' (status|ports|macs)"),
+                .contains("unknown request 'bogus' (status|ports|macs, or a JSON request)"),
             "{e}"
         );
         // No temporary socket names left behind.
@@ -938,11 +1299,12 @@ mod tests {
         let e = request(&path, "status").expect_err("refused");
         assert!(e.to_string().starts_with("no switch listening on "), "{e}");
         let stop = Arc::new(AtomicBool::new(false));
-        let t = serve_ctl(&path, sample_fn(), stop.clone()).expect("replaces stale socket");
+        let t = serve_ctl(&path, Server::read_only(sample_fn()), stop.clone())
+            .expect("replaces stale socket");
         assert_eq!(request(&path, "ports").expect("ports"), sample());
         // Live: a second server must not steal the first one's socket.
         let stop2 = Arc::new(AtomicBool::new(false));
-        let e = serve_ctl(&path, sample_fn(), stop2).expect_err("in use");
+        let e = serve_ctl(&path, Server::read_only(sample_fn()), stop2).expect_err("in use");
         assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
         assert_eq!(request(&path, "ports").expect("still served"), sample());
         stop_and_join(&stop, t);
@@ -950,15 +1312,19 @@ mod tests {
         // Not a socket: left alone.
         let file = dir.join("notes.txt");
         std::fs::write(&file, "keep me").expect("write");
-        let e = serve_ctl(&file, sample_fn(), Arc::new(AtomicBool::new(false)))
-            .expect_err("not a socket");
+        let e = serve_ctl(
+            &file,
+            Server::read_only(sample_fn()),
+            Arc::new(AtomicBool::new(false)),
+        )
+        .expect_err("not a socket");
         assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
         assert_eq!(std::fs::read_to_string(&file).expect("kept"), "keep me");
 
         // Missing directory: created.
         let nested = dir.join("a/b/ctl.sock");
         let stop = Arc::new(AtomicBool::new(false));
-        let t = serve_ctl(&nested, sample_fn(), stop.clone()).expect("nested");
+        let t = serve_ctl(&nested, Server::read_only(sample_fn()), stop.clone()).expect("nested");
         assert_eq!(request(&nested, "macs").expect("macs"), sample());
         stop_and_join(&stop, t);
         let _ = std::fs::remove_dir_all(&dir);
@@ -969,7 +1335,7 @@ mod tests {
         let dir = temp_dir("slow");
         let path = dir.join("ctl.sock");
         let stop = Arc::new(AtomicBool::new(false));
-        let t = serve_ctl(&path, sample_fn(), stop.clone()).expect("serve_ctl");
+        let t = serve_ctl(&path, Server::read_only(sample_fn()), stop.clone()).expect("serve_ctl");
         // Connects and sends half a request, never the end of the line.
         let mut idle = UnixStream::connect(&path).expect("connect");
         idle.write_all(b"sta").expect("write");
@@ -1003,7 +1369,7 @@ mod tests {
                 sample()
             })
         };
-        let t = serve_ctl(&path, f, stop.clone()).expect("serve_ctl");
+        let t = serve_ctl(&path, Server::read_only(f), stop.clone()).expect("serve_ctl");
         let e = request(&path, "status").expect_err("panicked");
         assert!(e.to_string().contains("status unavailable"), "{e}");
         assert_eq!(request(&path, "status").expect("second"), sample());
@@ -1020,6 +1386,18 @@ mod tests {
             "{header}: {row:?}"
         );
         row[..end].rsplit(' ').next().unwrap_or_default().to_owned()
+    }
+
+    #[test]
+    fn only_root_the_owner_and_the_group_may_talk() {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        assert!(peer_allowed((0, 0), None));
+        assert!(peer_allowed((me, 12345), None));
+        let other = if me == 4242 { 4243 } else { 4242 };
+        assert!(!peer_allowed((other, 777), None));
+        assert!(peer_allowed((other, 777), Some(777)));
+        assert!(!peer_allowed((other, 778), Some(777)));
     }
 
     #[test]

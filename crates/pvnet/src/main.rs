@@ -10,6 +10,7 @@ mod limits;
 mod proc;
 mod sweep;
 mod switch_cmd;
+mod switch_rt;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -17,6 +17,23 @@ pub fn install_stop_handler() {
     }
 }
 
+static RELOAD: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_hangup(_: libc::c_int) {
+    RELOAD.store(true, Ordering::Relaxed);
+}
+
+/// Installs a SIGHUP handler: [`take_reload`] then says a reload was asked for.
+pub fn install_reload_handler() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGHUP, on_hangup as *const () as libc::sighandler_t) };
+}
+
+/// True once per SIGHUP received since the last call.
+pub fn take_reload() -> bool {
+    RELOAD.swap(false, Ordering::Relaxed)
+}
+
 /// Tells the service manager that `state` holds (`READY=1`, `STOPPING=1`, `STATUS=...`), if it
 /// started us as a `Type=notify` service: one datagram to the socket named in `NOTIFY_SOCKET`
 /// (a path, or an abstract name written with a leading `@`), the protocol `sd_notify(3)`

@@ -6,24 +6,22 @@
 use crate::ctl;
 use crate::error::{io, usage, Result};
 use crate::proc;
+use crate::switch_rt::{Origin, Runtime};
 use clap::Args;
 use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
 use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::poll::Policy;
-use pvnet_dataplane::port::gen::GenSpec;
-use pvnet_dataplane::port::kernel::{HostDev, HostIo};
+use pvnet_dataplane::port::kernel::HostIo;
 use pvnet_dataplane::stats::PortSnapshot;
 use pvnet_dataplane::switch::SwitchConfig;
-use pvnet_dataplane::worker::{Dataplane, HostPort, Role, WorkerConfig};
-use pvnet_vhost::backend::{connect_loop, serve_port, BackendConfig, DeviceHooks, PortId};
-use pvnet_vhost::features::{DEVICE_FEATURES, OFFLOAD_FEATURES};
-use serde::Deserialize;
+use pvnet_dataplane::worker::{Dataplane, Role, WorkerConfig};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 const AFTER_HELP: &str = "\
 PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
@@ -102,6 +100,14 @@ pub struct SwitchArgs {
     /// Control socket for `pvnet ctl`. Default /run/pvnet/ctl.sock.
     #[arg(long)]
     pub ctl_socket: Option<PathBuf>,
+    /// A group (name or number) whose members may use the control socket besides the
+    /// switch's user (the socket is then 0660, else 0600).
+    #[arg(long)]
+    pub ctl_group: Option<String>,
+    /// Keep the ports added with `pvnet ctl port add` in this file, so that they come back
+    /// when the switch restarts (rewritten after each change; read at start).
+    #[arg(long)]
+    pub state: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics: Option<std::net::SocketAddr>,
@@ -111,9 +117,9 @@ pub struct SwitchArgs {
 }
 
 /// The `[switch]` table.
-#[derive(Deserialize, Debug, Clone, Default)]
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
-struct SwitchTable {
+pub(crate) struct SwitchTable {
     cpu: Option<usize>,
     policy: Option<String>,
     rx_policy: Option<String>,
@@ -121,13 +127,15 @@ struct SwitchTable {
     mac_aging: Option<u64>,
     tx_call_delay: Option<u64>,
     ctl_socket: Option<PathBuf>,
+    ctl_group: Option<String>,
+    state: Option<PathBuf>,
     metrics: Option<std::net::SocketAddr>,
 }
 
 /// One `[[port]]` table (or `--port` spec).
-#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[derive(Deserialize, Serialize, Debug, Clone, PartialEq)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-enum PortConfig {
+pub(crate) enum PortConfig {
     VhostUser {
         name: String,
         socket: PathBuf,
@@ -152,11 +160,11 @@ enum PortConfig {
     },
     Tap {
         name: String,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         ifname: Option<String>,
         #[serde(default = "yes")]
         offloads: bool,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         mtu: Option<u32>,
         /// How packets move: uring (a burst per io_uring submission) or syscall (one each).
         #[serde(default = "uring")]
@@ -164,6 +172,9 @@ enum PortConfig {
         /// Read straight into the receive buffers of the frontend packets go to (uring).
         #[serde(default = "yes")]
         direct: bool,
+        /// The interface outlives pvnet (TUNSETPERSIST): its addresses survive a restart.
+        #[serde(default)]
+        persist: bool,
     },
     AfPacket {
         name: String,
@@ -199,11 +210,11 @@ fn one() -> u16 {
     1
 }
 /// A kernel port's `io` key.
-fn host_io(port: &str, s: &str) -> Result<HostIo> {
+pub(crate) fn host_io(port: &str, s: &str) -> Result<HostIo> {
     s.parse().map_err(|e| usage(format!("port {port}: {e}")))
 }
 
-fn io_name(io: HostIo, direct: bool) -> &'static str {
+pub(crate) fn io_name(io: HostIo, direct: bool) -> &'static str {
     match (io, direct) {
         (HostIo::Uring, true) => "io_uring, direct receive",
         (HostIo::Uring, false) => "io_uring",
@@ -222,7 +233,13 @@ fn qlimit() -> u32 {
 }
 
 /// A vhost-user port's egress settings from its `qdisc`, `dql`, `bulk` and `limit` keys.
-fn egress_of(name: &str, qdisc: &str, dql: bool, bulk: bool, limit: u32) -> Result<EgressConfig> {
+pub(crate) fn egress_of(
+    name: &str,
+    qdisc: &str,
+    dql: bool,
+    bulk: bool,
+    limit: u32,
+) -> Result<EgressConfig> {
     let base = EgressConfig::switch_default();
     if limit == 0 || limit > 1 << 20 {
         return Err(usage(format!(
@@ -261,7 +278,7 @@ fn gen_dst() -> String {
 }
 
 impl PortConfig {
-    fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         match self {
             PortConfig::VhostUser { name, .. }
             | PortConfig::Tap { name, .. }
@@ -270,7 +287,7 @@ impl PortConfig {
             | PortConfig::Gen { name, .. } => name,
         }
     }
-    fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             PortConfig::VhostUser { .. } => "vhost-user",
             PortConfig::Tap { .. } => "tap",
@@ -279,20 +296,107 @@ impl PortConfig {
             PortConfig::Gen { .. } => "gen",
         }
     }
+
+    /// The port as a `--port` spec (for messages).
+    pub(crate) fn spec(&self) -> String {
+        let mut out = format!("{}:", self.kind());
+        if let Ok(t) = toml::Table::try_from(self) {
+            let kv: Vec<String> = t
+                .iter()
+                .filter(|(k, _)| k.as_str() != "kind")
+                .map(|(k, v)| match v {
+                    toml::Value::String(s) => format!("{k}={s}"),
+                    v => format!("{k}={v}"),
+                })
+                .collect();
+            out.push_str(&kv.join(","));
+        }
+        out
+    }
+
+    /// What the port holds that no other port may: its socket path or interface.
+    pub(crate) fn resource(&self) -> Option<String> {
+        match self {
+            PortConfig::VhostUser { socket, .. } => Some(format!("socket {}", socket.display())),
+            PortConfig::Tap {
+                ifname: Some(i), ..
+            }
+            | PortConfig::AfPacket { ifname: i, .. } => Some(format!("interface {i}")),
+            _ => None,
+        }
+    }
 }
 
-#[derive(Deserialize, Debug, Default)]
+/// The checks of one port's settings that need no other port.
+pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
+    if p.name().is_empty() {
+        return Err(usage("a port needs a name"));
+    }
+    match p {
+        PortConfig::VhostUser {
+            name,
+            queue_pairs,
+            qdisc,
+            dql,
+            bulk,
+            limit,
+            ..
+        } => {
+            if *queue_pairs == 0 {
+                return Err(usage(format!(
+                    "port {name}: queue_pairs must be at least 1"
+                )));
+            }
+            egress_of(name, qdisc, *dql, *bulk, *limit)?;
+        }
+        PortConfig::Tap { name, io, .. } | PortConfig::AfPacket { name, io, .. } => {
+            host_io(name, io)?;
+        }
+        PortConfig::Gen {
+            name,
+            secs,
+            delay,
+            src,
+            dst,
+            ..
+        } => {
+            if !(secs.is_finite() && *secs >= 0.0 && delay.is_finite() && *delay >= 0.0) {
+                return Err(usage(format!("port {name}: secs and delay must be >= 0")));
+            }
+            parse_mac(src)?;
+            parse_mac(dst)?;
+        }
+        PortConfig::Sink { .. } => {}
+    }
+    Ok(())
+}
+
+#[derive(Deserialize, Serialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
-struct FileConfig {
+pub(crate) struct FileConfig {
+    #[serde(default, skip_serializing)]
+    pub(crate) switch: SwitchTable,
     #[serde(default)]
-    switch: SwitchTable,
-    #[serde(default)]
-    port: Vec<PortConfig>,
+    pub(crate) port: Vec<PortConfig>,
 }
 
-/// Parses `KIND:key=value,...` into a port table. Values that read as integers, floats or
-/// booleans become those; everything else is a string (paths, names, MACs).
-fn parse_port_spec(spec: &str) -> Result<PortConfig> {
+/// A spec's value: integers, booleans and floats become those; everything else is a string
+/// (paths, names, MACs).
+pub(crate) fn spec_value(v: &str) -> toml::Value {
+    let v = v.trim();
+    if let Ok(i) = v.parse::<i64>() {
+        toml::Value::Integer(i)
+    } else if let Ok(b) = v.parse::<bool>() {
+        toml::Value::Boolean(b)
+    } else if let Ok(f) = v.parse::<f64>() {
+        toml::Value::Float(f)
+    } else {
+        toml::Value::String(v.into())
+    }
+}
+
+/// Parses `KIND:key=value,...` into a port table (values as [`spec_value`]).
+pub(crate) fn parse_port_spec(spec: &str) -> Result<PortConfig> {
     let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
     let mut t = toml::Table::new();
     t.insert("kind".into(), toml::Value::String(kind.trim().into()));
@@ -300,22 +404,12 @@ fn parse_port_spec(spec: &str) -> Result<PortConfig> {
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| usage(format!("--port {spec}: '{kv}' is not key=value")))?;
-        let v = v.trim();
-        let val = if let Ok(i) = v.parse::<i64>() {
-            toml::Value::Integer(i)
-        } else if let Ok(b) = v.parse::<bool>() {
-            toml::Value::Boolean(b)
-        } else if let Ok(f) = v.parse::<f64>() {
-            toml::Value::Float(f)
-        } else {
-            toml::Value::String(v.into())
-        };
-        t.insert(k.trim().into(), val);
+        t.insert(k.trim().into(), spec_value(v));
     }
     PortConfig::deserialize(toml::Value::Table(t)).map_err(|e| usage(format!("--port {spec}: {e}")))
 }
 
-fn parse_mac(s: &str) -> Result<[u8; 6]> {
+pub(crate) fn parse_mac(s: &str) -> Result<[u8; 6]> {
     let parts: Vec<&str> = s.split(':').collect();
     let mut m = [0u8; 6];
     if parts.len() != 6 {
@@ -329,7 +423,7 @@ fn parse_mac(s: &str) -> Result<[u8; 6]> {
     Ok(m)
 }
 
-fn fmt_mac(m: [u8; 6]) -> String {
+pub(crate) fn fmt_mac(m: [u8; 6]) -> String {
     m.iter()
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
@@ -341,8 +435,28 @@ fn fmt_mac(m: [u8; 6]) -> String {
 struct Config {
     worker: WorkerConfig,
     ctl_socket: PathBuf,
+    ctl_group: Option<u32>,
+    state: Option<PathBuf>,
     metrics: Option<std::net::SocketAddr>,
     ports: Vec<PortConfig>,
+    /// The file's `[switch]` table as read (a reload compares against it).
+    switch: SwitchTable,
+}
+
+/// A group name or number as a gid.
+fn group_id(g: &str) -> Result<u32> {
+    if let Ok(n) = g.parse::<u32>() {
+        return Ok(n);
+    }
+    let c = std::ffi::CString::new(g).map_err(|_| usage(format!("group '{g}'")))?;
+    // SAFETY: getgrnam takes a NUL-terminated string and returns a pointer into static
+    // storage or null; read at once, before any other call could reuse it.
+    let gr = unsafe { libc::getgrnam(c.as_ptr()) };
+    if gr.is_null() {
+        return Err(usage(format!("ctl_group: no group '{g}'")));
+    }
+    // SAFETY: non-null, points at a valid `struct group`.
+    Ok(unsafe { (*gr).gr_gid })
 }
 
 fn load(a: &SwitchArgs) -> Result<Config> {
@@ -358,46 +472,17 @@ fn load(a: &SwitchArgs) -> Result<Config> {
     for s in &a.ports {
         ports.push(parse_port_spec(s)?);
     }
-    if ports.is_empty() {
-        return Err(usage(
-            "no ports: give --port KIND:... or a --config file with [[port]] tables (see --help)",
-        ));
-    }
     let mut seen = std::collections::BTreeSet::new();
     for p in &ports {
-        if p.name().is_empty() || !seen.insert(p.name().to_string()) {
+        check_port(p)?;
+        if !seen.insert(p.name().to_string()) {
             return Err(usage(format!(
                 "port names must be unique and non-empty ('{}')",
                 p.name()
             )));
         }
-        match p {
-            PortConfig::VhostUser { queue_pairs, .. } if *queue_pairs == 0 => {
-                return Err(usage(format!(
-                    "port {}: queue_pairs must be at least 1",
-                    p.name()
-                )))
-            }
-            PortConfig::Gen {
-                secs,
-                delay,
-                src,
-                dst,
-                ..
-            } => {
-                if !(secs.is_finite() && *secs >= 0.0 && delay.is_finite() && *delay >= 0.0) {
-                    return Err(usage(format!(
-                        "port {}: secs and delay must be >= 0",
-                        p.name()
-                    )));
-                }
-                parse_mac(src)?;
-                parse_mac(dst)?;
-            }
-            _ => {}
-        }
     }
-    let sw = file.switch;
+    let sw = file.switch.clone();
     let policy = |flag: Option<Policy>, file: &Option<String>, what: &str| -> Result<Policy> {
         match (flag, file) {
             (Some(p), _) => Ok(p),
@@ -431,13 +516,21 @@ fn load(a: &SwitchArgs) -> Result<Config> {
             .clone()
             .or(sw.ctl_socket)
             .unwrap_or_else(|| ctl::DEFAULT_CTL_SOCKET.into()),
+        ctl_group: a
+            .ctl_group
+            .clone()
+            .or(sw.ctl_group.clone())
+            .map(|g| group_id(&g))
+            .transpose()?,
+        state: a.state.clone().or(sw.state.clone()),
         metrics: a.metrics.or(sw.metrics),
         ports,
+        switch: file.switch,
     })
 }
 
 /// Counters of a snapshot as the flat map `pvnet ctl` shows.
-fn counters(s: &PortSnapshot) -> BTreeMap<String, u64> {
+pub(crate) fn counters(s: &PortSnapshot) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
     if let Ok(serde_json::Value::Object(o)) = serde_json::to_value(s) {
         for (k, v) in o {
@@ -462,6 +555,7 @@ fn counters(s: &PortSnapshot) -> BTreeMap<String, u64> {
 /// Runs the switch until signalled (or `--duration`); prints the final counters as JSON.
 pub fn run(a: &SwitchArgs) -> Result<()> {
     proc::install_stop_handler();
+    proc::install_reload_handler();
     if !(a.duration.is_finite() && a.duration >= 0.0) {
         return Err(usage("--duration must be a non-negative number"));
     }
@@ -469,190 +563,67 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
     let dp = Dataplane::start(cfg.worker)?;
     dp.keep_control_off_workers();
     let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let mut threads = Vec::new();
-    let mut details: Vec<(String, &'static str, String)> = Vec::new();
-    for (i, p) in cfg.ports.iter().enumerate() {
-        let id = PortId::try_from(i).map_err(|_| usage("too many ports"))?;
-        let detail = match p {
-            PortConfig::VhostUser {
-                socket,
-                client,
-                queue_pairs,
-                offloads,
-                qdisc,
-                dql,
-                bulk,
-                limit,
-                ..
-            } => {
-                let egress = egress_of(p.name(), qdisc, *dql, *bulk, *limit)?;
-                dp.set_egress(id, egress);
-                let bcfg = BackendConfig {
-                    queue_pairs: *queue_pairs,
-                    features: if *offloads {
-                        DEVICE_FEATURES | OFFLOAD_FEATURES
-                    } else {
-                        DEVICE_FEATURES
-                    },
-                    ..BackendConfig::default()
-                };
-                let hooks: Arc<dyn DeviceHooks> = dp.clone();
-                let (path, stop, client) = (socket.clone(), stop.clone(), *client);
-                let name = p.name().to_string();
-                threads.push(
-                    std::thread::Builder::new()
-                        .name(format!("vu-{name}"))
-                        .spawn(move || {
-                            if client {
-                                connect_loop(&path, bcfg, hooks, stop, Duration::from_millis(200), Some(id));
-                            } else if let Err(e) = serve_port(&path, id, bcfg, hooks, stop.clone()) {
-                                tracing::error!(port = %name, socket = %path.display(), "cannot serve: {e}");
-                                stop.store(true, Ordering::Relaxed);
-                            }
-                        })?,
-                );
-                format!(
-                    "{}{}, egress {}{}{}",
-                    socket.display(),
-                    if client { " (client)" } else { "" },
-                    egress.queue.map_or("none".into(), |q| q.qdisc.to_string()),
-                    if egress.dql { "+dql" } else { "" },
-                    if egress.bulk || egress.queue.is_none() {
-                        ""
-                    } else {
-                        ", one per dequeue"
-                    }
-                )
-            }
-            PortConfig::Tap {
-                ifname,
-                offloads,
-                mtu,
-                io: tap_io,
-                direct,
-                ..
-            } => {
-                let tap_io = host_io(p.name(), tap_io)?;
-                let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
-                let tap = pvnet_dataplane::sys::tap::open(&want, *offloads)
-                    .map_err(io(format!("port {}", p.name())))?;
-                tap.link_up(*mtu)
-                    .map_err(io(format!("port {}", p.name())))?;
-                let name = tap.name().to_string();
-                info!(port = %p.name(), ifname = %name, offloads = *offloads, "tap ready");
-                dp.add_host(id, HostPort::Kernel(HostDev::Tap(tap), tap_io, *direct));
-                format!("{name}, {}", io_name(tap_io, *direct))
-            }
-            PortConfig::AfPacket {
-                ifname,
-                io: pio,
-                direct,
-                ..
-            } => {
-                let pio = host_io(p.name(), pio)?;
-                let sock = pvnet_dataplane::sys::packet::open(ifname)
-                    .map_err(io(format!("port {}", p.name())))?;
-                info!(port = %p.name(), ifname = %ifname, "AF_PACKET socket bound");
-                dp.add_host(id, HostPort::Kernel(HostDev::Packet(sock), pio, *direct));
-                format!("{ifname}, {}", io_name(pio, *direct))
-            }
-            PortConfig::Sink { .. } => {
-                dp.add_host(id, HostPort::Sink);
-                String::new()
-            }
-            PortConfig::Gen {
-                rate,
-                secs,
-                delay,
-                frame_len,
-                src,
-                dst,
-                ..
-            } => {
-                let spec = GenSpec {
-                    frame_len: *frame_len,
-                    rate: *rate,
-                    duration: (*secs > 0.0).then(|| Duration::from_secs_f64(*secs)),
-                    delay: Duration::from_secs_f64(*delay),
-                    src: parse_mac(src)?,
-                    dst: parse_mac(dst)?,
-                };
-                dp.add_host(id, HostPort::Gen(spec));
-                format!(
-                    "{} -> {}, {}",
-                    src,
-                    dst,
-                    if *rate == 0 {
-                        "max rate".into()
-                    } else {
-                        format!("{rate} pps")
-                    }
-                )
-            }
-        };
-        details.push((p.name().to_string(), p.kind(), detail));
+    let rt = Arc::new(Runtime::new(dp.clone(), cfg.state.clone()));
+    for p in &cfg.ports {
+        if let Err(e) = rt.add(p.clone(), Origin::Config) {
+            rt.stop_all();
+            dp.shutdown();
+            return Err(e);
+        }
     }
-    let names: BTreeMap<PortId, String> = details
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (PortId::try_from(i).unwrap_or(PortId::MAX), d.0.clone()))
-        .collect();
+    match rt.restore_state() {
+        Ok(0) => {}
+        Ok(n) => info!(
+            ports = n,
+            "ports added at runtime before the restart restored"
+        ),
+        Err(e) => warn!("state file not read: {e}"),
+    }
+    if rt.len() == 0 {
+        warn!("no ports yet: add them with `pvnet ctl port add` (or --port / a --config file)");
+    }
     let status = {
-        let dp = dp.clone();
-        let details = details.clone();
-        let names = names.clone();
-        Arc::new(move || {
-            let snaps: BTreeMap<PortId, PortSnapshot> =
-                dp.snapshots().into_iter().map(|s| (s.port, s)).collect();
-            let ports = details
-                .iter()
-                .enumerate()
-                .map(|(i, (name, kind, detail))| {
-                    let s = snaps
-                        .get(&PortId::try_from(i).unwrap_or(PortId::MAX))
-                        .cloned()
-                        .unwrap_or_default();
-                    let state = if s.up {
-                        "up"
-                    } else if *kind == "vhost-user" {
-                        "waiting"
-                    } else {
-                        "down"
-                    };
-                    ctl::PortInfo {
-                        name: name.clone(),
-                        kind: (*kind).into(),
-                        state: state.into(),
-                        detail: detail.clone(),
-                        counters: counters(&s),
-                        error: s.last_error.clone(),
-                    }
-                })
-                .collect();
-            let macs = dp
-                .macs()
-                .into_iter()
-                .map(|e| ctl::MacInfo {
-                    mac: fmt_mac(e.mac),
-                    port: names
-                        .get(&e.port)
-                        .cloned()
-                        .unwrap_or_else(|| e.port.to_string()),
-                    age_secs: e.age.as_secs_f64(),
-                })
-                .collect();
-            ctl::Status {
-                uptime_secs: started.elapsed().as_secs_f64(),
-                ports,
-                macs,
+        let rt = rt.clone();
+        Arc::new(move || rt.status()) as ctl::StatusFn
+    };
+    // The `[switch]` table a reload compares against.
+    let table = Arc::new(std::sync::Mutex::new(cfg.switch.clone()));
+    let reload = {
+        let (rt, a, table) = (rt.clone(), a.clone(), table.clone());
+        move || -> Result<Vec<String>> {
+            let Some(path) = &a.config else {
+                return Err(usage("no --config file to reload"));
+            };
+            let c = load(&a)?;
+            let mut notes = rt.reconcile(&c.ports);
+            let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
+            if *t != c.switch {
+                notes.push(format!(
+                    "the [switch] table of {} changed: it applies when the switch restarts",
+                    path.display()
+                ));
+                *t = c.switch;
             }
-        }) as Arc<dyn Fn() -> ctl::Status + Send + Sync>
+            if notes.is_empty() {
+                notes.push("nothing changed".into());
+            }
+            Ok(notes)
+        }
+    };
+    let reload = Arc::new(reload);
+    let apply = {
+        let (rt, reload) = (rt.clone(), reload.clone());
+        Arc::new(move |op: &ctl::Op| rt.apply(op, &*reload)) as ctl::ApplyFn
     };
     if let Some(dir) = cfg.ctl_socket.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let ctl_thread = ctl::serve_ctl(&cfg.ctl_socket, status.clone(), stop.clone())
+    let server = ctl::Server {
+        status: status.clone(),
+        apply: Some(apply),
+        group: cfg.ctl_group,
+    };
+    let ctl_thread = ctl::serve_ctl(&cfg.ctl_socket, server, stop.clone())
         .map_err(io(format!("control socket {}", cfg.ctl_socket.display())))?;
     let metrics_thread = match cfg.metrics {
         Some(addr) => {
@@ -664,31 +635,39 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
         None => None,
     };
     info!(
-        ports = cfg.ports.len(),
+        ports = rt.len(),
         ctl = %cfg.ctl_socket.display(),
         "switch running"
     );
     // Ready once every port listens and the control socket answers (systemd Type=notify).
     if proc::sd_notify(&format!(
         "READY=1\nSTATUS=switching {} ports, control socket {}",
-        cfg.ports.len(),
+        rt.len(),
         cfg.ctl_socket.display()
     )) {
         info!("service manager told: ready");
     }
-    let deadline = (a.duration > 0.0).then(|| started + Duration::from_secs_f64(a.duration));
+    let deadline = (a.duration > 0.0).then(|| Instant::now() + Duration::from_secs_f64(a.duration));
     while !stop.load(Ordering::Relaxed) {
         if proc::stopping() || deadline.is_some_and(|d| Instant::now() >= d) {
             stop.store(true, Ordering::Relaxed);
             break;
         }
+        if proc::take_reload() {
+            proc::sd_notify("RELOADING=1");
+            match reload() {
+                Ok(notes) => {
+                    for n in &notes {
+                        info!("reload: {n}");
+                    }
+                }
+                Err(e) => error!("reload failed, nothing changed: {e}"),
+            }
+            proc::sd_notify(&format!("READY=1\nSTATUS=switching {} ports", rt.len()));
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    for t in threads {
-        if t.join().is_err() {
-            warn!("a port thread panicked");
-        }
-    }
+    rt.stop_all();
     proc::sd_notify("STOPPING=1");
     let _ = ctl_thread.join();
     if let Some(t) = metrics_thread {
@@ -782,10 +761,8 @@ mod tests {
             ..SwitchArgs::default()
         };
         assert!(load(&a).unwrap_err().to_string().contains("unique"));
-        assert!(load(&SwitchArgs::default())
-            .unwrap_err()
-            .to_string()
-            .contains("no ports"));
+        // No ports at all is a switch waiting for `pvnet ctl port add`.
+        assert!(load(&SwitchArgs::default()).unwrap().ports.is_empty());
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -87,7 +87,14 @@ fn frames_cross_the_switch_exactly_and_ctl_and_metrics_agree() {
 #[test]
 fn bad_configuration_is_refused_with_a_clear_error() {
     for (args, needle) in [
-        (vec!["switch"], "no ports"),
+        (
+            vec![
+                "switch",
+                "--port",
+                "vhost-user:name=v,socket=/x,queue_pairs=0",
+            ],
+            "queue_pairs",
+        ),
         (vec!["switch", "--port", "router:name=r"], "unknown variant"),
         (
             vec!["switch", "--port", "sink:name=s", "--port", "sink:name=s"],
@@ -139,5 +146,219 @@ fn the_switch_tells_the_service_manager_when_it_is_ready() {
     sw.signal(libc::SIGTERM);
     let n = sock.recv(&mut buf).expect("STOPPING");
     assert_eq!(&buf[..n], b"STOPPING=1");
+    assert!(sw.wait_exit(RUN).success());
+}
+
+/// `pvnet ctl ARGS... --json` against the control socket `ctl`: (success, JSON or stderr).
+fn ctl(ctl: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(common::BIN)
+        .arg("ctl")
+        .arg("--socket")
+        .arg(ctl)
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run pvnet ctl");
+    let text = if out.status.success() {
+        String::from_utf8_lossy(&out.stdout).to_string()
+    } else {
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    (out.status.success(), text)
+}
+
+fn ctl_ok(c: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let (ok, text) = ctl(c, args);
+    assert!(ok, "pvnet ctl {args:?}: {text}");
+    serde_json::from_str(&text).expect("ctl JSON")
+}
+
+fn port_names(c: &std::path::Path) -> Vec<String> {
+    ctl_ok(c, &["ports"])["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Ports are added, changed and deleted (over the control socket and by a reload of the
+/// configuration file on SIGHUP) while numbered frames flow between two others: not one of
+/// those frames is lost or reordered. Adding is idempotent, a conflict is refused, deleting a
+/// port disconnects its frontend and reports its last counters, a port added at runtime comes
+/// back after a restart (state file), and only the switch's user may use the socket.
+#[test]
+fn ports_change_at_runtime_without_loss_on_the_others() {
+    let dir = TestDir::new("rt");
+    let (a, b, c, ctl_sock) = (dir.sock("a"), dir.sock("b"), dir.sock("c"), dir.sock("ctl"));
+    let config = dir.sock("sw").with_extension("toml");
+    let state = dir.sock("state").with_extension("toml");
+    let file = |extra: &str| {
+        format!(
+            "[[port]]\nkind = \"vhost-user\"\nname = \"a\"\nsocket = \"{}\"\n\
+             [[port]]\nkind = \"vhost-user\"\nname = \"b\"\nsocket = \"{}\"\n{extra}\
+             [[port]]\nkind = \"sink\"\nname = \"s\"\n",
+            a.display(),
+            b.display()
+        )
+    };
+    std::fs::write(&config, file("")).unwrap();
+    let args: Vec<String> = [
+        "switch",
+        "--config",
+        config.to_str().unwrap(),
+        "--ctl-socket",
+        ctl_sock.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut sw = common::Proc::spawn("switch", &argv, &[("PVNET_LOG", "info")]);
+    for s in [&a, &b, &ctl_sock] {
+        common::wait_socket(&mut sw, s);
+    }
+    // Owner only.
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&ctl_sock).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600, "control socket mode {mode:o}");
+
+    let mut rx = frontend("frontend rx", &b, &["--role", "rx", "--queue-size", "1024"]);
+    rx.wait_json("ready", Duration::from_secs(20));
+    let mut tx = frontend(
+        "frontend tx",
+        &a,
+        &["--role", "tx", "--secs", "2.5", "--rate", "20000"],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+
+    // While frames flow a -> b: add a vhost-user port (twice: idempotent), attach a frontend,
+    // change its egress, refuse a conflicting add, add and delete a sink, delete the port.
+    let cs = format!("vhost-user:name=c,socket={}", c.display());
+    assert_eq!(ctl_ok(&ctl_sock, &["port", "add", &cs])["result"], "added");
+    assert_eq!(ctl_ok(&ctl_sock, &["port", "add", &cs])["result"], "exists");
+    let (ok, err) = ctl(
+        &ctl_sock,
+        &[
+            "port",
+            "add",
+            &format!("vhost-user:name=c,socket={}", b.display()),
+        ],
+    );
+    assert!(!ok && err.contains("other settings"), "{err}");
+    let (ok, err) = ctl(
+        &ctl_sock,
+        &[
+            "port",
+            "add",
+            &format!("vhost-user:name=d,socket={}", b.display()),
+        ],
+    );
+    assert!(!ok && err.contains("is port b's"), "{err}");
+    let mut idle = frontend("frontend idle", &c, &["--role", "idle", "--secs", "30"]);
+    idle.wait_json("ready", Duration::from_secs(20));
+    let r = ctl_ok(&ctl_sock, &["port", "set", "c", "qdisc=fifo", "limit=256"]);
+    assert_eq!(r["result"], "changed", "{r}");
+    assert!(
+        r["port"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("egress fifo"),
+        "{r}"
+    );
+    assert_eq!(
+        ctl_ok(&ctl_sock, &["port", "set", "c", "qdisc=fifo"])["result"],
+        "unchanged"
+    );
+    let (ok, err) = ctl(&ctl_sock, &["port", "set", "c", "socket=/elsewhere"]);
+    assert!(!ok && err.contains("delete the port"), "{err}");
+    assert_eq!(
+        ctl_ok(&ctl_sock, &["port", "add", "sink:name=s2"])["result"],
+        "added"
+    );
+    assert_eq!(
+        ctl_ok(&ctl_sock, &["port", "del", "s2"])["result"],
+        "deleted"
+    );
+    let r = ctl_ok(&ctl_sock, &["port", "del", "c"]);
+    assert_eq!(r["result"], "deleted", "{r}");
+    // c took the flooded copies of a's frames while it was there.
+    assert!(
+        r["port"]["counters"]["tx_packets"].as_u64().unwrap() > 0,
+        "{r}"
+    );
+    assert_eq!(ctl_ok(&ctl_sock, &["port", "del", "c"])["result"], "absent");
+    // Its frontend was disconnected: it ends (long before its 30 s).
+    let _ = idle.wait_exit(Duration::from_secs(10));
+    assert!(!c.exists(), "c's socket file is gone");
+
+    // A reload while frames flow: the file gains a port and b's egress changes.
+    std::fs::write(
+        &config,
+        file("qdisc = \"fifo\"\n[[port]]\nkind = \"sink\"\nname = \"s3\"\n"),
+    )
+    .unwrap();
+    sw.signal(libc::SIGHUP);
+    sw.wait_stderr("reload: changed b", Duration::from_secs(10));
+    sw.wait_stderr("reload: added s3", Duration::from_secs(10));
+
+    let txf = tx.finish(RUN);
+    let rxf = rx.finish(RUN);
+    let sent = u(&txf, "/tx_packets");
+    assert!(sent > 20000, "{txf}");
+    assert_eq!(u(&rxf, "/rx_packets"), sent, "b got every frame: {rxf}");
+    assert!(
+        rxf["complete"].as_bool().unwrap_or(false),
+        "in order: {rxf}"
+    );
+    let st = ctl_ok(&ctl_sock, &["ports"]);
+    assert_eq!(u(counters(&st, "a"), "/rx_packets"), sent);
+    assert_eq!(switch_drops(counters(&st, "a")), 0);
+    assert_eq!(switch_drops(counters(&st, "b")), 0);
+    assert_eq!(port_names(&ctl_sock), ["a", "b", "s", "s3"]);
+
+    // Another user is refused: the socket's mode keeps them out, and were it opened up, the
+    // peer credentials would (SO_PEERCRED).
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test needs root (setpriv to another user)");
+    let probe = |path: &std::path::Path| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
+            .arg(
+                "import socket,sys\ns=socket.socket(socket.AF_UNIX)\n\
+                 try:\n s.connect(sys.argv[1])\nexcept OSError as e:\n print('connect:', e.strerror); sys.exit()\n\
+                 s.sendall(b'status\\n'); print(s.recv(4096).decode())",
+            )
+            .arg(path)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .expect("setpriv")
+    };
+    let out = probe(&ctl_sock);
+    assert!(out.contains("Permission denied"), "{out}");
+    std::fs::set_permissions(
+        &ctl_sock,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    let out = probe(&ctl_sock);
+    assert!(out.contains("permission denied: uid 65534"), "{out}");
+
+    // A port added over the socket survives a restart; the file's ports come from the file.
+    assert_eq!(
+        ctl_ok(&ctl_sock, &["port", "add", "sink:name=keep"])["result"],
+        "added"
+    );
+    sw.signal(libc::SIGTERM);
+    assert!(sw.wait_exit(RUN).success());
+    let mut sw = common::Proc::spawn("switch", &argv, &[("PVNET_LOG", "info")]);
+    common::wait_socket(&mut sw, &ctl_sock);
+    // (In the file's order now: s3 comes before s there.)
+    assert_eq!(port_names(&ctl_sock), ["a", "b", "s3", "s", "keep"]);
+    sw.signal(libc::SIGTERM);
     assert!(sw.wait_exit(RUN).success());
 }

@@ -90,6 +90,11 @@ pub trait DeviceHooks: Send + Sync + 'static {
     fn port_gone(&self, port: PortId);
 }
 
+/// A port's offer as its listener or connector holds it: each new session reads it when the
+/// frontend connects, so a change (`pvnet ctl port set ... offloads=false`) applies from the
+/// frontend's next connection (features are negotiated once per connection).
+pub type SharedConfig = Arc<Mutex<BackendConfig>>;
+
 /// Backend configuration shared by every session.
 #[derive(Debug, Clone, Copy)]
 pub struct BackendConfig {
@@ -954,19 +959,29 @@ pub fn serve(
     stop: Arc<AtomicBool>,
     max_sessions: Option<u32>,
 ) -> std::io::Result<()> {
-    serve_impl(path, cfg, hooks, stop, max_sessions, None)
+    let l = Listener::bind(path)?;
+    serve_impl(
+        l,
+        Arc::new(Mutex::new(cfg)),
+        hooks,
+        stop,
+        max_sessions,
+        None,
+    )
 }
 
-/// Like [`serve`] for one switch port: every frontend that connects gets `port`, one at a
-/// time (a second frontend is refused while one is attached), until `stop` is set.
+/// Like [`serve`] for one switch port, on a socket already bound ([`Listener::bind`]): every
+/// frontend that connects gets `port`, one at a time (a second frontend is refused while one
+/// is attached), until `stop` is set; then the attached frontend is disconnected and the
+/// socket file removed.
 pub fn serve_port(
-    path: &Path,
+    listener: Listener,
     port: PortId,
-    cfg: BackendConfig,
+    cfg: SharedConfig,
     hooks: Arc<dyn DeviceHooks>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<()> {
-    serve_impl(path, cfg, hooks, stop, None, Some(port))
+    serve_impl(listener, cfg, hooks, stop, None, Some(port))
 }
 
 /// How long a switch port's new frontend waits for the previous one's session to finish
@@ -1112,35 +1127,68 @@ fn reply_ack(
 /// `pvnet backend` without `--sessions` at most this many; more are refused.
 pub const MAX_SESSIONS: usize = 64;
 
+/// A vhost-user server socket, listening. Bound apart from the accept loop so that a caller
+/// (the switch adding a port at runtime) learns at once that the path cannot be bound.
+#[derive(Debug)]
+pub struct Listener {
+    listener: UnixListener,
+    path: std::path::PathBuf,
+    /// The inode bound: at exit only our own socket is unlinked, never one a newer backend
+    /// has since bound at the same path.
+    ours: Option<u64>,
+}
+
+impl Listener {
+    /// Binds and listens at `path`, replacing a stale socket file there. Binds under a
+    /// temporary name, then renames into place: the path only ever names a socket that is
+    /// already listening (bind creates it before listen, and a frontend that connects in
+    /// between, as QEMU and tests do the moment the path exists, is refused).
+    pub fn bind(path: &Path) -> std::io::Result<Self> {
+        if path.exists() {
+            std::fs::remove_file(path)?;
+        }
+        let tmp = path.with_file_name(format!(
+            ".{}.{}.tmp",
+            path.file_name()
+                .map_or_else(|| "pvnet".into(), |n| n.to_string_lossy()),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&tmp);
+        let listener = UnixListener::bind(&tmp)?;
+        std::fs::rename(&tmp, path)?;
+        let ours = std::fs::metadata(path)
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        listener.set_nonblocking(true)?;
+        Ok(Self {
+            listener,
+            path: path.to_path_buf(),
+            ours,
+        })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if std::fs::metadata(&self.path)
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            == self.ours
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 fn serve_impl(
-    path: &Path,
-    cfg: BackendConfig,
+    l: Listener,
+    cfg: SharedConfig,
     hooks: Arc<dyn DeviceHooks>,
     stop: Arc<AtomicBool>,
     max_sessions: Option<u32>,
     fixed: Option<PortId>,
 ) -> std::io::Result<()> {
-    if path.exists() {
-        std::fs::remove_file(path)?;
-    }
-    // Bind and listen under a temporary name, then rename into place: the path only ever
-    // names a socket that is already listening (bind creates it before listen, and a frontend
-    // that connects in between, as QEMU and tests do the moment the path exists, is refused).
-    let tmp = path.with_file_name(format!(
-        ".{}.{}.tmp",
-        path.file_name()
-            .map_or_else(|| "pvnet".into(), |n| n.to_string_lossy()),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&tmp);
-    let listener = UnixListener::bind(&tmp)?;
-    std::fs::rename(&tmp, path)?;
-    // Remember which file we bound: at exit we unlink only our own socket, never one a
-    // newer backend has since bound at the same path.
-    let ours = std::fs::metadata(path)
-        .ok()
-        .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
-    listener.set_nonblocking(true)?;
+    let (listener, path) = (&l.listener, l.path.as_path());
     info!(socket = %path.display(), "listening for vhost-user frontends");
     let log = Arc::new(PeerLog::default());
     let next = AtomicU32::new(0);
@@ -1180,6 +1228,7 @@ fn serve_impl(
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 let port = fixed.unwrap_or(n);
                 let (hooks, log) = (hooks.clone(), log.clone());
+                let cfg = *cfg.lock().unwrap_or_else(|e| e.into_inner());
                 info!(port, "frontend connected");
                 // A clone to shut the socket down from here, which ends a session blocked
                 // reading a silent frontend.
@@ -1201,22 +1250,16 @@ fn serve_impl(
     for (t, _) in sessions {
         let _ = t.join();
     }
-    if std::fs::metadata(path)
-        .ok()
-        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-        == ours
-    {
-        let _ = std::fs::remove_file(path);
-    }
     Ok(())
 }
 
 /// Client mode: connects to a frontend's listening socket (QEMU `server=on`), retrying every
-/// `retry` until it answers, and runs the session; then reconnects, until `stop` is set.
-/// Every session gets `fixed` if given (a switch port), else 0, 1, 2, ...
+/// `retry` until it answers, and runs the session; then reconnects, until `stop` is set (which
+/// also ends a session in progress: the frontend sees the backend disconnect). Every session
+/// gets `fixed` if given (a switch port), else 0, 1, 2, ...
 pub fn connect_loop(
     path: &Path,
-    cfg: BackendConfig,
+    cfg: SharedConfig,
     hooks: Arc<dyn DeviceHooks>,
     stop: Arc<AtomicBool>,
     retry: Duration,
@@ -1229,7 +1272,25 @@ pub fn connect_loop(
             Ok(stream) => {
                 let port = fixed.unwrap_or(n);
                 info!(socket = %path.display(), port, "connected to frontend");
-                run_session(stream, port, cfg, hooks.clone(), log.clone());
+                let Ok(handle) = stream.try_clone() else {
+                    continue;
+                };
+                let c = *cfg.lock().unwrap_or_else(|e| e.into_inner());
+                let (hooks, log) = (hooks.clone(), log.clone());
+                let t = std::thread::Builder::new()
+                    .name(format!("vu-ctl-{port}"))
+                    .spawn(move || run_session(stream, port, c, hooks, log));
+                let Ok(t) = t else {
+                    continue;
+                };
+                // The session blocks reading the frontend: shut its socket down to end it.
+                while !t.is_finished() {
+                    if stop.load(Ordering::Relaxed) {
+                        let _ = handle.shutdown(std::net::Shutdown::Both);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = t.join();
                 n += 1;
             }
             Err(e) => {

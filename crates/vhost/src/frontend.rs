@@ -73,6 +73,9 @@ pub enum Error {
     /// Bad configuration.
     #[error("invalid configuration: {0}")]
     Config(&'static str),
+    /// The backend closed the vhost-user connection (it exited, or the port was deleted).
+    #[error("the backend closed the vhost-user connection")]
+    Disconnected,
 }
 
 fn os(what: &'static str) -> impl FnOnce(io::Error) -> Error {
@@ -1072,11 +1075,17 @@ impl NetClient {
                 events: libc::POLLIN,
                 revents: 0,
             },
+            // The backend hanging up (a sleeping frontend would not notice otherwise).
+            libc::pollfd {
+                fd: self.ctl.as_raw_fd(),
+                events: libc::POLLRDHUP,
+                revents: 0,
+            },
         ];
         let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
         self.stats.sleeps += 1;
-        // SAFETY: two valid pollfd entries on our own fds.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        // SAFETY: three valid pollfd entries on our own fds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 3, ms) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -1086,6 +1095,9 @@ impl NetClient {
                 what: "poll",
                 source: e,
             });
+        }
+        if fds[2].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+            return Err(Error::Disconnected);
         }
         if let Some(g) = self.granter.as_mut() {
             g.serve_misses().map_err(os("backend channel"))?;

@@ -761,6 +761,22 @@ impl VhostPort {
         }
     }
 
+    /// New egress settings (`pvnet ctl port set`): each running pair gets a fresh egress;
+    /// what waited in the old queue is dropped, counted as `reconfigured`.
+    pub fn set_egress(&mut self, e: EgressConfig) {
+        self.cfg.egress = e;
+        let batch = self.cfg.batch;
+        for qp in self.qps.iter_mut().flatten() {
+            let n = qp.out.egress.purge();
+            bump(&qp.stats.drops[DropReason::Reconfigured as usize], n);
+            qp.stats
+                .backlog
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+            qp.out.egress = Egress::with(e, crate::egress::dql_floor(batch));
+        }
+        info!(port = self.id, egress = ?e, "egress settings changed");
+    }
+
     /// Takes a queue back; returns its next avail index (what `GET_VRING_BASE` answers) and
     /// its kick fd's number (to leave the epoll set).
     pub fn stop(&mut self, index: u16) -> Option<(u16, Option<i32>)> {

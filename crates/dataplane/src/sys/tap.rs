@@ -24,7 +24,7 @@
 use pvnet_net::HDR_LEN;
 use std::fs::OpenOptions;
 use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -162,6 +162,18 @@ impl Tap {
         Ok(())
     }
 
+    /// Makes the interface outlive this process (`TUNSETPERSIST`): with `on`, the interface,
+    /// its addresses and routes stay when pvnet exits or is killed, and a pvnet started again
+    /// with the same name attaches to it; with `off`, it goes away when the last fd closes.
+    pub fn set_persist(&self, on: bool) -> io::Result<()> {
+        set_persist_fd(self.fd.as_fd(), on, &self.name)
+    }
+
+    /// Another fd of the same tap (to clear persistence after the port is gone).
+    pub fn try_clone_fd(&self) -> io::Result<OwnedFd> {
+        self.fd.try_clone()
+    }
+
     /// Brings the link up (`SIOCSIFFLAGS` `IFF_UP`), first setting the MTU if given
     /// (`SIOCSIFMTU`). Until the link is up the kernel sends nothing to the tap.
     pub fn link_up(&self, mtu: Option<u32>) -> io::Result<()> {
@@ -212,6 +224,19 @@ impl Tap {
     pub fn send_iovecs(&self, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
         writev_fd(self.fd.as_raw_fd(), iov)
     }
+}
+
+/// `TUNSETPERSIST` on a tap fd (see [`Tap::set_persist`]).
+pub fn set_persist_fd(fd: BorrowedFd<'_>, on: bool, name: &str) -> io::Result<()> {
+    // SAFETY: TUNSETPERSIST takes its argument by value (an unsigned long), no memory.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETPERSIST, libc::c_ulong::from(on)) };
+    if rc < 0 {
+        return Err(context(
+            io::Error::last_os_error(),
+            &format!("TUNSETPERSIST {name} {}", u8::from(on)),
+        ));
+    }
+    Ok(())
 }
 
 /// Brings interface `name` up (`SIOCSIFFLAGS` `IFF_UP`), first setting the MTU if given

@@ -256,10 +256,24 @@ impl Dataplane {
         self.send_port(id, Cmd::AddHost(id, Box::new(port)));
     }
 
-    /// Gives a switch port its own egress settings (before its frontend connects; a port
-    /// without them takes [`WorkerConfig::egress`]).
+    /// Gives a switch port its own egress settings (a port without them takes
+    /// [`WorkerConfig::egress`]). A connected port switches at once: what waited in its old
+    /// queue is dropped, counted as `reconfigured`.
     pub fn set_egress(&self, id: PortId, e: crate::egress::EgressConfig) {
         self.send_port(id, Cmd::Egress(id, e));
+    }
+
+    /// Deletes a port from the switch: its queues stop (what waited in its egress queue is
+    /// counted as dropped, `port_down`), its frames stop being switched, and its settings and
+    /// counters are forgotten. Returns its last counters. (A vhost-user port's frontend must
+    /// already be disconnected, or it reconnects into a port that no longer exists.)
+    pub fn remove_port(&self, id: PortId) -> Option<PortSnapshot> {
+        let (tx, rx) = sync_channel(1);
+        self.send_port(id, Cmd::Forget(id, tx));
+        let _ = rx.recv_timeout(Duration::from_secs(5));
+        let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        r.remove(&id)
+            .map(|qps| PortSnapshot::sum(id, qps.iter().map(|s| &**s)))
     }
 
     /// The switch's learned addresses (empty for other roles, or if the shard is gone).

@@ -39,6 +39,8 @@ pub(crate) enum Cmd {
     /// switched.
     Mem(PortId, Arc<MemTable>, Option<Arc<AtomicBool>>),
     RemovePort(PortId, SyncSender<()>),
+    /// A port deleted from the switch: removed, and its settings forgotten.
+    Forget(PortId, SyncSender<()>),
     AddHost(PortId, Box<HostPort>),
     Egress(PortId, EgressConfig),
     Macs(SyncSender<Vec<MacEntry>>),
@@ -328,8 +330,17 @@ impl Shard {
                     let _ = reply.send(());
                 }
                 Cmd::AddHost(id, h) => self.add_host(id, *h),
+                Cmd::Forget(id, reply) => {
+                    self.remove(id);
+                    self.egress.remove(&id);
+                    let _ = reply.send(());
+                }
                 Cmd::Egress(id, e) => {
                     self.egress.insert(id, e);
+                    let cfg = self.vhost_config(id).egress;
+                    if let Some(p) = self.vhost(id) {
+                        p.set_egress(cfg);
+                    }
                 }
                 Cmd::Macs(reply) => {
                     let _ = reply.send(self.fabric.macs(now));

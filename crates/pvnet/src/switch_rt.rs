@@ -1,0 +1,708 @@
+//! The live port set of `pvnet switch`: ports added, deleted and changed while the switch
+//! runs (`pvnet ctl port add|del|set`, a reload of the configuration file on `SIGHUP` or
+//! `pvnet ctl reload`), each started and stopped whole.
+//!
+//! A port's id is never reused: counters of a deleted port are not mixed into a new one of
+//! the same name. Ports added over the control socket can be kept across restarts in a state
+//! file (`--state`): it is rewritten (atomically) after each change and read at start, after
+//! the configuration's own ports. Ports from the configuration file and `--port` are never
+//! written there: the file stays the configuration's source of truth.
+
+use crate::ctl::{self, PortInfo, Reply};
+use crate::error::{io, usage, Result};
+use crate::switch_cmd::{
+    check_port, counters, egress_of, host_io, io_name, parse_mac, spec_value, FileConfig,
+    PortConfig,
+};
+use pvnet_dataplane::port::gen::GenSpec;
+use pvnet_dataplane::port::kernel::HostDev;
+use pvnet_dataplane::stats::PortSnapshot;
+use pvnet_dataplane::worker::{Dataplane, HostPort};
+use pvnet_vhost::backend::{
+    connect_loop, serve_port, BackendConfig, DeviceHooks, Listener, PortId, SharedConfig,
+};
+use pvnet_vhost::features::{DEVICE_FEATURES, OFFLOAD_FEATURES};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tracing::{error, info, warn};
+
+/// Where a port came from: what a reload may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// The configuration file or `--port`: a reload applies the file's changes to it.
+    Config,
+    /// `pvnet ctl port add` (or the state file): a reload leaves it alone.
+    Ctl,
+}
+
+/// What keeps a running port going.
+enum Running {
+    /// A vhost-user port's listener or connector thread (stopping it disconnects the
+    /// frontend), and the offer each new connection reads.
+    Vhost {
+        stop: Arc<AtomicBool>,
+        thread: Option<JoinHandle<()>>,
+        offer: SharedConfig,
+    },
+    /// A host port (the shard owns its device). A persistent tap keeps a second fd here so
+    /// that deleting the port can make the interface go away.
+    Host { persist: Option<OwnedFd> },
+}
+
+struct Live {
+    id: PortId,
+    cfg: PortConfig,
+    origin: Origin,
+    detail: String,
+    run: Running,
+}
+
+#[derive(Default)]
+struct Inner {
+    next: PortId,
+    ports: BTreeMap<String, Live>,
+}
+
+/// The switch's ports, as the control plane changes them.
+pub(crate) struct Runtime {
+    dp: Arc<Dataplane>,
+    started: Instant,
+    state: Option<PathBuf>,
+    inner: Mutex<Inner>,
+}
+
+/// What the offer of a vhost-user port is.
+fn offer_of(queue_pairs: u16, offloads: bool) -> BackendConfig {
+    BackendConfig {
+        queue_pairs,
+        features: if offloads {
+            DEVICE_FEATURES | OFFLOAD_FEATURES
+        } else {
+            DEVICE_FEATURES
+        },
+        ..BackendConfig::default()
+    }
+}
+
+/// How `pvnet ctl` describes a vhost-user port.
+fn vhost_detail(cfg: &PortConfig) -> Result<String> {
+    let PortConfig::VhostUser {
+        name,
+        socket,
+        client,
+        qdisc,
+        dql,
+        bulk,
+        limit,
+        ..
+    } = cfg
+    else {
+        return Ok(String::new());
+    };
+    let egress = egress_of(name, qdisc, *dql, *bulk, *limit)?;
+    Ok(format!(
+        "{}{}, egress {}{}{}",
+        socket.display(),
+        if *client { " (client)" } else { "" },
+        egress.queue.map_or("none".into(), |q| q.qdisc.to_string()),
+        if egress.dql { "+dql" } else { "" },
+        if egress.bulk || egress.queue.is_none() {
+            ""
+        } else {
+            ", one per dequeue"
+        }
+    ))
+}
+
+/// Whether `new` can replace `old` in place (`port set`): a vhost-user port on the same
+/// socket, the same way round. Anything else is deleted and added again.
+fn in_place(old: &PortConfig, new: &PortConfig) -> bool {
+    matches!(
+        (old, new),
+        (
+            PortConfig::VhostUser { socket: s0, client: c0, .. },
+            PortConfig::VhostUser { socket: s1, client: c1, .. },
+        ) if s0 == s1 && c0 == c1
+    )
+}
+
+impl Runtime {
+    pub(crate) fn new(dp: Arc<Dataplane>, state: Option<PathBuf>) -> Self {
+        Self {
+            dp,
+            started: Instant::now(),
+            state,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of ports.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().ports.len()
+    }
+
+    /// Starts port `id` as `cfg` says; returns what keeps it running and its description.
+    fn start(&self, id: PortId, p: &PortConfig) -> Result<(Running, String)> {
+        let name = p.name().to_string();
+        let at = |what: &dyn std::fmt::Display| io(format!("port {name}: {what}"));
+        match p {
+            PortConfig::VhostUser {
+                socket,
+                client,
+                queue_pairs,
+                offloads,
+                qdisc,
+                dql,
+                bulk,
+                limit,
+                ..
+            } => {
+                let egress = egress_of(&name, qdisc, *dql, *bulk, *limit)?;
+                // Bound here, not on the thread: a path that cannot be bound is this
+                // request's error.
+                let listener = if *client {
+                    None
+                } else {
+                    Some(Listener::bind(socket).map_err(at(&socket.display()))?)
+                };
+                self.dp.set_egress(id, egress);
+                let offer = Arc::new(Mutex::new(offer_of(*queue_pairs, *offloads)));
+                let stop = Arc::new(AtomicBool::new(false));
+                let hooks: Arc<dyn DeviceHooks> = self.dp.clone();
+                let (path, st, of, n) = (socket.clone(), stop.clone(), offer.clone(), name.clone());
+                let thread = std::thread::Builder::new()
+                    .name(format!("vu-{name}"))
+                    .spawn(move || match listener {
+                        None => connect_loop(&path, of, hooks, st, Duration::from_millis(200), Some(id)),
+                        Some(l) => {
+                            if let Err(e) = serve_port(l, id, of, hooks, st) {
+                                error!(port = %n, socket = %path.display(), "port stopped serving: {e}");
+                            }
+                        }
+                    })
+                    .map_err(at(&"thread"))?;
+                Ok((
+                    Running::Vhost {
+                        stop,
+                        thread: Some(thread),
+                        offer,
+                    },
+                    vhost_detail(p)?,
+                ))
+            }
+            PortConfig::Tap {
+                ifname,
+                offloads,
+                mtu,
+                io: tap_io,
+                direct,
+                persist,
+                ..
+            } => {
+                let tap_io = host_io(&name, tap_io)?;
+                let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
+                let tap = pvnet_dataplane::sys::tap::open(&want, *offloads).map_err(at(&"tap"))?;
+                tap.link_up(*mtu).map_err(at(&"link up"))?;
+                let keep = if *persist {
+                    tap.set_persist(true).map_err(at(&"persist"))?;
+                    Some(tap.try_clone_fd().map_err(at(&"dup"))?)
+                } else {
+                    None
+                };
+                let ifn = tap.name().to_string();
+                info!(port = %name, ifname = %ifn, offloads = *offloads, persist = *persist, "tap ready");
+                self.dp
+                    .add_host(id, HostPort::Kernel(HostDev::Tap(tap), tap_io, *direct));
+                let detail = format!(
+                    "{ifn}, {}{}",
+                    io_name(tap_io, *direct),
+                    if *persist { ", persistent" } else { "" }
+                );
+                Ok((Running::Host { persist: keep }, detail))
+            }
+            PortConfig::AfPacket {
+                ifname,
+                io: pio,
+                direct,
+                ..
+            } => {
+                let pio = host_io(&name, pio)?;
+                let sock = pvnet_dataplane::sys::packet::open(ifname).map_err(at(&"AF_PACKET"))?;
+                info!(port = %name, ifname = %ifname, "AF_PACKET socket bound");
+                self.dp
+                    .add_host(id, HostPort::Kernel(HostDev::Packet(sock), pio, *direct));
+                Ok((
+                    Running::Host { persist: None },
+                    format!("{ifname}, {}", io_name(pio, *direct)),
+                ))
+            }
+            PortConfig::Sink { .. } => {
+                self.dp.add_host(id, HostPort::Sink);
+                Ok((Running::Host { persist: None }, String::new()))
+            }
+            PortConfig::Gen {
+                rate,
+                secs,
+                delay,
+                frame_len,
+                src,
+                dst,
+                ..
+            } => {
+                let spec = GenSpec {
+                    frame_len: *frame_len,
+                    rate: *rate,
+                    duration: (*secs > 0.0).then(|| Duration::from_secs_f64(*secs)),
+                    delay: Duration::from_secs_f64(*delay),
+                    src: parse_mac(src)?,
+                    dst: parse_mac(dst)?,
+                };
+                self.dp.add_host(id, HostPort::Gen(spec));
+                let r = if *rate == 0 {
+                    "max rate".into()
+                } else {
+                    format!("{rate} pps")
+                };
+                Ok((
+                    Running::Host { persist: None },
+                    format!("{src} -> {dst}, {r}"),
+                ))
+            }
+        }
+    }
+
+    /// Adds a port; `Ok(false)` if an identical one is there already (idempotent).
+    pub(crate) fn add(&self, p: PortConfig, origin: Origin) -> Result<bool> {
+        check_port(&p)?;
+        let name = p.name().to_string();
+        let mut g = self.lock();
+        if let Some(l) = g.ports.get(&name) {
+            if l.cfg == p {
+                return Ok(false);
+            }
+            return Err(usage(format!(
+                "port {name} exists with other settings ({}): delete it first, or change it with `pvnet ctl port set`",
+                l.cfg.spec()
+            )));
+        }
+        if let Some(other) = g
+            .ports
+            .values()
+            .find(|l| l.cfg.resource() == p.resource() && p.resource().is_some())
+        {
+            return Err(usage(format!(
+                "port {name}: {} is port {}'s",
+                p.resource().unwrap_or_default(),
+                other.cfg.name()
+            )));
+        }
+        let id = g.next;
+        g.next = id
+            .checked_add(1)
+            .ok_or_else(|| usage("port ids exhausted"))?;
+        let (run, detail) = self.start(id, &p)?;
+        info!(port = %name, id, kind = p.kind(), %detail, ?origin, "port added");
+        g.ports.insert(
+            name,
+            Live {
+                id,
+                cfg: p,
+                origin,
+                detail,
+                run,
+            },
+        );
+        drop(g);
+        if origin == Origin::Ctl {
+            self.save_state();
+        }
+        Ok(true)
+    }
+
+    /// Deletes a port: a vhost-user frontend is disconnected (its listener or connector
+    /// stops), the shard lets go of it, what waited in its egress queue is counted as dropped
+    /// (`port_down`), a persistent tap stops being persistent. Returns its last counters, or
+    /// None if there was no such port.
+    pub(crate) fn del(&self, name: &str) -> Option<PortInfo> {
+        let live = self.lock().ports.remove(name)?;
+        let Live {
+            id,
+            cfg,
+            origin,
+            detail,
+            mut run,
+        } = live;
+        if let Running::Vhost { stop, thread, .. } = &mut run {
+            stop.store(true, Ordering::Relaxed);
+            if let Some(t) = thread.take() {
+                if t.join().is_err() {
+                    warn!(port = %name, "the port's thread panicked");
+                }
+            }
+        } else if let Running::Host { persist: Some(fd) } = &run {
+            if let Err(e) = pvnet_dataplane::sys::tap::set_persist_fd(fd.as_fd(), false, name) {
+                warn!(port = %name, "{e}");
+            }
+        }
+        let last = self.dp.remove_port(id).unwrap_or_default();
+        drop(run);
+        let info = PortInfo {
+            name: name.to_string(),
+            kind: cfg.kind().into(),
+            state: "deleted".into(),
+            detail,
+            counters: counters(&last),
+            error: last.last_error.clone(),
+        };
+        info!(port = %name, id, counters = ?info.counters, "port deleted");
+        if origin == Origin::Ctl {
+            self.save_state();
+        }
+        Some(info)
+    }
+
+    /// Changes settings of a vhost-user port in place. Egress settings apply at once (what
+    /// waited in the old queue is dropped, counted as `reconfigured`); `offloads` and
+    /// `queue_pairs` from its frontend's next connection. Returns what changed, as notes
+    /// (empty: nothing did).
+    pub(crate) fn set(&self, name: &str, kv: &BTreeMap<String, String>) -> Result<Vec<String>> {
+        let new = {
+            let g = self.lock();
+            let l = g
+                .ports
+                .get(name)
+                .ok_or_else(|| usage(format!("no port {name}")))?;
+            let mut t =
+                toml::Table::try_from(&l.cfg).map_err(|e| usage(format!("port {name}: {e}")))?;
+            for (k, v) in kv {
+                if k == "kind" || k == "name" {
+                    return Err(usage(format!(
+                        "port {name}: {k} cannot change (delete the port and add another)"
+                    )));
+                }
+                t.insert(k.clone(), spec_value(v));
+            }
+            PortConfig::deserialize(toml::Value::Table(t))
+                .map_err(|e| usage(format!("port {name}: {e}")))?
+        };
+        self.replace_in_place(name, new)
+    }
+
+    /// Applies `new` to port `name` in place (see [`Runtime::set`]).
+    fn replace_in_place(&self, name: &str, new: PortConfig) -> Result<Vec<String>> {
+        check_port(&new)?;
+        let mut g = self.lock();
+        let l = g
+            .ports
+            .get_mut(name)
+            .ok_or_else(|| usage(format!("no port {name}")))?;
+        if l.cfg == new {
+            return Ok(Vec::new());
+        }
+        if !in_place(&l.cfg, &new) {
+            return Err(usage(format!(
+                "port {name}: only a vhost-user port's egress (qdisc, dql, bulk, limit), offloads and queue_pairs change in place; delete the port and add it again"
+            )));
+        }
+        let (
+            PortConfig::VhostUser {
+                queue_pairs: q0,
+                offloads: o0,
+                qdisc: d0,
+                dql: l0,
+                bulk: b0,
+                limit: m0,
+                ..
+            },
+            PortConfig::VhostUser {
+                queue_pairs,
+                offloads,
+                qdisc,
+                dql,
+                bulk,
+                limit,
+                ..
+            },
+        ) = (&l.cfg, &new)
+        else {
+            return Err(usage(format!("port {name}: not a vhost-user port")));
+        };
+        let mut notes = Vec::new();
+        if (d0, l0, b0, m0) != (qdisc, dql, bulk, limit) {
+            let e = egress_of(name, qdisc, *dql, *bulk, *limit)?;
+            self.dp.set_egress(l.id, e);
+            notes.push(format!(
+                "egress now {}, applied at once (packets that waited in the old queue count as drops_reconfigured)",
+                vhost_detail(&new)?.rsplit_once("egress ").map_or("", |x| x.1)
+            ));
+        }
+        if (q0, o0) != (queue_pairs, offloads) {
+            if let Running::Vhost { offer, .. } = &l.run {
+                *offer.lock().unwrap_or_else(|e| e.into_inner()) =
+                    offer_of(*queue_pairs, *offloads);
+            }
+            notes.push(format!(
+                "offer now queue_pairs={queue_pairs} offloads={offloads}: applies from the frontend's next connection (features are negotiated once per connection)"
+            ));
+        }
+        l.detail = vhost_detail(&new)?;
+        l.cfg = new;
+        let origin = l.origin;
+        info!(port = %name, changes = ?notes, "port changed");
+        drop(g);
+        if origin == Origin::Ctl {
+            self.save_state();
+        }
+        Ok(notes)
+    }
+
+    /// Makes the configuration's ports what `want` says (a reload): ports gone from it are
+    /// deleted, new ones added, changed ones changed in place where they can be and replaced
+    /// otherwise. Ports added over the control socket are left alone. Returns what happened,
+    /// one line each; a port that fails is reported and the others still applied.
+    pub(crate) fn reconcile(&self, want: &[PortConfig]) -> Vec<String> {
+        let mut notes = Vec::new();
+        let current: Vec<(String, Origin, PortConfig)> = self
+            .lock()
+            .ports
+            .iter()
+            .map(|(n, l)| (n.clone(), l.origin, l.cfg.clone()))
+            .collect();
+        for (name, origin, _) in &current {
+            if *origin == Origin::Config
+                && !want.iter().any(|p| p.name() == name)
+                && self.del(name).is_some()
+            {
+                notes.push(format!("deleted {name}"));
+            }
+        }
+        for p in want {
+            let name = p.name();
+            let now = current.iter().find(|(n, ..)| n == name);
+            let r = match now {
+                None => self.add(p.clone(), Origin::Config).map(|_| format!("added {name}")),
+                Some((_, Origin::Ctl, cfg)) if cfg == p => {
+                    if let Some(l) = self.lock().ports.get_mut(name) {
+                        l.origin = Origin::Config;
+                    }
+                    self.save_state();
+                    Ok(format!("{name}: now in the configuration file"))
+                }
+                Some((_, Origin::Ctl, _)) => Err(usage(format!(
+                    "{name}: the configuration file has a port of that name, but the one added over the control socket differs: left as it is"
+                ))),
+                Some((_, _, cfg)) if cfg == p => continue,
+                Some((_, _, cfg)) if in_place(cfg, p) => self
+                    .replace_in_place(name, p.clone())
+                    .map(|n| format!("changed {name}: {}", n.join("; "))),
+                Some(_) => check_port(p).and_then(|()| {
+                    self.del(name);
+                    self.add(p.clone(), Origin::Config)
+                        .map(|_| format!("replaced {name} (deleted and added again)"))
+                }),
+            };
+            notes.push(r.unwrap_or_else(|e| format!("{name}: not applied: {e}")));
+        }
+        notes
+    }
+
+    /// Adds the ports saved in the state file (at start, after the configuration's).
+    pub(crate) fn restore_state(&self) -> Result<usize> {
+        let Some(path) = &self.state else {
+            return Ok(0);
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io(path.display())(e)),
+        };
+        let f: FileConfig =
+            toml::from_str(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+        let mut n = 0;
+        for p in f.port {
+            let name = p.name().to_string();
+            match self.add(p, Origin::Ctl) {
+                Ok(_) => n += 1,
+                Err(e) => {
+                    warn!(port = %name, state = %path.display(), "saved port not restored: {e}")
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Writes the ports added over the control socket to the state file (atomically).
+    fn save_state(&self) {
+        let Some(path) = &self.state else { return };
+        let mut ports: Vec<(PortId, PortConfig)> = self
+            .lock()
+            .ports
+            .values()
+            .filter(|l| l.origin == Origin::Ctl)
+            .map(|l| (l.id, l.cfg.clone()))
+            .collect();
+        ports.sort_by_key(|p| p.0);
+        let f = FileConfig {
+            port: ports.into_iter().map(|p| p.1).collect(),
+            ..FileConfig::default()
+        };
+        if let Err(e) = write_atomic(path, &f) {
+            error!(state = %path.display(), "cannot save the ports added at runtime: {e}");
+        }
+    }
+
+    /// The status `pvnet ctl` and the metrics show.
+    pub(crate) fn status(&self) -> ctl::Status {
+        let snaps: BTreeMap<PortId, PortSnapshot> = self
+            .dp
+            .snapshots()
+            .into_iter()
+            .map(|s| (s.port, s))
+            .collect();
+        let (mut rows, names): (Vec<(PortId, PortInfo)>, BTreeMap<PortId, String>) = {
+            let g = self.lock();
+            let rows = g
+                .ports
+                .iter()
+                .map(|(name, l)| {
+                    let s = snaps.get(&l.id).cloned().unwrap_or_default();
+                    let state = if s.up {
+                        "up"
+                    } else if l.cfg.kind() == "vhost-user" {
+                        "waiting"
+                    } else {
+                        "down"
+                    };
+                    (
+                        l.id,
+                        PortInfo {
+                            name: name.clone(),
+                            kind: l.cfg.kind().into(),
+                            state: state.into(),
+                            detail: l.detail.clone(),
+                            counters: counters(&s),
+                            error: s.last_error.clone(),
+                        },
+                    )
+                })
+                .collect();
+            let names = g.ports.iter().map(|(n, l)| (l.id, n.clone())).collect();
+            (rows, names)
+        };
+        rows.sort_by_key(|r| r.0);
+        let macs = self
+            .dp
+            .macs()
+            .into_iter()
+            .map(|e| ctl::MacInfo {
+                mac: crate::switch_cmd::fmt_mac(e.mac),
+                port: names
+                    .get(&e.port)
+                    .cloned()
+                    .unwrap_or_else(|| e.port.to_string()),
+                age_secs: e.age.as_secs_f64(),
+            })
+            .collect();
+        ctl::Status {
+            uptime_secs: self.started.elapsed().as_secs_f64(),
+            ports: rows.into_iter().map(|r| r.1).collect(),
+            macs,
+        }
+    }
+
+    /// Stops every vhost-user port's thread (frontends see the backend go) and waits.
+    pub(crate) fn stop_all(&self) {
+        let mut g = self.lock();
+        for l in g.ports.values_mut() {
+            if let Running::Vhost { stop, .. } = &l.run {
+                stop.store(true, Ordering::Relaxed);
+            }
+        }
+        for l in g.ports.values_mut() {
+            if let Running::Vhost { thread, .. } = &mut l.run {
+                if let Some(t) = thread.take() {
+                    if t.join().is_err() {
+                        warn!(port = %l.cfg.name(), "a port thread panicked");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers a control request that changes something.
+    pub(crate) fn apply(&self, op: &ctl::Op, reload: &dyn Fn() -> Result<Vec<String>>) -> Reply {
+        let info = |name: &str| self.status().ports.into_iter().find(|p| p.name == name);
+        match op {
+            ctl::Op::Status => Reply::refused("status is answered by the server"),
+            ctl::Op::PortAdd { spec } => {
+                match crate::switch_cmd::parse_port_spec(spec).and_then(|p| {
+                    let name = p.name().to_string();
+                    self.add(p, Origin::Ctl).map(|new| (new, name))
+                }) {
+                    Ok((new, name)) => Reply {
+                        port: info(&name),
+                        ..Reply::done(if new { "added" } else { "exists" })
+                    },
+                    Err(e) => Reply::refused(e.to_string()),
+                }
+            }
+            ctl::Op::PortDel { name } => match self.del(name) {
+                Some(p) => Reply {
+                    port: Some(p),
+                    ..Reply::done("deleted")
+                },
+                None => Reply {
+                    notes: vec![format!("no port {name}: nothing to delete")],
+                    ..Reply::done("absent")
+                },
+            },
+            ctl::Op::PortSet { name, set } => match self.set(name, set) {
+                Ok(notes) => Reply {
+                    result: Some(
+                        if notes.is_empty() {
+                            "unchanged"
+                        } else {
+                            "changed"
+                        }
+                        .into(),
+                    ),
+                    notes,
+                    port: info(name),
+                    ..Reply::done("changed")
+                },
+                Err(e) => Reply::refused(e.to_string()),
+            },
+            ctl::Op::Reload => match reload() {
+                Ok(notes) => Reply {
+                    notes,
+                    ..Reply::done("reloaded")
+                },
+                Err(e) => Reply::refused(e.to_string()),
+            },
+        }
+    }
+}
+
+/// Writes `f` as TOML to `path` through a temporary file and a rename.
+fn write_atomic(path: &Path, f: &FileConfig) -> std::io::Result<()> {
+    let text = format!(
+        "# Ports added to pvnet switch at runtime (pvnet ctl port add); rewritten by pvnet.\n{}",
+        toml::to_string(f).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?
+    );
+    if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(d)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
