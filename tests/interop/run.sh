@@ -41,6 +41,16 @@
 #                         device IOTLB, virtio-net-pci iommu_platform=on,ats=on, the guest in
 #                         iommu.strict=1): VIRTIO_F_ACCESS_PLATFORM acked, every buffer reached
 #                         through the IOTLB (pvnet asked for misses: iotlb_misses > 0).
+#   dpdk_server_restart   testpmd net_virtio_user server=1 (it listens) txonly -> pvnet switch,
+#                         a client port "fe" -> sink; pvnet stopped with SIGKILL, then with
+#                         SIGTERM, in the middle of traffic and started again with the same
+#                         ports each time: testpmd's traffic reaches the sink again (how long
+#                         after the restart is reported), and the restarted switch's counts add up.
+#   guest_restart         the guest_tap guest with QEMU's chardev reconnecting (reconnect=1)
+#                         to pvnet's socket and a persistent tap: the guest pings the host every
+#                         0.1 s while pvnet is killed (SIGKILL) and started again: replies come
+#                         back (the guest's ping timestamps say how long after pvnet was ready
+#                         again), the guest kernel logs no virtio error, TCP iperf3 completes.
 #
 # Each case is bounded in time, prints `PASS name` or `FAIL name: reason` (details on indented
 # lines before it), and the run ends with `N passed, N failed`; the exit status is non-zero on
@@ -292,7 +302,7 @@ dpdk_two_frontends() {
   f_tx=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["final"]["tx_packets"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
   pv_rx=$(sw_final "$tag" pv rx_packets); fe_tx=$(sw_final "$tag" fe tx_packets)
   local r q_in q_out q_left fe_drops=0; pv_drops=0
-  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm; do
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured; do
     pv_drops=$((pv_drops + $(sw_final "$tag" pv "drops_$r"))); fe_drops=$((fe_drops + $(sw_final "$tag" fe "drops_$r")))
   done
   q_in=$(sw_final "$tag" fe queued); q_out=$(sw_final "$tag" fe dequeued); q_left=$(sw_final "$tag" fe backlog)
@@ -402,7 +412,7 @@ dpdk_killed_leaves_nothing() {
     [ "$fds" = "$1" ] && [ "$maps" = "$2" ] && [ "$rss" -le $(($3 + 256)) ] && break; sleep 0.1; done
   local sink drops=0 r
   sink=$(ctl_port "$tag" sink tx_packets)
-  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm; do
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured; do
     drops=$((drops + $(ctl_port "$tag" fe "drops_$r")))
   done
   fe_finish
@@ -425,6 +435,10 @@ ip link set eth0 up
 i=0; while [ "$(cat $N/operstate)" != up ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 echo "GUEST_LINK carrier=$(cat $N/carrier) operstate=$(cat $N/operstate)"
 EOF
+  if [ "$1" = tap-setup ]; then   # the address only (cases that script the rest)
+    echo 'ip addr add 10.77.0.2/24 dev eth0'; echo 'echo "GUEST_NET_READY"'
+    return
+  fi
   if [ "$1" = tap ]; then
     cat <<'EOF'
 # through pvnet switch to the host's tap (10.77.0.1): ping both ways, TCP and UDP both ways
@@ -584,11 +598,142 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
   pass "$name"
 }
 
+# ---- restart without losing frontends ----------------------------------------------------------
+# ready_after T0 TAG : seconds from T0 until the switch TAG's control socket answers.
+ready_after() {
+  wait_for 10 test -S "$D/$2.ctl" && awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b-a}'
+}
+dpdk_server_restart() {
+  local name="$1" t0 tplog sock i sig pid t_start t_up resumed resumes=() tag
+  t0=$(date +%s.%N); tplog="$D/$name.testpmd.log"; sock="$D/$name.sock"
+  local free; free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
+  [ "$free" -ge 256 ] || { fail "$name" "only $free free 2 MiB hugepages (testpmd needs 256; another DPDK process?)"; return; }
+  rm -f "$sock"
+  # server=1: testpmd listens and waits for the backend (pvnet, a client port) to connect.
+  testpmd_start fe "$tplog" 90 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
+    --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$sock,server=1,queues=1,queue_size=256" \
+    -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i --forward-mode=txonly
+  local ports=(--port "vhost-user:name=fe,socket=$sock,client=true" --port "sink:name=sink")
+  wait_for 10 test -S "$sock" || { testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fail "$name" "testpmd did not listen"; return; }
+  switch_start "$name.0" "${ports[@]}" || { testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fail "$name" "pvnet switch did not start"; return; }
+  if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
+    testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish
+    tail -5 "$tplog" | sed 's/^/  testpmd: /'; fail "$name" "testpmd did not reach its prompt"; return
+  fi
+  tp fe start
+  wait_for 10 fe_moved "$name.0" 0 || { testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish; fail "$name" "no traffic before the restarts"; return; }
+  i=0
+  for sig in KILL TERM; do
+    pid=$(child_pid "$SW_PID"); kill -"$sig" "$pid"; wait "$SW_PID" 2>/dev/null
+    i=$((i + 1))
+    t_start=$(date +%s.%N)
+    switch_start "$name.$i" "${ports[@]}" || { testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fail "$name" "pvnet switch did not start again after SIG$sig"; return; }
+    t_up=$(ready_after "$t_start" "$name.$i")
+    if ! wait_for 10 fe_moved "$name.$i" 0; then
+      testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish
+      fail "$name" "no traffic after the SIG$sig restart"; return
+    fi
+    resumed=$(awk -v a="$t_start" -v u="$t_up" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b-a-u}')
+    resumes+=("SIG$sig: ready ${t_up} s after start, traffic at most ${resumed} s after ready;")
+    sleep 1
+  done
+  testpmd_quit fe 20; local tprc=$?
+  hugepage_cleanup pvnet_it_fe
+  fe_finish; local berc=$?
+  tag="$name.$i"
+  local pv_rx sink drops=0 r
+  pv_rx=$(sw_final "$tag" fe rx_packets); sink=$(sw_final "$tag" sink tx_packets)
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured; do
+    drops=$((drops + $(sw_final "$tag" fe "drops_$r")))
+  done
+  info "$name: ${resumes[*]}"
+  info "$name: the last switch: fe rx_packets=$pv_rx = sink $sink + drops $drops ($(elapsed "$t0"))"
+  plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  [ "$tprc" = 0 ] || { fail "$name" "testpmd did not quit cleanly (status $tprc)"; return; }
+  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  [ "${pv_rx:-0}" -gt 0 ] 2>/dev/null || { fail "$name" "nothing after the last restart"; return; }
+  [ "$pv_rx" = $((sink + drops)) ] || { fail "$name" "fe rx $pv_rx != sink $sink + drops $drops"; return; }
+  pass "$name"
+}
+
+guest_restart() {
+  local name="$1" t0 tag glog acc vec="" sock
+  t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"; sock="$D/$tag.sock"
+  acc=$(guest_accel)
+  case "$acc" in *tcg*) vec=",vectors=0" ;; esac
+  { guest_script tap-setup; cat <<'EOF'
+echo "GUEST_PING_START"
+# Busybox ping: one request every 0.1 s by the guest's clock, so a reply arrives at its
+# sequence number x 0.1 s plus its round-trip time: the longest time between two replies'
+# arrivals is how long the guest heard nothing (requests sent while pvnet was away wait in the
+# ring and are answered late, not lost).
+t_a=$(cut -d' ' -f1 /proc/uptime); ping -c 200 -i 0.1 10.77.0.1 > /tmp/ping.txt 2>&1; t_b=$(cut -d' ' -f1 /proc/uptime)
+awk -v a="$t_a" -v b="$t_b" '/bytes from/ { split($5, q, "="); split($7, r, "="); t = q[2] * 0.1 + r[2] / 1000; n++
+    if (n > 1 && t - p > g) g = t - p; p = t; if (r[2] / 1000 > m) m = r[2] / 1000 }
+  END { printf "GUEST_PING_GAP replies=%d gap=%.2f max_rtt=%.2f took=%.1f\n", n, g, m, b - a }' /tmp/ping.txt
+iperf3 -c 10.77.0.1 -f m -t 3 > /tmp/ip.txt 2>&1; echo "GUEST_IPERF_RC tcp_g2h $?"
+grep -E 'receiver' /tmp/ip.txt | sed "s/^/GUEST_IPERF tcp_g2h /"
+echo "GUEST_VIRTIO_ERRORS $(dmesg | grep -ciE 'virtio.*(error|fail|timeout)|NETDEV WATCHDOG')"
+dmesg | grep -iE 'virtio.*(error|fail|timeout)|NETDEV WATCHDOG' | head -3 | sed 's/^/GUEST_DMESG /'
+EOF
+  } > "$D/$tag.run.sh"
+  make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
+  ip link del "$TAPIF" 2>/dev/null || true
+  local ports=(--port "vhost-user:name=vm,socket=$sock" --port "tap:name=host,ifname=$TAPIF,persist=true")
+  switch_start "$tag.0" "${ports[@]}" || { fail "$name" "pvnet switch did not start (log: $D/$tag.0.pvnet.log)"; return; }
+  wait_for 5 test -S "$sock" || { fail "$name" "vm port socket missing"; return; }
+  sysctl -qw "net.ipv6.conf.$TAPIF.disable_ipv6=1" || true
+  ip addr add 10.77.0.1/24 dev "$TAPIF"
+  timeout -k 2 150 iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
+  local ip3=$!; PIDS+=("$ip3")
+  # reconnect=1: QEMU's chardev connects to pvnet again (every second) when it goes away.
+  guest_start 150 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=130 ipv6.disable=1" \
+    "virtio-net-pci,netdev=n0,mac=$GMAC$vec" -chardev socket,id=c0,path="$sock",reconnect=1 \
+    -netdev vhost-user,id=n0,chardev=c0
+  local qp=$GUEST_PID; PIDS+=("$qp")
+  local t_kill t_start t_up=nan down=nan
+  if wait_for 90 grep -q GUEST_PING_START "$glog"; then
+    sleep 4
+    t_kill=$(date +%s.%N)
+    kill -KILL "$(child_pid "$SW_PID")"; wait "$SW_PID" 2>/dev/null
+    sleep 0.5
+    t_start=$(date +%s.%N)
+    switch_start "$tag.1" "${ports[@]}" || { stop_pid "$qp"; fail "$name" "pvnet switch did not start again"; return; }
+    t_up=$(ready_after "$t_start" "$tag.1")
+    down=$(awk -v a="$t_kill" -v b="$t_start" -v u="$t_up" 'BEGIN{printf "%.2f", b-a+u}')
+  fi
+  wait_pid "$qp" 140; local qrc=$?
+  tr -d '\r' < "$glog" > "$glog.txt"
+  stop_pid "$ip3"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
+  ip link del "$TAPIF" 2>/dev/null || true
+  local gap replies verr resume
+  gap=$(gfield "$glog.txt" gap); replies=$(gfield "$glog.txt" replies)
+  verr=$(grep -o 'GUEST_VIRTIO_ERRORS [0-9]*' "$glog.txt" | cut -d' ' -f2)
+  resume=$(awk -v g="${gap:-nan}" -v d="$down" 'BEGIN{printf "%.2f", g-d}')
+  info "$name: pvnet down $down s (SIGKILL, 0.5 s, start ${t_up} s); the guest's longest gap between ping replies ${gap} s (${replies} of 200 replies, sent over $(gfield "$glog.txt" took) s, longest round trip $(gfield "$glog.txt" max_rtt) s): replies again $resume s after pvnet was ready"
+  local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
+  grep -o 'GUEST_DMESG.*' "$glog.txt" | sed 's/^/  /'
+  plain_log "$D/$tag.1.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
+  info "$name: ($(elapsed "$t0"))"
+  local perr; perr=$(pvnet_error "$tag.1")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  [ "$down" != nan ] || { fail "$name" "the guest never started pinging (console: $glog)"; return; }
+  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
+  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  [ "$verr" = 0 ] || { fail "$name" "the guest kernel logged virtio errors"; return; }
+  grep -q "GUEST_IPERF_RC tcp_g2h 0" "$glog.txt" || { fail "$name" "iperf3 after the restart failed"; return; }
+  [ "${replies:-0}" -gt 100 ] || { fail "$name" "only $replies of 200 ping replies"; return; }
+  awk -v r="$resume" 'BEGIN{exit !(r < 5)}' || { fail "$name" "replies came back only $resume s after pvnet was ready"; return; }
+  pass "$name"
+}
+
 # ---- run ----------------------------------------------------------------------------------------
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_killed_leaves_nothing
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
-  guest_tap_viommu)
+  guest_tap_viommu dpdk_server_restart guest_restart)
 # The guest behind a virtual IOMMU (QEMU 7.2, TCG): q35 with intel-iommu (interrupt remapping,
 # device IOTLB), the NIC modern-only with iommu_platform and ATS; the guest maps and unmaps
 # every buffer (iommu.strict=1), so every access of pvnet's goes through the IOTLB.
@@ -618,6 +763,8 @@ for c in "${CASES[@]}"; do
     guest_tap)            guest_tap_case "$c" ;;
     guest_tap_packed)     guest_tap_case "$c" ",packed=on" ;;
     guest_tap_viommu)     guest_tap_case "$c" "$VIOMMU_DEV" "$VIOMMU_APPEND" "${VIOMMU_QEMU[@]}" ;;
+    dpdk_server_restart)  dpdk_server_restart "$c" ;;
+    guest_restart)        guest_restart "$c" ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]})" ;;
   esac
 done

@@ -35,7 +35,7 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       bounds how many buffers of the ring pvnet fills ahead of the frontend (dynamic queue
       limits, learned from the buffers it gives back); qdisc=none: no queue, a packet waits
       in its sender up to 2 ms, then is dropped (no_buffer). Drops: queue_limit, aqm.
-  tap:name=host,ifname=pvtap0[,offloads=true][,mtu=1500][,io=uring][,direct=true]
+  tap:name=host,ifname=pvtap0[,offloads=true][,mtu=1500][,io=uring][,direct=true][,persist=false]
       the host kernel, IFF_VNET_HDR: checksum and TSO pass through in both directions.
       io=uring: reads and writes go to the kernel in bursts, one io_uring submission each
       (falls back to syscall, logged, where io_uring is not available); io=syscall: one
@@ -43,6 +43,9 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       kernel goes to one vhost-user frontend (it is the only other port that receives),
       the kernel reads them straight into its receive buffers: one copy, not two (counted
       as rx_direct); direct=false reads into the port's own buffers first.
+      persist=true: the interface outlives pvnet (TUNSETPERSIST), with its addresses and
+      routes, so that a restarted pvnet attaches to it again and the host sees no change
+      (deleting the port with `pvnet ctl port del` removes it).
   af-packet:name=wire,ifname=veth0[,io=uring][,direct=true]
       an existing interface (a veth, a NIC) through an AF_PACKET socket with the same
       12-byte virtio-net header (Linux 6.5+), promiscuous; frames the host itself sends out
@@ -52,15 +55,22 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),
       starting delay seconds after a receiver appears; then an end marker.
 
+RUNTIME (docs/operations.md):
+  pvnet ctl port add|del|set ...   change ports while the switch runs (see pvnet ctl --help)
+  SIGHUP, or pvnet ctl reload      read --config again and apply the difference
+  --state FILE                     ports added with pvnet ctl come back after a restart
+
 EXAMPLES:
   pvnet switch --port vhost-user:name=vm1,socket=/tmp/vm1.sock --port tap:name=host,ifname=pvtap0
-  pvnet switch --config /etc/pvnet/switch.toml
+  pvnet switch --config /etc/pvnet/switch.toml --state /var/lib/pvnet/ports.toml
   pvnet ctl ports            (counters of a running switch; --json for JSON)
 
 TOML:
   [switch]
   cpu = 1
   ctl_socket = \"/run/pvnet/ctl.sock\"
+  ctl_group = \"pvnet\"                  (members may use pvnet ctl; default: owner only)
+  state = \"/var/lib/pvnet/ports.toml\"
   metrics = \"127.0.0.1:9464\"
   [[port]]
   kind = \"vhost-user\"

@@ -465,7 +465,7 @@ impl Session {
                 Direction::DeviceReads
             },
         };
-        let queue = match DeviceQueue::new(mem, &cfg) {
+        let mut queue = match DeviceQueue::new(mem, &cfg) {
             Ok(q) => q,
             // Under an IOMMU, a ring not granted yet: ask, and start when the grant arrives.
             Err(virtq::Error::TranslationMiss { addr, perm, .. }) => {
@@ -482,6 +482,16 @@ impl Session {
                 return Err(refuse(&log, port, SessionError::Queue { index, source }));
             }
         };
+        if let Some((base, used)) = queue.resume_from_used() {
+            peer_warn!(
+                log,
+                port,
+                queue = index,
+                base,
+                used,
+                "ring base and used index differ (the previous backend stopped without GET_VRING_BASE: killed or restarted): resuming from the used index; chains in flight then go again"
+            );
+        }
         let iommu = self.iommu();
         let channel = self.channel.clone();
         let v = self.vring(u32::from(index))?;

@@ -144,6 +144,16 @@ impl<M: Translate> DeviceQueue<M> {
         dispatch!(self, q => q.last_avail())
     }
 
+    /// A split ring resumes from its `used->idx` if that differs from its base (see
+    /// [`split::DeviceQueue::resume_from_used`]); returns `(base, used)` if it did. A packed
+    /// ring has no used index: its base (with the wrap counter) is the only record.
+    pub fn resume_from_used(&mut self) -> Option<(u16, u16)> {
+        match self {
+            Self::Split(q) => q.resume_from_used(),
+            Self::Packed(_) => None,
+        }
+    }
+
     /// The translator the queue goes through.
     #[inline]
     pub fn mem(&self) -> &Arc<M> {

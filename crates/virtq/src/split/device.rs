@@ -86,6 +86,30 @@ impl<M: Translate> DeviceQueue<M> {
         self.size
     }
 
+    /// Resumes from the ring's own `used->idx` when it differs from the base the queue was
+    /// started with; returns `(base, used)` if it did. A frontend whose previous backend
+    /// stopped without `GET_VRING_BASE` (killed, or restarted) cannot know where that backend
+    /// was: QEMU then gives the used index as the base, DPDK's virtio-user gives 0. What the
+    /// frontend's ring says it got back is the one place the two sides agree, so the device
+    /// starts over from there (as DPDK's vhost library does): a transmit chain taken but not
+    /// yet returned is taken again (sent again), a receive buffer is reused. Nothing is
+    /// completed twice, nothing is lost from the ring. Called once, before the first batch.
+    pub fn resume_from_used(&mut self) -> Option<(u16, u16)> {
+        // Acquire: whatever the previous device wrote before its last used->idx store.
+        let used = self.m.ring.used_idx().load(Ordering::Acquire);
+        if used == self.used_idx {
+            return None;
+        }
+        let base = self.last_avail;
+        self.last_avail = used;
+        self.avail_idx = used;
+        self.used_idx = used;
+        self.published = used;
+        self.signalled_used = used;
+        self.signalled_valid = false;
+        Some((base, used))
+    }
+
     /// Next avail index to consume (what `GET_VRING_BASE` returns).
     pub fn last_avail(&self) -> u16 {
         self.last_avail
