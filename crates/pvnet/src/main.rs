@@ -3,6 +3,7 @@
 
 mod backend_cmd;
 mod bench;
+mod cni;
 mod ctl;
 mod error;
 mod frontend_cmd;
@@ -44,6 +45,10 @@ enum Cmd {
     Switch(switch_cmd::SwitchArgs),
     /// Query a running `pvnet switch`: ports, counters, learned MAC addresses.
     Ctl(ctl::CtlArgs),
+    /// A CNI plugin attaching a pod's interface to a running switch (run by a container
+    /// runtime: CNI_COMMAND, CNI_CONTAINERID, CNI_IFNAME, the configuration on stdin; see
+    /// docs/operations.md and packaging/cni/).
+    Cni,
 }
 
 fn init_logging() {
@@ -64,6 +69,7 @@ fn main() -> ExitCode {
         Cmd::Frontend(a) => frontend_cmd::run(&a),
         Cmd::Switch(a) => switch_cmd::run(&a),
         Cmd::Ctl(a) => ctl::run(&a),
+        Cmd::Cni => cni::run(),
         Cmd::Limits => {
             let l = limits::measure_default();
             println!("{}", serde_json::to_string(&l).unwrap_or_default());

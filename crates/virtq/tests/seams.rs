@@ -367,7 +367,11 @@ fn a_restarted_device_resumes_from_the_used_index() {
     assert_eq!(dev.resume_from_used(), Some((0, 4)));
     assert_eq!(dev.resume_from_used(), None, "once in step, nothing to do");
     assert_eq!(dev.last_avail(), 4);
-    assert_eq!(dev.available().unwrap(), 2, "the two taken but never returned");
+    assert_eq!(
+        dev.available().unwrap(),
+        2,
+        "the two taken but never returned"
+    );
     let mut again = Vec::new();
     assert_eq!(dev.pop_batch(&mut again, 16, |_| {}).unwrap(), 2);
     let mut first = [0u8; 8];
