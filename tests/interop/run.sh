@@ -51,6 +51,12 @@
 #                         0.1 s while pvnet is killed (SIGKILL) and started again: replies come
 #                         back (the guest's ping timestamps say how long after pvnet was ready
 #                         again), the guest kernel logs no virtio error, TCP iperf3 completes.
+#   guest_migrate         live migration of the guest between two QEMU processes (the second
+#                         started with -incoming), attached to two ports of one pvnet switch,
+#                         while it downloads 16 MiB from the host through the tap (paced to
+#                         span the migration) and pings it: migration completes, pvnet's dirty
+#                         log was used (dirty_logged > 0), the download's md5 in the guest on
+#                         the destination is the file's, the ping goes on, SEND_RARP relearns.
 #
 # Each case is bounded in time, prints `PASS name` or `FAIL name: reason` (details on indented
 # lines before it), and the run ends with `N passed, N failed`; the exit status is non-zero on
@@ -729,11 +735,132 @@ EOF
   pass "$name"
 }
 
+# ---- live migration ------------------------------------------------------------------------------
+# hmp SOCKET COMMAND : one QEMU monitor command; prints the answer.
+hmp() {
+  python3 - "$1" "$2" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(5)
+def answer():
+    b = b""
+    try:
+        while not b.endswith(b"(qemu) "):
+            c = s.recv(4096)
+            if not c:
+                break
+            b += c
+    except socket.timeout:
+        pass
+    return b.decode(errors="replace")
+answer(); s.sendall(sys.argv[2].encode() + b"\n"); print(answer().replace("\r", ""))
+PY
+}
+# paced_http FILE PORT BYTES_PER_SEC : serves FILE once over HTTP/1.0 at that rate, on 10.77.0.1.
+paced_http() {
+  python3 - "$@" <<'PY'
+import socket, sys, time
+path, port, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+data = open(path, "rb").read()
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("10.77.0.1", port)); l.listen(1); l.settimeout(140)
+c, _ = l.accept(); c.recv(4096)
+c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(data))
+t0, step = time.time(), 32768
+for off in range(0, len(data), step):
+    c.sendall(data[off:off + step])
+    ahead = t0 + (off + step) / rate - time.time()
+    if ahead > 0:
+        time.sleep(ahead)
+c.close()
+PY
+}
+guest_migrate() {
+  local name="$1" t0 tag acc vec="" src_log dst_log mport=4477 hport=8077
+  t0=$(date +%s.%N); tag="$name"; src_log="$D/$tag.src.console.log"; dst_log="$D/$tag.dst.console.log"
+  acc=$(guest_accel)
+  case "$acc" in *tcg*) vec=",vectors=0" ;; esac
+  head -c 16M /dev/urandom > "$D/$tag.stream"
+  local want; want=$(md5sum < "$D/$tag.stream" | cut -d' ' -f1)
+  { guest_script tap-setup; cat <<'EOF'
+echo "GUEST_STREAM_START"
+ping -c 250 -i 0.1 10.77.0.1 > /tmp/ping.txt 2>&1 &
+wget -q -O /tmp/recv.bin http://10.77.0.1:8077/stream; echo "GUEST_WGET_RC $?"
+echo "GUEST_MD5 $(md5sum /tmp/recv.bin | cut -d' ' -f1) bytes=$(wc -c < /tmp/recv.bin)"
+wait
+awk '/bytes from/ { split($5, q, "="); split($7, r, "="); t = q[2] * 0.1 + r[2] / 1000; n++
+    if (n > 1 && t - p > g) g = t - p; p = t }
+  END { printf "GUEST_PING_GAP replies=%d gap=%.2f\n", n, g }' /tmp/ping.txt
+echo "GUEST_VIRTIO_ERRORS $(dmesg | grep -ciE 'virtio.*(error|fail|timeout)|NETDEV WATCHDOG')"
+EOF
+  } > "$D/$tag.run.sh"
+  make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
+  ip link del "$TAPIF" 2>/dev/null || true
+  rm -f "$D/$tag.src.mon" "$D/$tag.dst.mon"
+  switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.src.sock" --port "vhost-user:name=vm2,socket=$D/$tag.dst.sock" \
+    --port "tap:name=host,ifname=$TAPIF" || { fail "$name" "pvnet switch did not start"; return; }
+  wait_for 5 test -S "$D/$tag.dst.sock" || { fail "$name" "port sockets missing"; return; }
+  sysctl -qw "net.ipv6.conf.$TAPIF.disable_ipv6=1" || true
+  ip addr add 10.77.0.1/24 dev "$TAPIF"
+  # 16 MiB at 1.5 MB/s: the download spans the migration.
+  paced_http "$D/$tag.stream" "$hport" 1500000 > "$D/$tag.http.log" 2>&1 &
+  local web=$!; PIDS+=("$web")
+  local dev="virtio-net-pci,netdev=n0,mac=$GMAC$vec" append="pvg.timeout=120 ipv6.disable=1"
+  guest_start 160 "$D/$tag.initrd.gz" "$src_log" "$append" "$dev" \
+    -chardev socket,id=c0,path="$D/$tag.src.sock" -netdev vhost-user,id=n0,chardev=c0 \
+    -monitor unix:"$D/$tag.src.mon",server=on,wait=off
+  local src=$GUEST_PID; PIDS+=("$src")
+  guest_start 160 "$D/$tag.initrd.gz" "$dst_log" "$append" "$dev" \
+    -chardev socket,id=c0,path="$D/$tag.dst.sock" -netdev vhost-user,id=n0,chardev=c0 \
+    -monitor unix:"$D/$tag.dst.mon",server=on,wait=off -incoming "tcp:127.0.0.1:$mport"
+  local dst=$GUEST_PID; PIDS+=("$dst")
+  local status="not started" t_mig=nan downtime=""
+  if wait_for 90 grep -q GUEST_STREAM_START "$src_log"; then
+    sleep 2
+    hmp "$D/$tag.src.mon" "migrate_set_parameter max-bandwidth 1G" > /dev/null
+    local tm; tm=$(date +%s.%N)
+    hmp "$D/$tag.src.mon" "migrate -d tcp:127.0.0.1:$mport" > "$D/$tag.migrate.log"
+    for _ in $(seq 600); do
+      hmp "$D/$tag.src.mon" "info migrate" > "$D/$tag.info.log"
+      status=$(grep -o 'Migration status: [a-z-]*' "$D/$tag.info.log" | cut -d' ' -f3)
+      case "$status" in completed|failed|cancelled) break ;; esac
+      sleep 0.1
+    done
+    t_mig=$(elapsed "$tm")
+    downtime=$(grep -o 'downtime: [0-9]* ms' "$D/$tag.info.log")
+    hmp "$D/$tag.src.mon" quit > /dev/null
+  fi
+  wait_pid "$src" 10
+  wait_pid "$dst" 140; local qrc=$?
+  tr -d '\r' < "$dst_log" > "$dst_log.txt"
+  stop_pid "$web"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
+  ip link del "$TAPIF" 2>/dev/null || true
+  local got gap replies logged_src rarp logon
+  got=$(grep -o 'GUEST_MD5 [0-9a-f]*' "$dst_log.txt" | cut -d' ' -f2)
+  gap=$(gfield "$dst_log.txt" gap); replies=$(gfield "$dst_log.txt" replies)
+  logged_src=$(sw_final "$tag" vm dirty_logged)
+  logon=$(plain_log "$D/$tag.pvnet.log" | grep -c 'dirty logging (live migration).*on=true')
+  rarp=$(plain_log "$D/$tag.pvnet.log" | grep -c 'SEND_RARP')
+  info "$name: migration $status in $t_mig ($downtime); pvnet: dirty logging turned on $logon time(s), $logged_src receive buffers logged on the source port, SEND_RARP $rarp"
+  info "$name: the guest's download across the migration: md5 $got (sent $want), $(grep -o 'GUEST_MD5.*bytes=[0-9]*' "$dst_log.txt" | grep -o 'bytes=.*')"
+  info "$name: the guest's ping (every 0.1 s): $replies of 250 replies, longest gap ${gap} s; the switch: vm2 rx=$(sw_final "$tag" vm2 rx_packets) tx=$(sw_final "$tag" vm2 tx_packets) ($(elapsed "$t0"))"
+  plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  [ "$status" = completed ] || { fail "$name" "migration $status (see $D/$tag.info.log)"; return; }
+  grep -q 'PVG-DONE rc=0' "$dst_log.txt" || { fail "$name" "the guest did not finish on the destination (qemu status $qrc; console: $dst_log)"; return; }
+  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  [ "${logon:-0}" -ge 1 ] && [ "${logged_src:-0}" -gt 0 ] 2>/dev/null || { fail "$name" "pvnet's dirty log was not used"; return; }
+  [ "$got" = "$want" ] || { fail "$name" "the guest's copy of the download differs (md5 $got, sent $want)"; return; }
+  [ "$(grep -o 'GUEST_VIRTIO_ERRORS [0-9]*' "$dst_log.txt" | cut -d' ' -f2)" = 0 ] || { fail "$name" "the guest kernel logged virtio errors"; return; }
+  [ "${replies:-0}" -gt 200 ] || { fail "$name" "only $replies of 250 ping replies"; return; }
+  pass "$name"
+}
+
 # ---- run ----------------------------------------------------------------------------------------
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_killed_leaves_nothing
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
-  guest_tap_viommu dpdk_server_restart guest_restart)
+  guest_tap_viommu dpdk_server_restart guest_restart guest_migrate)
 # The guest behind a virtual IOMMU (QEMU 7.2, TCG): q35 with intel-iommu (interrupt remapping,
 # device IOTLB), the NIC modern-only with iommu_platform and ATS; the guest maps and unmaps
 # every buffer (iommu.strict=1), so every access of pvnet's goes through the IOTLB.
@@ -765,6 +892,7 @@ for c in "${CASES[@]}"; do
     guest_tap_viommu)     guest_tap_case "$c" "$VIOMMU_DEV" "$VIOMMU_APPEND" "${VIOMMU_QEMU[@]}" ;;
     dpdk_server_restart)  dpdk_server_restart "$c" ;;
     guest_restart)        guest_restart "$c" ;;
+    guest_migrate)        guest_migrate "$c" ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]})" ;;
   esac
 done

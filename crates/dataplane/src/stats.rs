@@ -92,6 +92,9 @@ pub struct PortStats {
     pub queue_errors: AtomicU64,
     /// IOTLB: translations the queues found missing and asked the frontend for (MISS).
     pub iotlb_misses: AtomicU64,
+    /// Live migration: receive buffers delivered while the dirty log was on (their pages,
+    /// and the used ring's, marked for the frontend to copy again).
+    pub dirty_logged: AtomicU64,
     /// Sink: data frames out of order or missing.
     pub seq_errors: AtomicU64,
     /// Sink: count carried by the end marker + 1 (0 = none seen yet).
@@ -168,6 +171,8 @@ pub struct PortSnapshot {
     /// See [`PortStats`].
     pub iotlb_misses: u64,
     /// See [`PortStats`].
+    pub dirty_logged: u64,
+    /// See [`PortStats`].
     pub seq_errors: u64,
     /// End marker count, if one arrived.
     pub end_marker: Option<u64>,
@@ -226,6 +231,7 @@ impl PortSnapshot {
             t.sleeps += s.sleeps;
             t.queue_errors += s.queue_errors;
             t.iotlb_misses += s.iotlb_misses;
+            t.dirty_logged += s.dirty_logged;
             t.seq_errors += s.seq_errors;
             t.end_marker = t.end_marker.max(s.end_marker);
             t.flooded += s.flooded;
@@ -267,6 +273,7 @@ impl PortStats {
             sleeps: r(&self.sleeps),
             queue_errors: r(&self.queue_errors),
             iotlb_misses: r(&self.iotlb_misses),
+            dirty_logged: r(&self.dirty_logged),
             seq_errors: r(&self.seq_errors),
             end_marker: end.checked_sub(1),
             flooded: r(&self.flooded),

@@ -18,8 +18,9 @@
 
 use crate::eventfd::Notifier;
 use crate::features::{
-    DEVICE_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_EVENT_IDX,
-    VIRTIO_F_INDIRECT_DESC, VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_NET_F_MRG_RXBUF,
+    DEVICE_FEATURES, VHOST_F_LOG_ALL, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM,
+    VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED,
+    VIRTIO_NET_F_MRG_RXBUF,
 };
 use crate::iotlb::{
     BackendChannel, IotlbMsg, Kind, HDR_LEN, HDR_NEED_REPLY, HDR_REPLY, HDR_VERSION,
@@ -45,7 +46,7 @@ use vhost::vhost_user::{
 };
 use virtq::mem::AddrSpace;
 use virtq::queue::{DeviceQueue, Direction, Format, QueueConfig, RingAddrs};
-use virtq::{Grant, Iotlb, MemTable, Perm};
+use virtq::{DirtyLog, Grant, Iotlb, MemTable, Perm};
 
 /// Identifies a frontend connection (a switch port) for the life of the backend process.
 pub type PortId = u32;
@@ -88,6 +89,8 @@ pub trait DeviceHooks: Send + Sync + 'static {
     fn set_mem(&self, port: PortId, mem: Arc<MemTable>, wait: bool);
     /// The frontend is gone: every queue of the port is already stopped.
     fn port_gone(&self, port: PortId);
+    /// The guest with address `mac` is behind `port` now (`SEND_RARP`, after a migration).
+    fn announce(&self, _port: PortId, _mac: [u8; 6]) {}
 }
 
 /// A port's offer as its listener or connector holds it: each new session reads it when the
@@ -160,6 +163,8 @@ pub struct Session {
     channel: Arc<BackendChannel>,
     /// The listener's bound on the warnings its frontends can cause.
     log: Arc<PeerLog>,
+    /// The dirty log (`SET_LOG_BASE`); used while `VHOST_F_LOG_ALL` is acked.
+    dirty: Option<Arc<DirtyLog>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -283,6 +288,7 @@ impl Session {
             mem: None,
             iotlb: Iotlb::new(MAX_GRANTS),
             channel: Arc::new(BackendChannel::default()),
+            dirty: None,
             log,
         }
     }
@@ -299,13 +305,20 @@ impl Session {
         let Some(base) = self.base.clone() else {
             return Ok(());
         };
-        let mem = if self.iommu() {
+        let mut mem = if self.iommu() {
             let t = MemTable::granted(&base, self.iotlb.iter())
                 .map_err(|e| io_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
             Arc::new(t)
         } else {
             base
         };
+        if let Some(d) = self
+            .dirty
+            .clone()
+            .filter(|_| self.acked & VHOST_F_LOG_ALL != 0)
+        {
+            mem = Arc::new(MemTable::with_log(&mem, Some(d)));
+        }
         if self.vrings.iter().any(|v| v.running) {
             self.hooks.set_mem(self.port, mem.clone(), wait);
         }
@@ -414,6 +427,9 @@ impl Session {
             io_err(e)
         })?;
         info!(port = self.port, regions = mem.len(), "memory table mapped");
+        if let Some(d) = &self.dirty {
+            self.dirty = Some(Arc::new(d.with_shared(mem.shared_ranges())));
+        }
         self.base = Some(mem);
         Ok(())
     }
@@ -585,12 +601,26 @@ impl VhostUserBackendReqHandlerMut for Session {
                 offered: self.cfg.features,
             }));
         }
+        let was = self.acked;
         self.acked = features;
         info!(
             port = self.port,
             features = format_args!("{features:#x}"),
             "features acked"
         );
+        // Live migration starts (or ends): the queues switch to a table that marks (or not)
+        // every page they write, before the frontend hears back.
+        if (was ^ features) & VHOST_F_LOG_ALL != 0 {
+            let on = features & VHOST_F_LOG_ALL != 0;
+            info!(
+                port = self.port,
+                on,
+                log_mapped = self.dirty.is_some(),
+                pages_marked = self.dirty.as_ref().map_or(0, |d| d.marked()),
+                "dirty logging (live migration)"
+            );
+            self.publish(true)?;
+        }
         Ok(())
     }
 
@@ -703,10 +733,14 @@ impl VhostUserBackendReqHandlerMut for Session {
 
     fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
         // BACKEND_REQ carries the IOTLB misses; QEMU requires it and REPLY_ACK for an IOMMU.
+        // LOG_SHMFD: the dirty log of live migration; RARP: the destination announces the
+        // guest's address (`SEND_RARP`) so the switch relearns where it is.
         Ok(VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::BACKEND_REQ)
+            | VhostUserProtocolFeatures::BACKEND_REQ
+            | VhostUserProtocolFeatures::LOG_SHMFD
+            | VhostUserProtocolFeatures::RARP)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
@@ -822,8 +856,30 @@ impl VhostUserBackendReqHandlerMut for Session {
         Err(invalid("shared memory regions not offered"))
     }
 
-    fn set_log_base(&mut self, _l: &VhostUserLog, _f: File) -> VuResult<()> {
-        Err(invalid("dirty logging not offered"))
+    /// The dirty log: `mmap_size` bytes of bitmap at `mmap_offset` of the fd (one bit per
+    /// 4 KiB guest page, `VHOST_USER_PROTOCOL_F_LOG_SHMFD`). A new one replaces the old (QEMU
+    /// resizes it with the guest's memory); the queues switch to it before the reply.
+    fn set_log_base(&mut self, l: &VhostUserLog, f: File) -> VuResult<()> {
+        let base = self
+            .base
+            .clone()
+            .ok_or(invalid("SET_LOG_BASE before the memory table"))?;
+        let len = usize::try_from(l.mmap_size).map_err(|_| invalid("dirty log too large"))?;
+        let m = crate::mmap::Mapping::new(f, l.mmap_offset, l.mmap_size).map_err(io_err)?;
+        let start = m.start();
+        // SAFETY: `start .. start + len` is the mapping just made, kept alive by the log.
+        let log = unsafe { DirtyLog::new(start, len, base.shared_ranges(), Arc::new(m)) };
+        info!(
+            port = self.port,
+            bytes = len,
+            covers_gib = len as f64 * 8.0 * 4096.0 / f64::from(1u32 << 30),
+            "dirty log mapped"
+        );
+        self.dirty = Some(Arc::new(log));
+        if self.acked & VHOST_F_LOG_ALL != 0 {
+            self.publish(true)?;
+        }
+        Ok(())
     }
 }
 
@@ -877,6 +933,10 @@ pub fn run_session(
     }
     hooks.port_gone(port);
 }
+
+/// `VHOST_USER_SEND_RARP` (request 19): after a migration, the destination's frontend gives
+/// the guest's MAC address; the crate does not dispatch it.
+const SEND_RARP: u32 = 19;
 
 /// `VHOST_USER_SET_VRING_ENABLE` (request 18) on the wire: a 12-byte header (request, flags,
 /// size) and a `vhost_vring_state` body (index, num), no fds.
@@ -1106,6 +1166,26 @@ fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Res
             s.protocol
         }
         SET_VRING_ENABLE => return take_early_vring_enable(sock, session),
+        SEND_RARP => {
+            if size != 8 {
+                return Err(bad(format!("SEND_RARP of {size} bytes")));
+            }
+            let mut m = [0u8; HDR_LEN + 8];
+            (&*sock).read_exact(&mut m)?;
+            let mut mac = [0u8; 6];
+            mac.copy_from_slice(&m[HDR_LEN..HDR_LEN + 6]);
+            let s = session.lock().map_err(|_| bad("session poisoned".into()))?;
+            info!(
+                port = s.port,
+                mac = format_args!(
+                    "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+                    mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]
+                ),
+                "SEND_RARP: the guest is here now (migrated)"
+            );
+            s.hooks.announce(s.port, mac);
+            s.protocol
+        }
         _ => return Ok(false),
     };
     reply_ack(sock, request, flags, ok, 0)?;

@@ -23,6 +23,10 @@ pub const VIRTIO_F_RING_PACKED: u64 = 1 << 34;
 /// the IOTLB the frontend fills ([`crate::iotlb`]).
 pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
 
+/// vhost: the device marks the pages it writes in the dirty log (live migration; vhost-user
+/// with `VHOST_USER_PROTOCOL_F_LOG_SHMFD`).
+pub const VHOST_F_LOG_ALL: u64 = 1 << 26;
+
 /// What pvnet's device offers.
 pub const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1
     | VIRTIO_F_RING_PACKED
@@ -31,6 +35,7 @@ pub const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1
     | VIRTIO_NET_F_MRG_RXBUF
     | VIRTIO_F_INDIRECT_DESC
     | VIRTIO_F_ACCESS_PLATFORM
+    | VHOST_F_LOG_ALL
     | VHOST_USER_F_PROTOCOL_FEATURES;
 
 /// Checksum and TSO offloads in both directions (5.1.6.2, 5.1.6.4). Offered by `pvnet switch`,

@@ -21,6 +21,7 @@
 //! No syscalls, no threads, no allocation after a queue is built.
 
 pub mod chain;
+pub mod dirty;
 pub mod error;
 pub mod event;
 pub mod iotlb;
@@ -35,6 +36,7 @@ pub mod xlate;
 pub mod mock;
 
 pub use chain::Chain;
+pub use dirty::DirtyLog;
 pub use error::Error;
 pub use iotlb::{Iotlb, IotlbError};
 pub use mem::{Grant, MemTable, RegionSpec, Seg};

@@ -96,6 +96,8 @@ pub struct MemTable {
     /// An IOTLB snapshot: every address the peer writes (ring addresses included) is an IOVA,
     /// looked up in `regions`; a miss may be granted later.
     granted: bool,
+    /// Live migration: where the pages written through this table are marked.
+    dirty: Option<std::sync::Arc<crate::dirty::DirtyLog>>,
     owner: Box<dyn std::any::Any + Send + Sync>,
 }
 
@@ -168,6 +170,7 @@ impl MemTable {
             regions: regions.into_boxed_slice(),
             by_uaddr: by_uaddr.into_boxed_slice(),
             granted: false,
+            dirty: None,
             owner,
         })
     }
@@ -237,8 +240,33 @@ impl MemTable {
             regions: regions.into_boxed_slice(),
             by_uaddr: Box::new([]),
             granted: true,
+            dirty: None,
             owner: Box::new(base.clone()),
         })
+    }
+
+    /// `this` with writes marked in `log` (live migration) or, with None, not marked: the
+    /// same translations (the new table keeps `this` alive).
+    pub fn with_log(
+        this: &std::sync::Arc<MemTable>,
+        log: Option<std::sync::Arc<crate::dirty::DirtyLog>>,
+    ) -> Self {
+        Self {
+            regions: this.regions.clone(),
+            by_uaddr: this.by_uaddr.clone(),
+            granted: this.granted,
+            dirty: log,
+            owner: Box::new(this.clone()),
+        }
+    }
+
+    /// The shared memory as (host start, length, guest physical start) ranges: what a dirty
+    /// log maps back from (a table of shared memory, not an IOTLB snapshot).
+    pub fn shared_ranges(&self) -> Vec<(NonNull<u8>, u64, u64)> {
+        self.regions
+            .iter()
+            .map(|r| (r.host, r.gpa_end - r.gpa, r.gpa))
+            .collect()
     }
 
     /// Whether `uaddr .. uaddr + len` (the peer's user addresses) lies wholly in shared
@@ -298,6 +326,11 @@ impl MemTable {
 /// The table grants every byte it maps for reading and writing (the peer shared it all); a
 /// miss is an address outside every region, a violation of the peer's.
 impl Translate for MemTable {
+    #[inline]
+    fn dirty_log(&self) -> Option<&crate::dirty::DirtyLog> {
+        self.dirty.as_deref()
+    }
+
     /// The per-queue last-hit region first, then a binary search: never a linear scan.
     /// Always inlined: callers pass the permission as a constant, which folds its check into
     /// the bounds compare.

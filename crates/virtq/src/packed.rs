@@ -160,6 +160,9 @@ impl Layout for Ring {
     fn size(&self) -> u16 {
         self.size
     }
+    fn device_part(&self) -> (NonNull<u8>, usize) {
+        (self.desc.cast(), 16 * usize::from(self.size))
+    }
 }
 
 impl Ring {
@@ -717,6 +720,9 @@ impl<M: Translate> DeviceQueue<M> {
                 .ring
                 .flags(first)
                 .store(first_flags, Ordering::Release);
+            if self.m.logging {
+                self.m.log_ring();
+            }
             store_load_fence();
             return self.need_call();
         }
@@ -740,10 +746,19 @@ impl<M: Translate> DeviceQueue<M> {
             .ring
             .flags(first)
             .store(first_flags, Ordering::Release);
+        if self.m.logging {
+            self.m.log_ring();
+        }
         // StoreLoad: the used descriptors are visible before we read the driver's event
         // suppression (pairs with the fence in the driver's arm).
         store_load_fence();
         self.need_call()
+    }
+
+    /// Whether a dirty log is on (see the split ring's).
+    #[inline(always)]
+    pub fn logging(&self) -> bool {
+        self.m.logging
     }
 
     /// The batch's call decision, as DPDK's vhost and Linux decide it (2.8.10).

@@ -144,6 +144,22 @@ impl<M: Translate> DeviceQueue<M> {
         dispatch!(self, q => q.last_avail())
     }
 
+    /// Whether a dirty log is on (live migration): then what the device writes into a buffer
+    /// must be marked ([`DeviceQueue::log_written`]). The ring's own writes are marked by the
+    /// queue at each publish.
+    #[inline(always)]
+    pub fn logging(&self) -> bool {
+        dispatch!(self, q => q.logging())
+    }
+
+    /// Marks the first `len` bytes of `segs` (a chain's writable segments) in the dirty log.
+    #[cold]
+    pub fn log_written(&self, segs: &[Seg<'_>], len: u32) {
+        if let Some(l) = self.mem().dirty_log() {
+            l.mark_segs(segs, len);
+        }
+    }
+
     /// A split ring resumes from its `used->idx` if that differs from its base (see
     /// [`split::DeviceQueue::resume_from_used`]); returns `(base, used)` if it did. A packed
     /// ring has no used index: its base (with the wrap counter) is the only record.

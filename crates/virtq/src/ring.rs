@@ -14,6 +14,9 @@ pub(crate) trait Layout: Sized {
     fn new<M: Translate>(mem: &M, space: AddrSpace, a: RingAddrs, size: u16) -> Result<Self>;
     /// Entries.
     fn size(&self) -> u16;
+    /// The part of the ring the device writes (split: the used ring; packed: the descriptor
+    /// ring), for the dirty log.
+    fn device_part(&self) -> (std::ptr::NonNull<u8>, usize);
 }
 
 /// A full memory fence between a store that enables notifications (or publishes an index)
@@ -37,6 +40,8 @@ pub(crate) struct Mapped<M: Translate, R> {
     pub(crate) space: AddrSpace,
     /// The translator's generation the ring pointers were made at.
     generation: u64,
+    /// The translator has a dirty log on (live migration): what the device writes is marked.
+    pub(crate) logging: bool,
 }
 
 impl<M: Translate, R: Layout> Mapped<M, R> {
@@ -44,6 +49,7 @@ impl<M: Translate, R: Layout> Mapped<M, R> {
         let generation = mem.generation();
         let ring = R::new(&*mem, cfg.space, cfg.addrs, cfg.size)?;
         Ok(Self {
+            logging: mem.dirty_log().is_some(),
             mem,
             ring,
             addrs: cfg.addrs,
@@ -56,9 +62,20 @@ impl<M: Translate, R: Layout> Mapped<M, R> {
     pub(crate) fn remap(&mut self, mem: Arc<M>) -> Result<()> {
         let generation = mem.generation();
         self.ring = R::new(&*mem, self.space, self.addrs, self.ring.size())?;
+        self.logging = mem.dirty_log().is_some();
         self.mem = mem;
         self.generation = generation;
         Ok(())
+    }
+
+    /// Marks the ring part the device writes in the dirty log (after a publish; a few pages).
+    #[inline(never)]
+    #[cold]
+    pub(crate) fn log_ring(&self) {
+        if let Some(l) = self.mem.dirty_log() {
+            let (p, len) = self.ring.device_part();
+            l.mark_host(p.as_ptr(), len);
+        }
     }
 
     /// Re-translates the ring if the translator revoked anything since it was translated

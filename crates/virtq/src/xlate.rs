@@ -121,4 +121,10 @@ pub trait Translate: Send + Sync + std::fmt::Debug {
     fn generation(&self) -> u64 {
         0
     }
+
+    /// The dirty log pages the device writes must be marked in (live migration), if one is on.
+    #[inline]
+    fn dirty_log(&self) -> Option<&crate::dirty::DirtyLog> {
+        None
+    }
 }

@@ -200,6 +200,10 @@ impl QueueSlot {
             &stats.tx_batches
         };
         bump(batches, u64::from(self.q.unpublished() > 0));
+        if self.q.logging() && !self.is_tx() {
+            // Live migration: the buffers this publish hands back had their pages marked.
+            bump(&stats.dirty_logged, u64::from(self.q.unpublished()));
+        }
         if self.q.publish() {
             // A driver that asked at its last seen entry with at least half its ring in
             // flight (or without EVENT_IDX, where we cannot tell) may be out of descriptors
@@ -372,8 +376,24 @@ pub fn deliver(
             write_segs(segs, NUM_BUFFERS_OFF, &nbufs);
         }
     }
+    if rx.logging() {
+        log_delivered(rx, &b.chains[b.next..k], len);
+    }
     b.next = k;
     Ok(Delivered::Done)
+}
+
+/// Live migration: marks the pages a delivered packet of `len` bytes filled, once every byte
+/// of it (the header's buffer count included) is written.
+#[cold]
+#[inline(never)]
+fn log_delivered(rx: &DeviceQueue, chains: &[Chain], len: u32) {
+    let mut left = len;
+    for c in chains {
+        let n = left.min(c.writable);
+        rx.log_written(rx.writable(c), n);
+        left -= n;
+    }
 }
 
 /// The header a receiver with `features` and a `len`-byte header is given for a packet that

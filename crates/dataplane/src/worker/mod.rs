@@ -340,6 +340,9 @@ impl DeviceHooks for Dataplane {
             }
         }
     }
+    fn announce(&self, port: PortId, mac: [u8; 6]) {
+        self.send_port(port, Cmd::Learn(port, mac));
+    }
     fn port_gone(&self, port: PortId) {
         let (tx, rx) = sync_channel(1);
         self.send_port(port, Cmd::RemovePort(port, tx));

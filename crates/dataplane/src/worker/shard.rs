@@ -44,6 +44,8 @@ pub(crate) enum Cmd {
     AddHost(PortId, Box<HostPort>),
     Egress(PortId, EgressConfig),
     Macs(SyncSender<Vec<MacEntry>>),
+    /// A guest's address is behind this port now (SEND_RARP after a migration).
+    Learn(PortId, [u8; 6]),
     Shutdown,
 }
 
@@ -340,6 +342,16 @@ impl Shard {
                     let cfg = self.vhost_config(id).egress;
                     if let Some(p) = self.vhost(id) {
                         p.set_egress(cfg);
+                    }
+                }
+                Cmd::Learn(id, mac) => {
+                    if let Router::Learn(t) = self.fabric.router_mut() {
+                        t.learn(mac, id, now);
+                        info!(
+                            port = id,
+                            ?mac,
+                            "address relearned (announced after a migration)"
+                        );
                     }
                 }
                 Cmd::Macs(reply) => {

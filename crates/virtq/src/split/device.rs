@@ -470,10 +470,20 @@ impl<M: Translate> DeviceQueue<M> {
             .used_idx()
             .store(self.used_idx, Ordering::Release);
         self.published = self.used_idx;
+        if self.m.logging {
+            self.m.log_ring();
+        }
         // StoreLoad: the used->idx store is globally visible before we read the driver's
         // used_event / flags (pairs with the fence in the driver's arm; else a lost interrupt).
         store_load_fence();
         self.need_call()
+    }
+
+    /// Whether a dirty log is on (live migration): the caller marks what it writes into the
+    /// buffers ([`crate::DirtyLog::mark_segs`] through [`Translate::dirty_log`]).
+    #[inline(always)]
+    pub fn logging(&self) -> bool {
+        self.m.logging
     }
 
     /// How many buffers the driver has made available beyond the point where it asked to be

@@ -247,6 +247,9 @@ impl crate::ring::Layout for Ring {
     fn size(&self) -> u16 {
         self.size
     }
+    fn device_part(&self) -> (NonNull<u8>, usize) {
+        (self.used, 6 + 8 * usize::from(self.size))
+    }
 }
 
 #[cfg(test)]
