@@ -262,6 +262,9 @@ pub struct RxBatch {
     max_merge: usize,
     /// Header length of this ring's frontend.
     hdr_len: u32,
+    /// A dirty log is on (live migration): the chains the batch fills are marked when it is
+    /// finished ([`RxBatch::log_used`]). Looked up once per batch.
+    logging: bool,
 }
 
 impl RxBatch {
@@ -271,6 +274,7 @@ impl RxBatch {
             next: 0,
             max_merge: if mergeable { MAX_MERGE } else { 1 },
             hdr_len,
+            logging: false,
         }
     }
 
@@ -287,6 +291,7 @@ impl RxBatch {
     ) -> Result<(), virtq::Error> {
         self.chains.clear();
         self.next = 0;
+        self.logging = rx.q.logging();
         let avail = rx.q.available()?;
         let max = max.min(cap(avail));
         match rx.q.pop_batch(&mut self.chains, max, |segs| {
@@ -305,6 +310,18 @@ impl RxBatch {
         }
     }
 
+    /// Live migration: marks the pages of every chain the batch filled, once all of it is
+    /// written and before it is published (once per batch, off the per-packet path). A chain's
+    /// whole buffer is marked, not just the bytes written: a page too many costs the frontend
+    /// a copy, a page too few would cost the guest its data.
+    #[cold]
+    #[inline(never)]
+    fn log_used(&self, q: &DeviceQueue) {
+        for c in &self.chains[..self.next] {
+            q.log_written(q.writable(c), c.writable);
+        }
+    }
+
     /// Chains not consumed yet.
     pub fn remaining(&self) -> usize {
         self.chains.len() - self.next
@@ -313,6 +330,9 @@ impl RxBatch {
     /// Gives the unconsumed chains back (they are the last ones popped); returns the chains
     /// used.
     pub fn finish(&mut self, q: &mut DeviceQueue) -> u32 {
+        if self.logging && self.next > 0 {
+            self.log_used(q);
+        }
         q.unpop(u16::try_from(self.remaining()).unwrap_or(0));
         let used = u32::try_from(self.next).unwrap_or(0);
         self.chains.clear();
@@ -376,24 +396,8 @@ pub fn deliver(
             write_segs(segs, NUM_BUFFERS_OFF, &nbufs);
         }
     }
-    if rx.logging() {
-        log_delivered(rx, &b.chains[b.next..k], len);
-    }
     b.next = k;
     Ok(Delivered::Done)
-}
-
-/// Live migration: marks the pages a delivered packet of `len` bytes filled, once every byte
-/// of it (the header's buffer count included) is written.
-#[cold]
-#[inline(never)]
-fn log_delivered(rx: &DeviceQueue, chains: &[Chain], len: u32) {
-    let mut left = len;
-    for c in chains {
-        let n = left.min(c.writable);
-        rx.log_written(rx.writable(c), n);
-        left -= n;
-    }
 }
 
 /// The header a receiver with `features` and a `len`-byte header is given for a packet that
