@@ -532,6 +532,8 @@ guest_case() {   # guest_case NAME ROLE
 
 # ---- pvnet switch: a Linux guest and the host kernel (tap) ----------------------------------------
 TAPIF=pvit0
+# host_addr : the host's end of the tap: 10.77.0.1, no IPv6 chatter.
+host_addr() { sysctl -qw "net.ipv6.conf.$TAPIF.disable_ipv6=1" || true; ip addr add 10.77.0.1/24 dev "$TAPIF"; }
 guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_ARG...]]]
   local name="$1" dopt="${2:-}" gappend="${3:-}" t0 tag glog acc vec=""
   shift; shift || true; shift || true
@@ -543,8 +545,7 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
   switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.sock" --port "tap:name=host,ifname=$TAPIF${TAP_OPTS:-}" \
     || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
   wait_for 5 test -S "$D/$tag.sock" || { fail "$name" "vm port socket missing"; return; }
-  sysctl -qw "net.ipv6.conf.$TAPIF.disable_ipv6=1" || true
-  ip addr add 10.77.0.1/24 dev "$TAPIF"
+  host_addr
   timeout -k 2 120 iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
   local ip3=$!; PIDS+=("$ip3")
   guest_start 120 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=100 ipv6.disable=1 $gappend" \
@@ -692,8 +693,7 @@ EOF
   local ports=(--port "vhost-user:name=vm,socket=$sock" --port "tap:name=host,ifname=$TAPIF,persist=true")
   switch_start "$tag.0" "${ports[@]}" || { fail "$name" "pvnet switch did not start (log: $D/$tag.0.pvnet.log)"; return; }
   wait_for 5 test -S "$sock" || { fail "$name" "vm port socket missing"; return; }
-  sysctl -qw "net.ipv6.conf.$TAPIF.disable_ipv6=1" || true
-  ip addr add 10.77.0.1/24 dev "$TAPIF"
+  host_addr
   timeout -k 2 150 iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
   local ip3=$!; PIDS+=("$ip3")
   # reconnect=1: QEMU's chardev connects to pvnet again (every second) when it goes away.
@@ -820,8 +820,7 @@ EOF
   switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.src.sock" --port "vhost-user:name=vm2,socket=$D/$tag.dst.sock" \
     --port "tap:name=host,ifname=$TAPIF" || { fail "$name" "pvnet switch did not start"; return; }
   wait_for 5 test -S "$D/$tag.dst.sock" || { fail "$name" "port sockets missing"; return; }
-  sysctl -qw "net.ipv6.conf.$TAPIF.disable_ipv6=1" || true
-  ip addr add 10.77.0.1/24 dev "$TAPIF"
+  host_addr
   ip neigh replace 10.77.0.2 lladdr "$GMAC" dev "$TAPIF" nud permanent
   # 16 MiB at 1.5 MB/s: the download spans the migration.
   paced_http "$D/$tag.stream" "$hport" 1500000 > "$D/$tag.http.log" 2>&1 &

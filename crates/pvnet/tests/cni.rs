@@ -50,15 +50,19 @@ fn conf(ctl: &Path, shared: &Path, mode: &str, version: &str) -> String {
     .to_string()
 }
 
-fn names(ctl: &Path) -> Vec<String> {
+/// The switch's status (`pvnet ctl ports --json`).
+fn status(ctl: &Path) -> Value {
     let out = Command::new(BIN)
         .args(["ctl", "--socket"])
         .arg(ctl)
         .args(["ports", "--json"])
         .output()
         .expect("pvnet ctl");
-    let v: Value = serde_json::from_slice(&out.stdout).expect("ctl json");
-    v["ports"]
+    serde_json::from_slice(&out.stdout).expect("ctl json")
+}
+
+fn names(ctl: &Path) -> Vec<String> {
+    status(ctl)["ports"]
         .as_array()
         .unwrap()
         .iter()
@@ -121,13 +125,7 @@ fn the_cni_plugin_attaches_and_detaches_idempotently_across_a_switch_restart() {
     // A frontend on the pod's socket reaches the switch.
     let tx = frontend("frontend tx", &sock, &["--role", "tx", "--count", "1000"]).finish(RUN);
     assert_eq!(u(&tx, "/data_sent"), 1000, "{tx}");
-    let out = Command::new(BIN)
-        .args(["ctl", "--socket"])
-        .arg(&ctl)
-        .args(["ports", "--json"])
-        .output()
-        .unwrap();
-    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let st = status(&ctl);
     let net1 = counters(&st, "0123456789ab-net1");
     assert_eq!(u(net1, "/rx_packets"), u(&tx, "/tx_packets"), "{net1}");
     // A second interface, pvnet the client (the pod's application listens).
@@ -144,13 +142,7 @@ fn the_cni_plugin_attaches_and_detaches_idempotently_across_a_switch_restart() {
     assert!(sw.wait_exit(RUN).success());
     let mut sw = start_switch(&ctl, &state);
     assert_eq!(names(&ctl), ["s", "0123456789ab-net1", "0123456789ab-net2"]);
-    let out = Command::new(BIN)
-        .args(["ctl", "--socket"])
-        .arg(&ctl)
-        .args(["ports", "--json"])
-        .output()
-        .unwrap();
-    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let st = status(&ctl);
     let net1 = counters(&st, "0123456789ab-net1");
     assert_eq!(u(net1, "/rx_packets"), 0, "{net1}");
     assert!(sock.exists());
