@@ -934,6 +934,43 @@ pub fn run_session(
     hooks.port_gone(port);
 }
 
+/// `VHOST_USER_SET_LOG_FD` (request 7): not dispatched by the crate.
+const SET_LOG_FD: u32 = 7;
+
+/// Reads a message carrying exactly one fd and a body of 0 or 8 bytes (`what` names it in
+/// errors).
+fn recv_one_fd(sock: &UnixStream, what: &str, size: usize) -> std::io::Result<File> {
+    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    if size != 0 && size != 8 {
+        return Err(bad(format!("{what} of {size} bytes")));
+    }
+    let mut m = [0u8; HDR_LEN + 8];
+    let mut iov = [libc::iovec {
+        iov_base: m.as_mut_ptr().cast(),
+        iov_len: HDR_LEN + size,
+    }];
+    // Room for as many fds as a vhost-user message may carry: with room for one,
+    // vmm-sys-util's `recv_with_fd` leaks a second fd the kernel fits into the cmsg
+    // buffer's alignment padding (found by the vhost_msg fuzz target).
+    let mut raw = [-1; 32];
+    // SAFETY: the iovec points at `m`, valid for writes of the length given.
+    let (got, n) = unsafe { sock.recv_with_fds(&mut iov, &mut raw) }
+        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+    // SAFETY: the first `n` entries are fds just received, owned by nothing else.
+    let mut files: Vec<File> = raw[..n]
+        .iter()
+        .map(|&fd| unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+        .collect();
+    if got != HDR_LEN + size {
+        return Err(bad(format!("{what} cut short")));
+    }
+    if files.len() != 1 {
+        return Err(bad(format!("{what} with {} fds", files.len())));
+    }
+    Ok(files.swap_remove(0))
+}
+
 /// `VHOST_USER_SEND_RARP` (request 19): after a migration, the destination's frontend gives
 /// the guest's MAC address; the crate does not dispatch it.
 const SEND_RARP: u32 = 19;
@@ -1082,15 +1119,15 @@ fn sessions_end_within(
 pub const MAX_GRANTS: usize = 8192;
 
 /// Handles the messages the `vhost` crate does not dispatch, before it sees them:
-/// `VHOST_USER_IOTLB_MSG`, `VHOST_USER_SET_BACKEND_REQ_FD` (with its fd), and an early
-/// `SET_VRING_ENABLE` (see [`take_early_vring_enable`]). Peeks the header; anything else is
+/// `VHOST_USER_IOTLB_MSG`, `VHOST_USER_SET_BACKEND_REQ_FD` and `VHOST_USER_SET_LOG_FD` (with
+/// their fds), `VHOST_USER_SEND_RARP`, and an early `SET_VRING_ENABLE` (see
+/// [`take_early_vring_enable`]). Peeks the header; anything else is
 /// left for the crate. Returns `Ok(true)` if it handled a message,
 /// an error (which ends the session) for a malformed one or a violation.
 fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Result<bool> {
     use crate::iotlb::{BODY_LEN, IOTLB_MSG, SET_BACKEND_REQ_FD};
     use std::io::Read;
     use std::os::fd::AsRawFd;
-    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
     let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
     let mut hdr = [0u8; HDR_LEN];
     // SAFETY: `hdr` is valid for writes of its length; MSG_PEEK leaves the bytes (and any fd
@@ -1122,33 +1159,7 @@ fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Res
             s.protocol
         }
         SET_BACKEND_REQ_FD => {
-            if size != 0 && size != 8 {
-                return Err(bad(format!("SET_BACKEND_REQ_FD of {size} bytes")));
-            }
-            let mut m = [0u8; HDR_LEN + 8];
-            let mut iov = [libc::iovec {
-                iov_base: m.as_mut_ptr().cast(),
-                iov_len: HDR_LEN + size,
-            }];
-            // Room for as many fds as a vhost-user message may carry: with room for one,
-            // vmm-sys-util's `recv_with_fd` leaks a second fd the kernel fits into the cmsg
-            // buffer's alignment padding (found by the vhost_msg fuzz target).
-            let mut raw = [-1; 32];
-            // SAFETY: the iovec points at `m`, valid for writes of the length given.
-            let (got, n) = unsafe { sock.recv_with_fds(&mut iov, &mut raw) }
-                .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
-            // SAFETY: the first `n` entries are fds just received, owned by nothing else.
-            let mut files: Vec<File> = raw[..n]
-                .iter()
-                .map(|&fd| unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
-                .collect();
-            if got != HDR_LEN + size {
-                return Err(bad("SET_BACKEND_REQ_FD cut short".into()));
-            }
-            if files.len() != 1 {
-                return Err(bad(format!("SET_BACKEND_REQ_FD with {} fds", files.len())));
-            }
-            let file = files.swap_remove(0);
+            let file = recv_one_fd(sock, "SET_BACKEND_REQ_FD", size)?;
             if !std::os::unix::fs::FileTypeExt::is_socket(&file.metadata()?.file_type()) {
                 return Err(bad(
                     "SET_BACKEND_REQ_FD with an fd that is not a socket".into()
@@ -1166,6 +1177,18 @@ fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Res
             s.protocol
         }
         SET_VRING_ENABLE => return take_early_vring_enable(sock, session),
+        SET_LOG_FD => {
+            // An eventfd for the backend to signal log updates with (the crate does not
+            // dispatch the message). pvnet marks the shared bitmap directly and QEMU reads it
+            // when it syncs, so the fd is taken and closed, and the message acked.
+            drop(recv_one_fd(sock, "SET_LOG_FD", size)?);
+            let s = session.lock().map_err(|_| bad("session poisoned".into()))?;
+            info!(
+                port = s.port,
+                "SET_LOG_FD: the log is read by the frontend at its syncs"
+            );
+            s.protocol
+        }
         SEND_RARP => {
             if size != 8 {
                 return Err(bad(format!("SEND_RARP of {size} bytes")));
@@ -1706,6 +1729,62 @@ mod tests {
         assert!(err.to_string().contains("grants"), "{err}");
         assert!(s.lock().unwrap().iotlb.len() <= MAX_GRANTS);
         assert!(n >= MAX_GRANTS as u64 - 2, "{n}");
+    }
+
+    /// The migration messages the crate does not dispatch: SEND_RARP reaches the dataplane
+    /// (the switch relearns the address), SET_LOG_FD is taken with its fd; both acked; a
+    /// SEND_RARP of the wrong size ends the session.
+    #[test]
+    fn migration_messages_are_taken_and_acked() {
+        use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+        struct Seen(Mutex<Vec<(PortId, [u8; 6])>>);
+        impl DeviceHooks for Seen {
+            fn port_connected(&self, _: PortId) {}
+            fn start_queue(&self, _: PortId, _: StartedQueue) {}
+            fn stop_queue(&self, _: PortId, _: u16) -> Option<u16> {
+                None
+            }
+            fn set_mem(&self, _: PortId, _: Arc<MemTable>, _: bool) {}
+            fn port_gone(&self, _: PortId) {}
+            fn announce(&self, port: PortId, mac: [u8; 6]) {
+                self.0.lock().unwrap().push((port, mac));
+            }
+        }
+        let seen = Arc::new(Seen(Mutex::new(Vec::new())));
+        let s = Mutex::new(Session::new(
+            7,
+            BackendConfig::default(),
+            seen.clone(),
+            Arc::new(PeerLog::default()),
+        ));
+        s.lock().unwrap().protocol = VhostUserProtocolFeatures::REPLY_ACK.bits();
+        let (mut front, back) = UnixStream::pair().unwrap();
+        let need_reply = HDR_VERSION | HDR_NEED_REPLY;
+        let ack = |front: &mut UnixStream, req: u32| {
+            let mut reply = [0u8; 20];
+            front.read_exact(&mut reply).unwrap();
+            assert_eq!(reply[..4], req.to_le_bytes());
+            assert_eq!(reply[12..], [0u8; 8], "success");
+        };
+        front
+            .write_all(&msg(SEND_RARP, need_reply, &[2, 0, 0, 0, 0, 9, 0, 0]))
+            .unwrap();
+        assert!(take_own_message(&back, &s).unwrap());
+        ack(&mut front, SEND_RARP);
+        assert_eq!(*seen.0.lock().unwrap(), [(7, [2, 0, 0, 0, 0, 9])]);
+        let efd = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+        front
+            .send_with_fds(
+                &[&msg(SET_LOG_FD, need_reply, &[])[..]],
+                &[std::os::fd::AsRawFd::as_raw_fd(&efd)],
+            )
+            .unwrap();
+        assert!(take_own_message(&back, &s).unwrap());
+        ack(&mut front, SET_LOG_FD);
+        front
+            .write_all(&msg(SEND_RARP, need_reply, &[2, 0, 0, 0]))
+            .unwrap();
+        assert!(take_own_message(&back, &s).is_err());
     }
 
     /// QEMU 7.2 vhost-user-net: SET_VRING_ENABLE before SET_FEATURES is honoured and acked.
