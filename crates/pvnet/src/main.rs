@@ -43,7 +43,8 @@ enum Cmd {
     Limits,
     /// Run the switch daemon: vhost-user, tap, sink and gen ports, L2 learning between them.
     Switch(switch_cmd::SwitchArgs),
-    /// Query a running `pvnet switch`: ports, counters, learned MAC addresses.
+    /// Query or change a running `pvnet switch`: ports, counters, learned MAC addresses; add,
+    /// delete and change ports; reload its configuration.
     Ctl(ctl::CtlArgs),
     /// A CNI plugin attaching a pod's interface to a running switch (run by a container
     /// runtime: CNI_COMMAND, CNI_CONTAINERID, CNI_IFNAME, the configuration on stdin; see
