@@ -7,7 +7,6 @@ use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::worker::{Dataplane, GenConfig, Role, WorkerConfig};
 use pvnet_vhost::backend::{connect_loop, serve, BackendConfig, DeviceHooks};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -113,13 +112,13 @@ pub fn run(a: &BackendArgs) -> Result<()> {
     let dp = Dataplane::start(cfg).map_err(io("starting the dataplane"))?;
     dp.keep_control_off_workers();
     let hooks: Arc<dyn DeviceHooks> = dp.clone();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = pvnet_vhost::eventfd::Stop::new().map_err(io("eventfd"))?;
     let watcher = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
+            while !stop.is_set() {
                 if proc::stopping() {
-                    stop.store(true, Ordering::Relaxed);
+                    stop.set();
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -143,7 +142,7 @@ pub fn run(a: &BackendArgs) -> Result<()> {
     } else {
         serve(&a.socket, bcfg, hooks, stop.clone(), sessions)
     };
-    stop.store(true, Ordering::Relaxed);
+    stop.set();
     let _ = watcher.join();
     let ports = dp.snapshots();
     dp.shutdown();

@@ -21,12 +21,12 @@ use pvnet_dataplane::worker::{Dataplane, HostPort};
 use pvnet_vhost::backend::{
     connect_loop, serve_port, BackendConfig, DeviceHooks, Listener, PortId, SharedConfig,
 };
+use pvnet_vhost::eventfd::Stop;
 use pvnet_vhost::features::{DEVICE_FEATURES, OFFLOAD_FEATURES};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -46,7 +46,7 @@ enum Running {
     /// A vhost-user port's listener or connector thread (stopping it disconnects the
     /// frontend), and the offer each new connection reads.
     Vhost {
-        stop: Arc<AtomicBool>,
+        stop: Arc<Stop>,
         thread: Option<JoinHandle<()>>,
         offer: SharedConfig,
     },
@@ -177,7 +177,7 @@ impl Runtime {
                 };
                 self.dp.set_egress(id, egress);
                 let offer = Arc::new(Mutex::new(offer_of(*queue_pairs, *offloads)));
-                let stop = Arc::new(AtomicBool::new(false));
+                let stop = Stop::new().map_err(at(&"eventfd"))?;
                 let hooks: Arc<dyn DeviceHooks> = self.dp.clone();
                 let (path, st, of, n) = (socket.clone(), stop.clone(), offer.clone(), name.clone());
                 let thread = std::thread::Builder::new()
@@ -343,7 +343,7 @@ impl Runtime {
             mut run,
         } = live;
         if let Running::Vhost { stop, thread, .. } = &mut run {
-            stop.store(true, Ordering::Relaxed);
+            stop.set();
             if let Some(t) = thread.take() {
                 if t.join().is_err() {
                     warn!(port = %name, "the port's thread panicked");
@@ -625,7 +625,7 @@ impl Runtime {
         let mut g = self.lock();
         for l in g.ports.values_mut() {
             if let Running::Vhost { stop, .. } = &l.run {
-                stop.store(true, Ordering::Relaxed);
+                stop.set();
             }
         }
         for l in g.ports.values_mut() {

@@ -16,7 +16,7 @@
 //! way a new memory table is. The queues ask for what they miss on the backend channel
 //! ([`BackendChannel`]).
 
-use crate::eventfd::Notifier;
+use crate::eventfd::{Notifier, Stop};
 use crate::features::{
     DEVICE_FEATURES, VHOST_F_LOG_ALL, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM,
     VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED,
@@ -31,7 +31,7 @@ use crate::{peer_error, peer_warn};
 use std::fs::File;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{debug, info};
@@ -931,6 +931,12 @@ pub fn run_session(
         s.mem = None;
         s.base = None;
     }
+    // The connection ends here for the frontend too, whoever else holds a copy of the fd (the
+    // listener keeps one to end a silent session at a stop, and reaps it only when it next
+    // wakes).
+    if let Some(sock) = &peek {
+        let _ = sock.shutdown(std::net::Shutdown::Both);
+    }
     hooks.port_gone(port);
 }
 
@@ -1063,7 +1069,7 @@ pub fn serve(
     path: &Path,
     cfg: BackendConfig,
     hooks: Arc<dyn DeviceHooks>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
     max_sessions: Option<u32>,
 ) -> std::io::Result<()> {
     let l = Listener::bind(path)?;
@@ -1086,7 +1092,7 @@ pub fn serve_port(
     port: PortId,
     cfg: SharedConfig,
     hooks: Arc<dyn DeviceHooks>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
 ) -> std::io::Result<()> {
     serve_impl(listener, cfg, hooks, stop, None, Some(port))
 }
@@ -1297,16 +1303,20 @@ fn serve_impl(
     l: Listener,
     cfg: SharedConfig,
     hooks: Arc<dyn DeviceHooks>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
     max_sessions: Option<u32>,
     fixed: Option<PortId>,
 ) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
     let (listener, path) = (&l.listener, l.path.as_path());
     info!(socket = %path.display(), "listening for vhost-user frontends");
     let log = Arc::new(PeerLog::default());
     let next = AtomicU32::new(0);
     let mut sessions: Vec<(std::thread::JoinHandle<()>, UnixStream)> = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
+    // With a bound on sessions, look every 20 ms whether they have all ended; else wake only
+    // for a frontend connecting or the stop.
+    let tick = max_sessions.map(|_| Duration::from_millis(20));
+    while !stop.is_set() {
         sessions.retain(|(t, _)| !t.is_finished());
         if max_sessions.is_some_and(|m| next.load(Ordering::Relaxed) >= m) && sessions.is_empty() {
             break;
@@ -1352,8 +1362,9 @@ fn serve_impl(
                 sessions.push((t, handle));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
+                stop.wait(listener.as_raw_fd(), libc::POLLIN, tick);
             }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
@@ -1374,13 +1385,14 @@ pub fn connect_loop(
     path: &Path,
     cfg: SharedConfig,
     hooks: Arc<dyn DeviceHooks>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
     retry: Duration,
     fixed: Option<PortId>,
 ) {
+    use std::os::fd::AsRawFd;
     let mut n = 0;
     let log = Arc::new(PeerLog::default());
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.is_set() {
         match UnixStream::connect(path) {
             Ok(stream) => {
                 let port = fixed.unwrap_or(n);
@@ -1396,19 +1408,30 @@ pub fn connect_loop(
                 let Ok(t) = t else {
                     continue;
                 };
-                // The session blocks reading the frontend: shut its socket down to end it.
+                // Sleep until the frontend hangs up or the stop (then shut the socket down:
+                // that ends a session blocked reading it); a session that ended by itself
+                // (a violation) is seen within a second.
                 while !t.is_finished() {
-                    if stop.load(Ordering::Relaxed) {
+                    if stop.is_set() {
                         let _ = handle.shutdown(std::net::Shutdown::Both);
+                        break;
                     }
-                    std::thread::sleep(Duration::from_millis(20));
+                    stop.wait(
+                        handle.as_raw_fd(),
+                        libc::POLLRDHUP,
+                        Some(Duration::from_secs(1)),
+                    );
+                    if !t.is_finished() && !stop.is_set() {
+                        // Hung up (or a second passed): give the session a moment to end.
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                 }
                 let _ = t.join();
                 n += 1;
             }
             Err(e) => {
                 debug!(socket = %path.display(), "connect failed ({e}), retrying");
-                std::thread::sleep(retry);
+                stop.wait(-1, 0, Some(retry));
             }
         }
     }

@@ -83,3 +83,61 @@ impl AsRawFd for Notifier {
         self.file.as_raw_fd()
     }
 }
+
+/// A stop request that threads blocked in `poll` see at once: a flag, and an eventfd signalled
+/// when it is set (a listener waiting for frontends, a connector waiting on its session).
+/// Waiting costs nothing while nothing happens: no periodic wake-ups, which with a thread per
+/// port added up (64 idle ports took 3.4% of a CPU in 20 ms sleeps before).
+#[derive(Debug)]
+pub struct Stop {
+    flag: std::sync::atomic::AtomicBool,
+    wake: Notifier,
+}
+
+impl Stop {
+    /// Not set.
+    pub fn new() -> io::Result<std::sync::Arc<Self>> {
+        Ok(std::sync::Arc::new(Self {
+            flag: std::sync::atomic::AtomicBool::new(false),
+            wake: Notifier::new()?,
+        }))
+    }
+
+    /// Sets it and wakes every waiter (the eventfd stays readable).
+    pub fn set(&self) {
+        self.flag.store(true, std::sync::atomic::Ordering::Release);
+        let _ = self.wake.signal();
+    }
+
+    /// Whether it is set.
+    pub fn is_set(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits until `fd` has one of `events`, the stop is set, or `timeout` passes (None:
+    /// forever). Returns the events `fd` has (0: stopped or timed out; check
+    /// [`Stop::is_set`]).
+    pub fn wait(&self, fd: RawFd, events: i16, timeout: Option<std::time::Duration>) -> i16 {
+        let mut fds = [
+            libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wake.file.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ms = timeout.map_or(-1, |t| {
+            libc::c_int::try_from(t.as_millis()).unwrap_or(libc::c_int::MAX)
+        });
+        // SAFETY: two valid pollfd entries on fds that outlive the call.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if r <= 0 {
+            return 0;
+        }
+        fds[0].revents
+    }
+}
