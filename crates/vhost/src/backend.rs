@@ -1443,7 +1443,9 @@ mod tests {
     use std::io::{Read, Write};
     use virtq::Translate;
 
-    struct NoHooks;
+    /// A dataplane that runs nothing and records the addresses announced to it.
+    #[derive(Default)]
+    struct NoHooks(Mutex<Vec<(PortId, [u8; 6])>>);
     impl DeviceHooks for NoHooks {
         fn port_connected(&self, _: PortId) {}
         fn start_queue(&self, _: PortId, _: StartedQueue) {}
@@ -1452,13 +1454,16 @@ mod tests {
         }
         fn set_mem(&self, _: PortId, _: Arc<MemTable>, _: bool) {}
         fn port_gone(&self, _: PortId) {}
+        fn announce(&self, port: PortId, mac: [u8; 6]) {
+            self.0.lock().unwrap().push((port, mac));
+        }
     }
 
     fn session() -> Mutex<Session> {
         Mutex::new(Session::new(
             0,
             BackendConfig::default(),
-            Arc::new(NoHooks),
+            Arc::new(NoHooks::default()),
             Arc::default(),
         ))
     }
@@ -1760,20 +1765,7 @@ mod tests {
     #[test]
     fn migration_messages_are_taken_and_acked() {
         use vmm_sys_util::sock_ctrl_msg::ScmSocket;
-        struct Seen(Mutex<Vec<(PortId, [u8; 6])>>);
-        impl DeviceHooks for Seen {
-            fn port_connected(&self, _: PortId) {}
-            fn start_queue(&self, _: PortId, _: StartedQueue) {}
-            fn stop_queue(&self, _: PortId, _: u16) -> Option<u16> {
-                None
-            }
-            fn set_mem(&self, _: PortId, _: Arc<MemTable>, _: bool) {}
-            fn port_gone(&self, _: PortId) {}
-            fn announce(&self, port: PortId, mac: [u8; 6]) {
-                self.0.lock().unwrap().push((port, mac));
-            }
-        }
-        let seen = Arc::new(Seen(Mutex::new(Vec::new())));
+        let seen = Arc::new(NoHooks::default());
         let s = Mutex::new(Session::new(
             7,
             BackendConfig::default(),
