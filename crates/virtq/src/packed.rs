@@ -809,6 +809,9 @@ impl<M: Translate> DeviceQueue<M> {
             .ring
             .event(self.m.ring.device, 2)
             .store(EVENT_DISABLE, Ordering::Relaxed);
+        if self.m.logging {
+            self.m.log_bytes(self.m.ring.device, 4);
+        }
     }
 
     /// Arm, fence, re-check: asks for a kick at the next slot, then looks at it again.
@@ -828,6 +831,10 @@ impl<M: Translate> DeviceQueue<M> {
                 .ring
                 .event(dev, 2)
                 .store(EVENT_ENABLE, Ordering::Relaxed);
+        }
+        // Live migration: the device's event suppression area is the device's write too.
+        if self.m.logging {
+            self.m.log_bytes(dev, 4);
         }
         // StoreLoad: the arming stores are visible before we re-read the next slot's flags
         // (pairs with the driver's fence between making descriptors available and reading

@@ -68,6 +68,15 @@ impl<M: Translate, R: Layout> Mapped<M, R> {
         Ok(())
     }
 
+    /// Marks `len` bytes at `p` (a field of the ring the device wrote) in the dirty log.
+    #[inline(never)]
+    #[cold]
+    pub(crate) fn log_bytes(&self, p: std::ptr::NonNull<u8>, len: usize) {
+        if let Some(l) = self.mem.dirty_log() {
+            l.mark_host(p.as_ptr(), len);
+        }
+    }
+
     /// Marks the ring part the device writes in the dirty log (after a publish; a few pages).
     #[inline(never)]
     #[cold]

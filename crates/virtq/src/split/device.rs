@@ -529,6 +529,9 @@ impl<M: Translate> DeviceQueue<M> {
                 .ring
                 .used_flags()
                 .store(USED_F_NO_NOTIFY, Ordering::Relaxed);
+            if self.m.logging {
+                self.m.log_ring();
+            }
         }
     }
 
@@ -545,6 +548,10 @@ impl<M: Translate> DeviceQueue<M> {
                 .store(self.last_avail, Ordering::Relaxed);
         } else {
             self.m.ring.used_flags().store(0, Ordering::Relaxed);
+        }
+        // Live migration: this write to the used ring is the device's too.
+        if self.m.logging {
+            self.m.log_ring();
         }
         // StoreLoad: the arming store above is visible before we re-read avail->idx (pairs
         // with the driver's fence between its avail->idx store and its read of avail_event).
