@@ -14,6 +14,7 @@ use crate::switch_cmd::{
     check_port, counters, egress_of, host_io, io_name, parse_mac, spec_value, FileConfig,
     PortConfig,
 };
+use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::port::gen::GenSpec;
 use pvnet_dataplane::port::kernel::HostDev;
 use pvnet_dataplane::stats::PortSnapshot;
@@ -77,47 +78,56 @@ pub(crate) struct Runtime {
     inner: Mutex<Inner>,
 }
 
-/// What the offer of a vhost-user port is.
-fn offer_of(queue_pairs: u16, offloads: bool) -> BackendConfig {
-    BackendConfig {
-        queue_pairs,
-        features: if offloads {
-            DEVICE_FEATURES | OFFLOAD_FEATURES
-        } else {
-            DEVICE_FEATURES
-        },
-        ..BackendConfig::default()
-    }
-}
-
-/// How `pvnet ctl` describes a vhost-user port.
-fn vhost_detail(cfg: &PortConfig) -> Result<String> {
+/// What a vhost-user port's settings make of it: its egress and its offer (what each new
+/// connection negotiates from). An error for a bad egress key; None for another kind.
+fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> {
     let PortConfig::VhostUser {
         name,
-        socket,
-        client,
+        queue_pairs,
+        offloads,
         qdisc,
         dql,
         bulk,
         limit,
         ..
-    } = cfg
+    } = p
     else {
-        return Ok(String::new());
+        return Ok(None);
     };
-    let egress = egress_of(name, qdisc, *dql, *bulk, *limit)?;
-    Ok(format!(
-        "{}{}, egress {}{}{}",
-        socket.display(),
-        if *client { " (client)" } else { "" },
-        egress.queue.map_or("none".into(), |q| q.qdisc.to_string()),
-        if egress.dql { "+dql" } else { "" },
-        if egress.bulk || egress.queue.is_none() {
+    let offer = BackendConfig {
+        queue_pairs: *queue_pairs,
+        features: if *offloads {
+            DEVICE_FEATURES | OFFLOAD_FEATURES
+        } else {
+            DEVICE_FEATURES
+        },
+        ..BackendConfig::default()
+    };
+    Ok(Some((egress_of(name, qdisc, *dql, *bulk, *limit)?, offer)))
+}
+
+/// How `pvnet ctl` describes an egress: `fq_codel+dql`, `fifo, one per dequeue`, `none`.
+fn egress_text(e: &EgressConfig) -> String {
+    format!(
+        "{}{}{}",
+        e.queue.map_or("none".into(), |q| q.qdisc.to_string()),
+        if e.dql { "+dql" } else { "" },
+        if e.bulk || e.queue.is_none() {
             ""
         } else {
             ", one per dequeue"
         }
-    ))
+    )
+}
+
+/// How `pvnet ctl` describes a vhost-user port.
+fn vhost_detail(socket: &Path, client: bool, egress: &EgressConfig) -> String {
+    format!(
+        "{}{}, egress {}",
+        socket.display(),
+        if client { " (client)" } else { "" },
+        egress_text(egress)
+    )
 }
 
 /// Whether `new` can replace `old` in place (`port set`): a vhost-user port on the same
@@ -156,18 +166,9 @@ impl Runtime {
         let name = p.name().to_string();
         let at = |what: &dyn std::fmt::Display| io(format!("port {name}: {what}"));
         match p {
-            PortConfig::VhostUser {
-                socket,
-                client,
-                queue_pairs,
-                offloads,
-                qdisc,
-                dql,
-                bulk,
-                limit,
-                ..
-            } => {
-                let egress = egress_of(&name, qdisc, *dql, *bulk, *limit)?;
+            PortConfig::VhostUser { socket, client, .. } => {
+                let (egress, offer) =
+                    vhost_parts(p)?.ok_or_else(|| usage(format!("port {name}: not vhost-user")))?;
                 // Bound here, not on the thread: a path that cannot be bound is this
                 // request's error.
                 let listener = if *client {
@@ -176,7 +177,7 @@ impl Runtime {
                     Some(Listener::bind(socket).map_err(at(&socket.display()))?)
                 };
                 self.dp.set_egress(id, egress);
-                let offer = Arc::new(Mutex::new(offer_of(*queue_pairs, *offloads)));
+                let offer = Arc::new(Mutex::new(offer));
                 let stop = Stop::new().map_err(at(&"eventfd"))?;
                 let hooks: Arc<dyn DeviceHooks> = self.dp.clone();
                 let (path, st, of, n) = (socket.clone(), stop.clone(), offer.clone(), name.clone());
@@ -197,7 +198,7 @@ impl Runtime {
                         thread: Some(thread),
                         offer,
                     },
-                    vhost_detail(p)?,
+                    vhost_detail(socket, *client, &egress),
                 ))
             }
             PortConfig::Tap {
@@ -414,48 +415,30 @@ impl Runtime {
                 "port {name}: only a vhost-user port's egress (qdisc, dql, bulk, limit), offloads and queue_pairs change in place; delete the port and add it again"
             )));
         }
-        let (
-            PortConfig::VhostUser {
-                queue_pairs: q0,
-                offloads: o0,
-                qdisc: d0,
-                dql: l0,
-                bulk: b0,
-                limit: m0,
-                ..
-            },
-            PortConfig::VhostUser {
-                queue_pairs,
-                offloads,
-                qdisc,
-                dql,
-                bulk,
-                limit,
-                ..
-            },
-        ) = (&l.cfg, &new)
+        let (Some((e0, o0)), Some((e1, o1)), PortConfig::VhostUser { socket, client, .. }) =
+            (vhost_parts(&l.cfg)?, vhost_parts(&new)?, &new)
         else {
             return Err(usage(format!("port {name}: not a vhost-user port")));
         };
         let mut notes = Vec::new();
-        if (d0, l0, b0, m0) != (qdisc, dql, bulk, limit) {
-            let e = egress_of(name, qdisc, *dql, *bulk, *limit)?;
-            self.dp.set_egress(l.id, e);
+        if e0 != e1 {
+            self.dp.set_egress(l.id, e1);
             notes.push(format!(
                 "egress now {}, applied at once (packets that waited in the old queue count as drops_reconfigured)",
-                vhost_detail(&new)?.rsplit_once("egress ").map_or("", |x| x.1)
+                egress_text(&e1)
             ));
         }
-        if (q0, o0) != (queue_pairs, offloads) {
+        if (o0.queue_pairs, o0.features) != (o1.queue_pairs, o1.features) {
             if let Running::Vhost { offer, .. } = &l.run {
-                *offer.lock().unwrap_or_else(|e| e.into_inner()) =
-                    offer_of(*queue_pairs, *offloads);
+                *offer.lock().unwrap_or_else(|e| e.into_inner()) = o1;
             }
             notes.push(format!(
-                "offer now queue_pairs={queue_pairs} offloads={offloads}: applies from the frontend's next connection (features are negotiated once per connection)"
+                "offer now queue_pairs={} offloads={}: applies from the frontend's next connection (features are negotiated once per connection)",
+                o1.queue_pairs,
+                o1.features & OFFLOAD_FEATURES != 0
             ));
         }
-        l.detail = vhost_detail(&new)?;
+        l.detail = vhost_detail(socket, *client, &e1);
         l.cfg = new;
         let origin = l.origin;
         info!(port = %name, changes = ?notes, "port changed");
