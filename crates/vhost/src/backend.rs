@@ -317,7 +317,7 @@ impl Session {
             .clone()
             .filter(|_| self.acked & VHOST_F_LOG_ALL != 0)
         {
-            mem = Arc::new(MemTable::with_log(&mem, Some(d)));
+            mem = Arc::new(MemTable::with_log(&mem, d));
         }
         if self.vrings.iter().any(|v| v.running) {
             self.hooks.set_mem(self.port, mem.clone(), wait);
@@ -1275,9 +1275,7 @@ impl Listener {
         let _ = std::fs::remove_file(&tmp);
         let listener = UnixListener::bind(&tmp)?;
         std::fs::rename(&tmp, path)?;
-        let ours = std::fs::metadata(path)
-            .ok()
-            .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        let ours = inode(path);
         listener.set_nonblocking(true)?;
         Ok(Self {
             listener,
@@ -1289,14 +1287,17 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if std::fs::metadata(&self.path)
-            .ok()
-            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-            == self.ours
-        {
+        if inode(&self.path) == self.ours {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// The inode `path` names now, if any.
+fn inode(path: &Path) -> Option<u64> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
 }
 
 fn serve_impl(
@@ -1350,16 +1351,8 @@ fn serve_impl(
                 stream.set_nonblocking(false)?;
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 let port = fixed.unwrap_or(n);
-                let (hooks, log) = (hooks.clone(), log.clone());
-                let cfg = *cfg.lock().unwrap_or_else(|e| e.into_inner());
                 info!(port, "frontend connected");
-                // A clone to shut the socket down from here, which ends a session blocked
-                // reading a silent frontend.
-                let handle = stream.try_clone()?;
-                let t = std::thread::Builder::new()
-                    .name(format!("vu-ctl-{port}"))
-                    .spawn(move || run_session(stream, port, cfg, hooks, log))?;
-                sessions.push((t, handle));
+                sessions.push(spawn_session(stream, port, &cfg, &hooks, &log)?);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 stop.wait(listener.as_raw_fd(), libc::POLLIN, tick);
@@ -1375,6 +1368,25 @@ fn serve_impl(
         let _ = t.join();
     }
     Ok(())
+}
+
+/// Runs a session for `stream` on a thread of its own, with the port's offer as it is now;
+/// returns the thread and a copy of the socket, to shut it down from outside (which ends a
+/// session blocked reading a silent frontend).
+fn spawn_session(
+    stream: UnixStream,
+    port: PortId,
+    cfg: &SharedConfig,
+    hooks: &Arc<dyn DeviceHooks>,
+    log: &Arc<PeerLog>,
+) -> std::io::Result<(std::thread::JoinHandle<()>, UnixStream)> {
+    let handle = stream.try_clone()?;
+    let cfg = *cfg.lock().unwrap_or_else(|e| e.into_inner());
+    let (hooks, log) = (hooks.clone(), log.clone());
+    let t = std::thread::Builder::new()
+        .name(format!("vu-ctl-{port}"))
+        .spawn(move || run_session(stream, port, cfg, hooks, log))?;
+    Ok((t, handle))
 }
 
 /// Client mode: connects to a frontend's listening socket (QEMU `server=on`), retrying every
@@ -1397,15 +1409,7 @@ pub fn connect_loop(
             Ok(stream) => {
                 let port = fixed.unwrap_or(n);
                 info!(socket = %path.display(), port, "connected to frontend");
-                let Ok(handle) = stream.try_clone() else {
-                    continue;
-                };
-                let c = *cfg.lock().unwrap_or_else(|e| e.into_inner());
-                let (hooks, log) = (hooks.clone(), log.clone());
-                let t = std::thread::Builder::new()
-                    .name(format!("vu-ctl-{port}"))
-                    .spawn(move || run_session(stream, port, c, hooks, log));
-                let Ok(t) = t else {
+                let Ok((t, handle)) = spawn_session(stream, port, &cfg, &hooks, &log) else {
                     continue;
                 };
                 // Sleep until the frontend hangs up or the stop (then shut the socket down:

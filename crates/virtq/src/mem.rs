@@ -245,17 +245,17 @@ impl MemTable {
         })
     }
 
-    /// `this` with writes marked in `log` (live migration) or, with None, not marked: the
-    /// same translations (the new table keeps `this` alive).
+    /// `this` with writes marked in `log` (live migration): the same translations (the new
+    /// table keeps `this` alive). Without a log, `this` itself is the table.
     pub fn with_log(
         this: &std::sync::Arc<MemTable>,
-        log: Option<std::sync::Arc<crate::dirty::DirtyLog>>,
+        log: std::sync::Arc<crate::dirty::DirtyLog>,
     ) -> Self {
         Self {
             regions: this.regions.clone(),
             by_uaddr: this.by_uaddr.clone(),
             granted: this.granted,
-            dirty: log,
+            dirty: Some(log),
             owner: Box::new(this.clone()),
         }
     }
