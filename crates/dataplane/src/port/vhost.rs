@@ -645,6 +645,15 @@ impl QueuePair {
         self.rx.as_ref().is_some_and(|s| !s.broken)
     }
 
+    /// Drops everything waiting in the egress queue, counted under `why`; nothing waits after.
+    fn empty_egress(&mut self, why: DropReason) {
+        let n = self.out.egress.purge();
+        bump(&self.stats.drops[why as usize], n);
+        self.stats
+            .backlog
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn new(
         stats: Arc<PortStats>,
         mergeable: bool,
@@ -791,11 +800,7 @@ impl VhostPort {
         self.cfg.egress = e;
         let batch = self.cfg.batch;
         for qp in self.qps.iter_mut().flatten() {
-            let n = qp.out.egress.purge();
-            bump(&qp.stats.drops[DropReason::Reconfigured as usize], n);
-            qp.stats
-                .backlog
-                .store(0, std::sync::atomic::Ordering::Relaxed);
+            qp.empty_egress(DropReason::Reconfigured);
             qp.out.egress = Egress::with(e, crate::egress::dql_floor(batch));
         }
         info!(port = self.id, egress = ?e, "egress settings changed");
@@ -808,11 +813,7 @@ impl VhostPort {
         let slot = if index.is_multiple_of(2) {
             qp.out.open = false;
             // What waited for this ring has nowhere to go now.
-            let n = qp.out.egress.purge();
-            bump(&qp.stats.drops[DropReason::PortDown as usize], n);
-            qp.stats
-                .backlog
-                .store(0, std::sync::atomic::Ordering::Relaxed);
+            qp.empty_egress(DropReason::PortDown);
             qp.rx.take()
         } else {
             qp.tx.take()
@@ -1262,8 +1263,7 @@ impl VhostPort {
         let Some(k) = self.egress_pair() else {
             // No ring to drain into: what waits has nowhere to go.
             for qp in self.qps.iter_mut().flatten() {
-                let n = qp.out.egress.purge();
-                bump(&qp.stats.drops[DropReason::PortDown as usize], n);
+                qp.empty_egress(DropReason::PortDown);
             }
             return 0;
         };
