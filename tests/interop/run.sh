@@ -9,6 +9,11 @@
 #   dpdk_two_pairs_one_used  as dpdk_txonly_to_sink with virtio-user queues=2 and the port
 #                         offering 2 pairs, testpmd using one: virtio-user sizes the unused ring
 #                         0 (regression test for pvnet refusing SET_VRING_NUM 0).
+#   dpdk_multiqueue       one testpmd, two net_virtio_user ports with queues=2 (2 queue pairs each,
+#                         MQ acked), flowgen through the learning switch both ways: every queue
+#                         carries traffic both ways; per queue, testpmd's tx_qK == pvnet's
+#                         rx_packets of pair K and pvnet's tx_packets of pair K == testpmd's rx_qK;
+#                         what a port took = what the other delivered + its counted drops.
 #   dpdk_two_frontends    two frontends through the switch: pvnet's frontend (port "pv") ->
 #                         testpmd rxonly (port "fe"): sent == pv rx, testpmd RX == fe tx,
 #                         pv rx == fe tx + drops counted at pv and at fe's egress queue
@@ -283,6 +288,79 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS [VDEV_OPTIONS]]
     [ "${pv_tx:-0}" -gt 0 ] || { fail "$name" "pvnet generated nothing"; return; }
     [ "$tp_rx" = "$pv_tx" ] || { fail "$name" "testpmd RX $tp_rx != pvnet tx_packets $pv_tx"; return; }
   fi
+  pass "$name"
+}
+
+# Multiqueue: one testpmd, two net_virtio_user ports "a" and "b" with 2 queue pairs each, both
+# in flowgen (many UDP flows out of each of its 2 transmit queues, what arrives dropped) through
+# the learning switch (each floods to the other: the destination is never learned). Then
+# rxonly for a second, so that what pvnet delivered is read before the counts are taken.
+dpdk_multiqueue() {
+  local name="$1" t0 tag tplog
+  t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
+  switch_start "$tag" --port "vhost-user:name=a,socket=$D/$tag.a.sock,queue_pairs=2" \
+    --port "vhost-user:name=b,socket=$D/$tag.b.sock,queue_pairs=2" \
+    && wait_for 5 test -S "$D/$tag.b.sock" || { fail "$name" "pvnet switch did not start"; return; }
+  testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
+    --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.a.sock,queues=2,queue_size=256" \
+    --vdev "net_virtio_user1,path=$D/$tag.b.sock,queues=2,queue_size=256" \
+    -- --nb-cores=1 --rxq=2 --txq=2 --total-num-mbufs=32768 -i --forward-mode=flowgen
+  if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
+    testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish; fail "$name" "testpmd did not reach its prompt"; return
+  fi
+  tp fe start; sleep "$DUR"; tp fe stop
+  tp fe "set fwd rxonly"; tp fe start; sleep 1; tp fe stop
+  tp fe "show port xstats all"
+  testpmd_quit fe 20; local tprc=$?
+  hugepage_cleanup pvnet_it_fe
+  fe_finish; local berc=$?
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  [ "$tprc" = 0 ] || { fail "$name" "testpmd did not quit cleanly (status $tprc)"; return; }
+  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  info "$name: features acked: $(acked_features "$D/$tag.pvnet.log" | head -1) ($(elapsed "$t0"))"
+  local out rc
+  out=$(python3 - "$tplog" "$D/$tag.pvnet.json" <<'PY'
+import json, re, sys
+# testpmd's per-queue counters, port by port (the xstats blocks, in port order)
+tp, port = {}, None
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"NIC extended statistics for port (\d+)", line)
+    if m:
+        port = int(m.group(1)); tp[port] = {}
+    m = re.match(r"\s*([rt]x_q\d+_good_packets):\s*(\d+)", line)
+    if m and port is not None:
+        tp[port][m.group(1)] = int(m.group(2))
+sw = {}
+for line in open(sys.argv[2], errors="replace"):
+    if line.startswith('{"final"'):
+        sw = {p["name"]: p for p in json.loads(line)["final"]["ports"]}
+bad = []
+for i, name in enumerate("ab"):
+    p = sw.get(name)
+    if not p or len(p.get("queues", [])) != 2 or i not in tp:
+        bad.append(f"{name}: no per-queue counters (pvnet {bool(p)}, testpmd {i in tp})"); continue
+    for k, q in enumerate(p["queues"]):
+        t_tx, t_rx = tp[i].get(f"tx_q{k}_good_packets"), tp[i].get(f"rx_q{k}_good_packets")
+        print(f"{name} q{k}: testpmd sent {t_tx}, pvnet took {q['rx_packets']} | pvnet delivered {q['tx_packets']}, testpmd read {t_rx}")
+        if t_tx != q["rx_packets"]: bad.append(f"{name} q{k}: testpmd tx {t_tx} != pvnet rx {q['rx_packets']}")
+        if t_rx != q["tx_packets"]: bad.append(f"{name} q{k}: pvnet tx {q['tx_packets']} != testpmd rx {t_rx}")
+        if not q["rx_packets"] or not q["tx_packets"]: bad.append(f"{name} q{k}: no traffic one way")
+# conservation: what one port took is what the other delivered, dropped (counted) or still waits
+for a, b in ("ab", "ba"):
+    ca, cb = sw[a]["counters"], sw[b]["counters"]
+    drops = sum(v for k, v in cb.items() if k.startswith("drops_"))
+    left = cb.get("backlog", 0)
+    print(f"{a} -> {b}: {a} rx {ca['rx_packets']} = {b} tx {cb['tx_packets']} + dropped at {b} {drops} + waiting {left}")
+    if ca["rx_packets"] != cb["tx_packets"] + drops + left:
+        bad.append(f"{a} rx {ca['rx_packets']} != {b} tx {cb['tx_packets']} + drops {drops} + waiting {left}")
+for b in bad: print("BAD " + b)
+sys.exit(1 if bad else 0)
+PY
+)
+  rc=$?
+  echo "$out" | grep -v '^BAD' | sed "s/^/  $name: /"
+  [ "$rc" = 0 ] || { fail "$name" "$(echo "$out" | grep '^BAD' | head -2 | sed 's/^BAD //' | paste -sd ';')"; return; }
   pass "$name"
 }
 
@@ -904,7 +982,7 @@ EOF
 }
 
 # ---- run ----------------------------------------------------------------------------------------
-ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends
+ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends dpdk_multiqueue
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_killed_leaves_nothing
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
   guest_tap_viommu dpdk_server_restart guest_restart)
@@ -931,6 +1009,7 @@ for c in "${CASES[@]}"; do
     dpdk_rxonly_from_gen) dpdk_case "$c" gen rxonly ;;
     dpdk_two_pairs_one_used) dpdk_case "$c" sink txonly 2 ;;
     dpdk_two_frontends)   dpdk_two_frontends "$c" ;;
+    dpdk_multiqueue)      dpdk_multiqueue "$c" ;;
     dpdk_packed_txonly_to_sink)  dpdk_case "$c" sink txonly 1 ",packed_vq=1" ;;
     dpdk_packed_rxonly_from_gen) dpdk_case "$c" gen rxonly 1 ",packed_vq=1" ;;
     dpdk_killed_leaves_nothing) dpdk_killed_leaves_nothing "$c" ;;

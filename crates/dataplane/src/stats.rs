@@ -201,18 +201,57 @@ pub struct PortSnapshot {
     /// Why a queue of the port was last stopped, if one was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Each queue pair's own traffic, when the port has more than one (index = pair).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub queues: Vec<QueueSnapshot>,
+}
+
+/// One queue pair's traffic (multiqueue ports): what its transmit ring carried in (`rx_*`)
+/// and its receive ring out (`tx_*`), as the port counts them.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize, PartialEq, Eq)]
+pub struct QueueSnapshot {
+    /// See [`PortStats`].
+    pub rx_packets: u64,
+    /// See [`PortStats`].
+    pub rx_bytes: u64,
+    /// See [`PortStats`].
+    pub tx_packets: u64,
+    /// See [`PortStats`].
+    pub tx_bytes: u64,
+    /// Packets dropped, every reason.
+    pub drops: u64,
+    /// See [`PortStats`].
+    pub kicks: u64,
+    /// See [`PortStats`].
+    pub calls: u64,
+}
+
+impl From<&PortSnapshot> for QueueSnapshot {
+    fn from(s: &PortSnapshot) -> Self {
+        Self {
+            rx_packets: s.rx_packets,
+            rx_bytes: s.rx_bytes,
+            tx_packets: s.tx_packets,
+            tx_bytes: s.tx_bytes,
+            drops: s.drops.values().sum(),
+            kicks: s.kicks,
+            calls: s.calls,
+        }
+    }
 }
 
 impl PortSnapshot {
     /// The snapshot of a port whose counters are kept per queue pair: their sum (an end
-    /// marker: the largest seen; up: any pair).
+    /// marker: the largest seen; up: any pair), and each pair's traffic if there are several.
     pub fn sum<'a>(port: u32, qps: impl IntoIterator<Item = &'a PortStats>) -> Self {
         let mut t = PortSnapshot {
             port,
             ..PortSnapshot::default()
         };
+        let mut queues = Vec::new();
         for (k, s) in qps.into_iter().enumerate() {
             let s = s.snapshot(port);
+            queues.push(QueueSnapshot::from(&s));
             if k == 0 {
                 t = s;
                 continue;
@@ -246,6 +285,9 @@ impl PortSnapshot {
             t.rx_direct += s.rx_direct;
             t.up |= s.up;
             t.last_error = t.last_error.or(s.last_error);
+        }
+        if queues.len() > 1 {
+            t.queues = queues;
         }
         t
     }
@@ -292,6 +334,7 @@ impl PortStats {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
+            queues: Vec::new(),
         }
     }
 }

@@ -35,19 +35,27 @@ pub fn vhost_config(hold: HoldPolicy) -> VhostConfig {
     }
 }
 
-/// A frontend played by the test: a transmit ring it fills, a receive ring it posts to.
+/// A frontend played by the test: per queue pair, a transmit ring it fills and a receive
+/// ring it posts to. The methods without a pair index use pair 0.
 #[allow(missing_debug_implementations)]
 pub struct MockFe {
-    /// Its port's counters.
+    /// Its port's counters (pair 0's).
     pub stats: Arc<PortStats>,
+    /// Each pair's counters.
+    pub pair_stats: Vec<Arc<PortStats>>,
     /// Bytes of its virtio-net header.
     pub hdr_len: u32,
+    pairs: Vec<MockPair>,
+    /// Bytes of each receive buffer it posts.
+    buf: u32,
+}
+
+/// One queue pair of a [`MockFe`].
+struct MockPair {
     txm: MockQueue,
     tx: DriverQueue,
     rxm: MockQueue,
     rx: DriverQueue,
-    /// Bytes of each receive buffer it posts.
-    buf: u32,
     next_tx: u16,
 }
 
@@ -75,89 +83,121 @@ impl MockFe {
         egress: EgressConfig,
         buf: u32,
     ) -> (Self, AnyPort) {
-        let stats: Arc<PortStats> = Arc::default();
+        Self::with_pairs(id, features, posted, egress, buf, 1)
+    }
+
+    /// A frontend with `pairs` queue pairs (`posted` receive buffers on each), all started.
+    pub fn with_pairs(
+        id: PortId,
+        features: u64,
+        posted: u16,
+        egress: EgressConfig,
+        buf: u32,
+        pairs: u16,
+    ) -> (Self, AnyPort) {
+        let pair_stats: Vec<Arc<PortStats>> = (0..pairs).map(|_| Arc::default()).collect();
         let mut cfg = vhost_config(HoldPolicy::Forever);
         cfg.egress = egress;
-        let mut port = VhostPort::new(id, cfg, vec![stats.clone()]);
-        let txm = MockQueue::new(64, 65536 + 64);
-        let (tx, txd) = txm
-            .pair_in(Format::Split, Direction::DeviceReads, false)
-            .expect("tx ring");
-        let rxm = MockQueue::new(256, buf);
-        let (rx, rxd) = rxm
-            .pair_in(Format::Split, Direction::DeviceWrites, false)
-            .expect("rx ring");
-        for (index, queue) in [(1u16, txd), (0, rxd)] {
-            port.start(StartedQueue {
-                index,
-                queue,
-                kick: None,
-                call: None,
-                err: None,
-                mergeable: features & VIRTIO_NET_F_MRG_RXBUF != 0,
-                features,
-                iotlb: None,
+        let mut port = VhostPort::new(id, cfg, pair_stats.clone());
+        let mut mocks = Vec::new();
+        for k in 0..pairs {
+            let txm = MockQueue::new(64, 65536 + 64);
+            let (tx, txd) = txm
+                .pair_in(Format::Split, Direction::DeviceReads, false)
+                .expect("tx ring");
+            let rxm = MockQueue::new(256, buf);
+            let (rx, rxd) = rxm
+                .pair_in(Format::Split, Direction::DeviceWrites, false)
+                .expect("rx ring");
+            for (index, queue) in [(2 * k + 1, txd), (2 * k, rxd)] {
+                port.start(StartedQueue {
+                    index,
+                    queue,
+                    kick: None,
+                    call: None,
+                    err: None,
+                    mergeable: features & VIRTIO_NET_F_MRG_RXBUF != 0,
+                    features,
+                    iotlb: None,
+                });
+            }
+            mocks.push(MockPair {
+                txm,
+                tx,
+                rxm,
+                rx,
+                next_tx: 0,
             });
         }
         let mut fe = Self {
-            stats,
+            stats: pair_stats[0].clone(),
+            pair_stats,
             hdr_len: hdr_len(features),
-            txm,
-            tx,
-            rxm,
-            rx,
+            pairs: mocks,
             buf,
-            next_tx: 0,
         };
-        fe.post(posted);
+        for k in 0..usize::from(pairs) {
+            fe.post_on(k, posted);
+        }
         (fe, AnyPort::Vhost(port))
     }
 
     /// Transmit descriptors free (what [`send`](Self::send) may still add).
     pub fn room(&self) -> usize {
-        self.tx.free_count()
+        self.pairs[0].tx.free_count()
     }
 
     /// Posts `n` more receive buffers.
     pub fn post(&mut self, n: u16) {
+        self.post_on(0, n);
+    }
+
+    /// Posts `n` more receive buffers on pair `k`.
+    pub fn post_on(&mut self, k: usize, n: u16) {
+        let (buf, p) = (self.buf, &mut self.pairs[k]);
         for _ in 0..n {
-            let Some(id) = self.rx.next_free() else { break };
-            self.rx
-                .add_one(Buf {
-                    addr: self.rxm.buf(id),
-                    len: self.buf,
-                    write: true,
-                })
-                .expect("post");
+            let Some(id) = p.rx.next_free() else { break };
+            p.rx.add_one(Buf {
+                addr: p.rxm.buf(id),
+                len: buf,
+                write: true,
+            })
+            .expect("post");
         }
-        self.rx.publish();
+        p.rx.publish();
     }
 
     /// Sends `hdr ++ frame` as one descriptor (the header in this frontend's length).
     pub fn send(&mut self, hdr: &VnetHdr, frame: &[u8]) {
+        self.send_on(0, hdr, frame);
+    }
+
+    /// [`send`](Self::send) on pair `k`'s transmit ring.
+    pub fn send_on(&mut self, k: usize, hdr: &VnetHdr, frame: &[u8]) {
         let h = self.hdr_len as usize;
         let mut full = [0u8; VnetHdr::LEN];
         hdr.write(&mut full);
         let mut b = full[..h].to_vec();
         b.extend_from_slice(frame);
-        let addr = self.txm.buf(self.next_tx);
-        self.next_tx = (self.next_tx + 1) % 64;
-        self.txm.poke(addr, &b);
-        self.tx
-            .add_one(Buf {
-                addr,
-                len: u32::try_from(b.len()).expect("fits"),
-                write: false,
-            })
-            .expect("add");
-        self.tx.publish();
+        let p = &mut self.pairs[k];
+        let addr = p.txm.buf(p.next_tx);
+        p.next_tx = (p.next_tx + 1) % 64;
+        p.txm.poke(addr, &b);
+        p.tx.add_one(Buf {
+            addr,
+            len: u32::try_from(b.len()).expect("fits"),
+            write: false,
+        })
+        .expect("add");
+        p.tx.publish();
     }
 
     /// Transmit buffers the device has returned so far.
     pub fn completed(&mut self) -> usize {
-        self.tx.used_available().expect("used");
+        let tx = &mut self.pairs[0].tx;
+        tx.used_available().expect("used");
         let mut n = 0;
-        while self.tx.pop_used().expect("pop").is_some() {
+        while tx.pop_used().expect("pop").is_some() {
             n += 1;
         }
         n
@@ -168,18 +208,29 @@ impl MockFe {
         self.receive(usize::MAX)
     }
 
+    /// Every packet delivered so far on pair `k`.
+    pub fn received_on(&mut self, k: usize) -> Vec<(VnetHdr, Vec<u8>)> {
+        self.receive_on(k, usize::MAX)
+    }
+
     /// At most `max` packets delivered so far (a frontend that takes only so many per poll).
     pub fn receive(&mut self, max: usize) -> Vec<(VnetHdr, Vec<u8>)> {
+        self.receive_on(0, max)
+    }
+
+    /// [`receive`](Self::receive) on pair `k`.
+    pub fn receive_on(&mut self, k: usize, max: usize) -> Vec<(VnetHdr, Vec<u8>)> {
         let h = self.hdr_len as usize;
         let mut out = Vec::new();
         let mut cur: Option<(VnetHdr, Vec<u8>, u16)> = None;
-        self.rx.used_available().expect("used");
+        let p = &mut self.pairs[k];
+        p.rx.used_available().expect("used");
         while out.len() < max || cur.is_some() {
-            let Some((id, len)) = self.rx.pop_used().expect("pop used") else {
+            let Some((id, len)) = p.rx.pop_used().expect("pop used") else {
                 break;
             };
             let mut b = vec![0u8; len as usize];
-            self.rxm.peek(self.rxm.buf(id), &mut b);
+            p.rxm.peek(p.rxm.buf(id), &mut b);
             match cur.take() {
                 None => {
                     let hdr = VnetHdr::parse_len(&b, self.hdr_len).expect("header");

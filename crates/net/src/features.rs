@@ -20,5 +20,9 @@ pub const VIRTIO_NET_F_HOST_TSO6: u64 = 1 << 12;
 pub const VIRTIO_NET_F_HOST_ECN: u64 = 1 << 13;
 /// Driver can merge receive buffers.
 pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
+/// Several receive/transmit queue pairs, and the control queue's `VQ_PAIRS_SET` (5.1.6.5.5).
+/// Over vhost-user the frontend keeps the control queue and enables the pairs the driver
+/// chose with `SET_VRING_ENABLE`.
+pub const VIRTIO_NET_F_MQ: u64 = 1 << 22;
 /// Virtio 1.x (modern) device.
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;

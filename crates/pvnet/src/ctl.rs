@@ -76,6 +76,10 @@ pub struct PortInfo {
     /// Why a queue of the port was last stopped (the rule its peer broke), if one was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Each queue pair's counters (`rx_packets`, `tx_packets`, `drops`, ...), when the port
+    /// has more than one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub queues: Vec<BTreeMap<String, u64>>,
 }
 
 /// One learned MAC address.
@@ -824,27 +828,42 @@ pub fn render_ports(s: &Status) -> String {
         false, false, false, true, true, true, true, true, true, true, true, false,
     ];
     let num = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
-    let rows: Vec<Vec<String>> = s
-        .ports
-        .iter()
-        .map(|p| {
-            let c = |k: &str| num(p.counters.get(k).copied());
-            vec![
-                cell(&p.name),
-                cell(&p.kind),
-                cell(&p.state),
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for p in &s.ports {
+        let c = |k: &str| num(p.counters.get(k).copied());
+        rows.push(vec![
+            cell(&p.name),
+            cell(&p.kind),
+            cell(&p.state),
+            c("rx_packets"),
+            c("rx_bytes"),
+            c("tx_packets"),
+            c("tx_bytes"),
+            num(drops(&p.counters)),
+            c("backlog"),
+            c("kicks"),
+            c("calls"),
+            cell(&p.detail),
+        ]);
+        // A multiqueue port: one row per queue pair under it.
+        for (k, q) in p.queues.iter().enumerate() {
+            let c = |n: &str| num(q.get(n).copied());
+            rows.push(vec![
+                format!("  q{k}"),
+                String::new(),
+                String::new(),
                 c("rx_packets"),
                 c("rx_bytes"),
                 c("tx_packets"),
                 c("tx_bytes"),
-                num(drops(&p.counters)),
-                c("backlog"),
+                c("drops"),
+                "-".into(),
                 c("kicks"),
                 c("calls"),
-                cell(&p.detail),
-            ]
-        })
-        .collect();
+                String::new(),
+            ]);
+        }
+    }
     let mut out = render_table(&head, &right, &rows);
     for p in &s.ports {
         if let Some(e) = &p.error {
@@ -986,6 +1005,27 @@ pub fn render_metrics(s: &Status) -> String {
             let _ = writeln!(o, "{name}{{{}}} {v}", labels[*i]);
         }
     }
+    // Multiqueue ports: each pair's counters, labelled with its index.
+    let mut queues: BTreeMap<&str, Vec<(usize, usize, u64)>> = BTreeMap::new();
+    for (i, p) in s.ports.iter().enumerate() {
+        for (k, q) in p.queues.iter().enumerate() {
+            for (c, v) in q {
+                queues.entry(c.as_str()).or_default().push((i, k, *v));
+            }
+        }
+    }
+    for (counter, values) in &queues {
+        let name = format!("pvnet_queue_{}_total", metric_part(counter));
+        head(
+            &mut o,
+            &name,
+            "counter",
+            &format!("Queue pair counter {counter}."),
+        );
+        for (i, k, v) in values {
+            let _ = writeln!(o, "{name}{{{},queue=\"{k}\"}} {v}", labels[*i]);
+        }
+    }
     o
 }
 
@@ -1116,12 +1156,12 @@ mod tests {
         assert!(t.lines().nth(1).is_some_and(|l| l.contains(" 17 ")), "{t}");
     }
 
+    fn counters_of(v: &[(&str, u64)]) -> BTreeMap<String, u64> {
+        v.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect()
+    }
+
     fn sample() -> Status {
-        let counters = |v: &[(&str, u64)]| {
-            v.iter()
-                .map(|(k, n)| ((*k).to_owned(), *n))
-                .collect::<BTreeMap<_, _>>()
-        };
+        let counters = counters_of;
         Status {
             uptime_secs: 12.5,
             ports: vec![
@@ -1143,6 +1183,7 @@ mod tests {
                         ("backlog", 17),
                     ]),
                     error: None,
+                    queues: Vec::new(),
                 },
                 PortInfo {
                     name: "we\"ird\\po\nrt".into(),
@@ -1151,6 +1192,7 @@ mod tests {
                     detail: "tap0".into(),
                     counters: counters(&[("rx_packets", 5), ("flooded", 9)]),
                     error: None,
+                    queues: Vec::new(),
                 },
             ],
             macs: vec![
@@ -1523,6 +1565,30 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("pvnet_uptime_seconds +Inf\n"), "{m}");
+        // A multiqueue port: each pair's counters labelled with its index, and a row each in
+        // the table under the port's.
+        let mut s = sample();
+        s.ports[0].queues = vec![
+            counters_of(&[("rx_packets", 1_000_000), ("tx_packets", 3)]),
+            counters_of(&[("rx_packets", 234_567), ("tx_packets", 4)]),
+        ];
+        let m = render_metrics(&s);
+        assert!(
+            m.contains("\npvnet_queue_rx_packets_total{port=\"vm0\",kind=\"vhost-user\",queue=\"1\"} 234567\n"),
+            "{m}"
+        );
+        assert_eq!(
+            m.matches("# TYPE pvnet_queue_tx_packets_total counter")
+                .count(),
+            1
+        );
+        let t = render_ports(&s);
+        let rows: Vec<&str> = t.lines().collect();
+        assert_eq!(rows.len(), 5, "{t}");
+        assert!(
+            rows[2].trim_start().starts_with("q0") && rows[3].contains("234567"),
+            "{t}"
+        );
     }
 
     fn http_get(addr: SocketAddr, req: &str) -> String {

@@ -12,7 +12,6 @@ use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
 use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::port::kernel::HostIo;
-use pvnet_dataplane::stats::PortSnapshot;
 use pvnet_dataplane::switch::SwitchConfig;
 use pvnet_dataplane::worker::{Dataplane, Role, WorkerConfig};
 use serde::{Deserialize, Serialize};
@@ -539,8 +538,8 @@ fn load(a: &SwitchArgs) -> Result<Config> {
     })
 }
 
-/// Counters of a snapshot as the flat map `pvnet ctl` shows.
-pub(crate) fn counters(s: &PortSnapshot) -> BTreeMap<String, u64> {
+/// Counters of a snapshot (a port's, or a queue pair's) as the flat map `pvnet ctl` shows.
+pub(crate) fn counters(s: &impl Serialize) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
     if let Ok(serde_json::Value::Object(o)) = serde_json::to_value(s) {
         for (k, v) in o {

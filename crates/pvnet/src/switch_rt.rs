@@ -364,6 +364,7 @@ impl Runtime {
             detail,
             counters: counters(&last),
             error: last.last_error.clone(),
+            queues: last.queues.iter().map(counters).collect(),
         };
         info!(port = %name, id, counters = ?info.counters, "port deleted");
         if origin == Origin::Ctl {
@@ -575,6 +576,7 @@ impl Runtime {
                             detail: l.detail.clone(),
                             counters: counters(&s),
                             error: s.last_error.clone(),
+                            queues: s.queues.iter().map(counters).collect(),
                         },
                     )
                 })

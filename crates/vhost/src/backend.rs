@@ -20,7 +20,7 @@ use crate::eventfd::{Notifier, Stop};
 use crate::features::{
     DEVICE_FEATURES, VHOST_F_LOG_ALL, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM,
     VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED,
-    VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF,
 };
 use crate::iotlb::{
     BackendChannel, IotlbMsg, Kind, HDR_LEN, HDR_NEED_REPLY, HDR_REPLY, HDR_VERSION,
@@ -118,6 +118,19 @@ impl Default for BackendConfig {
             max_queue_size: 32768,
             mem_slots: 32,
             features: DEVICE_FEATURES,
+        }
+    }
+}
+
+impl BackendConfig {
+    /// What `GET_FEATURES` answers: `features`, and `VIRTIO_NET_F_MQ` when more than one
+    /// pair is offered (QEMU passes MQ to the guest only if the backend has it; DPDK's
+    /// virtio-user sets up more than one pair only then).
+    pub fn offered(&self) -> u64 {
+        if self.queue_pairs > 1 {
+            self.features | VIRTIO_NET_F_MQ
+        } else {
+            self.features
         }
     }
 }
@@ -591,14 +604,15 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn get_features(&mut self) -> VuResult<u64> {
-        Ok(self.cfg.features)
+        Ok(self.cfg.offered())
     }
 
     fn set_features(&mut self, features: u64) -> VuResult<()> {
-        if features & !self.cfg.features != 0 {
+        let offered = self.cfg.offered();
+        if features & !offered != 0 {
             return Err(self.refuse(SessionError::UnofferedFeatures {
                 acked: features,
-                offered: self.cfg.features,
+                offered,
             }));
         }
         let was = self.acked;

@@ -9,8 +9,14 @@
 //! metadata the frontend did not negotiate gets a header written for it, then its frame.
 //!
 //! Queue pairs: pair `k` is queues `2k` (receive) and `2k + 1` (transmit). A port holds the
-//! pairs its shard owns, each with its own counters (one writer each); today one shard owns
-//! pair 0 and later pairs are left idle (the multiqueue issue places them).
+//! pairs its shard owns, each with its own counters (one writer each) and its own egress
+//! queue. Every pair the frontend enabled is serviced: its transmit ring is read each round,
+//! and what the switch sends to the port is steered to a receive ring by a flow hash
+//! (addresses, protocol and ports: one flow stays on one ring, in order), as a multiqueue
+//! NIC's RSS would. With one receive ring running nothing is hashed. The driver picks how
+//! many pairs it uses (`VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET` on its control queue); over
+//! vhost-user the frontend keeps that queue and enables or disables the rings
+//! (`SET_VRING_ENABLE`): the steering follows the rings that run.
 
 use super::{offer_each, read_head, Caps, Ingress, Pkt, PortId, TxOut, MACS, RX_OFFLOADS};
 use crate::egress::{Egress, EgressConfig};
@@ -29,8 +35,9 @@ use virtq::{Chain, DeviceQueue, MemTable, Seg};
 
 /// Most receive chains one packet may span (64 KiB over the smallest sane buffers).
 pub const MAX_MERGE: usize = 64;
-/// Queue pairs a shard services per port today (the multiqueue issue raises it).
-pub const SERVICED_PAIRS: u16 = 1;
+/// Most receive rings the flow hash spreads a port's packets over (pairs past it still send
+/// and are sent to only if an earlier one stops).
+pub const MAX_STEER: usize = 64;
 
 /// A running ring and its notifiers.
 #[derive(Debug)]
@@ -726,8 +733,17 @@ pub struct VhostPort {
     stats: Vec<Arc<PortStats>>,
     /// The pairs, created when their first queue starts.
     qps: Vec<Option<QueuePair>>,
-    /// The pair the open transmit batch goes to (set by `tx_begin`).
+    /// The pair the open transmit batch goes to (set by `tx_begin`, and by the steering for
+    /// each run of packets).
     tx_qp: usize,
+    /// The running receive rings' pairs, in order, when more than one runs (set by
+    /// `tx_begin`): flow hash modulo `nsteer` picks one.
+    steer: [u16; MAX_STEER],
+    nsteer: usize,
+    /// The open transmit batch's time and size hint (a steered pair opens on its first
+    /// packet).
+    tx_now: Instant,
+    tx_hint: usize,
 }
 
 impl VhostPort {
@@ -742,21 +758,36 @@ impl VhostPort {
             qps: stats.iter().map(|_| None).collect(),
             stats,
             tx_qp: 0,
+            steer: [0; MAX_STEER],
+            nsteer: 0,
+            tx_now: Instant::now(),
+            tx_hint: 0,
         }
     }
 
-    /// Installs a started queue. Queues of pairs this shard does not service are left idle.
+    /// How many pairs it has counters for (every pair one of whose queues started).
+    pub fn pairs(&self) -> u16 {
+        u16::try_from(self.qps.len()).unwrap_or(u16::MAX)
+    }
+
+    /// Takes the counters of pairs it did not have yet (`stats[k]` counts pair `k`; the ones
+    /// it has are kept).
+    pub fn add_pairs(&mut self, stats: Vec<Arc<PortStats>>) {
+        for s in stats.into_iter().skip(self.stats.len()) {
+            self.stats.push(s);
+            self.qps.push(None);
+        }
+    }
+
+    /// Installs a started queue (its pair's counters were added first: `add_pairs`).
     pub fn start(&mut self, q: StartedQueue) {
         let pair = usize::from(q.index / 2);
-        if pair >= usize::from(SERVICED_PAIRS) || pair >= self.qps.len() {
-            if let Some(stats) = self.stats.first() {
-                pvnet_vhost::peer_warn!(
-                    stats.log,
-                    port = self.id,
-                    queue = q.index,
-                    "only the first queue pair is serviced; this ring is left idle"
-                );
-            }
+        if pair >= self.qps.len() {
+            tracing::warn!(
+                port = self.id,
+                queue = q.index,
+                "queue of a pair without counters: left idle"
+            );
             return;
         }
         self.features = q.features;
@@ -879,9 +910,19 @@ impl VhostPort {
             .unwrap_or(0)
     }
 
-    /// The egress state of the pair packets are delivered to (pair 0 before any runs).
+    /// The egress state of the pair the last packets offered went to (the steered one), or
+    /// of the first running pair (pair 0 before any runs).
     pub fn egress(&mut self) -> &mut Egress {
-        let k = self.egress_pair().unwrap_or(0);
+        let k = if self
+            .qps
+            .get(self.tx_qp)
+            .and_then(Option::as_ref)
+            .is_some_and(QueuePair::rx_runs)
+        {
+            self.tx_qp
+        } else {
+            self.egress_pair().unwrap_or(0)
+        };
         let (stats, m, h, egress, batch) = (
             self.stats[k].clone(),
             self.mergeable,
@@ -904,10 +945,14 @@ impl VhostPort {
     }
 
     /// Whether a kernel port may read packets straight into this frontend's receive buffers
-    /// (direct receive, docs/no-copy.md): its header is the kernel's 12 bytes, and nothing
-    /// waits in its egress queue (what waits goes first).
+    /// (direct receive, docs/no-copy.md): its header is the kernel's 12 bytes, nothing
+    /// waits in its egress queue (what waits goes first), and one receive ring runs (with
+    /// more, the ring depends on the packet's flow, known only once the kernel wrote it:
+    /// lending one ring's buffers would put every flow on it).
     pub fn lends(&self) -> bool {
-        self.hdr_len == HDR_LEN && !super::Port::backlogged(self)
+        self.hdr_len == HDR_LEN
+            && !super::Port::backlogged(self)
+            && self.qps.iter().flatten().filter(|qp| qp.rx_runs()).count() <= 1
     }
 
     /// The open receive batch's chains not filled yet (0 when none is open).
@@ -1256,23 +1301,35 @@ fn ingress(
 }
 
 impl VhostPort {
-    /// [`Port::drain`](super::Port::drain)'s work: see there.
+    /// [`Port::drain`](super::Port::drain)'s work: each pair's queue into its own ring; what
+    /// waits for a ring that no longer runs has nowhere to go (a flow's packets are not
+    /// moved to another ring behind later ones of the same flow).
     #[inline(never)]
     fn drain_queue(&mut self, now: Instant) -> usize {
-        let (id, features, hdr_len, batch) = (self.id, self.features, self.hdr_len, self.cfg.batch);
-        let Some(k) = self.egress_pair() else {
-            // No ring to drain into: what waits has nowhere to go.
-            for qp in self.qps.iter_mut().flatten() {
-                qp.empty_egress(DropReason::PortDown);
+        let mut sent = 0;
+        for k in 0..self.qps.len() {
+            let Some(qp) = self.qps[k].as_mut() else {
+                continue;
+            };
+            if !qp.rx_runs() {
+                if qp.out.egress.queue_len().unwrap_or(0) > 0 {
+                    qp.empty_egress(DropReason::PortDown);
+                }
+                continue;
             }
-            return 0;
-        };
+            if qp.out.egress.backlogged() {
+                sent += self.drain_pair(k, now);
+            }
+        }
+        sent
+    }
+
+    /// Drains pair `k`'s egress queue into its receive ring (which runs).
+    fn drain_pair(&mut self, k: usize, now: Instant) -> usize {
+        let (id, features, hdr_len, batch) = (self.id, self.features, self.hdr_len, self.cfg.batch);
         let Some(qp) = self.qps[k].as_mut() else {
             return 0;
         };
-        if !qp.out.egress.backlogged() {
-            return 0;
-        }
         let Some(mut q) = qp.out.egress.take_queue() else {
             return 0;
         };
@@ -1333,6 +1390,118 @@ impl VhostPort {
     }
 }
 
+impl VhostPort {
+    /// Records the running receive rings' pairs for the steering; returns how many run
+    /// (the first is `first`).
+    fn steer_rings(&mut self, first: usize) -> usize {
+        let mut n = 0;
+        for (k, qp) in self.qps.iter().enumerate().skip(first) {
+            if n == MAX_STEER {
+                break;
+            }
+            if qp.as_ref().is_some_and(QueuePair::rx_runs) {
+                self.steer[n] = u16::try_from(k).unwrap_or(0);
+                n += 1;
+            }
+        }
+        self.nsteer = n;
+        n
+    }
+
+    /// The pair a packet's flow goes to (several receive rings run).
+    #[inline]
+    fn pair_of(&self, p: &Pkt<'_>) -> usize {
+        // The addresses and ports lie within the frame's first 64 bytes (VLAN and IPv6
+        // included): one fixed copy, whatever the segments.
+        let mut b = [0u8; 64];
+        let n = virtq::mem::read_segs(p.segs, p.hdr_len, &mut b);
+        let h = crate::egress::queue::flow_hash(&b[..n]);
+        let i = usize::try_from(h % self.nsteer.max(1) as u64).unwrap_or(0);
+        usize::from(self.steer[i])
+    }
+
+    /// Splits `pkts` into runs that go to one pair each and hands each run to `f` (the port,
+    /// the pair, the run) until one is not all taken: how many were, and what became of the
+    /// next one.
+    fn for_each_run(
+        &mut self,
+        pkts: &[Pkt<'_>],
+        mut f: impl FnMut(&mut Self, usize, &[Pkt<'_>]) -> (usize, TxOut),
+    ) -> (usize, TxOut) {
+        let Some(first) = pkts.first() else {
+            return (0, TxOut::Sent);
+        };
+        let mut k = self.pair_of(first);
+        let mut done = 0;
+        while done < pkts.len() {
+            let mut end = done + 1;
+            let mut next = None;
+            while end < pkts.len() {
+                let j = self.pair_of(&pkts[end]);
+                if j != k {
+                    next = Some(j);
+                    break;
+                }
+                end += 1;
+            }
+            let run = &pkts[done..end];
+            let (n, out) = f(self, k, run);
+            done += n;
+            if n < run.len() {
+                return (done, out);
+            }
+            match next {
+                Some(j) => k = j,
+                None => break,
+            }
+        }
+        (done, TxOut::Sent)
+    }
+
+    /// `tx_burst` over several receive rings: each run of packets to its flow's ring, which
+    /// opens its batch on its first packet.
+    #[inline(never)]
+    fn tx_steered(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
+        self.for_each_run(pkts, |port, k, run| {
+            port.tx_qp = k;
+            let (id, hint, now) = (port.id, port.tx_hint, port.tx_now);
+            if let Some(qp) = port.qps[k].as_mut() {
+                qp.open(id, hint, now);
+            }
+            port.tx_run(run)
+        })
+    }
+
+    /// Offers packets to the pair `tx_qp` (its batch open, or not if it could not open).
+    #[inline(always)]
+    fn tx_run(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
+        if let Some(mut side) = self.rx_side() {
+            return side.take_burst(pkts);
+        }
+        if self.rx_waits() {
+            // The ring runs but its batch could not open: it waits for a grant (IOTLB miss),
+            // as if it were full.
+            (0, TxOut::NoRoom)
+        } else {
+            (0, TxOut::Dropped(DropReason::PortDown))
+        }
+    }
+
+    /// Queues packets in pair `tx_qp`'s egress.
+    fn enqueue_pair(&mut self, pkts: &[Pkt<'_>], now: Instant) {
+        let Some(qp) = self.qps.get_mut(self.tx_qp).and_then(Option::as_mut) else {
+            return;
+        };
+        let c = qp.out.egress.enqueue(pkts, now);
+        count_queue(&qp.stats, &c, 0);
+        if let Some(q) = qp.out.egress.queue_len() {
+            qp.stats
+                .backlog
+                .store(u64::from(q), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 impl super::Port for VhostPort {
     fn id(&self) -> PortId {
         self.id
@@ -1376,6 +1545,11 @@ impl super::Port for VhostPort {
             return false;
         };
         self.tx_qp = k;
+        if self.qps.len() > 1 && self.steer_rings(k) > 1 {
+            // Several rings: each opens on its first packet.
+            (self.tx_now, self.tx_hint) = (now, hint);
+            return true;
+        }
         // A running ring whose batch could not open (a grant missing) still counts as
         // begun: its packets then meet "no room" and wait, rather than being dropped.
         self.qps[k]
@@ -1385,16 +1559,10 @@ impl super::Port for VhostPort {
 
     #[inline]
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
-        if let Some(mut side) = self.rx_side() {
-            return side.take_burst(pkts);
+        if self.nsteer > 1 {
+            return self.tx_steered(pkts);
         }
-        if self.rx_waits() {
-            // The ring runs but its batch could not open: it waits for a grant (IOTLB miss),
-            // as if it were full.
-            (0, TxOut::NoRoom)
-        } else {
-            (0, TxOut::Dropped(DropReason::PortDown))
-        }
+        self.tx_run(pkts)
     }
 
     #[inline]
@@ -1404,8 +1572,17 @@ impl super::Port for VhostPort {
         }
     }
 
+    /// With several receive rings: whether any has packets waiting (a run then queues
+    /// behind them, each packet in its own ring's queue: a flow is never overtaken).
     #[inline]
     fn backlogged(&self) -> bool {
+        if self.nsteer > 1 {
+            return self
+                .qps
+                .iter()
+                .flatten()
+                .any(|qp| qp.out.egress.backlogged());
+        }
         self.qps
             .get(self.tx_qp)
             .and_then(Option::as_ref)
@@ -1414,16 +1591,15 @@ impl super::Port for VhostPort {
 
     #[inline(never)]
     fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
-        let Some(qp) = self.qps.get_mut(self.tx_qp).and_then(Option::as_mut) else {
+        if self.nsteer > 1 {
+            self.for_each_run(pkts, |port, k, run| {
+                port.tx_qp = k;
+                port.enqueue_pair(run, now);
+                (run.len(), TxOut::Sent)
+            });
             return;
-        };
-        let c = qp.out.egress.enqueue(pkts, now);
-        count_queue(&qp.stats, &c, 0);
-        if let Some(q) = qp.out.egress.queue_len() {
-            qp.stats
-                .backlog
-                .store(u64::from(q), std::sync::atomic::Ordering::Relaxed);
         }
+        self.enqueue_pair(pkts, now);
     }
 
     /// Nearly every round nothing waits: one check here, the drain itself out of line.

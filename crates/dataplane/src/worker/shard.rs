@@ -13,7 +13,7 @@ use crate::poll::{Clock, WakeCost};
 use crate::port::gen::{GenPort, GenSpec};
 use crate::port::kernel::KernelPort;
 use crate::port::sink::{Counting, SinkPort};
-use crate::port::vhost::{VhostConfig, VhostPort, SERVICED_PAIRS};
+use crate::port::vhost::{VhostConfig, VhostPort};
 use crate::port::{AnyPort, Port, PortId};
 use crate::stats::PortStats;
 use crate::switch::{Fabric, MacEntry, Router, Wire, HOLD};
@@ -185,7 +185,7 @@ impl Shard {
         let stats: Vec<Arc<PortStats>> = {
             let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
             let v = r.entry(id).or_default();
-            while v.len() < usize::from(SERVICED_PAIRS) {
+            if v.is_empty() {
                 v.push(Arc::default());
             }
             v.clone()
@@ -287,9 +287,21 @@ impl Shard {
     }
 
     fn stop_queues(&mut self, id: PortId) {
-        for index in 0..2 * SERVICED_PAIRS {
+        let pairs = self.vhost(id).map_or(0, |p| p.pairs());
+        for index in 0..2 * pairs {
             self.stop_queue(id, index);
         }
+    }
+
+    /// The counters of pairs `0..=pair` of port `id` (a port keeps them across reconnections:
+    /// they are created the first time a queue of that pair starts).
+    fn pair_stats(&self, id: PortId, pair: usize) -> Vec<Arc<PortStats>> {
+        let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let v = r.entry(id).or_default();
+        while v.len() <= pair {
+            v.push(Arc::default());
+        }
+        v.clone()
     }
 
     fn stop_queue(&mut self, id: PortId, index: u16) -> Option<u16> {
@@ -307,6 +319,16 @@ impl Shard {
                 Cmd::Start(id, q) => {
                     if let Some(fd) = q.kick.as_ref().map(AsRawFd::as_raw_fd) {
                         self.epoll.add(fd, token(id, q.index));
+                    }
+                    let pair = usize::from(q.index / 2);
+                    if self
+                        .vhost(id)
+                        .is_some_and(|p| usize::from(p.pairs()) <= pair)
+                    {
+                        let stats = self.pair_stats(id, pair);
+                        if let Some(p) = self.vhost(id) {
+                            p.add_pairs(stats);
+                        }
                     }
                     match self.vhost(id) {
                         Some(p) => p.start(*q),
