@@ -44,7 +44,7 @@ DPDK_PKGS=(dpdk dpdk-dev librte-net-vhost23 librte-net-virtio23 librte-mempool-r
 # shellcheck disable=SC2034
 QEMU_PKGS=(qemu-system-x86)
 # shellcheck disable=SC2034
-TOOL_PKGS=(iperf3 sockperf iputils-ping kmod cpio gzip python3 gcc libc6-dev procps util-linux coreutils iproute2)
+TOOL_PKGS=(iperf3 sockperf iputils-ping kmod cpio gzip python3 gcc libc6-dev procps util-linux coreutils iproute2 ethtool)
 
 # ensure_hugepages N : reserves N 2 MiB pages and mounts hugetlbfs on /dev/hugepages.
 ensure_hugepages() {
@@ -191,9 +191,14 @@ tp_summary() { awk -v f="$2-packets:" '/Accumulated forward statistics/{on=1} on
 # The guest image (setup.sh): $GUEST_DIR/vmlinux (PVH ELF), base.cpio.gz (busybox, iperf3,
 # sockperf, virtio_net + pktgen modules, /init). /init runs /run.sh from a second cpio that
 # make_initrd appends (the kernel unpacks both).
+# Env INITRD_BINS="/usr/sbin/ethtool ...": host binaries added to the overlay with their libraries.
 make_initrd() {   # make_initrd RUN_SH OUT [INIT]   (INIT: a replacement /init, see napi0_init)
-  local t; t=$(mktemp -d "$WORK/ov.XXXXXX")
+  local t b l; t=$(mktemp -d "$WORK/ov.XXXXXX")
   cp "$1" "$t/run.sh"; [ -n "${3:-}" ] && cp "$3" "$t/init"
+  for b in ${INITRD_BINS:-}; do
+    mkdir -p "$t$(dirname "$b")"; cp "$b" "$t$b"
+    for l in $(ldd "$b" | grep -oE '/[^ ]+\.so[^ ]*'); do mkdir -p "$t$(dirname "$l")"; cp -L "$l" "$t$l"; done
+  done
   (cd "$t" && find . -mindepth 1 -printf '%P\n' | cpio -o -H newc --quiet | gzip -1) > "$t/ov.cpio.gz"
   cat "$GUEST_DIR/base.cpio.gz" "$t/ov.cpio.gz" > "$2"
   rm -rf "$t"
@@ -261,10 +266,11 @@ PY
 # interrupts and kicks were seen with -smp 1; docs/guest-policies.md).
 # shellcheck disable=SC2034  # read by the scripts that source this file
 GUEST_PID=
-guest_start() {   # env GUEST_MEM: guest RAM in MiB (512)
-  local secs="$1" initrd="$2" glog="$3" append="$4" dev="$5" mem="${GUEST_MEM:-512}"; shift 5
+guest_start() {   # env GUEST_MEM: guest RAM in MiB (512); GUEST_SMP: vCPUs (1, on CPU 0; 2: on both)
+  local secs="$1" initrd="$2" glog="$3" append="$4" dev="$5" mem="${GUEST_MEM:-512}" smp="${GUEST_SMP:-1}" cpus=0; shift 5
   local acc; read -ra acc <<< "$(guest_accel)"
-  timeout -k 5 "$secs" taskset -c 0 qemu-system-x86_64 "${acc[@]}" -m "$mem" -smp 1,maxcpus=2 -nodefaults \
+  [ "$smp" -gt 1 ] && cpus=0,1
+  timeout -k 5 "$secs" taskset -c "$cpus" qemu-system-x86_64 "${acc[@]}" -m "$mem" -smp "$smp",maxcpus=2 -nodefaults \
     -no-user-config -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$initrd" \
     -append "console=ttyS0 quiet panic=-1 $append" \
     -object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem \

@@ -3,7 +3,7 @@
 # Idempotent; ~2 min on a fresh Debian 12 (apt-get), ~1 s when everything is in place.
 #
 #   * DPDK 22.11 dpdk-testpmd and the PMDs it needs (net_vhost, net_virtio_user, mempool ring)
-#   * QEMU 7.2 (qemu-system-x86), iperf3, sockperf, kmod, cpio, python3, gcc
+#   * QEMU 7.2 (qemu-system-x86), iperf3, sockperf, ethtool, kmod, cpio, python3, gcc
 #   * $HUGEPAGES (1024) 2 MiB hugepages reserved, hugetlbfs mounted on /dev/hugepages
 #   * the guest, under $PVNET_PEERS_WORK/guest (default /tmp/pvnet-peers/guest), from Debian
 #     packages only, without installing a kernel on this host:

@@ -165,6 +165,7 @@ fn gen_to(id: u32, dst: [u8; 6]) -> AnyPort {
         delay: Duration::ZERO,
         src: [2, 0, 0, 0, 0, 1],
         dst,
+        flows: 1,
     };
     AnyPort::Gen(GenPort::new(id, Arc::default(), spec, Counting::Own))
 }

@@ -12,6 +12,7 @@ use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
 use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::port::kernel::HostIo;
+use pvnet_dataplane::port::vhost::MAX_STEER;
 use pvnet_dataplane::switch::SwitchConfig;
 use pvnet_dataplane::worker::{Dataplane, Role, WorkerConfig};
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,9 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
   vhost-user:name=vm1,socket=/tmp/vm1.sock[,client=true][,queue_pairs=1][,offloads=true]
       a virtio-net device for QEMU (-chardev socket,path=...) or DPDK net_virtio_user;
       client=true connects to a frontend that listens (QEMU server=on) and reconnects.
+      queue_pairs=N (1 to 64) offers N pairs (VIRTIO_NET_F_MQ): every pair the frontend
+      enables is serviced, and each flow sent to it goes to one receive ring, by its hash
+      (QEMU: -netdev vhost-user,queues=N and virtio-net-pci,mq=on; DPDK: queues=N).
       [,qdisc=fq_codel|fifo|none][,dql=true][,bulk=true][,limit=1024]: packets that find
       the frontend's receive ring full wait in this port's egress queue (copied; the sender
       goes on): fq_codel (flow queues, CoDel: target 5 ms, interval 100 ms) or fifo, at most
@@ -50,9 +54,11 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       12-byte virtio-net header (Linux 6.5+), promiscuous; frames the host itself sends out
       of it are ignored. Offloads pass through as for the tap.
   sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
-  gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC]
+  gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC][,flows=1]
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),
-      starting delay seconds after a receiver appears; then an end marker.
+      starting delay seconds after a receiver appears; then an end marker. flows=N (up to
+      255) spreads them over N source addresses (the last byte xor 0..N), so that a
+      multiqueue port's flow hash puts them on all its rings.
 
 RUNTIME (docs/operations.md):
   pvnet ctl port add|del|set ...   change ports while the switch runs (see pvnet ctl --help)
@@ -212,6 +218,8 @@ pub(crate) enum PortConfig {
         src: String,
         #[serde(default = "gen_dst")]
         dst: String,
+        #[serde(default = "one_flow")]
+        flows: u8,
     },
 }
 
@@ -285,6 +293,9 @@ fn gen_src() -> String {
 fn gen_dst() -> String {
     "02:00:00:00:00:02".into()
 }
+fn one_flow() -> u8 {
+    1
+}
 
 impl PortConfig {
     pub(crate) fn name(&self) -> &str {
@@ -351,9 +362,9 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
             limit,
             ..
         } => {
-            if *queue_pairs == 0 {
+            if *queue_pairs == 0 || usize::from(*queue_pairs) > MAX_STEER {
                 return Err(usage(format!(
-                    "port {name}: queue_pairs must be at least 1"
+                    "port {name}: queue_pairs must be 1 to {MAX_STEER}"
                 )));
             }
             egress_of(name, qdisc, *dql, *bulk, *limit)?;
@@ -367,10 +378,14 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
             delay,
             src,
             dst,
+            flows,
             ..
         } => {
             if !(secs.is_finite() && *secs >= 0.0 && delay.is_finite() && *delay >= 0.0) {
                 return Err(usage(format!("port {name}: secs and delay must be >= 0")));
+            }
+            if *flows == 0 {
+                return Err(usage(format!("port {name}: flows must be 1 to 255")));
             }
             parse_mac(src)?;
             parse_mac(dst)?;
@@ -735,9 +750,22 @@ mod tests {
                 delay: 0.0,
                 frame_len: 64,
                 src: gen_src(),
-                dst: gen_dst()
+                dst: gen_dst(),
+                flows: 1,
             }
         );
+        for bad in [
+            "gen:name=g,flows=0",
+            "gen:name=g,flows=256",
+            "vhost-user:name=a,socket=/s,queue_pairs=0",
+            "vhost-user:name=a,socket=/s,queue_pairs=65",
+        ] {
+            let p = parse_port_spec(bad);
+            assert!(
+                p.is_err() || p.is_ok_and(|p| check_port(&p).is_err()),
+                "{bad}"
+            );
+        }
         assert!(parse_port_spec("sink:name=s,bogus=1").is_err());
         assert!(parse_port_spec("router:name=r").is_err());
         assert!(parse_port_spec("sink:name").is_err());

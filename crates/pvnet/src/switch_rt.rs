@@ -258,6 +258,7 @@ impl Runtime {
                 frame_len,
                 src,
                 dst,
+                flows,
                 ..
             } => {
                 let spec = GenSpec {
@@ -267,6 +268,7 @@ impl Runtime {
                     delay: Duration::from_secs_f64(*delay),
                     src: parse_mac(src)?,
                     dst: parse_mac(dst)?,
+                    flows: *flows,
                 };
                 self.dp.add_host(id, HostPort::Gen(spec));
                 let r = if *rate == 0 {

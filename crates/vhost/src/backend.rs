@@ -154,6 +154,17 @@ struct Region {
     uaddr: u64,
     mmap_offset: u64,
     file: File,
+    /// `ADD_MEM_REG`s of this very region not yet removed. QEMU (7.2) runs one vhost device
+    /// per queue pair over the same connection and each adds (and removes) every region:
+    /// the second add of a region is the same memory, not an overlap.
+    adds: u32,
+}
+
+impl Region {
+    fn same(&self, r: &VhostUserSingleMemoryRegion) -> bool {
+        (self.gpa, self.len, self.uaddr, self.mmap_offset)
+            == (r.guest_phys_addr, r.memory_size, r.user_addr, r.mmap_offset)
+    }
 }
 
 /// The vhost-user state of one frontend connection.
@@ -653,6 +664,7 @@ impl VhostUserBackendReqHandlerMut for Session {
                 uaddr: r.user_addr,
                 mmap_offset: r.mmap_offset,
                 file,
+                adds: 1,
             })
             .collect();
         self.remap()?;
@@ -817,6 +829,16 @@ impl VhostUserBackendReqHandlerMut for Session {
         file: File,
         _postcopy: Option<bool>,
     ) -> VuResult<Option<u64>> {
+        if let Some(x) = self.regions.iter_mut().find(|x| x.same(r)) {
+            x.adds += 1;
+            debug!(
+                port = self.port,
+                gpa = format_args!("{:#x}", { r.guest_phys_addr }),
+                adds = x.adds,
+                "region added again (one vhost device per queue pair): kept as it is"
+            );
+            return Ok(None);
+        }
         if self.regions.len() as u64 >= self.cfg.mem_slots {
             return Err(self.refuse(SessionError::TooManyRegions {
                 max: self.cfg.mem_slots,
@@ -828,6 +850,7 @@ impl VhostUserBackendReqHandlerMut for Session {
             uaddr: r.user_addr,
             mmap_offset: r.mmap_offset,
             file,
+            adds: 1,
         });
         if let Err(e) = self.remap() {
             self.regions.pop();
@@ -837,6 +860,15 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn remove_mem_region(&mut self, r: &VhostUserSingleMemoryRegion) -> VuResult<()> {
+        // A region added more than once goes when its last add is removed.
+        if let Some(x) = self
+            .regions
+            .iter_mut()
+            .find(|x| x.gpa == r.guest_phys_addr && x.len == r.memory_size && x.adds > 1)
+        {
+            x.adds -= 1;
+            return Ok(());
+        }
         let before = self.regions.len();
         self.regions
             .retain(|x| !(x.gpa == r.guest_phys_addr && x.len == r.memory_size));
@@ -1530,6 +1562,18 @@ mod tests {
         assert!(s.remove_mem_region(&absent).is_err());
         s.remove_mem_region(&region(0)).expect("remove region 0");
         assert_eq!(s.regions.len() as u64, slots - 1);
+        // The same region added again (QEMU: one vhost device per queue pair, each adds every
+        // region) takes no slot and stays until each add is removed; an overlapping one that
+        // is not the same is refused.
+        s.add_mem_region(&region(1), memfd(4096), None)
+            .expect("the same region again");
+        assert_eq!(s.regions.len() as u64, slots - 1);
+        let overlap = VhostUserSingleMemoryRegion::new(1 << 20, 8192, 1 << 32, 0);
+        assert!(s.add_mem_region(&overlap, memfd(8192), None).is_err());
+        s.remove_mem_region(&region(1)).expect("first remove");
+        assert_eq!(s.regions.len() as u64, slots - 1, "still added once");
+        s.remove_mem_region(&region(1)).expect("second remove");
+        assert_eq!(s.regions.len() as u64, slots - 2);
 
         let queues = u32::from(s.cfg.queue_pairs) * 2;
         assert!(

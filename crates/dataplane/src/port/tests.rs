@@ -124,6 +124,7 @@ fn gen_port_numbers_frames_regenerates_what_waits_and_ends_with_a_marker() {
         delay: Duration::ZERO,
         src: mac(1),
         dst: mac(2),
+        flows: 1,
     };
     let mut port = AnyPort::Gen(GenPort::new(3, stats.clone(), spec, Counting::Own));
     assert!(!port.caps().receives);

@@ -641,6 +641,7 @@ fn paced_share_under_gso_flood(gso_size: u16, secs: f64) -> f64 {
             delay: Duration::ZERO,
             src: mac(7),
             dst: mac(8),
+            flows: 1,
         },
         Counting::Own,
     ));
@@ -992,4 +993,50 @@ fn a_multiqueue_port_queues_per_ring_and_a_flow_is_never_overtaken() {
         .collect();
     assert!(q.iter().all(|(i, o)| i == o), "{q:?}");
     assert_eq!(get(&b.pair_stats[0].backlog), 0);
+}
+
+#[test]
+fn a_generator_with_flows_reaches_every_ring_of_a_multiqueue_port() {
+    use crate::port::gen::{GenPort, GenSpec};
+    use crate::port::sink::Counting;
+    let mut f = switch();
+    let (mut b, pb) = MockFe::with_pairs(1, MODERN, 256, EgressConfig::switch_default(), 2048, 2);
+    let g = AnyPort::Gen(GenPort::new(
+        0,
+        std::sync::Arc::default(),
+        GenSpec {
+            frame_len: 64,
+            rate: 0,
+            duration: None,
+            delay: Duration::ZERO,
+            src: mac(7),
+            dst: mac(8),
+            flows: 8,
+        },
+        Counting::Own,
+    ));
+    let mut ports = vec![g, pb];
+    f.round(&mut ports, Instant::now());
+    let got: Vec<Vec<(u8, u64)>> = (0..2)
+        .map(|k| {
+            b.received_on(k)
+                .iter()
+                .map(|(_, fr)| {
+                    let seq = u64::from_le_bytes(fr[22..30].try_into().expect("seq"));
+                    (fr[11], seq)
+                })
+                .collect()
+        })
+        .collect();
+    assert!(got.iter().all(|g| !g.is_empty()), "{got:?}");
+    // Each source address (flow) on one ring, its frames in order, every eighth number.
+    for g in &got {
+        for &(src, seq) in g {
+            assert_eq!(u64::from(src ^ 7), seq % 8, "frame {seq} from {src}");
+            assert!(got.iter().filter(|o| o.iter().any(|x| x.0 == src)).count() == 1);
+        }
+        for w in g.windows(2).filter(|w| w[0].0 == w[1].0) {
+            assert!(w[0].1 < w[1].1);
+        }
+    }
 }

@@ -230,6 +230,7 @@ impl Shard {
             delay: Duration::ZERO,
             src: [2, 0, 0, 0, 0, 1],
             dst: [2, 0, 0, 0, 0, 2],
+            flows: 1,
         };
         self.add(AnyPort::Gen(GenPort::new(
             gen,
