@@ -38,6 +38,10 @@
 #        VU_OPTS=",dql=false" (appended to this build's `pvnet switch` vhost-user port specs)
 #        RING=packed (the frontend offers the packed ring: net_virtio_user packed_vq=1; both
 #        backends take it; default split)
+#        QUEUES=2 (queue pairs per port on both sides: virtio-user queues=2 and testpmd
+#        --rxq/--txq 2 at the frontend, net_vhost queues=2, pvnet queue_pairs=2 and its gen
+#        port's frames over 64 flows so that they spread over the rings; the share of the
+#        least-loaded queue is recorded per run as q_min_share; tables go to docs/scale.md)
 #        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles,
 #        "alt" / "altbackend" for `pvnet switch` / `pvnet backend` from the binary ALT_BIN: an
 #        A/B of two builds in one run)
@@ -47,9 +51,12 @@
 # Wall time: ~15 s per run; 3 rounds x 2 sizes x 2 directions x 3 IMPLS: ~9 min.
 source "$(dirname "$0")/lib.sh"
 need_root
+QUEUES="${QUEUES:-1}"; [ "$QUEUES" -gt 1 ] && DOC="${DOC-$PVNET_ROOT/docs/scale.md}"
+DOC="${DOC-$PVNET_ROOT/docs/interop.md}"
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"; SIZES="${SIZES:-64 1500}"
-DOC="${DOC-$PVNET_ROOT/docs/interop.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
+QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
 PVNET_ARGS="${PVNET_ARGS:-}"; VU_OPTS="${VU_OPTS:-}"; PERF="${PERF:-}"; IMPLS="${IMPLS:-switch dpdk}"; ALT_BIN="${ALT_BIN:-}"
+case " $IMPLS " in *" backend "*|*" altbackend "*) [ "$QUEUES" = 1 ] || die "QUEUES>1: pvnet backend's bench roles have one flow; use IMPLS with switch, alt, dpdk";; esac
 RING="${RING:-split}"; case "$RING" in split) VU_RING= ;; packed) VU_RING=",packed_vq=1" ;; *) die "RING must be split or packed";; esac
 case " $IMPLS " in *" alt "*|*" altbackend "*) [ -x "$ALT_BIN" ] || die "IMPLS has alt: ALT_BIN must name a pvnet binary";; esac
 "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
@@ -62,14 +69,17 @@ RES="$B/results.txt"; : > "$RES"
 SOCK="$B/vu.sock"; TCK=$(getconf CLK_TCK)
 FE_PREFIX=pvnet_bench_fe; BE_PREFIX=pvnet_bench_be
 FE_ARGS=(-l "0,1" --main-lcore 1 --socket-mem 512 --single-file-segments --file-prefix "$FE_PREFIX" --no-pci
-         --vdev "net_virtio_user0,path=$SOCK,queues=1,queue_size=256$VU_RING")
+         --vdev "net_virtio_user0,path=$SOCK,queues=$QUEUES,queue_size=256$VU_RING")
 BE_ARGS=(-l "0,1" --main-lcore 0 --socket-mem 512 --file-prefix "$BE_PREFIX" --no-pci
-         --vdev "net_vhost0,iface=$SOCK,queues=1")
+         --vdev "net_vhost0,iface=$SOCK,queues=$QUEUES")
 # The bounce: a second port on each side.
 SOCK2="$B/vu2.sock"
-FE_ARGS2=("${FE_ARGS[@]}" --vdev "net_virtio_user1,path=$SOCK2,queues=1,queue_size=256$VU_RING")
-BE_ARGS2=("${BE_ARGS[@]}" --vdev "net_vhost1,iface=$SOCK2,queues=1")
-APP_ARGS=(--nb-cores=1 --total-num-mbufs=32768 -i)
+FE_ARGS2=("${FE_ARGS[@]}" --vdev "net_virtio_user1,path=$SOCK2,queues=$QUEUES,queue_size=256$VU_RING")
+BE_ARGS2=("${BE_ARGS[@]}" --vdev "net_vhost1,iface=$SOCK2,queues=$QUEUES")
+APP_ARGS=(--nb-cores=1 --total-num-mbufs=32768 -i --rxq="$QUEUES" --txq="$QUEUES")
+# pvnet's side of the same layout: QUEUES pairs on its vhost-user ports, and a generator whose
+# frames spread over the rings (64 flows) when there is more than one.
+VU_Q=",queue_pairs=$QUEUES"; GEN_FLOWS=""; [ "$QUEUES" -gt 1 ] && GEN_FLOWS=",flows=64"
 PV_TPID=
 cleanup() {
   testpmd_kill_all 2>/dev/null
@@ -110,9 +120,9 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
     bepid=$(child_pid "$PV_TPID")
   elif [ "$kind" = switch ]; then
-    local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1,frame_len=$size"
+    local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1,frame_len=$size$GEN_FLOWS"
     # VU_OPTS (e.g. ",qdisc=none" or ",dql=false"): this build's vhost-user port options only.
-    local vo=""; [ "$bin" = "$PVNET_BIN" ] && vo="$VU_OPTS"
+    local vo="$VU_Q"; [ "$bin" = "$PVNET_BIN" ] && vo="$VU_Q$VU_OPTS"
     [ "$dir" = bounce ] && other="vhost-user:name=fe2,socket=$SOCK2$vo"
     timeout -k 5 $((n + 60)) "$bin" switch --port "vhost-user:name=fe,socket=$SOCK$vo" --port "$other" \
       --cpu 1 --ctl-socket "$B/ctl.sock" "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
@@ -141,6 +151,7 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
     sleep 1
     tp fe "show port stats all"; echo "$k $(ticks "$bepid") $(ticks "$fepid") $(machine_busy)" >> "$B/$tag.ticks"
   done
+  [ "$QUEUES" -gt 1 ] && tp fe "show port xstats all"
   testpmd_quit fe 20 || log "$tag: virtio-user testpmd did not quit cleanly"
   hugepage_cleanup "$FE_PREFIX"
   if [ "$kind" = backend ]; then wait_pid "$PV_TPID" 15 || log "$tag: pvnet exit status $?"; PV_TPID=
@@ -175,8 +186,17 @@ other = float("nan")
 if n > w1 > w0:
     d = [rows[w1][i] - rows[w0][i] for i in range(3)]
     other = max(0.0, 100.0 * (d[2] - d[0] - d[1]) / (tck * (w1 - w0) * $(nproc)))
-print("RESULT dir=$dir size=$size impl=$impl round=$round c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d"
-      % (other, mpps, min(win) / 1e6 if win else 0, max(win) / 1e6 if win else 0, ns, pk))
+# Several queues: the least-loaded queue's share of what the frontend counted (per-queue
+# xstats, all ports), over the whole run.
+qs = ""
+if $QUEUES > 1:
+    per = {}
+    for m in re.finditer(r"(%s)_q(\d+)_good_packets: *(\d+)" % ("tx" if field == "TX" else "rx"), open(log, errors="replace").read()):
+        per[int(m.group(2))] = per.get(int(m.group(2)), 0) + int(m.group(3))
+    tot = sum(per.values())
+    qs = " q_min_share=%.2f" % (min(per.values()) / tot if tot and len(per) == $QUEUES else 0)
+print("RESULT dir=$dir size=$size impl=$impl round=$round queues=$QUEUES c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d%s"
+      % (other, mpps, min(win) / 1e6 if win else 0, max(win) / 1e6 if win else 0, ns, pk, qs))
 PY
   if [ "$kind" = switch ]; then
     # packets per used->idx publish on the frontend's port: how the frontend's pace cut the

@@ -38,9 +38,11 @@ pub struct GenSpec {
     pub src: [u8; 6],
     /// Destination address of the frames.
     pub dst: [u8; 6],
-    /// Flows the frames are spread over (1: one): frame `n` has `src` with its last byte
+    /// Flows the frames are spread over (1: one): frame `n` has `src` with its fifth byte
     /// xor `n % flows`, so a multiqueue receiver's flow hash spreads them over its rings (a
-    /// flow's frames keep their order; the sequence numbers interleave across flows).
+    /// flow's frames keep their order; the sequence numbers interleave across flows). (Not
+    /// the last byte: the default addresses differ only there, and a source equal to the
+    /// destination would be filtered.)
     pub flows: u8,
 }
 
@@ -166,7 +168,7 @@ impl super::Port for GenPort {
         let h = HDR_LEN as usize;
         let macs: [u8; 12] = self.frames[h..h + 12].try_into().unwrap_or([0; 12]);
         let (seq, id) = (self.seq, self.id);
-        let (src, flows) = (self.spec.src[5], u64::from(self.spec.flows.max(1)));
+        let (src, flows) = (self.spec.src[4], u64::from(self.spec.flows.max(1)));
         let mut flow = [0u8; MAX_BURST];
         let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
         for (k, f) in self
@@ -183,7 +185,7 @@ impl super::Port for GenPort {
                     flow[k] = u8::try_from((seq + k as u64) % flows).unwrap_or(0);
                 }
             }
-            f[h + 11] = src ^ flow[k];
+            f[h + 10] = src ^ flow[k];
             segs[k] = Seg::from_mut(f);
         }
         let mut pkts = [super::EMPTY; MAX_BURST];
@@ -198,7 +200,7 @@ impl super::Port for GenPort {
         }
         if flows > 1 {
             for (p, f) in pkts.iter_mut().zip(flow).take(owed) {
-                p.macs[11] = src ^ f;
+                p.macs[10] = src ^ f;
             }
         }
         let sent = to.burst(&pkts[..owed], &self.stats);
