@@ -7,7 +7,10 @@
 //! * `gen_vhost`: a generator into a frontend (`--role gen`, a switch's gen port);
 //! * `vhost_sink`: a frontend into a sink (`--role sink`);
 //! * `switch_gen_vhost`, `switch_vhost_sink`: the same two through the learning switch (what
-//!   `pvnet switch`'s gen and sink ports do, e.g. beside DPDK in `bench_dpdk.sh`).
+//!   `pvnet switch`'s gen and sink ports do, e.g. beside DPDK in `bench_dpdk.sh`);
+//! * `switch_trunk_vhost`: `switch_vhost` with A and B on two shards (`--workers 2`): A's
+//!   shard copies the frame into the trunk ring, B's shard copies it out into B (both rounds
+//!   counted, run one after the other in this one thread): what crossing workers costs.
 //!
 //! `scripts/callgrind.sh` runs it for N and 2N packets and divides the difference of each
 //! function's inclusive count by N, so set-up cost cancels.
@@ -16,6 +19,7 @@ use pvnet_dataplane::egress::{EgressConfig, HoldPolicy};
 use pvnet_dataplane::poll::{Policy, WakeCost};
 use pvnet_dataplane::port::gen::{GenPort, GenSpec};
 use pvnet_dataplane::port::sink::{Counting, SinkPort};
+use pvnet_dataplane::port::trunk::{ring, TrunkPort};
 use pvnet_dataplane::port::vhost::{VhostConfig, VhostPort};
 use pvnet_dataplane::port::AnyPort;
 use pvnet_dataplane::switch::{Fabric, Router, SwitchConfig, Wire};
@@ -170,6 +174,35 @@ fn gen_to(id: u32, dst: [u8; 6]) -> AnyPort {
     AnyPort::Gen(GenPort::new(id, Arc::default(), spec, Counting::Own))
 }
 
+/// Both shards' rounds of the trunk path.
+#[inline(never)]
+fn switch_trunk_vhost(f: &mut [Fabric; 2], p: &mut [Vec<AnyPort>; 2], now: Instant) -> usize {
+    let [f1, f2] = f;
+    let [p1, p2] = p;
+    f1.round(p1, now) + f2.round(p2, now) + black_box(6)
+}
+
+/// Shard ends of a trunk between two shards (rings of `pvnet switch --workers`).
+fn trunks() -> (AnyPort, AnyPort) {
+    let (to_b, from_a) = ring(pvnet_dataplane::port::trunk::TRUNK_RING_BYTES);
+    let (to_a, from_b) = ring(pvnet_dataplane::port::trunk::TRUNK_RING_BYTES);
+    let wake = WakeCost {
+        typical: Duration::from_micros(30),
+        floor: Duration::from_micros(10),
+    };
+    let mk = |id, r| {
+        AnyPort::Trunk(TrunkPort::new(
+            id,
+            Arc::default(),
+            r,
+            pvnet_vhost::eventfd::Notifier::new().expect("eventfd"),
+            Arc::default(),
+            wake,
+        ))
+    };
+    (mk(100, (to_b, from_b)), mk(101, (to_a, from_a)))
+}
+
 fn main() {
     let packets: u64 = std::env::args()
         .nth(1)
@@ -242,6 +275,24 @@ fn main() {
         a.offer([2, 0, 0, 0, 0, 9]);
         total += switch_vhost_sink(&mut f, &mut ports, now);
         a.drain();
+    }
+    // Frontend A on one shard, B on another, joined by a trunk.
+    let (mut a, pa) = fe(0, 1);
+    let (mut b, pb) = fe(1, 2);
+    let (ta, tb) = trunks();
+    let mut f = [
+        Fabric::new(Router::learning(SwitchConfig::default()), BATCH),
+        Fabric::new(Router::learning(SwitchConfig::default()), BATCH),
+    ];
+    let mut p = [vec![pa, ta], vec![pb, tb]];
+    b.offer(a.mac);
+    switch_trunk_vhost(&mut f, &mut p, now);
+    a.drain();
+    b.drain();
+    for _ in 0..rounds {
+        a.offer(b.mac);
+        total += switch_trunk_vhost(&mut f, &mut p, now);
+        b.drain();
     }
     println!("{packets} packets per path, {} moved", black_box(total));
 }

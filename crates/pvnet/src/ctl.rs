@@ -56,6 +56,30 @@ pub struct Status {
     pub ports: Vec<PortInfo>,
     /// The learned MAC address table.
     pub macs: Vec<MacInfo>,
+    /// The dataplane's worker threads.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<WorkerRow>,
+}
+
+/// One dataplane worker thread.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(default)]
+pub struct WorkerRow {
+    /// Its index.
+    pub worker: usize,
+    /// The CPU it is pinned to, if it is.
+    pub cpu: Option<usize>,
+    /// Its CPU time since the switch started (user + system), seconds.
+    pub cpu_secs: f64,
+    /// That time as a share of the switch's uptime, percent (a worker that polls all the
+    /// time is at 100).
+    pub busy_pct: f64,
+    /// The ports placed on it.
+    pub ports: Vec<String>,
+    /// Packets it handed to other workers, and that they handed to it.
+    pub handoff_out: u64,
+    /// See `handoff_out`.
+    pub handoff_in: u64,
 }
 
 /// One switch port.
@@ -870,6 +894,35 @@ pub fn render_ports(s: &Status) -> String {
             out += &format!("{}: {}\n", cell(&p.name), cell(e));
         }
     }
+    if s.workers.len() > 1 {
+        let rows: Vec<Vec<String>> = s
+            .workers
+            .iter()
+            .map(|w| {
+                vec![
+                    w.worker.to_string(),
+                    w.cpu.map_or_else(|| "-".into(), |c| c.to_string()),
+                    format!("{:.1}", w.busy_pct),
+                    w.handoff_out.to_string(),
+                    w.handoff_in.to_string(),
+                    cell(&w.ports.join(",")),
+                ]
+            })
+            .collect();
+        out += "\n";
+        out += &render_table(
+            &[
+                "WORKER",
+                "CPU",
+                "BUSY%",
+                "HANDOFF_OUT",
+                "HANDOFF_IN",
+                "PORTS",
+            ],
+            &[true, true, true, true, true, false],
+            &rows,
+        );
+    }
     out
 }
 
@@ -953,6 +1006,31 @@ pub fn render_metrics(s: &Status) -> String {
         "Learned MAC addresses in the switch's table.",
     );
     let _ = writeln!(o, "pvnet_mac_entries {}", s.macs.len());
+
+    if !s.workers.is_empty() {
+        for (name, help, get) in [
+            (
+                "pvnet_worker_cpu_seconds_total",
+                "CPU time of a dataplane worker thread.",
+                (|w: &WorkerRow| fmt_float(w.cpu_secs)) as fn(&WorkerRow) -> String,
+            ),
+            (
+                "pvnet_worker_handoff_out_total",
+                "Packets a worker handed to other workers.",
+                |w: &WorkerRow| w.handoff_out.to_string(),
+            ),
+            (
+                "pvnet_worker_handoff_in_total",
+                "Packets other workers handed to a worker.",
+                |w: &WorkerRow| w.handoff_in.to_string(),
+            ),
+        ] {
+            head(&mut o, name, "counter", help);
+            for w in &s.workers {
+                let _ = writeln!(o, "{name}{{worker=\"{}\"}} {}", w.worker, get(w));
+            }
+        }
+    }
 
     let labels: Vec<String> = s
         .ports
@@ -1207,6 +1285,7 @@ mod tests {
                     age_secs: 0.5,
                 },
             ],
+            workers: Vec::new(),
         }
     }
 
@@ -1588,6 +1667,25 @@ mod tests {
         assert!(
             rows[2].trim_start().starts_with("q0") && rows[3].contains("234567"),
             "{t}"
+        );
+        // Several workers: a table of them under the ports, and their counters as metrics.
+        s.workers = (0..2u64)
+            .map(|k| WorkerRow {
+                worker: usize::try_from(k).unwrap_or(0),
+                cpu: Some(0),
+                cpu_secs: 1.5,
+                busy_pct: 12.5,
+                ports: vec![format!("p{k}")],
+                handoff_out: 7 + k,
+                handoff_in: 9,
+            })
+            .collect();
+        let t = render_ports(&s);
+        assert!(t.contains("HANDOFF_OUT") && t.contains(" 12.5 "), "{t}");
+        let m = render_metrics(&s);
+        assert!(
+            m.contains("\npvnet_worker_handoff_out_total{worker=\"1\"} 8\n"),
+            "{m}"
         );
     }
 

@@ -73,6 +73,7 @@ EXAMPLES:
 TOML:
   [switch]
   cpu = 1
+  workers = 1                          (worker threads; ports dealt round-robin over them)
   ctl_socket = \"/run/pvnet/ctl.sock\"
   ctl_group = \"pvnet\"                  (members may use pvnet ctl; default: owner only)
   state = \"/var/lib/pvnet/ports.toml\"
@@ -93,9 +94,13 @@ pub struct SwitchArgs {
     /// A port: KIND:key=value,... (see PORTS below). Repeatable.
     #[arg(long = "port", value_name = "SPEC")]
     pub ports: Vec<String>,
-    /// Pin the dataplane worker to this CPU.
+    /// Pin the dataplane worker to this CPU (worker k to the k-th CPU after it).
     #[arg(long)]
     pub cpu: Option<usize>,
+    /// Dataplane worker threads. Ports are dealt round-robin over them; a packet between
+    /// ports of two workers crosses a ring between them (one more copy). Default 1.
+    #[arg(long)]
+    pub workers: Option<usize>,
     /// Polling policy of transmit rings (see `pvnet backend --help`). Default adaptive.
     #[arg(long)]
     pub policy: Option<Policy>,
@@ -136,6 +141,7 @@ pub struct SwitchArgs {
 #[serde(deny_unknown_fields)]
 pub(crate) struct SwitchTable {
     cpu: Option<usize>,
+    workers: Option<usize>,
     policy: Option<String>,
     rx_policy: Option<String>,
     batch: Option<u16>,
@@ -520,6 +526,10 @@ fn load(a: &SwitchArgs) -> Result<Config> {
     if batch == 0 {
         return Err(usage("batch must be at least 1"));
     }
+    let workers = a.workers.or(sw.workers).unwrap_or(1);
+    if workers == 0 || workers > 64 {
+        return Err(usage("--workers must be 1 to 64"));
+    }
     let worker = WorkerConfig {
         role: Role::Switch(SwitchConfig {
             aging: Duration::from_secs(a.mac_aging.or(sw.mac_aging).unwrap_or(300).max(1)),
@@ -529,8 +539,7 @@ fn load(a: &SwitchArgs) -> Result<Config> {
         batch,
         cpu: a.cpu.or(sw.cpu),
         tx_call_delay: Duration::from_micros(a.tx_call_delay.or(sw.tx_call_delay).unwrap_or(150)),
-        // One shard until shards hand packets to each other (the multiqueue issue).
-        shards: 1,
+        shards: workers,
         egress: EgressConfig::switch_default(),
     };
     Ok(Config {

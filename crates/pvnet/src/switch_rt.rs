@@ -600,10 +600,34 @@ impl Runtime {
                 age_secs: e.age.as_secs_f64(),
             })
             .collect();
+        let uptime = self.started.elapsed().as_secs_f64();
+        let workers = self
+            .dp
+            .workers()
+            .into_iter()
+            .map(|w| ctl::WorkerRow {
+                worker: w.index,
+                cpu: w.cpu,
+                cpu_secs: w.cpu_secs,
+                busy_pct: if uptime > 0.0 {
+                    100.0 * w.cpu_secs / uptime
+                } else {
+                    0.0
+                },
+                ports: w
+                    .ports
+                    .iter()
+                    .map(|id| names.get(id).cloned().unwrap_or_else(|| id.to_string()))
+                    .collect(),
+                handoff_out: w.handoff_out,
+                handoff_in: w.handoff_in,
+            })
+            .collect();
         ctl::Status {
-            uptime_secs: self.started.elapsed().as_secs_f64(),
+            uptime_secs: uptime,
             ports: rows.into_iter().map(|r| r.1).collect(),
             macs,
+            workers,
         }
     }
 

@@ -362,3 +362,42 @@ fn ports_change_at_runtime_without_loss_on_the_others() {
     sw.signal(libc::SIGTERM);
     assert!(sw.wait_exit(RUN).success());
 }
+
+/// Two workers: ports a and the sink on worker 0, b on worker 1. Every frame a sends crosses
+/// the trunk to b (flooded: its address is never learned), exactly once, in order, and the
+/// workers' hand-off counters say so.
+#[test]
+fn frames_cross_workers_exactly() {
+    let dir = TestDir::new("swk");
+    let mut sw = Switch::start(&dir, &["--workers", "2"]);
+    let (a, b) = (sw.a.clone(), sw.b.clone());
+    let mut rx = frontend("frontend rx", &b, &["--role", "rx", "--queue-size", "1024"]);
+    rx.wait_json("ready", Duration::from_secs(20));
+    let tx = frontend(
+        "frontend tx",
+        &a,
+        &["--role", "tx", "--secs", "0.4", "--rate", "20000"],
+    )
+    .finish(RUN);
+    let rxf = rx.finish(RUN);
+    let sent = u(&tx, "/tx_packets");
+    assert!(sent > 5000, "{tx}");
+    assert_eq!(u(&rxf, "/rx_packets"), sent, "b got every frame: {rxf}");
+    assert!(
+        rxf["complete"].as_bool().unwrap_or(false),
+        "in order: {rxf}"
+    );
+    let st = sw.ctl("ports");
+    let (ca, cb, cs) = (counters(&st, "a"), counters(&st, "b"), counters(&st, "s"));
+    assert_eq!(u(ca, "/rx_packets"), sent);
+    assert_eq!(u(cb, "/tx_packets"), sent);
+    assert_eq!(u(cs, "/tx_packets"), sent, "the sink, on a's worker");
+    let w = st["workers"].as_array().expect("workers in the status");
+    assert_eq!(w.len(), 2, "{st}");
+    assert_eq!(w[0]["ports"], serde_json::json!(["a", "s"]), "{st}");
+    assert_eq!(w[1]["ports"], serde_json::json!(["b"]), "{st}");
+    assert_eq!(u(&w[0], "/handoff_out"), sent, "{st}");
+    assert_eq!(u(&w[1], "/handoff_in"), sent, "{st}");
+    sw.proc.signal(libc::SIGINT);
+    sw.proc.finish(RUN);
+}

@@ -69,6 +69,28 @@ pub struct GenPort {
     done: bool,
 }
 
+/// Spreads a burst over flows: frame `k` of the `owed` in `frames` gets the source address
+/// of flow `(first + k) % flows` (its fifth byte `src` xor the flow), noted in `flow[k]`; the
+/// end marker (`first` None) goes out from the first flow's.
+#[cold]
+#[inline(never)]
+fn spread(
+    frames: &mut [u8],
+    frame_bytes: usize,
+    owed: usize,
+    first: Option<u64>,
+    (src, flows): (u8, u8),
+    flow: &mut [u8; MAX_BURST],
+) {
+    let at = HDR_LEN as usize + 10;
+    for (k, f) in frames.chunks_exact_mut(frame_bytes).take(owed).enumerate() {
+        flow[k] = first.map_or(0, |s| {
+            u8::try_from((s + k as u64) % u64::from(flows)).unwrap_or(0)
+        });
+        f[at] = src ^ flow[k];
+    }
+}
+
 impl GenPort {
     /// A generator (see [`Counting`]).
     pub fn new(id: PortId, stats: Arc<PortStats>, spec: GenSpec, counting: Counting) -> Self {
@@ -168,8 +190,19 @@ impl super::Port for GenPort {
         let h = HDR_LEN as usize;
         let macs: [u8; 12] = self.frames[h..h + 12].try_into().unwrap_or([0; 12]);
         let (seq, id) = (self.seq, self.id);
-        let (src, flows) = (self.spec.src[4], u64::from(self.spec.flows.max(1)));
+        let (src, flows) = (self.spec.src[4], self.spec.flows);
         let mut flow = [0u8; MAX_BURST];
+        if flows > 1 {
+            let first = if finishing { None } else { Some(seq) };
+            spread(
+                &mut self.frames,
+                self.frame_bytes,
+                owed,
+                first,
+                (src, flows),
+                &mut flow,
+            );
+        }
         let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
         for (k, f) in self
             .frames
@@ -181,11 +214,7 @@ impl super::Port for GenPort {
                 frame::set_end(&mut f[h..], seq);
             } else {
                 frame::set_seq(&mut f[h..], seq + k as u64);
-                if flows > 1 {
-                    flow[k] = u8::try_from((seq + k as u64) % flows).unwrap_or(0);
-                }
             }
-            f[h + 10] = src ^ flow[k];
             segs[k] = Seg::from_mut(f);
         }
         let mut pkts = [super::EMPTY; MAX_BURST];

@@ -6,6 +6,7 @@
 //! | [`kernel`] (a tap, or an `AF_PACKET` socket on a veth or NIC) | reads from the kernel, in bursts | gathered writes to the kernel, in bursts |
 //! | [`sink`] | — | reads and checks every byte (bench frames) |
 //! | [`gen`] | numbered bench frames, paced or not | — |
+//! | [`trunk`] | what another shard sent over | copies into the ring to another shard |
 //!
 //! A port hands its packets out in bursts ([`Port::rx_burst`]): each [`Pkt`] borrows the
 //! memory it sits in (a frontend's buffer, a tap's read buffer, a generator's template), so
@@ -21,6 +22,7 @@
 pub mod gen;
 pub mod kernel;
 pub mod sink;
+pub mod trunk;
 pub mod vhost;
 
 use crate::poll::plan::Settle;
@@ -261,6 +263,8 @@ pub enum AnyPort {
     Sink(sink::SinkPort),
     /// Produces.
     Gen(gen::GenPort),
+    /// The link to another shard (worker) of the switch.
+    Trunk(trunk::TrunkPort),
 }
 
 /// Forwards a call to the port of whatever kind.
@@ -271,6 +275,7 @@ macro_rules! each {
             AnyPort::Kernel($p) => $e,
             AnyPort::Sink($p) => $e,
             AnyPort::Gen($p) => $e,
+            AnyPort::Trunk($p) => $e,
         }
     };
 }
@@ -292,7 +297,9 @@ impl Port for AnyPort {
     fn tx_stats(&self) -> &PortStats {
         each!(self, p => p.tx_stats())
     }
-    #[inline]
+    // Always: the one call per port per round, inlined into the switch's loop with each
+    // kind's burst (a trunk's, the largest and rarest, stays out of line).
+    #[inline(always)]
     fn rx_burst(&mut self, max: usize, now: Instant, to: &mut impl Ingress) -> usize {
         each!(self, p => p.rx_burst(max, now, to))
     }
@@ -345,6 +352,12 @@ impl Port for AnyPort {
 }
 
 impl AnyPort {
+    /// Whether it is a trunk to another shard.
+    #[inline]
+    pub fn is_trunk(&self) -> bool {
+        matches!(self, AnyPort::Trunk(_))
+    }
+
     /// The vhost-user port, if it is one.
     pub fn as_vhost(&mut self) -> Option<&mut vhost::VhostPort> {
         match self {
@@ -358,6 +371,7 @@ impl AnyPort {
         match self {
             AnyPort::Vhost(v) => Some(v.egress()),
             AnyPort::Kernel(t) => Some(t.egress()),
+            AnyPort::Trunk(t) => Some(t.egress()),
             _ => None,
         }
     }

@@ -290,10 +290,12 @@ impl Fabric {
             } else {
                 Offer::Unicast
             };
+            let from_trunk = src.is_trunk();
             let mut cx = Cx {
                 f: self,
                 others: Others { before, after, i },
                 sid,
+                from_trunk,
                 now,
                 offer,
                 fixed,
@@ -357,6 +359,9 @@ struct Cx<'a, 'p> {
     f: &'a mut Fabric,
     others: Others<'p>,
     sid: PortId,
+    /// The sender is a trunk from another shard: what it brings goes to this shard's own
+    /// ports only (split horizon, see [`crate::port::trunk`]).
+    from_trunk: bool,
     now: Instant,
     /// How the sender's packets wait for a full receiver.
     offer: Offer,
@@ -375,9 +380,13 @@ struct Cx<'a, 'p> {
 }
 
 impl Cx<'_, '_> {
-    /// Whether port `j` takes a flooded copy: another port that receives.
+    /// Whether port `j` takes a flooded copy: another port that receives (not a trunk, for
+    /// what came over one).
     fn floods_to(&mut self, j: usize) -> bool {
-        self.others.get(j).is_some_and(|p| p.caps().receives)
+        let from_trunk = self.from_trunk;
+        self.others
+            .get(j)
+            .is_some_and(|p| p.caps().receives && !(from_trunk && p.is_trunk()))
     }
 
     /// Where packets with these addresses go (and learns the source).
@@ -398,6 +407,10 @@ impl Cx<'_, '_> {
                 return Route::Drop(DropReason::Filtered);
             }
             if let Some(j) = index_of(self.others.before, self.others.after, dst) {
+                if self.from_trunk && self.others.get_ref(j).is_some_and(AnyPort::is_trunk) {
+                    // Learned behind another shard: that shard was sent it directly.
+                    return Route::Drop(DropReason::Filtered);
+                }
                 return Route::One(j, false);
             }
         }

@@ -1040,3 +1040,83 @@ fn a_generator_with_flows_reaches_every_ring_of_a_multiqueue_port() {
         }
     }
 }
+
+/// Three shards' switches joined by trunks (a full mesh), one frontend on each.
+#[test]
+fn shards_joined_by_trunks_switch_as_one_and_floods_do_not_loop() {
+    use crate::port::trunk::{ring, TrunkPort};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let wake = crate::poll::WakeCost {
+        typical: Duration::from_micros(20),
+        floor: Duration::from_micros(10),
+    };
+    let mut fes = Vec::new();
+    let mut shards: Vec<(Fabric, Vec<AnyPort>)> = Vec::new();
+    for k in 0..3u32 {
+        let (fe, p) = fe(k, MODERN);
+        fes.push(fe);
+        shards.push((switch(), vec![p]));
+    }
+    let mut trunk_stats = Vec::new();
+    for a in 0..3usize {
+        for b in a + 1..3 {
+            let (to_b, from_a) = ring(1 << 16);
+            let (to_a, from_b) = ring(1 << 16);
+            let mk = |id: u32, r, stats: &Arc<PortStats>| {
+                AnyPort::Trunk(TrunkPort::new(
+                    id,
+                    stats.clone(),
+                    r,
+                    pvnet_vhost::eventfd::Notifier::new().expect("eventfd"),
+                    Arc::new(AtomicBool::new(false)),
+                    wake,
+                ))
+            };
+            let (sa, sb): (Arc<PortStats>, Arc<PortStats>) = (Arc::default(), Arc::default());
+            shards[a]
+                .1
+                .push(mk(100 + u32::try_from(b).unwrap(), (to_b, from_b), &sa));
+            shards[b]
+                .1
+                .push(mk(100 + u32::try_from(a).unwrap(), (to_a, from_a), &sb));
+            trunk_stats.push(sa);
+            trunk_stats.push(sb);
+        }
+    }
+    let now = Instant::now();
+    let run_all = |shards: &mut Vec<(Fabric, Vec<AnyPort>)>| {
+        for _ in 0..4 {
+            for (f, ports) in shards.iter_mut() {
+                f.round(ports, now);
+            }
+        }
+    };
+    // a -> unknown b: flooded to both other shards, each delivers it once (no loop).
+    fes[0].send(&VnetHdr::default(), &tcp4(mac(2), mac(1), 10));
+    run_all(&mut shards);
+    assert_eq!(fes[1].received().len(), 1);
+    assert_eq!(fes[2].received().len(), 1);
+    // b answers a: b's shard learned a behind its trunk to a's shard: only a gets it.
+    fes[1].send(&VnetHdr::default(), &tcp4(mac(1), mac(2), 10));
+    run_all(&mut shards);
+    assert_eq!(fes[0].received().len(), 1);
+    assert!(fes[2].received().is_empty());
+    // a -> b again: unicast over the one trunk now.
+    fes[0].send(&VnetHdr::default(), &tcp4(mac(2), mac(1), 10));
+    run_all(&mut shards);
+    assert_eq!(fes[1].received().len(), 1);
+    assert!(fes[2].received().is_empty());
+    // Every shard sees only its own stations as its own: a's shard has b behind a trunk.
+    let macs: Vec<_> = shards[0]
+        .0
+        .macs(now)
+        .iter()
+        .map(|e| (e.mac, e.port))
+        .collect();
+    assert_eq!(macs, vec![(mac(1), 0), (mac(2), 101)]);
+    // What crossed: 2 flooded copies + 2 unicasts out, as many in.
+    let out: u64 = trunk_stats.iter().map(|s| get(&s.tx_packets)).sum();
+    let inn: u64 = trunk_stats.iter().map(|s| get(&s.rx_packets)).sum();
+    assert_eq!((out, inn), (4, 4));
+}

@@ -8,10 +8,13 @@
 //! for the shard's answer, so when they return the ring is no longer touched and the memory
 //! may be unmapped.
 //!
-//! Placement: a port lives on one shard, chosen from its id ([`Dataplane::shard_of`]). The
-//! learning switch keeps every port on shard 0 (packets cross between any two ports and there
-//! are no hand-off rings between shards yet); the bench roles spread ports over the shards
-//! (a forwarding pair stays together). One shard by default.
+//! Placement: a port lives on one shard, chosen from its id ([`Dataplane::shard_of`]): ports
+//! are dealt round-robin over the shards (the bench role `forward` keeps a forwarding pair
+//! together). Under the learning switch, every pair of shards is joined by a trunk
+//! ([`crate::port::trunk`]): each shard switches among its own ports and sends what is for
+//! another shard's ports over that shard's trunk (a copy into a ring, then the usual copy
+//! into the receiver). There is no rebalancing: a port stays where it was placed. One shard
+//! by default.
 
 pub mod shard;
 
@@ -132,6 +135,25 @@ struct ShardHandle {
     pending: Arc<AtomicBool>,
     asleep: Arc<AtomicBool>,
     wake: Notifier,
+    /// The thread's id (for its CPU time), once it runs.
+    tid: Arc<std::sync::atomic::AtomicI32>,
+}
+
+/// One worker (shard) as `pvnet ctl` shows it.
+#[derive(Debug, Clone, Default, serde::Serialize, PartialEq)]
+pub struct WorkerInfo {
+    /// Its index.
+    pub index: usize,
+    /// The CPU it is pinned to, if it is.
+    pub cpu: Option<usize>,
+    /// CPU time it used (user + system), seconds.
+    pub cpu_secs: f64,
+    /// The ports placed on it.
+    pub ports: Vec<PortId>,
+    /// Packets it sent to other workers over its trunks, and received from them.
+    pub handoff_out: u64,
+    /// See `handoff_out`.
+    pub handoff_in: u64,
 }
 
 /// Handle to the shards; the control plane's [`DeviceHooks`].
@@ -162,6 +184,8 @@ impl Dataplane {
             let pending = Arc::new(AtomicBool::new(false));
             let asleep = Arc::new(AtomicBool::new(false));
             let wake = Notifier::new()?;
+            let tid = Arc::new(std::sync::atomic::AtomicI32::new(0));
+            let tid2 = tid.clone();
             let mut s = Shard::new(
                 index,
                 cfg,
@@ -176,6 +200,9 @@ impl Dataplane {
             let thread = std::thread::Builder::new()
                 .name(format!("pvnet-shard{index}"))
                 .spawn(move || {
+                    // SAFETY: gettid takes no arguments and cannot fail.
+                    let me = unsafe { libc::syscall(libc::SYS_gettid) };
+                    tid2.store(i32::try_from(me).unwrap_or(0), Ordering::Relaxed);
                     s.pin_and_measure(cpu);
                     let _ = measured_tx.send(());
                     s.run(&crate::poll::MonoClock);
@@ -187,14 +214,83 @@ impl Dataplane {
                 pending,
                 asleep,
                 wake,
+                tid,
             });
         }
-        Ok(Arc::new(Self {
+        let dp = Arc::new(Self {
             cfg,
             shards,
             registry,
             threads: Mutex::new(threads),
-        }))
+        });
+        if matches!(cfg.role, Role::Switch(_)) && n > 1 {
+            dp.join_shards()?;
+        }
+        Ok(dp)
+    }
+
+    /// Joins every pair of shards by a trunk (a ring each way).
+    fn join_shards(&self) -> io::Result<()> {
+        use crate::port::trunk::{ring, TRUNK_RING_BYTES};
+        let n = self.shards.len();
+        for a in 0..n {
+            for b in a + 1..n {
+                let (to_b, from_a) = ring(TRUNK_RING_BYTES);
+                let (to_a, from_b) = ring(TRUNK_RING_BYTES);
+                let end = |peer: usize, r| -> io::Result<Cmd> {
+                    let p = &self.shards[peer];
+                    Ok(Cmd::Trunk(Box::new(shard::TrunkEnd {
+                        peer,
+                        ring: r,
+                        peer_wake: p.wake.try_clone()?,
+                        peer_asleep: p.asleep.clone(),
+                    })))
+                };
+                self.send(a, end(b, (to_b, from_b))?);
+                self.send(b, end(a, (to_a, from_a))?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Each worker: its CPU, CPU time, ports and traffic over its trunks.
+    pub fn workers(&self) -> Vec<WorkerInfo> {
+        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let n = self.shards.len();
+        let tck = crate::sys::clock_ticks();
+        (0..n)
+            .map(|k| {
+                let tid = self.shards[k].tid.load(Ordering::Relaxed);
+                let cpu_secs = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+                    .ok()
+                    .and_then(|st| {
+                        let rest = st.rsplit_once(')')?.1;
+                        let f: Vec<&str> = rest.split_whitespace().collect();
+                        // fields 14 and 15 of stat (utime, stime): 12 and 13 after the name
+                        let t = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+                        Some(t as f64 / tck)
+                    })
+                    .unwrap_or(0.0);
+                let mut w = WorkerInfo {
+                    index: k,
+                    cpu: self.cfg.cpu.map(|c| (c + k) % crate::sys::online_cpus()),
+                    cpu_secs,
+                    ..WorkerInfo::default()
+                };
+                for (&id, qps) in r.iter() {
+                    if id & shard::TRUNK != 0 {
+                        if (id >> 12) & 0xfff == PortId::try_from(k).unwrap_or(0) {
+                            let s = PortSnapshot::sum(id, qps.iter().map(|s| &**s));
+                            w.handoff_out += s.tx_packets;
+                            w.handoff_in += s.rx_packets;
+                        }
+                    } else if id & shard::BEHIND == 0 && self.shard_of(id) == k {
+                        w.ports.push(id);
+                    }
+                }
+                w
+            })
+            .collect()
     }
 
     /// Keeps the calling thread, and the threads it starts from now on (the vhost-user
@@ -215,7 +311,6 @@ impl Dataplane {
     pub fn shard_of(&self, port: PortId) -> usize {
         let n = self.shards.len();
         let slot = match self.cfg.role {
-            Role::Switch(_) => 0,
             Role::Forward => port / 2,
             _ => port,
         };
@@ -276,11 +371,21 @@ impl Dataplane {
             .map(|qps| PortSnapshot::sum(id, qps.iter().map(|s| &**s)))
     }
 
-    /// The switch's learned addresses (empty for other roles, or if the shard is gone).
+    /// The switch's learned addresses, every shard's (what a shard learned behind a trunk
+    /// is another shard's entry: left out). Empty for other roles.
     pub fn macs(&self) -> Vec<MacEntry> {
-        let (tx, rx) = sync_channel(1);
-        self.send(0, Cmd::Macs(tx));
-        rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default()
+        let mut all = Vec::new();
+        for k in 0..self.shards.len() {
+            let (tx, rx) = sync_channel(1);
+            self.send(k, Cmd::Macs(tx));
+            all.extend(
+                rx.recv_timeout(Duration::from_secs(2))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|e| e.port & shard::TRUNK == 0),
+            );
+        }
+        all
     }
 
     /// Stops every shard and waits for them.
@@ -377,9 +482,12 @@ mod tests {
             [0, 0, 1, 1]
         );
         dp.shutdown();
-        // The learning switch: every port on shard 0 (no hand-off between shards yet).
+        // The learning switch: round-robin too (shards are joined by trunks).
         let dp = mk(Role::Switch(SwitchConfig::default()), 2);
-        assert!((0..8).all(|p| dp.shard_of(p) == 0));
+        assert_eq!(
+            (0..4).map(|p| dp.shard_of(p)).collect::<Vec<_>>(),
+            [0, 1, 0, 1]
+        );
         dp.shutdown();
     }
 }

@@ -13,6 +13,7 @@ use crate::poll::{Clock, WakeCost};
 use crate::port::gen::{GenPort, GenSpec};
 use crate::port::kernel::KernelPort;
 use crate::port::sink::{Counting, SinkPort};
+use crate::port::trunk::{self, TrunkPort};
 use crate::port::vhost::{VhostConfig, VhostPort};
 use crate::port::{AnyPort, Port, PortId};
 use crate::stats::PortStats;
@@ -44,6 +45,8 @@ pub(crate) enum Cmd {
     AddHost(PortId, Box<HostPort>),
     Egress(PortId, EgressConfig),
     Macs(SyncSender<Vec<MacEntry>>),
+    /// This shard's end of the trunk to shard `peer` (the learning switch on several shards).
+    Trunk(Box<TrunkEnd>),
     /// A guest's address is behind this port now (SEND_RARP after a migration).
     Learn(PortId, [u8; 6]),
     Shutdown,
@@ -57,6 +60,25 @@ const HOST_QUEUE: u16 = u16::MAX;
 /// high bit set (frontends are numbered from 0 in connection order).
 const BEHIND_SINK: PortId = 1 << 31;
 const BEHIND_GEN: PortId = 1 << 30;
+/// Any of the ids that are not a user's port (behind a frontend, a trunk).
+pub(crate) const BEHIND: PortId = BEHIND_SINK | BEHIND_GEN | TRUNK;
+/// Id of shard `s`'s trunk to shard `k`: `TRUNK | s << 12 | k`.
+pub(crate) const TRUNK: PortId = 1 << 29;
+
+/// The id of shard `from`'s trunk to shard `to`.
+pub(crate) fn trunk_id(from: usize, to: usize) -> PortId {
+    let f = PortId::try_from(from & 0xfff).unwrap_or(0);
+    let t = PortId::try_from(to & 0xfff).unwrap_or(0);
+    TRUNK | f << 12 | t
+}
+
+/// What a shard needs to make its end of a trunk.
+pub(crate) struct TrunkEnd {
+    pub(crate) peer: usize,
+    pub(crate) ring: (trunk::Producer, trunk::Consumer),
+    pub(crate) peer_wake: Notifier,
+    pub(crate) peer_asleep: Arc<AtomicBool>,
+}
 /// Most frames a bench-role generator's frame may be (its frontend's buffers bound it).
 const BENCH_MAX_FRAME: usize = 65536;
 
@@ -380,6 +402,20 @@ impl Shard {
                 Cmd::Macs(reply) => {
                     let _ = reply.send(self.fabric.macs(now));
                 }
+                Cmd::Trunk(t) => {
+                    let id = trunk_id(self.index, t.peer);
+                    let stats = self.pair_stats(id, 0).swap_remove(0);
+                    stats.up.store(1, Ordering::Relaxed);
+                    info!(shard = self.index, peer = t.peer, "trunk to shard up");
+                    self.add(AnyPort::Trunk(TrunkPort::new(
+                        id,
+                        stats,
+                        t.ring,
+                        t.peer_wake,
+                        t.peer_asleep,
+                        self.wake,
+                    )));
+                }
                 Cmd::Shutdown => self.quit = true,
             }
         }
@@ -458,7 +494,12 @@ impl Shard {
         // Asleep from here: SeqCst store, then the pending check (the control plane stores
         // pending, then reads asleep): one of the two sees the other's store.
         self.asleep.store(true, Ordering::SeqCst);
-        if self.pending.load(Ordering::SeqCst) {
+        // (a trunk's sender publishes, then reads `asleep`: one of the two sees the other)
+        let handed = self
+            .ports
+            .iter()
+            .any(|p| matches!(p, AnyPort::Trunk(t) if t.pending()));
+        if self.pending.load(Ordering::SeqCst) || handed {
             self.asleep.store(false, Ordering::SeqCst);
             if timed.is_some() {
                 self.timer.clear();
