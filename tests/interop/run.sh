@@ -13,7 +13,10 @@
 #                         MQ acked), flowgen through the learning switch both ways: every queue
 #                         carries traffic both ways; per queue, testpmd's tx_qK == pvnet's
 #                         rx_packets of pair K and pvnet's tx_packets of pair K == testpmd's rx_qK;
-#                         what a port took = what the other delivered + its counted drops.
+#                         what the ports took = what they delivered + their counted drops.
+#   dpdk_workers          dpdk_multiqueue with pvnet switch --workers 2: the two ports on two
+#                         workers, every frame crossing between them; the same exact counts,
+#                         and each worker's hand-off out == the other's in, both ways.
 #   dpdk_two_frontends    two frontends through the switch: pvnet's frontend (port "pv") ->
 #                         testpmd rxonly (port "fe"): sent == pv rx, testpmd RX == fe tx,
 #                         pv rx == fe tx + drops counted at pv and at fe's egress queue
@@ -300,10 +303,12 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS [VDEV_OPTIONS]]
 # in flowgen (many UDP flows out of each of its 2 transmit queues, what arrives dropped) through
 # the learning switch (each floods to the other: the destination is never learned). Then
 # rxonly for a second, so that what pvnet delivered is read before the counts are taken.
+# (dpdk_multiqueue NAME [SWITCH_ARGS...]: with --workers 2 the ports are on two workers, every
+# frame crosses between them, and the workers' hand-off counts must match.)
 dpdk_multiqueue() {
-  local name="$1" t0 tag tplog
+  local name="$1" t0 tag tplog; shift
   t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
-  switch_start "$tag" --port "vhost-user:name=a,socket=$D/$tag.a.sock,queue_pairs=2" \
+  switch_start "$tag" "$@" --port "vhost-user:name=a,socket=$D/$tag.a.sock,queue_pairs=2" \
     --port "vhost-user:name=b,socket=$D/$tag.b.sock,queue_pairs=2" \
     && wait_for 5 test -S "$D/$tag.b.sock" || { fail "$name" "pvnet switch did not start"; return; }
   testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
@@ -336,10 +341,11 @@ for line in open(sys.argv[1], errors="replace"):
     m = re.match(r"\s*([rt]x_q\d+_good_packets):\s*(\d+)", line)
     if m and port is not None:
         tp[port][m.group(1)] = int(m.group(2))
-sw = {}
+sw, final = {}, {}
 for line in open(sys.argv[2], errors="replace"):
     if line.startswith('{"final"'):
-        sw = {p["name"]: p for p in json.loads(line)["final"]["ports"]}
+        final = json.loads(line)["final"]
+        sw = {p["name"]: p for p in final["ports"]}
 bad = []
 for i, name in enumerate("ab"):
     p = sw.get(name)
@@ -351,14 +357,23 @@ for i, name in enumerate("ab"):
         if t_tx != q["rx_packets"]: bad.append(f"{name} q{k}: testpmd tx {t_tx} != pvnet rx {q['rx_packets']}")
         if t_rx != q["tx_packets"]: bad.append(f"{name} q{k}: pvnet tx {q['tx_packets']} != testpmd rx {t_rx}")
         if not q["rx_packets"] or not q["tx_packets"]: bad.append(f"{name} q{k}: no traffic one way")
-# conservation: what one port took is what the other delivered, dropped (counted) or still waits
-for a, b in ("ab", "ba"):
-    ca, cb = sw[a]["counters"], sw[b]["counters"]
-    drops = sum(v for k, v in cb.items() if k.startswith("drops_"))
-    left = cb.get("backlog", 0)
-    print(f"{a} -> {b}: {a} rx {ca['rx_packets']} = {b} tx {cb['tx_packets']} + dropped at {b} {drops} + waiting {left}")
-    if ca["rx_packets"] != cb["tx_packets"] + drops + left:
-        bad.append(f"{a} rx {ca['rx_packets']} != {b} tx {cb['tx_packets']} + drops {drops} + waiting {left}")
+# conservation: what the ports took is what they delivered, dropped (counted, at either end:
+# a copy that finds the ring to the other worker full is dropped at its sender) or still waits
+c = [sw[n]["counters"] for n in "ab"]
+took = sum(x["rx_packets"] for x in c)
+out = sum(x["tx_packets"] for x in c)
+drops = sum(v for x in c for k, v in x.items() if k.startswith("drops_"))
+left = sum(x.get("backlog", 0) for x in c)
+print(f"a + b took {took} = delivered {out} + dropped {drops} + waiting {left}")
+if took != out + drops + left:
+    bad.append(f"took {took} != delivered {out} + dropped {drops} + waiting {left}")
+w = final.get("workers", [])
+if len(w) > 1:
+    print("workers: " + "; ".join(f"{x['worker']}: ports {','.join(x['ports'])}, handed out {x['handoff_out']}, in {x['handoff_in']}" for x in w))
+    if w[0]["handoff_out"] != w[1]["handoff_in"] or w[1]["handoff_out"] != w[0]["handoff_in"]:
+        bad.append("the workers' hand-off counts differ")
+    if not (w[0]["handoff_out"] and w[1]["handoff_out"]):
+        bad.append("nothing crossed between the workers one way")
 for b in bad: print("BAD " + b)
 sys.exit(1 if bad else 0)
 PY
@@ -1074,7 +1089,7 @@ EOF
 }
 
 # ---- run ----------------------------------------------------------------------------------------
-ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends dpdk_multiqueue
+ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends dpdk_multiqueue dpdk_workers
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_killed_leaves_nothing
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
   guest_tap_viommu guest_mq dpdk_server_restart guest_restart guest_migrate)
@@ -1098,6 +1113,7 @@ for c in "${CASES[@]}"; do
     dpdk_two_pairs_one_used) dpdk_case "$c" sink txonly 2 ;;
     dpdk_two_frontends)   dpdk_two_frontends "$c" ;;
     dpdk_multiqueue)      dpdk_multiqueue "$c" ;;
+    dpdk_workers)         dpdk_multiqueue "$c" --workers 2 ;;
     dpdk_packed_txonly_to_sink)  dpdk_case "$c" sink txonly 1 ",packed_vq=1" ;;
     dpdk_packed_rxonly_from_gen) dpdk_case "$c" gen rxonly 1 ",packed_vq=1" ;;
     dpdk_killed_leaves_nothing) dpdk_killed_leaves_nothing "$c" ;;
