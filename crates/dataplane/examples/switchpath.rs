@@ -8,6 +8,8 @@
 //! * `vhost_sink`: a frontend into a sink (`--role sink`);
 //! * `switch_gen_vhost`, `switch_vhost_sink`: the same two through the learning switch (what
 //!   `pvnet switch`'s gen and sink ports do, e.g. beside DPDK in `bench_dpdk.sh`);
+//! * `switch_gen_vhost_mq`: a gen port (64 flows) through the learning switch into a frontend
+//!   with 2 queue pairs (each frame steered to a ring by its flow hash);
 //! * `switch_trunk_vhost`: `switch_vhost` with A and B on two shards (`--workers 2`): A's
 //!   shard copies the frame into the trunk ring, B's shard copies it out into B (both rounds
 //!   counted, run one after the other in this one thread): what crossing workers costs.
@@ -157,12 +159,13 @@ counted!(
     gen_vhost = 2,
     vhost_sink = 3,
     switch_gen_vhost = 4,
+    switch_gen_vhost_mq = 7,
     switch_vhost_sink = 5
 );
 
-/// A generator of 64-byte frames to `dst`, as fast as it may.
-fn gen_to(id: u32, dst: [u8; 6]) -> AnyPort {
-    let spec = GenSpec {
+/// 64-byte frames to `dst`, as fast as they may go, one flow.
+fn gen_spec(dst: [u8; 6]) -> GenSpec {
+    GenSpec {
         frame_len: 64,
         rate: 0,
         duration: None,
@@ -170,8 +173,83 @@ fn gen_to(id: u32, dst: [u8; 6]) -> AnyPort {
         src: [2, 0, 0, 0, 0, 1],
         dst,
         flows: 1,
+    }
+}
+
+/// A generator of 64-byte frames to `dst`, as fast as it may.
+fn gen_to(id: u32, dst: [u8; 6]) -> AnyPort {
+    AnyPort::Gen(GenPort::new(
+        id,
+        Arc::default(),
+        gen_spec(dst),
+        Counting::Own,
+    ))
+}
+
+/// A frontend with `pairs` receive rings posted full (its transmit rings stay empty).
+struct FeMq {
+    rx: Vec<(MockQueue, DriverQueue)>,
+}
+
+fn fe_mq(id: u32, pairs: u16) -> (FeMq, AnyPort) {
+    let cfg = VhostConfig {
+        tx_policy: Policy::Busy,
+        rx_policy: Policy::Busy,
+        batch: usize::from(BATCH),
+        call_bound: Duration::from_micros(150),
+        egress: EgressConfig::hold(HoldPolicy::Forever),
+        wake: WakeCost {
+            typical: Duration::from_micros(30),
+            floor: Duration::from_micros(10),
+        },
     };
-    AnyPort::Gen(GenPort::new(id, Arc::default(), spec, Counting::Own))
+    let mut port = VhostPort::new(id, cfg, (0..pairs).map(|_| Arc::default()).collect());
+    let features = VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
+    let mut rxs = Vec::new();
+    for k in 0..pairs {
+        let rxm = MockQueue::new(256, BUF);
+        let (mut rx, rxd) = rxm
+            .pair_in(Format::Split, Direction::DeviceWrites, true)
+            .expect("rx");
+        for i in 0..256 {
+            rx.add_one(Buf {
+                addr: rxm.buf(i),
+                len: BUF,
+                write: true,
+            })
+            .expect("post");
+        }
+        rx.publish();
+        port.start(StartedQueue {
+            index: 2 * k,
+            queue: rxd,
+            kick: None,
+            call: None,
+            err: None,
+            mergeable: true,
+            features,
+            iotlb: None,
+        });
+        rxs.push((rxm, rx));
+    }
+    (FeMq { rx: rxs }, AnyPort::Vhost(port))
+}
+
+impl FeMq {
+    fn drain(&mut self) {
+        for (rxm, rx) in &mut self.rx {
+            rx.used_available().expect("used");
+            while let Some((id, _)) = rx.pop_used().expect("pop") {
+                rx.add_one(Buf {
+                    addr: rxm.buf(id),
+                    len: BUF,
+                    write: true,
+                })
+                .expect("repost");
+            }
+            rx.publish();
+        }
+    }
 }
 
 /// Both shards' rounds of the trunk path.
@@ -276,6 +354,24 @@ fn main() {
         total += switch_vhost_sink(&mut f, &mut ports, now);
         a.drain();
     }
+    // A gen port spreading 64 flows into a frontend with 2 queue pairs.
+    let (mut b, pb) = fe_mq(1, 2);
+    let g = AnyPort::Gen(GenPort::new(
+        5,
+        Arc::default(),
+        GenSpec {
+            flows: 64,
+            ..gen_spec([2, 0, 0, 0, 0, 2])
+        },
+        Counting::Own,
+    ));
+    let mut ports = vec![pb, g];
+    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    for _ in 0..rounds {
+        total += switch_gen_vhost_mq(&mut f, &mut ports, now);
+        b.drain();
+    }
+
     // Frontend A on one shard, B on another, joined by a trunk.
     let (mut a, pa) = fe(0, 1);
     let (mut b, pb) = fe(1, 2);

@@ -57,8 +57,8 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
   gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC][,flows=1]
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),
       starting delay seconds after a receiver appears; then an end marker. flows=N (up to
-      255) spreads them over N source addresses (the fifth byte xor 0..N), so that a
-      multiqueue port's flow hash puts them on all its rings.
+      255) spreads them over N source addresses (the fifth byte xor 0..N, 32 frames in a
+      row from each), so that a multiqueue port's flow hash puts them on all its rings.
 
 RUNTIME (docs/operations.md):
   pvnet ctl port add|del|set ...   change ports while the switch runs (see pvnet ctl --help)

@@ -20,6 +20,8 @@ use virtq::Seg;
 /// Longest a generator waiting for buffers lets the shard sleep (its end marker is due when
 /// its duration ends, whether or not the receiver kicks).
 pub const WAIT_CAP: Duration = Duration::from_millis(10);
+/// Consecutive frames of one flow when a generator spreads its frames over flows.
+pub const FLOW_RUN: u64 = 32;
 
 /// Generator settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,10 +41,11 @@ pub struct GenSpec {
     /// Destination address of the frames.
     pub dst: [u8; 6],
     /// Flows the frames are spread over (1: one): frame `n` has `src` with its fifth byte
-    /// xor `n % flows`, so a multiqueue receiver's flow hash spreads them over its rings (a
-    /// flow's frames keep their order; the sequence numbers interleave across flows). (Not
-    /// the last byte: the default addresses differ only there, and a source equal to the
-    /// destination would be filtered.)
+    /// xor `n / 32 % flows` (runs of 32 frames per flow, as a sender's bursts come), so a
+    /// multiqueue receiver's flow hash spreads them over its rings (a flow's frames keep
+    /// their order; the sequence numbers interleave across flows). (Not the last byte: the
+    /// default addresses differ only there, and a source equal to the destination would be
+    /// filtered.)
     pub flows: u8,
 }
 
@@ -69,9 +72,10 @@ pub struct GenPort {
     done: bool,
 }
 
-/// Spreads a burst over flows: frame `k` of the `owed` in `frames` gets the source address
-/// of flow `(first + k) % flows` (its fifth byte `src` xor the flow), noted in `flow[k]`; the
-/// end marker (`first` None) goes out from the first flow's.
+/// Spreads a burst over flows: frame `k` of the `owed` in `frames` (number `first + k`) gets
+/// the source address of flow `(first + k) / FLOW_RUN % flows` (its fifth byte `src` xor
+/// the flow), noted in `flow[k]`; the end marker (`first` None) goes out from the first
+/// flow's.
 #[cold]
 #[inline(never)]
 fn spread(
@@ -85,7 +89,7 @@ fn spread(
     let at = HDR_LEN as usize + 10;
     for (k, f) in frames.chunks_exact_mut(frame_bytes).take(owed).enumerate() {
         flow[k] = first.map_or(0, |s| {
-            u8::try_from((s + k as u64) % u64::from(flows)).unwrap_or(0)
+            u8::try_from((s + k as u64) / FLOW_RUN % u64::from(flows)).unwrap_or(0)
         });
         f[at] = src ^ flow[k];
     }
