@@ -287,7 +287,7 @@ PY
 
 if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q '<!-- bench_dpdk:begin -->' "$DOC"; then
   {
-    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM SIZES=\"$SIZES\" IMPLS=\"$IMPLS\" RING=$RING${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
+    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM SIZES=\"$SIZES\" IMPLS=\"$IMPLS\" RING=$RING$([ "$QUEUES" -gt 1 ] && echo " QUEUES=$QUEUES")${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
          "DPDK $(dpkg-query -W -f='${Version}' dpdk-dev), pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)," \
          "$(nproc) CPUs, $(uname -r)."
     echo
