@@ -46,8 +46,9 @@ struct Fe {
     mac: [u8; 6],
 }
 
-fn fe(id: u32, last: u8) -> (Fe, AnyPort) {
-    let cfg = VhostConfig {
+/// The vhost port settings every harness frontend's port runs with (always polled).
+fn port_config() -> VhostConfig {
+    VhostConfig {
         tx_policy: Policy::Busy,
         rx_policy: Policy::Busy,
         batch: usize::from(BATCH),
@@ -57,13 +58,11 @@ fn fe(id: u32, last: u8) -> (Fe, AnyPort) {
             typical: Duration::from_micros(30),
             floor: Duration::from_micros(10),
         },
-    };
-    let mut port = VhostPort::new(id, cfg, vec![Arc::default()]);
-    let features = VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
-    let txm = MockQueue::new(256, BUF);
-    let (tx, txd) = txm
-        .pair_in(Format::Split, Direction::DeviceReads, true)
-        .expect("tx");
+    }
+}
+
+/// A receive ring with all its buffers posted: the harness's side, the device's side.
+fn posted_rx() -> (MockQueue, DriverQueue, virtq::DeviceQueue) {
     let rxm = MockQueue::new(256, BUF);
     let (mut rx, rxd) = rxm
         .pair_in(Format::Split, Direction::DeviceWrites, true)
@@ -77,6 +76,17 @@ fn fe(id: u32, last: u8) -> (Fe, AnyPort) {
         .expect("post");
     }
     rx.publish();
+    (rxm, rx, rxd)
+}
+
+fn fe(id: u32, last: u8) -> (Fe, AnyPort) {
+    let mut port = VhostPort::new(id, port_config(), vec![Arc::default()]);
+    let features = VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
+    let txm = MockQueue::new(256, BUF);
+    let (tx, txd) = txm
+        .pair_in(Format::Split, Direction::DeviceReads, true)
+        .expect("tx");
+    let (rxm, rx, rxd) = posted_rx();
     for (index, queue) in [(1u16, txd), (0, rxd)] {
         port.start(StartedQueue {
             index,
@@ -192,34 +202,15 @@ struct FeMq {
 }
 
 fn fe_mq(id: u32, pairs: u16) -> (FeMq, AnyPort) {
-    let cfg = VhostConfig {
-        tx_policy: Policy::Busy,
-        rx_policy: Policy::Busy,
-        batch: usize::from(BATCH),
-        call_bound: Duration::from_micros(150),
-        egress: EgressConfig::hold(HoldPolicy::Forever),
-        wake: WakeCost {
-            typical: Duration::from_micros(30),
-            floor: Duration::from_micros(10),
-        },
-    };
-    let mut port = VhostPort::new(id, cfg, (0..pairs).map(|_| Arc::default()).collect());
+    let mut port = VhostPort::new(
+        id,
+        port_config(),
+        (0..pairs).map(|_| Arc::default()).collect(),
+    );
     let features = VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
     let mut rxs = Vec::new();
     for k in 0..pairs {
-        let rxm = MockQueue::new(256, BUF);
-        let (mut rx, rxd) = rxm
-            .pair_in(Format::Split, Direction::DeviceWrites, true)
-            .expect("rx");
-        for i in 0..256 {
-            rx.add_one(Buf {
-                addr: rxm.buf(i),
-                len: BUF,
-                write: true,
-            })
-            .expect("post");
-        }
-        rx.publish();
+        let (rxm, rx, rxd) = posted_rx();
         port.start(StartedQueue {
             index: 2 * k,
             queue: rxd,
