@@ -740,10 +740,9 @@ pub struct VhostPort {
     /// `tx_begin`): flow hash modulo `nsteer` picks one.
     steer: [u16; MAX_STEER],
     nsteer: usize,
-    /// The open transmit batch's time and size hint (a steered pair opens on its first
-    /// packet).
+    /// When the open transmit batch began (a steered ring's batch opens when the burst's
+    /// packets for it are known).
     tx_now: Instant,
-    tx_hint: usize,
 }
 
 impl VhostPort {
@@ -761,7 +760,6 @@ impl VhostPort {
             steer: [0; MAX_STEER],
             nsteer: 0,
             tx_now: Instant::now(),
-            tx_hint: 0,
         }
     }
 
@@ -1390,50 +1388,6 @@ impl VhostPort {
     }
 }
 
-/// The steering hash of a frame (its first 64 bytes, `len` of them real): IPv4 or IPv6
-/// addresses, protocol and, for TCP, UDP and SCTP, ports (behind one VLAN tag too); else the
-/// Ethernet addresses. Word loads and one multiply per word: a few tens of instructions.
-#[inline]
-fn steer_hash(f: &[u8; 64], len: u32) -> u32 {
-    let w64 = |at: usize| u64::from_le_bytes(f[at..at + 8].try_into().unwrap_or([0; 8]));
-    let w32 = |at: usize| {
-        u64::from(u32::from_le_bytes(
-            f[at..at + 4].try_into().unwrap_or([0; 4]),
-        ))
-    };
-    let mix = |h: u64, w: u64| (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
-    let mut l3 = 14;
-    let mut et = u16::from_be_bytes([f[12], f[13]]);
-    if et == 0x8100 || et == 0x88a8 {
-        et = u16::from_be_bytes([f[16], f[17]]);
-        l3 = 18;
-    }
-    let len = len as usize;
-    let (mut h, l4) = match et {
-        0x0800 if len >= l3 + 20 => {
-            let proto = f[l3 + 9];
-            let frag = u16::from_be_bytes([f[l3 + 6], f[l3 + 7]]) & 0x3fff != 0;
-            let l4 = (!frag).then_some((proto, l3 + usize::from(f[l3] & 0x0f) * 4));
-            (mix(u64::from(proto), w64(l3 + 12)), l4)
-        }
-        0x86dd if len >= l3 + 40 => {
-            let proto = f[l3 + 6];
-            let mut h = u64::from(proto);
-            for k in 0..4 {
-                h = mix(h, w64(l3 + 8 + 8 * k));
-            }
-            (h, Some((proto, l3 + 40)))
-        }
-        _ => return (mix(mix(0, w64(0)), w32(8)) >> 32) as u32,
-    };
-    if let Some((6 | 17 | 132, at)) = l4 {
-        if at + 4 <= len.min(64) {
-            h = mix(h, w32(at));
-        }
-    }
-    (h >> 32) as u32
-}
-
 impl VhostPort {
     /// Records the running receive rings' pairs for the steering; returns how many run
     /// (the first is `first`).
@@ -1452,12 +1406,6 @@ impl VhostPort {
         n
     }
 
-    /// The pair a packet's flow goes to (several receive rings run).
-    #[inline]
-    fn pair_of(&self, p: &Pkt<'_>) -> usize {
-        usize::from(self.steer[self.slot_of(p)])
-    }
-
     /// The index in `steer` of the ring a packet's flow goes to.
     #[inline]
     fn slot_of(&self, p: &Pkt<'_>) -> usize {
@@ -1471,47 +1419,24 @@ impl VhostPort {
                 b
             }
         };
-        let h = steer_hash(&b, p.frame_len());
+        let h = crate::egress::queue::flow_hash_head(&b, p.frame_len() as usize) >> 32;
         // Multiply-shift onto 0..nsteer (no division).
-        (((u64::from(h) * self.nsteer as u64) >> 32) as usize).min(MAX_STEER - 1)
+        (((h * self.nsteer as u64) >> 32) as usize).min(MAX_STEER - 1)
     }
 
-    /// Splits `pkts` into runs that go to one pair each and hands each run to `f` (the port,
-    /// the pair, the run) until one is not all taken: how many were, and what became of the
-    /// next one.
-    fn for_each_run(
-        &mut self,
+    /// The pair each of `pkts` (at most [`super::MAX_BURST`]) goes to, into `ring`; and
+    /// how many go to each steered ring (`count`, by index in `steer`).
+    fn rings_of(
+        &self,
         pkts: &[Pkt<'_>],
-        mut f: impl FnMut(&mut Self, usize, &[Pkt<'_>]) -> (usize, TxOut),
-    ) -> (usize, TxOut) {
-        let Some(first) = pkts.first() else {
-            return (0, TxOut::Sent);
-        };
-        let mut k = self.pair_of(first);
-        let mut done = 0;
-        while done < pkts.len() {
-            let mut end = done + 1;
-            let mut next = None;
-            while end < pkts.len() {
-                let j = self.pair_of(&pkts[end]);
-                if j != k {
-                    next = Some(j);
-                    break;
-                }
-                end += 1;
-            }
-            let run = &pkts[done..end];
-            let (n, out) = f(self, k, run);
-            done += n;
-            if n < run.len() {
-                return (done, out);
-            }
-            match next {
-                Some(j) => k = j,
-                None => break,
-            }
+        ring: &mut [u16; super::MAX_BURST],
+        count: &mut [u16; MAX_STEER],
+    ) {
+        for (r, p) in ring.iter_mut().zip(pkts) {
+            let c = self.slot_of(p);
+            *r = self.steer[c];
+            count[c] += 1;
         }
-        (done, TxOut::Sent)
     }
 
     /// `tx_burst` over several receive rings: every packet's ring first (one hash each), so
@@ -1525,11 +1450,7 @@ impl VhostPort {
         for chunk in pkts.chunks(super::MAX_BURST) {
             let mut ring = [0u16; super::MAX_BURST];
             let mut count = [0u16; MAX_STEER];
-            for (r, p) in ring.iter_mut().zip(chunk) {
-                let c = self.slot_of(p);
-                *r = self.steer[c];
-                count[c] += 1;
-            }
+            self.rings_of(chunk, &mut ring, &mut count);
             for (c, &n) in count[..self.nsteer].iter().enumerate() {
                 if n > 0 {
                     if let Some(qp) = self.qps[usize::from(self.steer[c])].as_mut() {
@@ -1537,20 +1458,13 @@ impl VhostPort {
                     }
                 }
             }
-            let mut at = 0;
-            while at < chunk.len() {
-                let k = ring[at];
-                let end = ring[at..chunk.len()]
-                    .iter()
-                    .position(|&r| r != k)
-                    .map_or(chunk.len(), |e| at + e);
+            for (k, run) in runs(&ring[..chunk.len()]) {
                 self.tx_qp = usize::from(k);
-                let (n, out) = self.tx_run(&chunk[at..end]);
+                let (n, out) = self.tx_run(&chunk[run.clone()]);
                 done += n;
-                if n < end - at {
+                if n < run.len() {
                     return (done, out);
                 }
-                at = end;
             }
         }
         (done, TxOut::Sent)
@@ -1584,6 +1498,21 @@ impl VhostPort {
                 .store(u64::from(q), std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+/// The runs of equal values in `ring`, in order: (value, index range).
+fn runs(ring: &[u16]) -> impl Iterator<Item = (u16, std::ops::Range<usize>)> + '_ {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let &k = ring.get(at)?;
+        let end = ring[at..]
+            .iter()
+            .position(|&r| r != k)
+            .map_or(ring.len(), |e| at + e);
+        let run = at..end;
+        at = end;
+        Some((k, run))
+    })
 }
 
 impl super::Port for VhostPort {
@@ -1630,8 +1559,8 @@ impl super::Port for VhostPort {
         };
         self.tx_qp = k;
         if self.qps.len() > 1 && self.steer_rings(k) > 1 {
-            // Several rings: each opens on its first packet.
-            (self.tx_now, self.tx_hint) = (now, hint);
+            // Several rings: each opens for the packets the burst has for it.
+            self.tx_now = now;
             return true;
         }
         // A running ring whose batch could not open (a grant missing) still counts as
@@ -1676,11 +1605,15 @@ impl super::Port for VhostPort {
     #[inline(never)]
     fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
         if self.nsteer > 1 {
-            self.for_each_run(pkts, |port, k, run| {
-                port.tx_qp = k;
-                port.enqueue_pair(run, now);
-                (run.len(), TxOut::Sent)
-            });
+            // Each packet into its own ring's queue.
+            for chunk in pkts.chunks(super::MAX_BURST) {
+                let mut ring = [0u16; super::MAX_BURST];
+                self.rings_of(chunk, &mut ring, &mut [0; MAX_STEER]);
+                for (k, run) in runs(&ring[..chunk.len()]) {
+                    self.tx_qp = usize::from(k);
+                    self.enqueue_pair(&chunk[run], now);
+                }
+            }
             return;
         }
         self.enqueue_pair(pkts, now);
