@@ -21,7 +21,7 @@ use pvnet_dataplane::egress::{EgressConfig, HoldPolicy};
 use pvnet_dataplane::poll::{Policy, WakeCost};
 use pvnet_dataplane::port::gen::{GenPort, GenSpec};
 use pvnet_dataplane::port::sink::{Counting, SinkPort};
-use pvnet_dataplane::port::trunk::{ring, TrunkPort};
+use pvnet_dataplane::port::trunk::{link, TrunkPort, TRUNK_RING_BYTES};
 use pvnet_dataplane::port::vhost::{VhostConfig, VhostPort};
 use pvnet_dataplane::port::AnyPort;
 use pvnet_dataplane::switch::{Fabric, Router, SwitchConfig, Wire};
@@ -54,10 +54,7 @@ fn port_config() -> VhostConfig {
         batch: usize::from(BATCH),
         call_bound: Duration::from_micros(150),
         egress: EgressConfig::hold(HoldPolicy::Forever),
-        wake: WakeCost {
-            typical: Duration::from_micros(30),
-            floor: Duration::from_micros(10),
-        },
+        wake: WakeCost::FALLBACK,
     }
 }
 
@@ -253,12 +250,7 @@ fn switch_trunk_vhost(f: &mut [Fabric; 2], p: &mut [Vec<AnyPort>; 2], now: Insta
 
 /// Shard ends of a trunk between two shards (rings of `pvnet switch --workers`).
 fn trunks() -> (AnyPort, AnyPort) {
-    let (to_b, from_a) = ring(pvnet_dataplane::port::trunk::TRUNK_RING_BYTES);
-    let (to_a, from_b) = ring(pvnet_dataplane::port::trunk::TRUNK_RING_BYTES);
-    let wake = WakeCost {
-        typical: Duration::from_micros(30),
-        floor: Duration::from_micros(10),
-    };
+    let (at_a, at_b) = link(TRUNK_RING_BYTES);
     let mk = |id, r| {
         AnyPort::Trunk(TrunkPort::new(
             id,
@@ -266,10 +258,10 @@ fn trunks() -> (AnyPort, AnyPort) {
             r,
             pvnet_vhost::eventfd::Notifier::new().expect("eventfd"),
             Arc::default(),
-            wake,
+            WakeCost::FALLBACK,
         ))
     };
-    (mk(100, (to_b, from_b)), mk(101, (to_a, from_a)))
+    (mk(100, at_a), mk(101, at_b))
 }
 
 fn main() {

@@ -28,10 +28,7 @@ pub fn vhost_config(hold: HoldPolicy) -> VhostConfig {
         batch: 64,
         call_bound: Duration::from_micros(150),
         egress: EgressConfig::hold(hold),
-        wake: WakeCost {
-            typical: Duration::from_micros(30),
-            floor: Duration::from_micros(10),
-        },
+        wake: WakeCost::FALLBACK,
     }
 }
 

@@ -63,7 +63,8 @@ pub fn stopping() -> bool {
     STOP.load(Ordering::Relaxed)
 }
 
-/// user + system CPU time of a process so far, from `/proc/<pid>/stat`.
+/// user + system CPU time of a process (or of one thread, by its id) so far, from
+/// `/proc/<pid>/stat`.
 pub fn cpu_time_of(pid: u32) -> Option<Duration> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.

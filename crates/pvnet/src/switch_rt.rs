@@ -605,22 +605,28 @@ impl Runtime {
             .dp
             .workers()
             .into_iter()
-            .map(|w| ctl::WorkerRow {
-                worker: w.index,
-                cpu: w.cpu,
-                cpu_secs: w.cpu_secs,
-                busy_pct: if uptime > 0.0 {
-                    100.0 * w.cpu_secs / uptime
-                } else {
-                    0.0
-                },
-                ports: w
-                    .ports
-                    .iter()
-                    .map(|id| names.get(id).cloned().unwrap_or_else(|| id.to_string()))
-                    .collect(),
-                handoff_out: w.handoff_out,
-                handoff_in: w.handoff_in,
+            .map(|w| {
+                let cpu_secs = u32::try_from(w.tid)
+                    .ok()
+                    .and_then(crate::proc::cpu_time_of)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                ctl::WorkerRow {
+                    worker: w.index,
+                    cpu: w.cpu,
+                    cpu_secs,
+                    busy_pct: if uptime > 0.0 {
+                        100.0 * cpu_secs / uptime
+                    } else {
+                        0.0
+                    },
+                    ports: w
+                        .ports
+                        .iter()
+                        .map(|id| names.get(id).cloned().unwrap_or_else(|| id.to_string()))
+                        .collect(),
+                    handoff_out: w.handoff_out,
+                    handoff_in: w.handoff_in,
+                }
             })
             .collect();
         ctl::Status {

@@ -112,15 +112,19 @@ pub struct WakeCost {
 }
 
 impl WakeCost {
+    /// What these machines measure (30 us typical, 10 us at least): the cost assumed when the
+    /// measurement cannot run, and by the test and bench harnesses.
+    pub const FALLBACK: WakeCost = WakeCost {
+        typical: Duration::from_micros(30),
+        floor: Duration::from_micros(10),
+    };
+
     /// Measures it: the calling thread sleeps in `epoll_wait` on an eventfd and is woken
     /// `rounds` times by a thread on another CPU; one-way latency from the write to the return
     /// from `epoll_wait`. Call it from the thread that will sleep, after pinning it.
-    /// Falls back to 30/10 us (what these machines measure) if the measurement cannot run.
+    /// Falls back to [`FALLBACK`](Self::FALLBACK) if the measurement cannot run.
     pub fn measure(rounds: u32) -> Self {
-        measure_wake(rounds).unwrap_or(WakeCost {
-            typical: Duration::from_micros(30),
-            floor: Duration::from_micros(10),
-        })
+        measure_wake(rounds).unwrap_or(Self::FALLBACK)
     }
 }
 

@@ -169,6 +169,14 @@ impl Consumer {
     }
 }
 
+/// A trunk's two directions, each `cap` bytes, as its two ends take them: the first end
+/// sends on one ring and receives on the other, the second the other way round.
+pub fn link(cap: usize) -> ((Producer, Consumer), (Producer, Consumer)) {
+    let (to_b, from_a) = ring(cap);
+    let (to_a, from_b) = ring(cap);
+    ((to_b, from_b), (to_a, from_a))
+}
+
 /// Both ends of a new trunk direction.
 pub fn ring(cap: usize) -> (Producer, Consumer) {
     let r = Ring::new(cap);
@@ -425,17 +433,13 @@ mod tests {
     #[test]
     fn records_cross_in_order_wrap_and_the_space_comes_back() {
         let (mut tx, rx) = ring(4096);
-        let wake = WakeCost {
-            typical: std::time::Duration::from_micros(20),
-            floor: std::time::Duration::from_micros(10),
-        };
         let mut a = TrunkPort::new(
             1,
             Arc::default(),
             ring(4096),
             Notifier::new().expect("eventfd"),
             Arc::default(),
-            wake,
+            WakeCost::FALLBACK,
         );
         // Swap a's consumer for the other end of `tx`'s ring: a reads what tx writes.
         a.from = rx;

@@ -1044,13 +1044,9 @@ fn a_generator_with_flows_reaches_every_ring_of_a_multiqueue_port() {
 /// Three shards' switches joined by trunks (a full mesh), one frontend on each.
 #[test]
 fn shards_joined_by_trunks_switch_as_one_and_floods_do_not_loop() {
-    use crate::port::trunk::{ring, TrunkPort};
+    use crate::port::trunk::{link, TrunkPort};
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
-    let wake = crate::poll::WakeCost {
-        typical: Duration::from_micros(20),
-        floor: Duration::from_micros(10),
-    };
     let mut fes = Vec::new();
     let mut shards: Vec<(Fabric, Vec<AnyPort>)> = Vec::new();
     for k in 0..3u32 {
@@ -1061,8 +1057,7 @@ fn shards_joined_by_trunks_switch_as_one_and_floods_do_not_loop() {
     let mut trunk_stats = Vec::new();
     for a in 0..3usize {
         for b in a + 1..3 {
-            let (to_b, from_a) = ring(1 << 16);
-            let (to_a, from_b) = ring(1 << 16);
+            let (at_a, at_b) = link(1 << 16);
             let mk = |id: u32, r, stats: &Arc<PortStats>| {
                 AnyPort::Trunk(TrunkPort::new(
                     id,
@@ -1070,16 +1065,16 @@ fn shards_joined_by_trunks_switch_as_one_and_floods_do_not_loop() {
                     r,
                     pvnet_vhost::eventfd::Notifier::new().expect("eventfd"),
                     Arc::new(AtomicBool::new(false)),
-                    wake,
+                    crate::poll::WakeCost::FALLBACK,
                 ))
             };
             let (sa, sb): (Arc<PortStats>, Arc<PortStats>) = (Arc::default(), Arc::default());
             shards[a]
                 .1
-                .push(mk(100 + u32::try_from(b).unwrap(), (to_b, from_b), &sa));
+                .push(mk(100 + u32::try_from(b).unwrap(), at_a, &sa));
             shards[b]
                 .1
-                .push(mk(100 + u32::try_from(a).unwrap(), (to_a, from_a), &sb));
+                .push(mk(100 + u32::try_from(a).unwrap(), at_b, &sb));
             trunk_stats.push(sa);
             trunk_stats.push(sb);
         }

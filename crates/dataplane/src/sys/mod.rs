@@ -160,14 +160,3 @@ pub fn online_cpus() -> usize {
         .unwrap_or(1)
         .max(1)
 }
-
-/// Clock ticks per second of /proc's CPU times (`_SC_CLK_TCK`, 100 when unknown).
-pub fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
-}

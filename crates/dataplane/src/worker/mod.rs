@@ -146,8 +146,8 @@ pub struct WorkerInfo {
     pub index: usize,
     /// The CPU it is pinned to, if it is.
     pub cpu: Option<usize>,
-    /// CPU time it used (user + system), seconds.
-    pub cpu_secs: f64,
+    /// Its thread's id (`/proc/<tid>/stat` has its CPU time); 0 before it runs.
+    pub tid: i32,
     /// The ports placed on it.
     pub ports: Vec<PortId>,
     /// Packets it sent to other workers over its trunks, and received from them.
@@ -231,12 +231,11 @@ impl Dataplane {
 
     /// Joins every pair of shards by a trunk (a ring each way).
     fn join_shards(&self) -> io::Result<()> {
-        use crate::port::trunk::{ring, TRUNK_RING_BYTES};
+        use crate::port::trunk::{link, TRUNK_RING_BYTES};
         let n = self.shards.len();
         for a in 0..n {
             for b in a + 1..n {
-                let (to_b, from_a) = ring(TRUNK_RING_BYTES);
-                let (to_a, from_b) = ring(TRUNK_RING_BYTES);
+                let (at_a, at_b) = link(TRUNK_RING_BYTES);
                 let end = |peer: usize, r| -> io::Result<Cmd> {
                     let p = &self.shards[peer];
                     Ok(Cmd::Trunk(Box::new(shard::TrunkEnd {
@@ -246,51 +245,39 @@ impl Dataplane {
                         peer_asleep: p.asleep.clone(),
                     })))
                 };
-                self.send(a, end(b, (to_b, from_b))?);
-                self.send(b, end(a, (to_a, from_a))?);
+                self.send(a, end(b, at_a)?);
+                self.send(b, end(a, at_b)?);
             }
         }
         Ok(())
     }
 
-    /// Each worker: its CPU, CPU time, ports and traffic over its trunks.
+    /// Each worker: its CPU, thread, ports and traffic over its trunks.
     pub fn workers(&self) -> Vec<WorkerInfo> {
         let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        let n = self.shards.len();
-        let tck = crate::sys::clock_ticks();
-        (0..n)
-            .map(|k| {
-                let tid = self.shards[k].tid.load(Ordering::Relaxed);
-                let cpu_secs = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
-                    .ok()
-                    .and_then(|st| {
-                        let rest = st.rsplit_once(')')?.1;
-                        let f: Vec<&str> = rest.split_whitespace().collect();
-                        // fields 14 and 15 of stat (utime, stime): 12 and 13 after the name
-                        let t = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-                        Some(t as f64 / tck)
-                    })
-                    .unwrap_or(0.0);
-                let mut w = WorkerInfo {
-                    index: k,
-                    cpu: self.cfg.cpu.map(|c| (c + k) % crate::sys::online_cpus()),
-                    cpu_secs,
-                    ..WorkerInfo::default()
-                };
-                for (&id, qps) in r.iter() {
-                    if id & shard::TRUNK != 0 {
-                        if (id >> 12) & 0xfff == PortId::try_from(k).unwrap_or(0) {
-                            let s = PortSnapshot::sum(id, qps.iter().map(|s| &**s));
-                            w.handoff_out += s.tx_packets;
-                            w.handoff_in += s.rx_packets;
-                        }
-                    } else if id & shard::BEHIND == 0 && self.shard_of(id) == k {
-                        w.ports.push(id);
-                    }
-                }
-                w
+        let mut w: Vec<WorkerInfo> = self
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(k, s)| WorkerInfo {
+                index: k,
+                cpu: self.cfg.cpu.map(|c| (c + k) % crate::sys::online_cpus()),
+                tid: s.tid.load(Ordering::Relaxed),
+                ..WorkerInfo::default()
             })
-            .collect()
+            .collect();
+        for (&id, qps) in r.iter() {
+            if let Some(k) = shard::trunk_owner(id) {
+                if let Some(w) = w.get_mut(k) {
+                    let s = PortSnapshot::sum(id, qps.iter().map(|s| &**s));
+                    w.handoff_out += s.tx_packets;
+                    w.handoff_in += s.rx_packets;
+                }
+            } else if id & shard::BEHIND == 0 {
+                w[self.shard_of(id)].ports.push(id);
+            }
+        }
+        w
     }
 
     /// Keeps the calling thread, and the threads it starts from now on (the vhost-user
@@ -382,7 +369,7 @@ impl Dataplane {
                 rx.recv_timeout(Duration::from_secs(2))
                     .unwrap_or_default()
                     .into_iter()
-                    .filter(|e| e.port & shard::TRUNK == 0),
+                    .filter(|e| shard::trunk_owner(e.port).is_none()),
             );
         }
         all

@@ -72,6 +72,11 @@ pub(crate) fn trunk_id(from: usize, to: usize) -> PortId {
     TRUNK | f << 12 | t
 }
 
+/// The shard a trunk id belongs to (`from` in [`trunk_id`]); None for any other port.
+pub(crate) fn trunk_owner(id: PortId) -> Option<usize> {
+    (id & TRUNK != 0).then_some(((id >> 12) & 0xfff) as usize)
+}
+
 /// What a shard needs to make its end of a trunk.
 pub(crate) struct TrunkEnd {
     pub(crate) peer: usize,
@@ -143,10 +148,7 @@ impl Shard {
             timer,
             quit: false,
             faults: 0,
-            wake: WakeCost {
-                typical: Duration::from_micros(30),
-                floor: Duration::from_micros(10),
-            },
+            wake: WakeCost::FALLBACK,
             egress: std::collections::BTreeMap::new(),
         })
     }
@@ -204,14 +206,7 @@ impl Shard {
     /// A frontend connected: its port, and what a bench role puts behind it.
     fn add_vhost(&mut self, id: PortId) {
         // A port keeps its counters across reconnections.
-        let stats: Vec<Arc<PortStats>> = {
-            let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-            let v = r.entry(id).or_default();
-            if v.is_empty() {
-                v.push(Arc::default());
-            }
-            v.clone()
-        };
+        let stats = self.pair_stats(id, 0);
         stats[0].up.store(1, Ordering::Relaxed);
         info!(shard = self.index, port = id, "frontend port placed");
         let first = stats[0].clone();
@@ -268,10 +263,7 @@ impl Shard {
             warn!(port = id, "host ports need the switch role");
             return;
         }
-        let stats = {
-            let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-            r.entry(id).or_insert_with(|| vec![Arc::default()])[0].clone()
-        };
+        let stats = self.pair_stats(id, 0).swap_remove(0);
         stats.up.store(1, Ordering::Relaxed);
         info!(port = id, kind = h.kind_name(), "host port added");
         let port = match h {
@@ -344,17 +336,17 @@ impl Shard {
                         self.epoll.add(fd, token(id, q.index));
                     }
                     let pair = usize::from(q.index / 2);
-                    if self
+                    let new_pair = self
                         .vhost(id)
-                        .is_some_and(|p| usize::from(p.pairs()) <= pair)
-                    {
-                        let stats = self.pair_stats(id, pair);
-                        if let Some(p) = self.vhost(id) {
-                            p.add_pairs(stats);
-                        }
-                    }
+                        .is_some_and(|p| usize::from(p.pairs()) <= pair);
+                    let stats = new_pair.then(|| self.pair_stats(id, pair));
                     match self.vhost(id) {
-                        Some(p) => p.start(*q),
+                        Some(p) => {
+                            if let Some(stats) = stats {
+                                p.add_pairs(stats);
+                            }
+                            p.start(*q);
+                        }
                         None => warn!(port = id, "queue for unknown port"),
                     }
                 }
