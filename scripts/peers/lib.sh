@@ -191,14 +191,23 @@ tp_summary() { awk -v f="$2-packets:" '/Accumulated forward statistics/{on=1} on
 # The guest image (setup.sh): $GUEST_DIR/vmlinux (PVH ELF), base.cpio.gz (busybox, iperf3,
 # sockperf, virtio_net + pktgen modules, /init). /init runs /run.sh from a second cpio that
 # make_initrd appends (the kernel unpacks both).
+# install_with_libs ROOT BIN... : each host BIN into ROOT at the same path, with the shared
+# libraries it loads (the guest image's tools, a test's extra ones).
+install_with_libs() {
+  local root="$1" b l; shift
+  for b in "$@"; do
+    mkdir -p "$root$(dirname "$b")"; cp "$b" "$root$b"
+    for l in $(ldd "$b" | grep -oE '/[^ ]+\.so[^ ]*'); do
+      mkdir -p "$root$(dirname "$l")"; cp -L "$l" "$root$l"
+    done
+  done
+}
 # Env INITRD_BINS="/usr/sbin/ethtool ...": host binaries added to the overlay with their libraries.
 make_initrd() {   # make_initrd RUN_SH OUT [INIT]   (INIT: a replacement /init, see napi0_init)
-  local t b l; t=$(mktemp -d "$WORK/ov.XXXXXX")
+  local t; t=$(mktemp -d "$WORK/ov.XXXXXX")
   cp "$1" "$t/run.sh"; [ -n "${3:-}" ] && cp "$3" "$t/init"
-  for b in ${INITRD_BINS:-}; do
-    mkdir -p "$t$(dirname "$b")"; cp "$b" "$t$b"
-    for l in $(ldd "$b" | grep -oE '/[^ ]+\.so[^ ]*'); do mkdir -p "$t$(dirname "$l")"; cp -L "$l" "$t$l"; done
-  done
+  # shellcheck disable=SC2086  # a list of paths
+  install_with_libs "$t" ${INITRD_BINS:-}
   (cd "$t" && find . -mindepth 1 -printf '%P\n' | cpio -o -H newc --quiet | gzip -1) > "$t/ov.cpio.gz"
   cat "$GUEST_DIR/base.cpio.gz" "$t/ov.cpio.gz" > "$2"
   rm -rf "$t"

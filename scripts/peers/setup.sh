@@ -61,13 +61,7 @@ PY
   R="$G/root"; rm -rf "$R"
   mkdir -p "$R"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,etc,lib/modules}
   cp "$G/pkg/bin/busybox" "$R/bin/busybox"
-  local b l
-  for b in /usr/bin/iperf3 /usr/bin/sockperf; do
-    cp "$b" "$R/usr/bin/"
-    for l in $(ldd "$b" | grep -oE '/[^ ]+\.so[^ ]*'); do
-      mkdir -p "$R$(dirname "$l")"; cp -L "$l" "$R$l"
-    done
-  done
+  install_with_libs "$R" /usr/bin/iperf3 /usr/bin/sockperf
   # Modules in dependency order (modprobe --show-depends against the unpacked tree).
   : > "$R/modules.order"
   local m ko base
