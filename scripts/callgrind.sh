@@ -9,7 +9,8 @@
 #   vhost_sink (frontend into a sink), switch_gen_vhost and switch_vhost_sink (those two
 #   through the learning switch, as `pvnet switch` gen and sink ports), switch_gen_vhost_mq
 #   (a gen port's 64 flows into a frontend with 2 queue pairs, steered), switch_trunk_vhost
-#   (switch_vhost with the two frontends on two workers, across a trunk), each through
+#   (switch_vhost with the two frontends on two workers, across a trunk), switch_vhost_packed
+#   and switch_gen_vhost_packed (the first and fifth over packed rings), each through
 #   pvnet's ports over mock rings.
 #
 # Each program runs for N and 2N packets; the difference of each function's inclusive count
@@ -40,7 +41,7 @@ measure() { # dir label
       valgrind --tool=callgrind --callgrind-out-file="$tmp/$label.$ex.$n" "$bin" "$n" >/dev/null 2>&1
     done
     local fns="device_batch driver_offer driver_reclaim device_batch_packed driver_offer_packed driver_reclaim_packed"
-    [ "$ex" = switchpath ] && fns="switch_vhost forward_vhost gen_vhost vhost_sink switch_gen_vhost switch_vhost_sink switch_gen_vhost_mq switch_trunk_vhost"
+    [ "$ex" = switchpath ] && fns="switch_vhost forward_vhost gen_vhost vhost_sink switch_gen_vhost switch_vhost_sink switch_gen_vhost_mq switch_trunk_vhost switch_vhost_packed switch_gen_vhost_packed"
     for fn in $fns; do
       a=$(inclusive "$tmp/$label.$ex.$N" "$ex" "$fn"); b=$(inclusive "$tmp/$label.$ex.$((2 * N))" "$ex" "$fn")
       awk -v a="$a" -v b="$b" -v n="$N" -v f="$fn" -v l="$label" \

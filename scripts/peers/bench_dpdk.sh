@@ -45,6 +45,8 @@
 #        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles,
 #        "alt" / "altbackend" for `pvnet switch` / `pvnet backend` from the binary ALT_BIN: an
 #        A/B of two builds in one run)
+#        BURSTS=1 (the frontend records its receive bursts: RESULT gains fe_empty_pct, the share
+#        of its polls that found nothing, and fe_full_pct, of full bursts: who sets the pace)
 #        PERF=1 (profile the backend over the measured window: $B/<run>.perf.data, cpu-clock;
 #        PERF=fe profiles the frontend instead;
 #        it perturbs the run, so its figures are not comparable)
@@ -55,7 +57,7 @@ QUEUES="${QUEUES:-1}"; [ "$QUEUES" -gt 1 ] && DOC="${DOC-$PVNET_ROOT/docs/scale.
 DOC="${DOC-$PVNET_ROOT/docs/interop.md}"
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v}"; SIZES="${SIZES:-64 1500}"
 QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
-PVNET_ARGS="${PVNET_ARGS:-}"; VU_OPTS="${VU_OPTS:-}"; PERF="${PERF:-}"; IMPLS="${IMPLS:-switch dpdk}"; ALT_BIN="${ALT_BIN:-}"
+PVNET_ARGS="${PVNET_ARGS:-}"; VU_OPTS="${VU_OPTS:-}"; PERF="${PERF:-}"; BURSTS="${BURSTS:-}"; IMPLS="${IMPLS:-switch dpdk}"; ALT_BIN="${ALT_BIN:-}"
 case " $IMPLS " in *" backend "*|*" altbackend "*) [ "$QUEUES" = 1 ] || die "QUEUES>1: pvnet backend's bench roles have one flow; use IMPLS with switch, alt, dpdk";; esac
 RING="${RING:-split}"; case "$RING" in split) VU_RING= ;; packed) VU_RING=",packed_vq=1" ;; *) die "RING must be split or packed";; esac
 case " $IMPLS " in *" alt "*|*" altbackend "*) [ -x "$ALT_BIN" ] || die "IMPLS has alt: ALT_BIN must name a pvnet binary";; esac
@@ -142,6 +144,7 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
     tp be start; sleep 0.5
   fi
   sleep 0.5
+  [ -n "$BURSTS" ] && tp fe "set record-burst-stats on"
   tp fe "$start"
   : > "$B/$tag.ticks"
   local k
@@ -195,8 +198,16 @@ if $QUEUES > 1:
         per[int(m.group(2))] = per.get(int(m.group(2)), 0) + int(m.group(3))
     tot = sum(per.values())
     qs = " q_min_share=%.2f" % (min(per.values()) / tot if tot and len(per) == $QUEUES else 0)
-print("RESULT dir=$dir size=$size impl=$impl round=$round queues=$QUEUES c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d%s"
-      % (other, mpps, min(win) / 1e6 if win else 0, max(win) / 1e6 if win else 0, ns, pk, qs))
+# BURSTS=1: the frontend's own record of its receive bursts over the whole run (testpmd's
+# record-burst-stats: the share of polls that found nothing, and of full 32-packet bursts).
+# Empty polls mean the frontend waited for the backend; full bursts mean it fell behind.
+bs = ""
+m = re.search(r"RX-bursts : (\d+) \[(.*)\]", open(log, errors="replace").read())
+if m:
+    share = lambda k: sum(int(p) for p, n in re.findall(r"(\d+)% of (\d+) pkts", m.group(2)) if int(n) == k)
+    bs = " fe_rx_bursts=%s fe_empty_pct=%d fe_full_pct=%d" % (m.group(1), share(0), share(32))
+print("RESULT dir=$dir size=$size impl=$impl round=$round queues=$QUEUES c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d%s%s"
+      % (other, mpps, min(win) / 1e6 if win else 0, max(win) / 1e6 if win else 0, ns, pk, qs, bs))
 PY
   if [ "$kind" = switch ]; then
     # packets per used->idx publish on the frontend's port: how the frontend's pace cut the

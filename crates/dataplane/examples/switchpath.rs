@@ -10,6 +10,8 @@
 //!   `pvnet switch`'s gen and sink ports do, e.g. beside DPDK in `bench_dpdk.sh`);
 //! * `switch_gen_vhost_mq`: a gen port (64 flows) through the learning switch into a frontend
 //!   with 2 queue pairs (each frame steered to a ring by its flow hash);
+//! * `switch_vhost_packed`, `switch_gen_vhost_packed`: `switch_vhost` and `switch_gen_vhost`
+//!   with the frontends' rings in the packed format;
 //! * `switch_trunk_vhost`: `switch_vhost` with A and B on two shards (`--workers 2`): A's
 //!   shard copies the frame into the trunk ring, B's shard copies it out into B (both rounds
 //!   counted, run one after the other in this one thread): what crossing workers costs.
@@ -59,10 +61,10 @@ fn port_config() -> VhostConfig {
 }
 
 /// A receive ring with all its buffers posted: the harness's side, the device's side.
-fn posted_rx() -> (MockQueue, DriverQueue, virtq::DeviceQueue) {
+fn posted_rx(format: Format) -> (MockQueue, DriverQueue, virtq::DeviceQueue) {
     let rxm = MockQueue::new(256, BUF);
     let (mut rx, rxd) = rxm
-        .pair_in(Format::Split, Direction::DeviceWrites, true)
+        .pair_in(format, Direction::DeviceWrites, true)
         .expect("rx");
     for i in 0..256 {
         rx.add_one(Buf {
@@ -77,13 +79,18 @@ fn posted_rx() -> (MockQueue, DriverQueue, virtq::DeviceQueue) {
 }
 
 fn fe(id: u32, last: u8) -> (Fe, AnyPort) {
+    fe_in(id, last, Format::Split)
+}
+
+/// A frontend whose two rings are in `format`.
+fn fe_in(id: u32, last: u8, format: Format) -> (Fe, AnyPort) {
     let mut port = VhostPort::new(id, port_config(), vec![Arc::default()]);
     let features = VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
     let txm = MockQueue::new(256, BUF);
     let (tx, txd) = txm
-        .pair_in(Format::Split, Direction::DeviceReads, true)
+        .pair_in(format, Direction::DeviceReads, true)
         .expect("tx");
-    let (rxm, rx, rxd) = posted_rx();
+    let (rxm, rx, rxd) = posted_rx(format);
     for (index, queue) in [(1u16, txd), (0, rxd)] {
         port.start(StartedQueue {
             index,
@@ -167,7 +174,9 @@ counted!(
     vhost_sink = 3,
     switch_gen_vhost = 4,
     switch_gen_vhost_mq = 7,
-    switch_vhost_sink = 5
+    switch_vhost_sink = 5,
+    switch_vhost_packed = 8,
+    switch_gen_vhost_packed = 9
 );
 
 /// 64-byte frames to `dst`, as fast as they may go, one flow.
@@ -207,7 +216,7 @@ fn fe_mq(id: u32, pairs: u16) -> (FeMq, AnyPort) {
     let features = VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
     let mut rxs = Vec::new();
     for k in 0..pairs {
-        let (rxm, rx, rxd) = posted_rx();
+        let (rxm, rx, rxd) = posted_rx(Format::Split);
         port.start(StartedQueue {
             index: 2 * k,
             queue: rxd,
@@ -337,6 +346,29 @@ fn main() {
         total += switch_vhost_sink(&mut f, &mut ports, now);
         a.drain();
     }
+    // The packed ring: the learning switch frontend to frontend, and a gen port into one.
+    let (mut a, pa) = fe_in(0, 1, Format::Packed);
+    let (mut b, pb) = fe_in(1, 2, Format::Packed);
+    let mut ports = vec![pa, pb];
+    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    b.offer(a.mac);
+    f.round(&mut ports, now);
+    a.drain();
+    b.drain();
+    for _ in 0..rounds {
+        a.offer(b.mac);
+        total += switch_vhost_packed(&mut f, &mut ports, now);
+        b.drain();
+    }
+    let (mut b, pb) = fe_in(1, 2, Format::Packed);
+    let gen = gen_to(5, b.mac);
+    let mut ports = vec![pb, gen];
+    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    for _ in 0..rounds {
+        total += switch_gen_vhost_packed(&mut f, &mut ports, now);
+        b.drain();
+    }
+
     // A gen port spreading 64 flows into a frontend with 2 queue pairs.
     let (mut b, pb) = fe_mq(1, 2);
     let g = AnyPort::Gen(GenPort::new(

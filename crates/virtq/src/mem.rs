@@ -629,7 +629,30 @@ fn has_prefetchw() -> bool {
 ///
 /// The two chains may be in the same peer's memory and may even overlap (a hostile peer can
 /// arrange that), so this uses `ptr::copy` (memmove), never a non-overlapping copy.
-pub fn copy_segs(
+#[inline]
+pub fn copy_segs(src: &[Seg<'_>], src_off: u32, dst: &[Seg<'_>], dst_off: u32, len: u32) -> u32 {
+    // Nearly every packet: all of it inside the first segment on both sides, one copy.
+    if let (Some(s), Some(d)) = (src.first(), dst.first()) {
+        if len <= s.len.saturating_sub(src_off) && len <= d.len.saturating_sub(dst_off) {
+            // SAFETY: src_off + len <= s.len and dst_off + len <= d.len (checked just above,
+            // without overflow); both segments lie in mapped regions. `ptr::copy` tolerates
+            // overlap.
+            unsafe {
+                std::ptr::copy(
+                    s.ptr.as_ptr().add(src_off as usize),
+                    d.ptr.as_ptr().add(dst_off as usize),
+                    len as usize,
+                );
+            }
+            return len;
+        }
+    }
+    copy_segs_walk(src, src_off, dst, dst_off, len)
+}
+
+/// [`copy_segs`] across segments: both lists walked in step.
+#[inline(never)]
+fn copy_segs_walk(
     src: &[Seg<'_>],
     mut src_off: u32,
     dst: &[Seg<'_>],
