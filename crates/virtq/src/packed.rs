@@ -476,7 +476,8 @@ impl<M: Translate> DeviceQueue<M> {
     /// Pops up to `max` chains into `out`, calling `each` with each chain's segments.
     /// Single-descriptor chains (almost every network buffer) take [`simple`](Self::simple),
     /// their chain never on the stack; anything else, errors included, the general walk.
-    #[inline]
+    /// Out of line: a batch pays one call, and the split ring's callers keep their inlining.
+    #[inline(never)]
     pub fn pop_batch(
         &mut self,
         out: &mut Vec<Chain>,
@@ -485,6 +486,12 @@ impl<M: Translate> DeviceQueue<M> {
     ) -> Result<usize> {
         let mut n = 0;
         while n < max && self.pending > 0 {
+            n += self.pop_singles(out, max - n, &mut each);
+            if n == max || self.pending == 0 {
+                break;
+            }
+            // What the run stopped at: the ring's end, a chain of several descriptors, or one
+            // that fails a check (the general walk reports it).
             if let Some(c) = self.simple() {
                 self.pending -= 1;
                 each(self.segs(&c));
@@ -497,6 +504,65 @@ impl<M: Translate> DeviceQueue<M> {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// The run of single-descriptor chains from the next slot, up to the ring's end, in one
+    /// loop: each descriptor read once and taken with the checks of [`simple`](Self::simple)
+    /// (its flags against the one pattern a plain buffer of this queue's direction has: no
+    /// `NEXT`, no `INDIRECT`), the slot and batch bookkeeping done once for the run. Stops,
+    /// having consumed nothing of it, at the first descriptor that is anything else.
+    #[inline(always)]
+    fn pop_singles(
+        &mut self,
+        out: &mut Vec<Chain>,
+        max: usize,
+        each: &mut impl FnMut(&[Seg<'_>]),
+    ) -> usize {
+        const MASK: u16 = DESC_F_AVAIL | DESC_F_USED | DESC_F_WRITE | DESC_F_NEXT | DESC_F_INDIRECT;
+        let write = self.dir == Direction::DeviceWrites;
+        let want = avail_bits(self.avail_wrap) | if write { DESC_F_WRITE } else { 0 };
+        let first = self.last_avail;
+        let room = self.segs.capacity() - self.segs.len();
+        let run = self
+            .pending
+            .min(self.size - first)
+            .min(u16::try_from(max.min(room)).unwrap_or(u16::MAX));
+        let mut k = 0u16;
+        while k < run {
+            let d = self.m.ring.desc(first + k);
+            if d.flags & MASK != want || d.len == 0 || d.id >= self.size {
+                break;
+            }
+            let Some((p, contig)) =
+                translate_buffer(&*self.m.mem, self.dir, write, d.addr, &mut self.hint)
+            else {
+                break;
+            };
+            if u64::from(d.len) > contig {
+                break;
+            }
+            let start = u32::try_from(self.segs.len()).unwrap_or(u32::MAX);
+            self.segs.push(Seg::new(p, d.len));
+            self.ndesc[usize::from(d.id)] = 1;
+            let (readable, writable) = if write { (0, d.len) } else { (d.len, 0) };
+            let c = Chain {
+                head: d.id,
+                readable,
+                writable,
+                start,
+                nread: u32::from(!write),
+                nsegs: 1,
+            };
+            each(self.segs.of(&c));
+            out.push(c);
+            k += 1;
+        }
+        if k > 0 {
+            self.popped.extend(std::iter::repeat_n(1, usize::from(k)));
+            self.pending -= k;
+            self.last_avail = advance(first, &mut self.avail_wrap, k, self.size);
+        }
+        usize::from(k)
     }
 
     /// The fast path: one available descriptor, no `NEXT` or `INDIRECT`, in the queue's
