@@ -306,6 +306,12 @@ pub struct DeviceQueue<M: Translate = MemTable> {
     avail_wrap: bool,
     /// Chains `available()` saw and not yet popped.
     pending: u16,
+    /// The first slot (and its wrap counter) the last walk did not find available, and the
+    /// chains that walk counted: the next walk starts there, counting those the batch since
+    /// did not take. What a driver made available stays so until the device uses it, so
+    /// each slot is walked once, however many batches it waits.
+    frontier: (u16, bool),
+    seen_chains: u16,
     /// Next used slot, and the wrap counter there.
     used_idx: u16,
     used_wrap: bool,
@@ -348,6 +354,8 @@ impl<M: Translate> DeviceQueue<M> {
             last_avail: idx,
             avail_wrap: wrap,
             pending: 0,
+            frontier: (idx, wrap),
+            seen_chains: 0,
             used_idx: idx,
             used_wrap: wrap,
             shadow: Vec::with_capacity(usize::from(cfg.size)),
@@ -379,7 +387,27 @@ impl<M: Translate> DeviceQueue<M> {
     /// Switches to a new translator, re-translating the ring.
     pub fn set_mem(&mut self, mem: Arc<M>) -> Result<()> {
         self.segs.clear();
+        self.forget_walk();
         self.m.remap(mem)
+    }
+
+    /// The next walk starts again at the next slot.
+    fn forget_walk(&mut self) {
+        self.frontier = (self.last_avail, self.avail_wrap);
+        self.seen_chains = 0;
+        self.popped.clear();
+    }
+
+    /// Slots from the next one to the last walk's frontier (`None`: behind it, which only a
+    /// rewound position can make).
+    fn ahead(&self) -> Option<u16> {
+        let (f, fw) = self.frontier;
+        match (fw == self.avail_wrap, f >= self.last_avail) {
+            (true, true) => Some(f - self.last_avail),
+            (false, false) => Some(f + self.size - self.last_avail),
+            (false, true) if f == self.last_avail => Some(self.size),
+            _ => None,
+        }
     }
 
     /// Starts a batch: walks the flags from the next slot (one acquire load each) and returns
@@ -388,39 +416,50 @@ impl<M: Translate> DeviceQueue<M> {
     /// bounded so that a full ring does not cost a walk of all of it per batch).
     #[inline]
     pub fn available(&mut self) -> Result<u16> {
+        // Chains the last walk counted that the batch since did not take (`popped` holds the
+        // chains taken, those given back already removed).
+        let taken = u16::try_from(self.popped.len()).unwrap_or(u16::MAX);
         self.segs.clear();
         self.popped.clear();
         self.m.refresh()?;
+        let Some(ahead) = self.ahead() else {
+            self.forget_walk();
+            return self.available();
+        };
         // A chain whose tail is not available yet is not counted (a driver makes the head
         // available last; one that does not is caught when the chain is parsed). A chain
         // longer than the window is still counted once it is whole: past the window the walk
         // goes on one slot at a time until a chain ends.
         let size = self.size;
-        let (mut chains, mut descs) = (0u16, 0u16);
-        let (mut i, mut want) = (self.last_avail, avail_bits(self.avail_wrap));
-        let mut limit = size.min(SCAN);
+        let (mut chains, mut descs) = (self.seen_chains.saturating_sub(taken), ahead);
+        let mut wrap = self.avail_wrap;
+        let mut i = advance(self.last_avail, &mut wrap, descs, size);
+        let mut want = avail_bits(wrap);
+        let mut limit = size.min(SCAN).max(descs);
         loop {
+            if descs == limit {
+                if chains > 0 || limit == size {
+                    break;
+                }
+                limit += 1;
+            }
             // To the ring's end or the limit, with one pattern of AVAIL/USED bits (it flips
             // where the ring wraps): one load, one compare and one count per slot.
             let run = (size - i).min(limit - descs);
             let (n, c) = self.m.ring.walk_avail(i, run, want);
             descs += n;
             chains += c;
-            if n < run {
-                break;
-            }
             i += n;
             if i == size {
                 i = 0;
                 want ^= DESC_F_AVAIL | DESC_F_USED;
             }
-            if descs == limit {
-                if chains > 0 || limit == size {
-                    break;
-                }
-                limit = (descs + 1).min(size);
+            if n < run {
+                break;
             }
         }
+        self.frontier = (i, want == avail_bits(true));
+        self.seen_chains = chains;
         self.pending = chains;
         Ok(chains)
     }
