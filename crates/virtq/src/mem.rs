@@ -610,18 +610,26 @@ pub fn prefetch_range(p: NonNull<u8>, len: u32, write: bool) {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn has_prefetchw() -> bool {
-    static HAS: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-        // CPUID 0x8000_0001 ECX bit 8: PRFCHW (3DNowPrefetch). `is_x86_feature_detected!`
-        // has no name for it on stable Rust.
-        #[allow(unused_unsafe)]
-        // SAFETY: CPUID exists on every x86_64 CPU; leaf 0x8000_0000 gives the highest
-        // extended leaf, checked before 0x8000_0001 is asked for.
-        unsafe {
-            use std::arch::x86_64::__cpuid;
-            __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+    use std::sync::atomic::{AtomicU8, Ordering};
+    // 0: not asked yet, 1: no, 2: yes. One relaxed load per call (a prefetch loop is on the
+    // per-packet path); racing first callers compute the same answer.
+    static HAS: AtomicU8 = AtomicU8::new(0);
+    match HAS.load(Ordering::Relaxed) {
+        0 => {
+            // CPUID 0x8000_0001 ECX bit 8: PRFCHW (3DNowPrefetch). `is_x86_feature_detected!`
+            // has no name for it on stable Rust.
+            #[allow(unused_unsafe)]
+            // SAFETY: CPUID exists on every x86_64 CPU; leaf 0x8000_0000 gives the highest
+            // extended leaf, checked before 0x8000_0001 is asked for.
+            let has = unsafe {
+                use std::arch::x86_64::__cpuid;
+                __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+            };
+            HAS.store(if has { 2 } else { 1 }, Ordering::Relaxed);
+            has
         }
-    });
-    *HAS
+        v => v == 2,
+    }
 }
 
 /// Copies bytes from one chain's segments to another's: the one copy of a hop between two

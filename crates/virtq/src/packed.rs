@@ -581,19 +581,19 @@ impl<M: Translate> DeviceQueue<M> {
                 break;
             }
             let start = u32::try_from(self.segs.len()).unwrap_or(u32::MAX);
-            self.segs.push(Seg::new(p, d.len));
+            let seg = Seg::new(p, d.len);
+            each(std::slice::from_ref(&seg));
+            self.segs.push(seg);
             self.ndesc[usize::from(d.id)] = 1;
             let (readable, writable) = if write { (0, d.len) } else { (d.len, 0) };
-            let c = Chain {
+            out.push(Chain {
                 head: d.id,
                 readable,
                 writable,
                 start,
                 nread: u32::from(!write),
                 nsegs: 1,
-            };
-            each(self.segs.of(&c));
-            out.push(c);
+            });
             k += 1;
         }
         if k > 0 {

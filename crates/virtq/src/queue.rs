@@ -104,6 +104,39 @@ macro_rules! dispatch {
     };
 }
 
+/// What a per-packet loop needs of one format's device queue: a loop generic over it is
+/// compiled once per format, and a match on the [`DeviceQueue`] chooses the format once per
+/// run instead of once per call.
+pub trait FormatQueue {
+    /// The device-readable segments of a chain of the current batch.
+    fn readable(&self, c: &Chain) -> &[Seg<'_>];
+    /// The device-writable segments of a chain of the current batch.
+    fn writable(&self, c: &Chain) -> &[Seg<'_>];
+    /// Records a used entry (nothing reaches the ring until `publish`).
+    fn push_used(&mut self, head: u16, len: u32);
+}
+
+macro_rules! format_queue {
+    ($t:ty) => {
+        impl<M: Translate> FormatQueue for $t {
+            #[inline(always)]
+            fn readable(&self, c: &Chain) -> &[Seg<'_>] {
+                Self::readable(self, c)
+            }
+            #[inline(always)]
+            fn writable(&self, c: &Chain) -> &[Seg<'_>] {
+                Self::writable(self, c)
+            }
+            #[inline(always)]
+            fn push_used(&mut self, head: u16, len: u32) {
+                Self::push_used(self, head, len);
+            }
+        }
+    };
+}
+format_queue!(split::DeviceQueue<M>);
+format_queue!(packed::DeviceQueue<M>);
+
 /// The device side of a virtqueue, of any format.
 #[derive(Debug)]
 pub enum DeviceQueue<M: Translate = MemTable> {

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use tracing::info;
 use virtq::event::Armed;
 use virtq::mem::{copy_segs, write_segs};
+use virtq::queue::FormatQueue;
 use virtq::{Chain, DeviceQueue, MemTable, Seg};
 
 /// Most receive chains one packet may span (64 KiB over the smallest sane buffers).
@@ -424,6 +425,39 @@ pub fn deliver(
     Ok(Delivered::Done)
 }
 
+/// [`RxSide::take_plain`]'s loop, for one ring format: the packets taken and their frame
+/// bytes.
+#[inline(always)]
+fn take_plain(
+    q: &mut impl FormatQueue,
+    b: &mut RxBatch,
+    hdr_len: u32,
+    pkts: &[Pkt<'_>],
+) -> (usize, u64) {
+    let (mut k, mut bytes) = (0usize, 0u64);
+    for p in pkts {
+        let Some(&c) = b.chains.get(b.next) else {
+            break;
+        };
+        if p.hdr_len != hdr_len || p.has_offload() || p.len > c.writable {
+            break;
+        }
+        let segs = q.writable(&c);
+        let Some(first) = segs.first().filter(|s| s.len() >= hdr_len) else {
+            break;
+        };
+        let n = copy_segs(p.segs, 0, segs, 0, p.len);
+        if hdr_len == HDR_LEN {
+            first.write_array(NUM_BUFFERS_OFF, 1u16.to_le_bytes());
+        }
+        q.push_used(c.head, n);
+        b.next += 1;
+        bytes += u64::from(p.frame_len());
+        k += 1;
+    }
+    (k, bytes)
+}
+
 /// The header a receiver with `features` and a `len`-byte header is given for a packet that
 /// passes as it is: its metadata, less what the receiver did not negotiate.
 pub fn header_for(h: &VnetHdr, features: u64) -> [u8; VnetHdr::LEN] {
@@ -573,28 +607,11 @@ impl RxSide<'_> {
     /// buffers, errors).
     #[inline(always)]
     fn take_plain(&mut self, pkts: &[Pkt<'_>]) -> usize {
-        let (b, q) = (&mut self.st.rxb, &mut self.rx.q);
-        let (mut k, mut bytes) = (0usize, 0u64);
-        for p in pkts {
-            let Some(&c) = b.chains.get(b.next) else {
-                break;
-            };
-            if p.hdr_len != self.hdr_len || p.has_offload() || p.len > c.writable {
-                break;
-            }
-            let segs = q.writable(&c);
-            let Some(first) = segs.first().filter(|s| s.len() >= self.hdr_len) else {
-                break;
-            };
-            let n = copy_segs(p.segs, 0, segs, 0, p.len);
-            if self.hdr_len == HDR_LEN {
-                first.write_array(NUM_BUFFERS_OFF, 1u16.to_le_bytes());
-            }
-            q.push_used(c.head, n);
-            b.next += 1;
-            bytes += u64::from(p.frame_len());
-            k += 1;
-        }
+        let (b, hdr_len) = (&mut self.st.rxb, self.hdr_len);
+        let (k, bytes) = match &mut self.rx.q {
+            DeviceQueue::Split(q) => take_plain(q, b, hdr_len, pkts),
+            DeviceQueue::Packed(q) => take_plain(q, b, hdr_len, pkts),
+        };
         if k > 0 {
             self.st.sent[0] += k as u64;
             self.st.sent[1] += bytes;
@@ -1301,54 +1318,10 @@ fn ingress(
         // Chains popped before the bad one are still taken below.
         tx.fail(id, stats, e);
     }
-    let (mut bytes, mut bad) = (0u64, 0u64);
-    let mut taken = 0;
-    {
-        let mut pkts = [super::EMPTY; super::MAX_BURST];
-        while taken < chains.len() {
-            // Gather a burst: valid packets up to the next short one (or the burst's room).
-            let mut n = 0;
-            for c in &chains[taken..] {
-                if n == pkts.len() {
-                    break;
-                }
-                let segs = tx.q.readable(c);
-                let head = if c.readable >= hdr_len + MACS {
-                    read_head(segs, hdr_len)
-                } else {
-                    None
-                };
-                let Some((hdr, macs)) = head else {
-                    break;
-                };
-                pkts[n] = Pkt {
-                    segs,
-                    len: c.readable,
-                    hdr_len,
-                    hdr,
-                    macs,
-                };
-                n += 1;
-            }
-            let k = if n > 0 {
-                to.burst(&pkts[..n], stats)
-            } else {
-                0
-            };
-            for p in &pkts[..k] {
-                bytes += u64::from(p.frame_len());
-            }
-            taken += k;
-            if k < n {
-                break;
-            }
-            // The chain that ended the gathering, if it was a short one: dropped in its place.
-            if n < pkts.len() && taken < chains.len() {
-                bad += 1;
-                taken += 1;
-            }
-        }
-    }
+    let (taken, bytes, bad) = match &tx.q {
+        DeviceQueue::Split(q) => hand_over(q, chains, hdr_len, stats, to),
+        DeviceQueue::Packed(q) => hand_over(q, chains, hdr_len, stats, to),
+    };
     // Every chain taken (delivered, dropped, or too short) is returned, in order.
     tx.q.push_used_all(&chains[..taken], 0);
     // Chains not taken wait in the ring for the next round.
@@ -1358,6 +1331,66 @@ fn ingress(
     bump(&stats.rx_bytes, bytes);
     bump(&stats.drops[DropReason::Invalid as usize], bad);
     taken
+}
+
+/// [`ingress`]'s hand-over, for one ring format: the batch's chains to `to` as bursts of
+/// packets, in order, until one must wait. Returns the chains taken (delivered, dropped, or
+/// too short), the bytes delivered and the chains too short to be a packet.
+#[inline(always)]
+fn hand_over(
+    q: &impl FormatQueue,
+    chains: &[Chain],
+    hdr_len: u32,
+    stats: &PortStats,
+    to: &mut impl Ingress,
+) -> (usize, u64, u64) {
+    let (mut bytes, mut bad) = (0u64, 0u64);
+    let mut taken = 0;
+    let mut pkts = [super::EMPTY; super::MAX_BURST];
+    while taken < chains.len() {
+        // Gather a burst: valid packets up to the next short one (or the burst's room).
+        let mut n = 0;
+        for c in &chains[taken..] {
+            if n == pkts.len() {
+                break;
+            }
+            let segs = q.readable(c);
+            let head = if c.readable >= hdr_len + MACS {
+                read_head(segs, hdr_len)
+            } else {
+                None
+            };
+            let Some((hdr, macs)) = head else {
+                break;
+            };
+            pkts[n] = Pkt {
+                segs,
+                len: c.readable,
+                hdr_len,
+                hdr,
+                macs,
+            };
+            n += 1;
+        }
+        let k = if n > 0 {
+            to.burst(&pkts[..n], stats)
+        } else {
+            0
+        };
+        for p in &pkts[..k] {
+            bytes += u64::from(p.frame_len());
+        }
+        taken += k;
+        if k < n {
+            break;
+        }
+        // The chain that ended the gathering, if it was a short one: dropped in its place.
+        if n < pkts.len() && taken < chains.len() {
+            bad += 1;
+            taken += 1;
+        }
+    }
+    (taken, bytes, bad)
 }
 
 impl VhostPort {
