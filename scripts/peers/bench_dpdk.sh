@@ -45,8 +45,9 @@
 #        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles,
 #        "alt" / "altbackend" for `pvnet switch` / `pvnet backend` from the binary ALT_BIN: an
 #        A/B of two builds in one run)
-#        BURSTS=1 (the frontend records its receive bursts: RESULT gains fe_empty_pct, the share
-#        of its polls that found nothing, and fe_full_pct, of full bursts: who sets the pace)
+#        BURSTS=1 (the frontend records its bursts: RESULT gains fe_empty_pct, the share of its
+#        receive polls that found nothing, fe_full_pct, of full bursts, and for txonly
+#        fe_tx_full_pct, of transmit bursts that went out whole: who sets the pace)
 #        PERF=1 (profile the backend over the measured window: $B/<run>.perf.data, cpu-clock;
 #        PERF=fe profiles the frontend instead;
 #        it perturbs the run, so its figures are not comparable)
@@ -198,14 +199,19 @@ if $QUEUES > 1:
         per[int(m.group(2))] = per.get(int(m.group(2)), 0) + int(m.group(3))
     tot = sum(per.values())
     qs = " q_min_share=%.2f" % (min(per.values()) / tot if tot and len(per) == $QUEUES else 0)
-# BURSTS=1: the frontend's own record of its receive bursts over the whole run (testpmd's
-# record-burst-stats: the share of polls that found nothing, and of full 32-packet bursts).
-# Empty polls mean the frontend waited for the backend; full bursts mean it fell behind.
+# BURSTS=1: the frontend's own record of its bursts over the whole run (testpmd's
+# record-burst-stats: the share of receive polls that found nothing, and of full 32-packet
+# bursts). Empty polls mean the frontend waited for the backend; full bursts mean it fell
+# behind.
+# For txonly (v2h) the same for its transmit bursts: fe_tx_full_pct is the share that went out
+# whole (the ring had room: the backend kept up).
 bs = ""
-m = re.search(r"RX-bursts : (\d+) \[(.*)\]", open(log, errors="replace").read())
-if m:
-    share = lambda k: sum(int(p) for p, n in re.findall(r"(\d+)% of (\d+) pkts", m.group(2)) if int(n) == k)
-    bs = " fe_rx_bursts=%s fe_empty_pct=%d fe_full_pct=%d" % (m.group(1), share(0), share(32))
+text = open(log, errors="replace").read()
+for kind, tag in (("RX", "fe"), ("TX", "fe_tx")):
+    m = re.search(kind + r"-bursts : (\d+) \[(.*)\]", text)
+    if m and int(m.group(1)) > 0:
+        share = lambda k: sum(int(p) for p, n in re.findall(r"(\d+)% of (\d+) pkts", m.group(2)) if int(n) == k)
+        bs += " %s_bursts=%s %s_empty_pct=%d %s_full_pct=%d" % (tag, m.group(1), tag, share(0), tag, share(32))
 print("RESULT dir=$dir size=$size impl=$impl round=$round queues=$QUEUES c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d%s%s"
       % (other, mpps, min(win) / 1e6 if win else 0, max(win) / 1e6 if win else 0, ns, pk, qs, bs))
 PY
