@@ -156,6 +156,28 @@ impl Fe {
     }
 }
 
+/// Frontends A and B in `format` on the learning switch, B's address learned (B spoke first,
+/// so A's frames go to it unicast).
+fn learned_pair(format: Format, now: Instant) -> (Fe, Fe, Vec<AnyPort>, Fabric) {
+    let (mut a, pa) = fe_in(0, 1, format);
+    let (mut b, pb) = fe_in(1, 2, format);
+    let mut ports = vec![pa, pb];
+    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    b.offer(a.mac);
+    f.round(&mut ports, now);
+    a.drain();
+    b.drain();
+    (a, b, ports, f)
+}
+
+/// A frontend in `format` and a gen port sending to it, on the learning switch.
+fn gen_on_switch(format: Format) -> (Fe, Vec<AnyPort>, Fabric) {
+    let (b, pb) = fe_in(1, 2, format);
+    let gen = gen_to(5, b.mac);
+    let f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    (b, vec![pb, gen], f)
+}
+
 /// The counted functions: one round each, a distinct constant each so that they are not
 /// merged into one symbol (their bodies are otherwise the same).
 macro_rules! counted {
@@ -282,15 +304,8 @@ fn main() {
     let now = Instant::now();
     let mut total = 0usize;
 
-    // The learning switch: B speaks first so A's frames go to it unicast.
-    let (mut a, pa) = fe(0, 1);
-    let (mut b, pb) = fe(1, 2);
-    let mut ports = vec![pa, pb];
-    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
-    b.offer(a.mac);
-    f.round(&mut ports, now);
-    a.drain();
-    b.drain();
+    // The learning switch.
+    let (mut a, mut b, mut ports, mut f) = learned_pair(Format::Split, now);
     for _ in 0..rounds {
         a.offer(b.mac);
         total += switch_vhost(&mut f, &mut ports, now);
@@ -329,10 +344,7 @@ fn main() {
         a.drain();
     }
     // Through the learning switch: a gen port into a frontend, a frontend into a sink port.
-    let (mut b, pb) = fe(1, 2);
-    let gen = gen_to(5, b.mac);
-    let mut ports = vec![pb, gen];
-    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    let (mut b, mut ports, mut f) = gen_on_switch(Format::Split);
     for _ in 0..rounds {
         total += switch_gen_vhost(&mut f, &mut ports, now);
         b.drain();
@@ -347,23 +359,13 @@ fn main() {
         a.drain();
     }
     // The packed ring: the learning switch frontend to frontend, and a gen port into one.
-    let (mut a, pa) = fe_in(0, 1, Format::Packed);
-    let (mut b, pb) = fe_in(1, 2, Format::Packed);
-    let mut ports = vec![pa, pb];
-    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
-    b.offer(a.mac);
-    f.round(&mut ports, now);
-    a.drain();
-    b.drain();
+    let (mut a, mut b, mut ports, mut f) = learned_pair(Format::Packed, now);
     for _ in 0..rounds {
         a.offer(b.mac);
         total += switch_vhost_packed(&mut f, &mut ports, now);
         b.drain();
     }
-    let (mut b, pb) = fe_in(1, 2, Format::Packed);
-    let gen = gen_to(5, b.mac);
-    let mut ports = vec![pb, gen];
-    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    let (mut b, mut ports, mut f) = gen_on_switch(Format::Packed);
     for _ in 0..rounds {
         total += switch_gen_vhost_packed(&mut f, &mut ports, now);
         b.drain();

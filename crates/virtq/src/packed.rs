@@ -476,9 +476,9 @@ impl<M: Translate> DeviceQueue<M> {
         if self.pending == 0 {
             return Ok(None);
         }
-        if let Some(c) = self.simple() {
-            self.pending -= 1;
-            return Ok(Some(c));
+        let mut one = None;
+        if self.pop_singles(1, |c, _| one = Some(c)) == 1 {
+            return Ok(one);
         }
         self.pop_slow()
     }
@@ -513,8 +513,8 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// Pops up to `max` chains into `out`, calling `each` with each chain's segments.
-    /// Single-descriptor chains (almost every network buffer) take [`simple`](Self::simple),
-    /// their chain never on the stack; anything else, errors included, the general walk.
+    /// Runs of single-descriptor chains (almost every network buffer) take
+    /// [`pop_singles`](Self::pop_singles); anything else, errors included, the general walk.
     /// Out of line: a batch pays one call, and the split ring's callers keep their inlining.
     #[inline(never)]
     pub fn pop_batch(
@@ -525,38 +525,33 @@ impl<M: Translate> DeviceQueue<M> {
     ) -> Result<usize> {
         let mut n = 0;
         while n < max && self.pending > 0 {
-            n += self.pop_singles(out, max - n, &mut each);
+            n += self.pop_singles(max - n, |c, seg| {
+                each(std::slice::from_ref(seg));
+                out.push(c);
+            });
             if n == max || self.pending == 0 {
                 break;
             }
-            // What the run stopped at: the ring's end, a chain of several descriptors, or one
-            // that fails a check (the general walk reports it).
-            if let Some(c) = self.simple() {
-                self.pending -= 1;
-                each(self.segs(&c));
-                out.push(c);
-            } else {
-                let Some(c) = self.pop_slow()? else { break };
-                each(self.segs(&c));
-                out.push(c);
-            }
+            // What the run stopped at (the next run starts at the ring's start by itself): a
+            // chain of several descriptors, one that fails a check (the general walk reports
+            // it), or the batch's segment scratch full.
+            let Some(c) = self.pop_slow()? else { break };
+            each(self.segs(&c));
+            out.push(c);
             n += 1;
         }
         Ok(n)
     }
 
-    /// The run of single-descriptor chains from the next slot, up to the ring's end, in one
-    /// loop: each descriptor read once and taken with the checks of [`simple`](Self::simple)
-    /// (its flags against the one pattern a plain buffer of this queue's direction has: no
-    /// `NEXT`, no `INDIRECT`), the slot and batch bookkeeping done once for the run. Stops,
-    /// having consumed nothing of it, at the first descriptor that is anything else.
+    /// The fast path: the run of single-descriptor chains from the next slot, up to `max`
+    /// and the ring's end, in one loop, each handed to `take` with its one segment. Each
+    /// descriptor is read once and passes the general walk's checks without its loop: its
+    /// flags against the one pattern a plain buffer of this queue's direction has (available,
+    /// no `NEXT`, no `INDIRECT`), a length, an id inside the ring, its bytes inside one
+    /// region. The slot and batch bookkeeping is done once for the run. Stops at the first
+    /// descriptor that is anything else, which is left for the general walk (and its errors).
     #[inline(always)]
-    fn pop_singles(
-        &mut self,
-        out: &mut Vec<Chain>,
-        max: usize,
-        each: &mut impl FnMut(&[Seg<'_>]),
-    ) -> usize {
+    fn pop_singles(&mut self, max: usize, mut take: impl FnMut(Chain, &Seg<'_>)) -> usize {
         const MASK: u16 = DESC_F_AVAIL | DESC_F_USED | DESC_F_WRITE | DESC_F_NEXT | DESC_F_INDIRECT;
         let write = self.dir == Direction::DeviceWrites;
         let want = avail_bits(self.avail_wrap) | if write { DESC_F_WRITE } else { 0 };
@@ -582,18 +577,18 @@ impl<M: Translate> DeviceQueue<M> {
             }
             let start = u32::try_from(self.segs.len()).unwrap_or(u32::MAX);
             let seg = Seg::new(p, d.len);
-            each(std::slice::from_ref(&seg));
-            self.segs.push(seg);
             self.ndesc[usize::from(d.id)] = 1;
             let (readable, writable) = if write { (0, d.len) } else { (d.len, 0) };
-            out.push(Chain {
+            let c = Chain {
                 head: d.id,
                 readable,
                 writable,
                 start,
                 nread: u32::from(!write),
                 nsegs: 1,
-            });
+            };
+            take(c, &seg);
+            self.segs.push(seg);
             k += 1;
         }
         if k > 0 {
@@ -602,42 +597,6 @@ impl<M: Translate> DeviceQueue<M> {
             self.last_avail = advance(first, &mut self.avail_wrap, k, self.size);
         }
         usize::from(k)
-    }
-
-    /// The fast path: one available descriptor, no `NEXT` or `INDIRECT`, in the queue's
-    /// direction, its id inside the ring and its bytes inside one region. The same checks as
-    /// the general walk, without its loop; `None` sends the chain there (which also reports
-    /// every error).
-    #[inline(always)]
-    fn simple(&mut self) -> Option<Chain> {
-        let d = self.m.ring.desc(self.last_avail);
-        let write = d.flags & DESC_F_WRITE != 0;
-        if !is_avail(d.flags, self.avail_wrap)
-            || d.flags & (DESC_F_NEXT | DESC_F_INDIRECT) != 0
-            || d.len == 0
-            || d.id >= self.size
-            || self.segs.len() == self.segs.capacity()
-        {
-            return None;
-        }
-        let (p, contig) = translate_buffer(&*self.m.mem, self.dir, write, d.addr, &mut self.hint)?;
-        if u64::from(d.len) > contig {
-            return None;
-        }
-        let start = u32::try_from(self.segs.len()).unwrap_or(u32::MAX);
-        self.segs.push(Seg::new(p, d.len));
-        self.ndesc[usize::from(d.id)] = 1;
-        self.popped.push(1);
-        self.last_avail = advance(self.last_avail, &mut self.avail_wrap, 1, self.size);
-        let (readable, writable) = if write { (0, d.len) } else { (d.len, 0) };
-        Some(Chain {
-            head: d.id,
-            readable,
-            writable,
-            start,
-            nread: u32::from(!write),
-            nsegs: 1,
-        })
     }
 
     /// Takes back the last `n` chains popped, unconsumed.
