@@ -435,10 +435,8 @@ fn take_plain(
     pkts: &[Pkt<'_>],
 ) -> (usize, u64) {
     let (mut k, mut bytes) = (0usize, 0u64);
-    for p in pkts {
-        let Some(&c) = b.chains.get(b.next) else {
-            break;
-        };
+    let chains = b.chains.get(b.next..).unwrap_or(&[]);
+    for (p, &c) in pkts.iter().zip(chains) {
         if p.hdr_len != hdr_len || p.has_offload() || p.len > c.writable {
             break;
         }
@@ -451,10 +449,10 @@ fn take_plain(
             first.write_array(NUM_BUFFERS_OFF, 1u16.to_le_bytes());
         }
         q.push_used(c.head, n);
-        b.next += 1;
         bytes += u64::from(p.frame_len());
         k += 1;
     }
+    b.next += k;
     (k, bytes)
 }
 
