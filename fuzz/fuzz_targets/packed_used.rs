@@ -118,13 +118,24 @@ fuzz_target!(|data: &[u8]| {
             let _ = drv.arm_used_notify();
             drv.disable_used_notify();
         }
-        let Ok(k) = drv.used_available() else {
-            continue;
-        };
-        let flying = in_flight.iter().flatten().count();
-        assert!(usize::from(k) <= flying);
-        // Any error ends the round (the driver refuses the bad descriptor for good).
-        while let Ok(Some((id, len))) = drv.pop_used() {
+        // Reclaim one of two ways, as the input picks: counted then popped one by one, or
+        // `pop_used_batch` (up to a number the input picks). Any error ends the round (the
+        // driver refuses the bad descriptor for good).
+        let mut taken = Vec::new();
+        if ring[1] & 1 != 0 {
+            let _ = drv.pop_used_batch(&mut taken, usize::from(ring[1] >> 1));
+            assert!(taken.len() <= usize::from(ring[1] >> 1));
+        } else {
+            let Ok(k) = drv.used_available() else {
+                continue;
+            };
+            let flying = in_flight.iter().flatten().count();
+            assert!(usize::from(k) <= flying);
+            while let Ok(Some(e)) = drv.pop_used() {
+                taken.push(e);
+            }
+        }
+        for (id, len) in taken {
             let (cap, nd) = in_flight
                 .get_mut(usize::from(id))
                 .and_then(Option::take)

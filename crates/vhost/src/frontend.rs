@@ -944,24 +944,21 @@ impl NetClient {
         mut f: impl FnMut(&RxFrame<'_>),
     ) -> Result<usize, Error> {
         check(self.rx_err)?;
-        let n = usize::from(stop_on(&mut self.rx_err, self.rx.used_available())?);
         let head = self.rxp.headroom() as usize;
         self.used.clear();
         // Take no more entries than `max` frames need at least (one each); a merged frame
         // takes its other buffers below. An entry taken is a buffer freed for reposting, so
         // one taken and not handed out would be a frame lost.
-        let mut left = n;
-        for _ in 0..n.min(max) {
-            let Some(e) = stop_on(&mut self.rx_err, self.rx.pop_used())? else {
-                break;
-            };
-            left -= 1;
+        stop_on(
+            &mut self.rx_err,
+            self.rx.pop_used_batch(&mut self.used, max),
+        )?;
+        for &(id, _) in &self.used {
             // Start loading the buffer's first two lines (no effect on correctness).
-            let at = self.rxp.posted[usize::from(e.0)].off as usize + head;
+            let at = self.rxp.posted[usize::from(id)].off as usize + head;
             if let Some(p) = NonNull::new(self.rx_pool.as_ptr().wrapping_add(at)) {
                 virtq::mem::prefetch_range(p, 128, false);
             }
-            self.used.push(e);
         }
         let mrg = self.features & VIRTIO_NET_F_MRG_RXBUF != 0;
         #[allow(clippy::cast_possible_truncation)] // 10 or 12
@@ -985,12 +982,12 @@ impl NetClient {
                 want = usize::from(u16::from_le_bytes(nb)).max(1);
             }
             let end = i + want;
-            while end > self.used.len() && left > 0 {
-                let Some(e) = stop_on(&mut self.rx_err, self.rx.pop_used())? else {
-                    break;
-                };
-                left -= 1;
-                self.used.push(e);
+            if end > self.used.len() {
+                let more = end - self.used.len();
+                stop_on(
+                    &mut self.rx_err,
+                    self.rx.pop_used_batch(&mut self.used, more),
+                )?;
             }
             if len < hdr_len || end > self.used.len() {
                 // Short, or a merged frame whose buffers the device did not publish together.

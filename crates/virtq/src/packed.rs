@@ -1245,6 +1245,49 @@ impl DriverQueue {
         Ok(Some((id, len)))
     }
 
+    /// Takes up to `max` used buffers into `out`, (id, len) each, validated and their slots
+    /// freed, in one pass: a used descriptor that returns one buffer (every one, without
+    /// IN_ORDER; with it, one naming the oldest buffer in flight) is read once and taken at
+    /// once, where [`used_available`](Self::used_available) then [`pop_used`](Self::pop_used)
+    /// read it twice. Anything else (one descriptor for a batch, a batch partly popped)
+    /// goes through those two. Returns how many were taken.
+    pub fn pop_used_batch(&mut self, out: &mut Vec<(u16, u32)>, max: usize) -> Result<usize> {
+        let mut k = 0;
+        while k < max && self.in_flight > 0 && self.batch_descs == 0 {
+            // Acquire: the descriptor's id and length, written before its flags, are visible
+            // (pairs with the device's release store).
+            let f = self.m.ring.flags(self.next_used).load(Ordering::Acquire);
+            if !is_used(f, self.used_wrap) {
+                return Ok(k);
+            }
+            let d = self.m.ring.desc(self.next_used);
+            if self.in_order && d.id != self.free.recent(0, self.in_flight) {
+                break;
+            }
+            let id = d.id;
+            let n = self.in_flight_desc(id)?;
+            let slot = &mut self.cap[usize::from(id)];
+            let len = crate::ring::used_len(id, d.len, slot.unwrap_or(0))?;
+            *slot = None;
+            self.next_used = advance(self.next_used, &mut self.used_wrap, n, self.size);
+            self.free_slots += n;
+            self.free.push(id);
+            self.in_flight -= 1;
+            self.used_pending = self.used_pending.saturating_sub(1);
+            out.push((id, len));
+            k += 1;
+        }
+        if k < max && self.in_flight > 0 {
+            self.used_available()?;
+            while k < max {
+                let Some(e) = self.pop_used()? else { break };
+                out.push(e);
+                k += 1;
+            }
+        }
+        Ok(k)
+    }
+
     /// Asks the device not to interrupt us.
     #[inline]
     pub fn disable_used_notify(&mut self) {

@@ -427,6 +427,13 @@ impl DriverQueue {
         dispatch!(self, q => q.pop_used())
     }
 
+    /// Takes up to `max` used buffers into `out`, (id, bytes written) each, validated: the
+    /// reclaim of a burst in one call (the packed ring reads each used descriptor once).
+    #[inline]
+    pub fn pop_used_batch(&mut self, out: &mut Vec<(u16, u32)>, max: usize) -> Result<usize> {
+        dispatch!(self, q => q.pop_used_batch(out, max))
+    }
+
     /// Asks for no interrupts (a hint).
     #[inline]
     pub fn disable_used_notify(&mut self) {
