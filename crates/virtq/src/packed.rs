@@ -1232,6 +1232,15 @@ impl DriverQueue {
         let Some(d) = self.pending_used()? else {
             return Ok(None);
         };
+        let e = self.take_used(&d)?;
+        self.used_pending -= 1;
+        Ok(Some(e))
+    }
+
+    /// Takes the one buffer the used descriptor `d` (read at `next_used`) returns: its id
+    /// in flight, its length within what it offered, its slots freed.
+    #[inline(always)]
+    fn take_used(&mut self, d: &PackedDesc) -> Result<(u16, u32)> {
         let id = d.id;
         let k = self.in_flight_desc(id)?;
         let slot = &mut self.cap[usize::from(id)];
@@ -1241,8 +1250,7 @@ impl DriverQueue {
         self.free_slots += k;
         self.free.push(id);
         self.in_flight -= 1;
-        self.used_pending -= 1;
-        Ok(Some((id, len)))
+        Ok((id, len))
     }
 
     /// Takes up to `max` used buffers into `out`, (id, len) each, validated and their slots
@@ -1264,17 +1272,8 @@ impl DriverQueue {
             if self.in_order && d.id != self.free.recent(0, self.in_flight) {
                 break;
             }
-            let id = d.id;
-            let n = self.in_flight_desc(id)?;
-            let slot = &mut self.cap[usize::from(id)];
-            let len = crate::ring::used_len(id, d.len, slot.unwrap_or(0))?;
-            *slot = None;
-            self.next_used = advance(self.next_used, &mut self.used_wrap, n, self.size);
-            self.free_slots += n;
-            self.free.push(id);
-            self.in_flight -= 1;
+            out.push(self.take_used(&d)?);
             self.used_pending = self.used_pending.saturating_sub(1);
-            out.push((id, len));
             k += 1;
         }
         if k < max && self.in_flight > 0 {
