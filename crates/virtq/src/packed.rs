@@ -422,10 +422,10 @@ impl<M: Translate> DeviceQueue<M> {
         self.segs.clear();
         self.popped.clear();
         self.m.refresh()?;
-        let Some(ahead) = self.ahead() else {
+        let ahead = self.ahead().unwrap_or_else(|| {
             self.forget_walk();
-            return self.available();
-        };
+            0
+        });
         // A chain whose tail is not available yet is not counted (a driver makes the head
         // available last; one that does not is caught when the chain is parsed). A chain
         // longer than the window is still counted once it is whole: past the window the walk
@@ -1253,20 +1253,21 @@ impl DriverQueue {
         Ok((id, len))
     }
 
-    /// Takes up to `max` used buffers into `out`, (id, len) each, validated and their slots
-    /// freed, in one pass: a used descriptor that returns one buffer (every one, without
-    /// IN_ORDER; with it, one naming the oldest buffer in flight) is read once and taken at
-    /// once, where [`used_available`](Self::used_available) then [`pop_used`](Self::pop_used)
-    /// read it twice. Anything else (one descriptor for a batch, a batch partly popped)
-    /// goes through those two. Returns how many were taken.
-    pub fn pop_used_batch(&mut self, out: &mut Vec<(u16, u32)>, max: usize) -> Result<usize> {
+    /// The fast part of [`queue::DriverQueue::pop_used_batch`](crate::queue::DriverQueue::pop_used_batch):
+    /// takes up to `max` used buffers into `out`, (id, len) each, validated and their slots
+    /// freed, while each used descriptor returns one buffer (every one, without IN_ORDER;
+    /// with it, one naming the oldest buffer in flight): each is read once, where
+    /// [`used_available`](Self::used_available) then [`pop_used`](Self::pop_used) read it
+    /// twice. Stops at anything else (one descriptor for a batch, a batch partly popped),
+    /// which those two take. Returns how many were taken.
+    pub fn pop_used_run(&mut self, out: &mut Vec<(u16, u32)>, max: usize) -> Result<usize> {
         let mut k = 0;
         while k < max && self.in_flight > 0 && self.batch_descs == 0 {
             // Acquire: the descriptor's id and length, written before its flags, are visible
             // (pairs with the device's release store).
             let f = self.m.ring.flags(self.next_used).load(Ordering::Acquire);
             if !is_used(f, self.used_wrap) {
-                return Ok(k);
+                break;
             }
             let d = self.m.ring.desc(self.next_used);
             if self.in_order && d.id != self.free.recent(0, self.in_flight) {
@@ -1275,14 +1276,6 @@ impl DriverQueue {
             out.push(self.take_used(&d)?);
             self.used_pending = self.used_pending.saturating_sub(1);
             k += 1;
-        }
-        if k < max && self.in_flight > 0 {
-            self.used_available()?;
-            while k < max {
-                let Some(e) = self.pop_used()? else { break };
-                out.push(e);
-                k += 1;
-            }
         }
         Ok(k)
     }

@@ -136,6 +136,8 @@ macro_rules! format_queue {
 }
 format_queue!(split::DeviceQueue<M>);
 format_queue!(packed::DeviceQueue<M>);
+// Any format, each call dispatched (for code off the per-burst loops).
+format_queue!(DeviceQueue<M>);
 
 /// The device side of a virtqueue, of any format.
 #[derive(Debug)]
@@ -428,10 +430,27 @@ impl DriverQueue {
     }
 
     /// Takes up to `max` used buffers into `out`, (id, bytes written) each, validated: the
-    /// reclaim of a burst in one call (the packed ring reads each used descriptor once).
+    /// reclaim of a burst in one call. The packed ring first takes the run of descriptors that
+    /// return one buffer each, reading each once ([`packed::DriverQueue::pop_used_run`]);
+    /// the rest (and every split entry: its index is read once per batch anyway) are counted,
+    /// then popped.
     #[inline]
     pub fn pop_used_batch(&mut self, out: &mut Vec<(u16, u32)>, max: usize) -> Result<usize> {
-        dispatch!(self, q => q.pop_used_batch(out, max))
+        let mut k = match self {
+            Self::Packed(q) => q.pop_used_run(out, max)?,
+            Self::Split(_) => 0,
+        };
+        if k < max {
+            dispatch!(self, q => {
+                q.used_available()?;
+                while k < max {
+                    let Some(e) = q.pop_used()? else { break };
+                    out.push(e);
+                    k += 1;
+                }
+            });
+        }
+        Ok(k)
     }
 
     /// Asks for no interrupts (a hint).

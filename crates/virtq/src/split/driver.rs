@@ -245,20 +245,6 @@ impl DriverQueue {
         Ok(Some((id, len)))
     }
 
-    /// Takes up to `max` used buffers into `out` ([`used_available`](Self::used_available),
-    /// then [`pop_used`](Self::pop_used) for each): how many were taken.
-    #[inline]
-    pub fn pop_used_batch(&mut self, out: &mut Vec<(u16, u32)>, max: usize) -> Result<usize> {
-        self.used_available()?;
-        let mut k = 0;
-        while k < max {
-            let Some(e) = self.pop_used()? else { break };
-            out.push(e);
-            k += 1;
-        }
-        Ok(k)
-    }
-
     /// Asks the device not to interrupt us (we poll). With EVENT_IDX, `used_event` is put
     /// half the index space ahead, which the device cannot reach with one ring in flight.
     #[inline]
