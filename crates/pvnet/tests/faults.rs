@@ -207,14 +207,7 @@ fn killed_and_vanishing_frontends_leave_nothing_behind() {
 #[test]
 fn idle_frontends_cost_the_switch_little_memory() {
     let dir = TestDir::new("idlemem");
-    let ports: Vec<String> = (0..8)
-        .map(|i| {
-            format!(
-                "vhost-user:name=p{i},socket={}",
-                dir.sock(&format!("p{i}")).display()
-            )
-        })
-        .collect();
+    let ports: Vec<String> = (0..8).map(|i| dir.vhost_port(&format!("p{i}"))).collect();
     let mut args = vec!["switch"];
     for p in &ports {
         args.extend(["--port", p.as_str()]);

@@ -402,14 +402,7 @@ fn frames_cross_workers_exactly() {
 #[test]
 fn sixty_four_idle_ports_cost_almost_nothing() {
     let dir = TestDir::new("idle64");
-    let specs: Vec<String> = (2..64)
-        .map(|k| {
-            format!(
-                "vhost-user:name=p{k},socket={}",
-                dir.sock(&format!("p{k}")).display()
-            )
-        })
-        .collect();
+    let specs: Vec<String> = (2..64).map(|k| dir.vhost_port(&format!("p{k}"))).collect();
     let mut extra = Vec::new();
     for s in &specs {
         extra.extend(["--port", s.as_str()]);

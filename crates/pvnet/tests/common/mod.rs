@@ -48,6 +48,14 @@ impl TestDir {
     pub fn sock(&self, name: &str) -> PathBuf {
         self.path.join(format!("{name}.sock"))
     }
+
+    /// A `--port` spec: vhost-user port `name` on its own socket in this directory.
+    pub fn vhost_port(&self, name: &str) -> String {
+        format!(
+            "vhost-user:name={name},socket={}",
+            self.sock(name).display()
+        )
+    }
 }
 
 impl Drop for TestDir {
