@@ -366,7 +366,11 @@ impl Session {
     /// running queue has switched to the snapshot without the range, and a queue switches
     /// only between batches (the worker runs commands between batches), so no access to the
     /// range is in progress or can start once the frontend hears back.
-    fn iotlb_msg(&mut self, m: IotlbMsg) -> Result<(), String> {
+    ///
+    /// Applies `m` to the master map only; the caller publishes once for a run of messages
+    /// ([`take_iotlb_run`]). Returns `None` if nothing changed, else whether anything may
+    /// have been revoked (the publish must then wait for the queues).
+    fn iotlb_msg(&mut self, m: IotlbMsg) -> Result<Option<bool>, String> {
         if !self.iommu() {
             return Err("IOTLB message without VIRTIO_F_ACCESS_PLATFORM".into());
         }
@@ -394,7 +398,7 @@ impl Session {
             }
             Kind::Invalidate => {
                 if !self.iotlb.invalidate(m.iova, m.size) {
-                    return Ok(()); // nothing granted there: nothing changes
+                    return Ok(None); // nothing granted there: nothing changes
                 }
                 true
             }
@@ -404,7 +408,7 @@ impl Session {
         };
         debug!(port = self.port, kind = ?m.kind, iova = format_args!("{:#x}", m.iova),
             size = m.size, grants = self.iotlb.len(), "IOTLB");
-        self.publish(revoked).map_err(|e| e.to_string())
+        Ok(Some(revoked))
     }
 
     fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {
@@ -1177,7 +1181,7 @@ pub const MAX_GRANTS: usize = 8192;
 /// left for the crate. Returns `Ok(true)` if it handled a message,
 /// an error (which ends the session) for a malformed one or a violation.
 fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Result<bool> {
-    use crate::iotlb::{BODY_LEN, IOTLB_MSG, SET_BACKEND_REQ_FD};
+    use crate::iotlb::{IOTLB_MSG, SET_BACKEND_REQ_FD};
     use std::io::Read;
     use std::os::fd::AsRawFd;
     let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
@@ -1198,18 +1202,7 @@ fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Res
     let word = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
     let (request, flags, size) = (word(0), word(4), word(8) as usize);
     let ok = match request {
-        IOTLB_MSG => {
-            if size != BODY_LEN {
-                return Err(bad(format!("IOTLB message of {size} bytes")));
-            }
-            let mut m = [0u8; HDR_LEN + BODY_LEN];
-            (&*sock).read_exact(&mut m)?;
-            let msg = IotlbMsg::parse(&m[HDR_LEN..])
-                .ok_or_else(|| bad(format!("IOTLB message of type {}", m[HDR_LEN + 25])))?;
-            let mut s = session.lock().map_err(|_| bad("session poisoned".into()))?;
-            s.iotlb_msg(msg).map_err(bad)?;
-            s.protocol
-        }
+        IOTLB_MSG => return take_iotlb_run(sock, session, size),
         SET_BACKEND_REQ_FD => {
             let file = recv_one_fd(sock, "SET_BACKEND_REQ_FD", size)?;
             if !std::os::unix::fs::FileTypeExt::is_socket(&file.metadata()?.file_type()) {
@@ -1264,6 +1257,84 @@ fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Res
         _ => return Ok(false),
     };
     reply_ack(sock, request, flags, ok, 0)?;
+    Ok(true)
+}
+
+/// IOTLB messages applied as one run before one publish.
+const IOTLB_RUN: usize = 256;
+
+/// `VHOST_USER_IOTLB_MSG`s, the first already peeked (`size`): this one and those queued
+/// right behind it (up to [`IOTLB_RUN`]) are applied in order, the snapshot is published once
+/// for all of them, and then they are acked, in one write. A frontend that pipelines its
+/// grants (a burst's worth, then the acks) pays two reads and one publish per burst instead
+/// of per message; one that waits for each ack sees no difference. Every ack follows the
+/// publish, so an invalidation has taken effect when it is acked.
+fn take_iotlb_run(
+    sock: &UnixStream,
+    session: &Mutex<Session>,
+    size: usize,
+) -> std::io::Result<bool> {
+    use crate::iotlb::{BODY_LEN, IOTLB_MSG};
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    const MSG: usize = HDR_LEN + BODY_LEN;
+    const ACK: usize = HDR_LEN + 8;
+    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    if size != BODY_LEN {
+        return Err(bad(format!("IOTLB message of {size} bytes")));
+    }
+    let mut s = session.lock().map_err(|_| bad("session poisoned".into()))?;
+    let ack_wanted = s.protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0;
+    let mut buf = [0u8; IOTLB_RUN * MSG];
+    // What is queued already (MSG_DONTWAIT: never wait for more), then the whole IOTLB
+    // messages at its start, which the read below takes.
+    // SAFETY: `buf` is valid for writes of its length; MSG_PEEK leaves the bytes queued.
+    let peeked = unsafe {
+        libc::recv(
+            sock.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    let peeked = usize::try_from(peeked).unwrap_or(0);
+    let word = |m: &[u8], i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
+    let mut whole = 0;
+    while (whole + 1) * MSG <= peeked {
+        let m = &buf[whole * MSG..];
+        if word(m, 0) != IOTLB_MSG {
+            break;
+        }
+        if word(m, 8) as usize != BODY_LEN {
+            return Err(bad(format!("IOTLB message of {} bytes", word(m, 8))));
+        }
+        whole += 1;
+    }
+    // The first message's body may still be on its way: then it alone, waiting for it.
+    let whole = whole.max(1);
+    (&*sock).read_exact(&mut buf[..whole * MSG])?;
+    let mut acks = [0u8; IOTLB_RUN * ACK];
+    let mut n_acks = 0;
+    let mut change: Option<bool> = None;
+    for m in buf[..whole * MSG].chunks_exact(MSG) {
+        let msg = IotlbMsg::parse(&m[HDR_LEN..])
+            .ok_or_else(|| bad(format!("IOTLB message of type {}", m[HDR_LEN + 25])))?;
+        if let Some(revoked) = s.iotlb_msg(msg).map_err(bad)? {
+            change = Some(change.unwrap_or(false) | revoked);
+        }
+        if word(m, 4) & HDR_NEED_REPLY != 0 && ack_wanted {
+            let a = &mut acks[n_acks * ACK..][..ACK];
+            a[0..4].copy_from_slice(&IOTLB_MSG.to_le_bytes());
+            a[4..8].copy_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
+            a[8..12].copy_from_slice(&8u32.to_le_bytes());
+            n_acks += 1;
+        }
+    }
+    if let Some(wait) = change {
+        s.publish(wait).map_err(|e| bad(e.to_string()))?;
+    }
+    drop(s);
+    (&*sock).write_all(&acks[..n_acks * ACK])?;
     Ok(true)
 }
 
@@ -1677,6 +1748,79 @@ mod tests {
             0
         );
         assert_eq!(s.lock().unwrap().iotlb.len(), 2);
+    }
+
+    /// A pipelined run of IOTLB messages is taken in one go, in order, up to the first
+    /// other message: one snapshot for all of it, then one ack per message that asked.
+    #[test]
+    fn a_pipelined_iotlb_run_is_applied_in_order_and_acked() {
+        let s = iommu_session(true);
+        let base = 1u64 << 32;
+        let (mut front, back) = UnixStream::pair().unwrap();
+        let mut quiet = iotlb(0x8000, 0x1000, base + 0x8000, 1, Kind::Update);
+        quiet[4..8].copy_from_slice(&HDR_VERSION.to_le_bytes()); // no NEED_REPLY
+        let get_features = msg(1, HDR_VERSION, &[]);
+        let run = [
+            iotlb(0x1000, 0x3000, base, 3, Kind::Update),
+            iotlb(0x2000, 0x1000, 0, 0, Kind::Invalidate),
+            quiet,
+            iotlb(0x2000, 0x800, base + 0x1_0000, 2, Kind::Update),
+            iotlb(0x9000, 0x1000, base, 3, Kind::Invalidate), // nothing there: acked
+            get_features.clone(),
+            iotlb(0x4000, 0x1000, base, 3, Kind::Update),
+        ]
+        .concat();
+        front.write_all(&run).unwrap();
+        assert!(take_own_message(&back, &s).unwrap());
+        // Four acks, all success, and nothing more.
+        let mut acks = [0u8; 4 * (HDR_LEN + 8)];
+        front.read_exact(&mut acks).unwrap();
+        for a in acks.chunks_exact(HDR_LEN + 8) {
+            assert_eq!(a[0..4], crate::iotlb::IOTLB_MSG.to_le_bytes());
+            assert_eq!(a[HDR_LEN..], [0u8; 8]);
+        }
+        front.set_nonblocking(true).unwrap();
+        assert!(front.read(&mut [0u8; 1]).is_err(), "no fifth ack");
+        // The run stopped at GET_FEATURES, which is left for the crate.
+        let mut b = vec![0u8; get_features.len()];
+        (&back).read_exact(&mut b).unwrap();
+        assert_eq!(b, get_features);
+        // What the snapshot translates is the run applied in order.
+        let mem = s.lock().unwrap().mem.clone().unwrap();
+        let mut hint = 0;
+        let at = |iova, perm, hint: &mut usize| {
+            mem.translate(iova, perm, hint)
+                .ok()
+                .map(|(p, _)| p.as_ptr() as u64)
+        };
+        let head = at(0x1000, Perm::Write, &mut hint).unwrap();
+        assert_eq!(at(0x1fff, Perm::Write, &mut hint), Some(head + 0xfff));
+        let new = at(0x2000, Perm::Write, &mut hint).unwrap();
+        assert_eq!(new, head + 0x1_0000, "the newer grant, at its own address");
+        assert_eq!(at(0x2000, Perm::Read, &mut hint), None, "write-only");
+        assert_eq!(
+            at(0x2800, Perm::Write, &mut hint),
+            None,
+            "revoked, not granted again"
+        );
+        assert_eq!(at(0x3000, Perm::Write, &mut hint), Some(head + 0x2000));
+        assert!(
+            at(0x8000, Perm::Read, &mut hint).is_some(),
+            "taken without an ack"
+        );
+        assert_eq!(
+            at(0x4000, Perm::Read, &mut hint),
+            None,
+            "after the other message"
+        );
+        // A bad message inside a run ends the session.
+        let s = iommu_session(true);
+        let mut bad = iotlb(0x4000, 0x1000, base, 3, Kind::Update);
+        bad[HDR_LEN + 25] = 9;
+        let run = [iotlb(0x1000, 0x1000, base, 3, Kind::Update), bad].concat();
+        let (mut front, back) = UnixStream::pair().unwrap();
+        front.write_all(&run).unwrap();
+        assert!(take_own_message(&back, &s).is_err());
     }
 
     /// Hostile IOTLB messages end the session (and with it only that port) with a reason.

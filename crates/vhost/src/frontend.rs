@@ -801,11 +801,14 @@ impl NetClient {
             staged.push(b);
         }
         if let Some(g) = self.granter.as_mut().filter(|g| g.per_packet) {
+            // One round trip for the batch's grants and the revocations `recv_burst` queued
+            // (these buffers are only written by the device, after the grants).
             for b in staged.iter() {
                 let at = base + u64::from(b.off) + head;
-                g.grant(at, u64::from(b.len), self.to_user.at(at), Perm::ReadWrite)
+                g.queue_grant(at, u64::from(b.len), self.to_user.at(at), Perm::ReadWrite)
                     .map_err(os("IOTLB update"))?;
             }
+            g.flush().map_err(os("IOTLB update"))?;
         }
         let posted = &mut pool.posted;
         let r = self.rx.add_many(staged.len(), |k, id| {
@@ -842,7 +845,7 @@ impl NetClient {
                     (e, self.granter.as_mut().filter(|g| g.per_packet))
                 {
                     let bs = u64::from(self.cfg.buf_size);
-                    g.revoke(self.lay.tx_bufs + u64::from(id) * bs, bs)
+                    g.queue_revoke(self.lay.tx_bufs + u64::from(id) * bs, bs)
                         .map_err(os("IOTLB invalidate"))?;
                 }
             }
@@ -853,6 +856,10 @@ impl NetClient {
                 || self.tx.in_flight() == 0
                 || stop_on(&mut self.tx_err, self.tx.arm_used_notify())? == Armed::Empty
             {
+                // The buffers are reused once their revocations are acked: one round trip.
+                if let Some(g) = self.granter.as_mut() {
+                    g.flush().map_err(os("IOTLB invalidate"))?;
+                }
                 return Ok(total);
             }
         }
@@ -906,7 +913,7 @@ impl NetClient {
             }
             let addr = base + u64::from(id) * bs as u64;
             if let Some(g) = granter.as_deref_mut() {
-                if let Err(e) = g.grant(addr, total as u64, to_u.at(addr), Perm::Read) {
+                if let Err(e) = g.queue_grant(addr, total as u64, to_u.at(addr), Perm::Read) {
                     refused = Some(e);
                     return None;
                 }
@@ -921,6 +928,10 @@ impl NetClient {
         let sent = stop_on(&mut self.tx_err, r)?;
         if let Some(e) = refused {
             return Err(os("IOTLB update")(e));
+        }
+        // The burst's grants, in one round trip, before the buffers are published.
+        if let Some(g) = self.granter.as_mut() {
+            g.flush().map_err(os("IOTLB update"))?;
         }
         if sent > 0 {
             self.stats.tx_packets += sent as u64;
@@ -1022,7 +1033,8 @@ impl NetClient {
             self.rxp.release(b);
             if let Some(g) = self.granter.as_mut().filter(|g| g.per_packet) {
                 let at = self.lay.rx_bufs + u64::from(b.off) + u64::from(self.rxp.headroom());
-                g.revoke(at, u64::from(b.len))
+                // Sent with the refill's grants below, before the buffer is posted again.
+                g.queue_revoke(at, u64::from(b.len))
                     .map_err(os("IOTLB invalidate"))?;
             }
         }

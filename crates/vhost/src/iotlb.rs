@@ -254,9 +254,18 @@ pub struct GrantStats {
     pub misses_refused: u64,
 }
 
+/// Messages a frontend queues before it sends them and reads their acks in one go.
+const PIPELINE: usize = 256;
+
 /// The frontend's side of the IOTLB: sends grants and revocations on the main channel (each
-/// acked: the device holds the grant, or has dropped it, when the call returns) and answers
-/// the device's misses from what it still grants.
+/// acked: the device holds the grant, or has dropped it, once its ack is read) and answers the
+/// device's misses from what it still grants.
+///
+/// Messages are pipelined: [`queue_grant`](Self::queue_grant) and
+/// [`queue_revoke`](Self::queue_revoke) only queue, and [`flush`](Self::flush) writes the
+/// queue at once and reads one ack per message. A burst's grants thus cost one round trip,
+/// not one each, as Xen's netback mapped a batch of grants in one hypercall: the per-packet
+/// cost left is the device's work per message, which is what the mode measures.
 #[derive(Debug)]
 pub struct Granter {
     /// The main channel (a clone of the socket the `vhost` crate's frontend uses; the calls
@@ -266,6 +275,12 @@ pub struct Granter {
     backend: UnixStream,
     /// What we granted, to answer misses.
     held: virtq::Iotlb,
+    /// Messages queued and not yet sent, on the wire.
+    wire: Vec<u8>,
+    /// The same messages, to name one the device refuses.
+    queued: Vec<IotlbMsg>,
+    /// Acks read back.
+    acks: Vec<u8>,
     /// Each buffer is granted while posted (`GrantMode::PerPacket`), not the pools once.
     pub per_packet: bool,
     /// Counters.
@@ -282,21 +297,23 @@ impl Granter {
             backend,
             per_packet,
             held: virtq::Iotlb::new(usize::MAX),
+            wire: Vec::with_capacity(PIPELINE * (HDR_LEN + BODY_LEN)),
+            queued: Vec::with_capacity(PIPELINE),
+            acks: vec![0; PIPELINE * (HDR_LEN + 8)],
             stats: GrantStats::default(),
         })
     }
 
-    /// Grants `iova .. iova + len` at our user address `uaddr` with `perm`.
+    /// Grants `iova .. iova + len` at our user address `uaddr` with `perm`, and waits for the
+    /// ack (with everything queued before it).
     pub fn grant(&mut self, iova: u64, len: u64, uaddr: u64, perm: Perm) -> io::Result<()> {
-        let m = IotlbMsg {
-            iova,
-            size: len,
-            uaddr,
-            perm: perm as u8,
-            kind: Kind::Update,
-        };
-        self.send(m)?;
-        self.stats.updates += 1;
+        self.queue_grant(iova, len, uaddr, perm)?;
+        self.flush()
+    }
+
+    /// Queues a grant of `iova .. iova + len` at our user address `uaddr` with `perm`: the
+    /// device may be given the range once [`flush`](Self::flush) has returned.
+    pub fn queue_grant(&mut self, iova: u64, len: u64, uaddr: u64, perm: Perm) -> io::Result<()> {
         self.held
             .update(virtq::Grant {
                 iova,
@@ -304,37 +321,64 @@ impl Granter {
                 uaddr,
                 perm,
             })
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        self.stats.updates += 1;
+        self.queue(IotlbMsg {
+            iova,
+            size: len,
+            uaddr,
+            perm: perm as u8,
+            kind: Kind::Update,
+        })
     }
 
-    /// Revokes `iova .. iova + len`; the device no longer reaches it when this returns.
-    pub fn revoke(&mut self, iova: u64, len: u64) -> io::Result<()> {
-        self.send(IotlbMsg {
+    /// Queues the revocation of `iova .. iova + len`: the device no longer reaches it once
+    /// [`flush`](Self::flush) has returned (until then the range must not be reused).
+    pub fn queue_revoke(&mut self, iova: u64, len: u64) -> io::Result<()> {
+        self.held.invalidate(iova, len);
+        self.stats.invalidates += 1;
+        self.queue(IotlbMsg {
             iova,
             size: len,
             uaddr: 0,
             perm: 0,
             kind: Kind::Invalidate,
-        })?;
-        self.stats.invalidates += 1;
-        self.held.invalidate(iova, len);
+        })
+    }
+
+    fn queue(&mut self, m: IotlbMsg) -> io::Result<()> {
+        self.wire
+            .extend_from_slice(&m.message(IOTLB_MSG, HDR_VERSION | HDR_NEED_REPLY));
+        self.queued.push(m);
+        if self.queued.len() == PIPELINE {
+            self.flush()?;
+        }
         Ok(())
     }
 
-    /// Sends one message with `NEED_REPLY` and waits for the ack.
-    fn send(&mut self, m: IotlbMsg) -> io::Result<()> {
+    /// Sends what is queued (one write) and reads an ack for each message; an error names the
+    /// first message refused.
+    pub fn flush(&mut self) -> io::Result<()> {
         use std::io::Read;
-        self.main
-            .write_all(&m.message(IOTLB_MSG, HDR_VERSION | HDR_NEED_REPLY))?;
-        let mut ack = [0u8; HDR_LEN + 8];
-        (&self.main).read_exact(&mut ack)?;
-        let status = u64::from_le_bytes(ack[HDR_LEN..].try_into().unwrap_or([0xff; 8]));
-        if ack[0..4] != IOTLB_MSG.to_le_bytes() || status != 0 {
-            return Err(io::Error::other(format!(
-                "IOTLB {:?} of {:#x}+{:#x} refused (status {status})",
-                m.kind, m.iova, m.size
-            )));
+        if self.queued.is_empty() {
+            return Ok(());
         }
+        self.main.write_all(&self.wire)?;
+        self.wire.clear();
+        let acks = &mut self.acks[..self.queued.len() * (HDR_LEN + 8)];
+        (&self.main).read_exact(acks)?;
+        for (ack, m) in acks.chunks_exact(HDR_LEN + 8).zip(&self.queued) {
+            let status = u64::from_le_bytes(ack[HDR_LEN..].try_into().unwrap_or([0xff; 8]));
+            if ack[0..4] != IOTLB_MSG.to_le_bytes() || status != 0 {
+                let m = *m;
+                self.queued.clear();
+                return Err(io::Error::other(format!(
+                    "IOTLB {:?} of {:#x}+{:#x} refused (status {status})",
+                    m.kind, m.iova, m.size
+                )));
+            }
+        }
+        self.queued.clear();
         Ok(())
     }
 
