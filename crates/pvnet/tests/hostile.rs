@@ -1237,6 +1237,97 @@ fn iommu_revoked_range_is_refused_and_misses_are_bounded() {
     assert_tx_to_sink_exact(&good, &port(&fin, 1), 64);
 }
 
+/// A whole-space invalidation (a vIOMMU's domain flush: Linux's lazy mode, which QEMU 8.0 and
+/// later forward as an invalidation of everything) takes the rings' translations too. The
+/// rings are parked, untouched, and asked for; once granted again the queue goes on with
+/// nothing lost. Left unanswered, the queue stops after the miss bound, with a bounded number
+/// of requests.
+#[test]
+fn iommu_ring_invalidated_by_a_flush_is_asked_for_and_goes_on() {
+    let dir = common::TestDir::new("iommu-flush");
+    let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
+    let h = Hostile::connect_with(&sock, MEM_LEN, VIRTIO_F_ACCESS_PLATFORM).expect("connects");
+    let iova = h.user(BUFS);
+    let post = |n: u16| {
+        h.set_desc(TX, n % h.lay.qsz, iova, 64, 0, 0);
+        h.set_avail_entry(TX, n % h.lay.qsz, n % h.lay.qsz);
+        h.publish_and_kick(TX, n + 1);
+    };
+    let consumed = |n: u16, b: &Proc| {
+        let until = Instant::now() + EVENT;
+        while h.used_idx(TX) != n {
+            assert!(Instant::now() < until, "{n} not consumed\n{}", b.stderr());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    h.iotlb(IOTLB_UPDATE, iova, BUF, iova, 1);
+    post(0);
+    consumed(1, &b);
+    // The flush: everything, the rings included. A sleeping worker applies it when the next
+    // kick wakes it, and then finds its rings gone.
+    h.iotlb(IOTLB_INVALIDATE, 0, 0, 0, 0);
+    post(1);
+    b.wait_stderr("parked, asking for it", EVENT);
+    let until = Instant::now() + EVENT;
+    let msgs = loop {
+        let m = h.backend_msgs();
+        if !m.is_empty() || Instant::now() > until {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let rings = |a: u64| {
+        h.lay
+            .rings
+            .iter()
+            .any(|&(desc, _, used)| a >= h.user(desc) && a < h.user(used) + 4096)
+    };
+    assert!(!msgs.is_empty(), "the backend asked for its rings");
+    assert!(
+        msgs.iter().all(|&(t, a, _)| t == IOTLB_MISS && rings(a)),
+        "{msgs:?}"
+    );
+    // Granted again (as QEMU answers a miss from the guest's page tables): it goes on.
+    for &(desc, _, used) in &h.lay.rings {
+        h.iotlb(
+            IOTLB_UPDATE,
+            h.user(desc),
+            used + 4096 - desc,
+            h.user(desc),
+            3,
+        );
+    }
+    h.iotlb(IOTLB_UPDATE, iova, BUF, iova, 1);
+    b.wait_stderr("ring translated again", EVENT);
+    consumed(2, &b);
+    post(2);
+    consumed(3, &b);
+    assert!(h.err_now(TX).is_none(), "no queue stopped\n{}", b.stderr());
+
+    // A flush never answered: the queue stops after the bound, having asked at a bounded rate.
+    h.iotlb(IOTLB_INVALIDATE, 0, 0, 0, 0);
+    post(3);
+    let line = b.wait_stderr("queue stopped:", Duration::from_secs(5));
+    assert!(line.contains("revoked while the queue runs"), "{line}");
+    let asked = h.backend_msgs();
+    assert!(
+        !asked.is_empty() && asked.len() <= 2 * 60,
+        "{} misses for two rings over the bound",
+        asked.len()
+    );
+    assert_eq!(h.used_idx(TX), 3, "nothing taken from a parked ring");
+    assert!(b.alive(), "backend died\n{}", b.stderr());
+    drop(h);
+    let fin = stop_backend(&mut b);
+    let hp = port(&fin, 0);
+    assert_eq!(u(&hp, "/rx_packets"), 3, "{hp}");
+    assert_eq!(
+        u(&hp, "/queue_errors"),
+        2,
+        "both rings, after the bound: {hp}"
+    );
+}
+
 /// A write into a read-only grant is refused for good: the receive queue stops with the
 /// reason, nothing is written, and the frontend is told (ACCESS_FAIL).
 #[test]

@@ -65,12 +65,27 @@ pub struct QueueSlot {
     iotlb: Option<Arc<pvnet_vhost::iotlb::BackendChannel>>,
     /// The translation the queue waits for, since when, and when it last asked.
     waiting: Option<Waiting>,
+    /// Under an IOMMU: the ring's own memory was invalidated while it ran (a vIOMMU's
+    /// domain-wide flush takes every translation, the rings' too). The ring is not touched
+    /// until a snapshot translates it again; it is asked for meanwhile, within the miss bound.
+    lost: Option<LostRing>,
+}
+
+/// A running ring whose own translation was invalidated: what to ask for again.
+#[derive(Debug, Clone, Copy)]
+struct LostRing {
+    addr: u64,
+    len: u64,
+    perm: virtq::Perm,
+    since: Instant,
+    asked: Instant,
 }
 
 /// A queue waiting for a translation (an IOTLB miss).
 #[derive(Debug, Clone, Copy)]
 struct Waiting {
     addr: u64,
+    perm: virtq::Perm,
     since: Instant,
     asked: Instant,
     /// The last time the queue met this miss: a miss of the same address after a quiet gap
@@ -103,6 +118,7 @@ impl QueueSlot {
             called: false,
             iotlb: s.iotlb,
             waiting: None,
+            lost: None,
         }
     }
 
@@ -170,6 +186,7 @@ impl QueueSlot {
                 );
                 let w = Waiting {
                     addr,
+                    perm,
                     since: now,
                     asked: now,
                     last: now,
@@ -245,7 +262,100 @@ impl QueueSlot {
     /// The slot if it is running and not stopped for a violation.
     #[inline]
     pub fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
-        s.as_mut().filter(|s| !s.broken)
+        s.as_mut().filter(|s| !s.broken && s.lost.is_none())
+    }
+
+    /// Switches the ring to `mem`. Under an IOMMU a ring whose own memory `mem` no longer
+    /// translates is parked, not stopped: an invalidation drops cached translations, it does
+    /// not forbid the device to ask again (QEMU's intel-iommu sends a guest's domain-wide
+    /// flush, Linux's lazy mode, as an invalidation of everything). The ring then waits,
+    /// untouched, for a grant that covers it again, asked like any miss and within the same
+    /// bound ([`Self::check_lost`]).
+    fn set_mem(&mut self, port: PortId, stats: &PortStats, mem: &Arc<MemTable>, now: Instant) {
+        if self.broken {
+            return;
+        }
+        // A miss this table answers ends its wait: the same address missed again later (a
+        // vIOMMU that flushes everything every few milliseconds, Linux's lazy mode, takes it
+        // again) is a new miss with a bound of its own, not the old wait going on.
+        if let Some(w) = self.waiting {
+            if virtq::xlate::Translate::translate(&**mem, w.addr, w.perm, &mut 0).is_ok() {
+                self.waiting = None;
+                self.worked = true; // polled again before any sleep
+            }
+        }
+        match self.q.set_mem(mem.clone()) {
+            Ok(()) => {
+                if let Some(l) = self.lost.take() {
+                    tracing::info!(
+                        port,
+                        queue = self.index,
+                        addr = format_args!("{:#x}", l.addr),
+                        waited_us = now.saturating_duration_since(l.since).as_micros(),
+                        "ring translated again: the queue goes on"
+                    );
+                    // Work may have arrived meanwhile, and no kick says so.
+                    self.worked = true;
+                }
+            }
+            Err(virtq::Error::TranslationMiss { addr, len, perm }) => match &self.iotlb {
+                Some(ch) => {
+                    // The first untranslated byte: a ring spans pages, and QEMU answers a
+                    // miss with one page, so what is asked moves on as grants arrive (the
+                    // bound counts from the first).
+                    let since = match self.lost {
+                        Some(l) if l.addr == addr => return,
+                        Some(l) => l.since,
+                        None => {
+                            tracing::info!(port, queue = self.index,
+                                addr = format_args!("{addr:#x}"), len,
+                                "ring memory invalidated while the queue runs: parked, asking for it");
+                            now
+                        }
+                    };
+                    ch.miss(addr, perm);
+                    bump(&stats.iotlb_misses, 1);
+                    self.lost = Some(LostRing {
+                        addr,
+                        len,
+                        perm,
+                        since,
+                        asked: now,
+                    });
+                }
+                None => self.fail(port, stats, virtq::Error::RingRevoked { addr, len }),
+            },
+            Err(e) => self.fail(port, stats, e),
+        }
+    }
+
+    /// A parked ring (see [`Self::set_mem`]): asks again every [`IOTLB_MISS_RETRY`], and
+    /// stops the queue once [`IOTLB_MISS_BOUND`] passes without a grant. Returns whether it
+    /// is still parked.
+    fn check_lost(&mut self, port: PortId, stats: &PortStats, now: Instant) -> bool {
+        let Some(l) = self.lost else {
+            return false;
+        };
+        if now.saturating_duration_since(l.since) > IOTLB_MISS_BOUND {
+            self.lost = None;
+            self.fail(
+                port,
+                stats,
+                virtq::Error::RingRevoked {
+                    addr: l.addr,
+                    len: l.len,
+                },
+            );
+            return false;
+        }
+        if now.saturating_duration_since(l.asked) > IOTLB_MISS_RETRY {
+            if let Some(ch) = &self.iotlb {
+                ch.miss(l.addr, l.perm);
+                bump(&stats.iotlb_misses, 1);
+            }
+            self.lost = Some(LostRing { asked: now, ..l });
+        }
+        true
     }
 }
 
@@ -957,22 +1067,16 @@ impl VhostPort {
         Some((slot.q.last_avail(), fd))
     }
 
-    /// Switches every running ring to a new memory table.
-    /// A ring whose own addresses were revoked cannot go on with the old translation: it is
-    /// stopped. A queue that waited for a grant tries again at once (still under the same
-    /// wait: a grant that does not cover the miss is asked again after the retry interval,
-    /// and the bound holds).
+    /// Switches every running ring to a new memory table. A ring whose own addresses no
+    /// longer translate is parked until a grant covers them again ([`QueueSlot::set_mem`]).
+    /// A queue that waited for a grant tries again at once (still under the same wait: a
+    /// grant that does not cover the miss is asked again after the retry interval, and the
+    /// bound holds).
     pub fn set_mem(&mut self, mem: &Arc<MemTable>) {
-        let id = self.id;
+        let (id, now) = (self.id, Instant::now());
         for qp in self.qps.iter_mut().flatten() {
             for s in [&mut qp.rx, &mut qp.tx].into_iter().flatten() {
-                match s.q.set_mem(mem.clone()) {
-                    Ok(()) => {}
-                    Err(virtq::Error::TranslationMiss { addr, len, .. }) => {
-                        s.fail(id, &qp.stats, virtq::Error::RingRevoked { addr, len });
-                    }
-                    Err(e) => s.fail(id, &qp.stats, e),
-                }
+                s.set_mem(id, &qp.stats, mem, now);
             }
         }
     }
@@ -1158,8 +1262,20 @@ impl VhostPort {
         work
     }
 
-    fn report_ring(s: &mut QueueSlot, wanted: bool, now: Instant, settle: &mut Settle) {
+    fn report_ring(
+        id: PortId,
+        stats: &PortStats,
+        s: &mut QueueSlot,
+        wanted: bool,
+        now: Instant,
+        settle: &mut Settle,
+    ) {
         if s.broken {
+            return;
+        }
+        if s.check_lost(id, stats, now) {
+            // Parked: polled on (a grant wakes no one), within the miss bound.
+            settle.queue(&mut s.poll, true, wanted, now);
             return;
         }
         // A queue waiting for a grant is polled on: the grant wakes no one (the frontend
@@ -1750,7 +1866,7 @@ impl super::Port for VhostPort {
     }
 
     fn idle(&mut self, now: Instant, settle: &mut Settle) {
-        let bound = self.cfg.call_bound;
+        let (id, bound) = (self.id, self.cfg.call_bound);
         for qp in self.qps.iter_mut().flatten() {
             // Owed transmit-completion calls that are due go out, and so do those of a
             // frontend just called for received packets anyway (one interruption of the
@@ -1763,7 +1879,7 @@ impl super::Port for VhostPort {
                 if let Some(t) = s.calls.due(bound) {
                     settle.wake_by(t);
                 }
-                Self::report_ring(s, true, now, settle);
+                Self::report_ring(id, &qp.stats, s, true, now, settle);
             }
             // A receive ring matters only while packets wait for its buffers: those of the
             // round that just ended (a sender that still waits blocks it again next round).
@@ -1775,7 +1891,7 @@ impl super::Port for VhostPort {
                     .store(u64::from(l), std::sync::atomic::Ordering::Relaxed);
             }
             if let Some(s) = qp.rx.as_mut() {
-                Self::report_ring(s, qp.rx_wanted, now, settle);
+                Self::report_ring(id, &qp.stats, s, qp.rx_wanted, now, settle);
             }
         }
     }
@@ -1785,7 +1901,7 @@ impl super::Port for VhostPort {
         let mut armed = Armed::Empty;
         for qp in self.qps.iter_mut().flatten() {
             for (s, wanted) in [(qp.tx.as_mut(), true), (qp.rx.as_mut(), qp.rx_wanted)] {
-                let Some(s) = s.filter(|s| wanted && !s.broken) else {
+                let Some(s) = s.filter(|s| wanted && !s.broken && s.lost.is_none()) else {
                     continue;
                 };
                 if matches!(s.poll.policy(), Policy::Timer(_)) {
@@ -1804,7 +1920,9 @@ impl super::Port for VhostPort {
     fn disarm(&mut self, slept: bool) {
         for qp in self.qps.iter_mut().flatten() {
             for s in [qp.tx.as_mut(), qp.rx.as_mut()].into_iter().flatten() {
-                s.q.disable_notify();
+                if s.lost.is_none() {
+                    s.q.disable_notify();
+                }
                 if slept {
                     s.poll.woke();
                 }
