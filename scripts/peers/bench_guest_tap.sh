@@ -44,6 +44,9 @@
 #        buffer mapped and unmapped, each unmap an IOTLB invalidation pvnet acks) or
 #        iommu.strict=0 (lazy: unmaps batched, invalidations deferred) or iommu=pt (the vIOMMU
 #        passes the guest's addresses through: identity grants); see docs/grants.md)
+#        QEMU_BIN=path: the QEMU to run the guests under (default the system's 7.2, whose
+#        vIOMMU drops lazy flushes for vhost backends; QEMU_BIN=/tmp/pvnet-peers/qemu-bpo/
+#        qemu-system-x86_64, which setup.sh unpacks from bookworm-backports, for lazy)
 #        FLOWS="1" (concurrency levels, see above)
 #        RESULTS=path/results.txt: no runs, the table (and DOC) from an earlier run's results
 #        DOC=docs/guest-tap.md (table written between the bench markers; DOC= to skip)
@@ -282,7 +285,7 @@ if [ -n "$DOC" ]; then
   [ -f "$DOC" ] || printf '# Guest through pvnet switch + tap vs QEMU tap backend\n\n<!-- bench_guest_tap:begin -->\n<!-- bench_guest_tap:end -->\n' > "$DOC"
   {
     echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR CFGS=\"$CFGS\" TESTS=\"$TESTS\" FLOWS=\"$FLOWS\" scripts/peers/bench_guest_tap.sh\`," \
-         "QEMU $(dpkg-query -W -f='${Version}' qemu-system-x86) ($ACC), pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null), $(nproc) CPUs."
+         "$("$QEMU_BIN" --version | head -1) ($ACC), pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null), $(nproc) CPUs."
     echo; cat "$B/summary.md"; echo
     echo "<details><summary>raw RESULT lines</summary>"; echo; echo '```'; cat "$RES"; echo '```'; echo; echo "</details>"
   } > "$B/section.md"

@@ -11,6 +11,12 @@ PEERS_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PVNET_ROOT="$(cd "$PEERS_LIB_DIR/../.." && pwd)"
 WORK="${PVNET_PEERS_WORK:-/tmp/pvnet-peers}"
 GUEST_DIR="$WORK/guest"
+# The QEMU the guests run under (Debian 12's 7.2 by default). QEMU_NEW: a newer one, unpacked
+# from bookworm-backports by setup.sh beside the system's (not installed), for what 7.2 cannot
+# do: a guest's lazy vIOMMU invalidations reach vhost-user backends only from QEMU 8.0 on.
+QEMU_BIN="${QEMU_BIN:-qemu-system-x86_64}"
+# shellcheck disable=SC2034  # used by the scripts that source this file
+QEMU_NEW="$WORK/qemu-bpo/qemu-system-x86_64"
 PVNET_BIN="${PVNET_BIN:-$PVNET_ROOT/target/release/pvnet}"
 HUGEPAGES="${HUGEPAGES:-1024}"          # 2 MiB pages: 2 GiB, two testpmds take 512 MiB each
 
@@ -279,7 +285,7 @@ guest_start() {   # env GUEST_MEM: guest RAM in MiB (512); GUEST_SMP: vCPUs (1, 
   local secs="$1" initrd="$2" glog="$3" append="$4" dev="$5" mem="${GUEST_MEM:-512}" smp="${GUEST_SMP:-1}" cpus=0; shift 5
   local acc; read -ra acc <<< "$(guest_accel)"
   [ "$smp" -gt 1 ] && cpus=0,1
-  timeout -k 5 "$secs" taskset -c "$cpus" qemu-system-x86_64 "${acc[@]}" -m "$mem" -smp "$smp",maxcpus=2 -nodefaults \
+  timeout -k 5 "$secs" taskset -c "$cpus" "$QEMU_BIN" "${acc[@]}" -m "$mem" -smp "$smp",maxcpus=2 -nodefaults \
     -no-user-config -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$initrd" \
     -append "console=ttyS0 quiet panic=-1 $append" \
     -object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem \
