@@ -284,7 +284,7 @@ PY
 if [ -n "$DOC" ]; then
   [ -f "$DOC" ] || printf '# Guest through pvnet switch + tap vs QEMU tap backend\n\n<!-- bench_guest_tap:begin -->\n<!-- bench_guest_tap:end -->\n' > "$DOC"
   {
-    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR CFGS=\"$CFGS\" TESTS=\"$TESTS\" FLOWS=\"$FLOWS\" scripts/peers/bench_guest_tap.sh\`," \
+    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`$([ "$QEMU_BIN" != qemu-system-x86_64 ] && echo "QEMU_BIN=$QEMU_BIN ")ROUNDS=$ROUNDS DUR=$DUR CFGS=\"$CFGS\" TESTS=\"$TESTS\" FLOWS=\"$FLOWS\" scripts/peers/bench_guest_tap.sh\`," \
          "$("$QEMU_BIN" --version | head -1) ($ACC), pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null), $(nproc) CPUs."
     echo; cat "$B/summary.md"; echo
     echo "<details><summary>raw RESULT lines</summary>"; echo; echo '```'; cat "$RES"; echo '```'; echo; echo "</details>"

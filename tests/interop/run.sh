@@ -1048,8 +1048,10 @@ EOF
     hmp "$D/$tag.src.mon" "migrate -d tcp:127.0.0.1:$mport" > "$D/$tag.migrate.log"
     for _ in $(seq 600); do
       hmp "$D/$tag.src.mon" "info migrate" > "$D/$tag.info.log"
-      status=$(grep -o 'Migration status: [a-z-]*' "$D/$tag.info.log" | cut -d' ' -f3)
-      sync=$(grep -o 'dirty sync count: [0-9]*' "$D/$tag.info.log" | grep -o '[0-9]*$')
+      # QEMU 7.2 prints "Migration status: X" and "dirty sync count: N"; 9.1 and later
+      # "Status: X" and "dirty_syncs=N".
+      status=$(grep -oE '(Migration status|^Status): *[a-z-]*' "$D/$tag.info.log" | awk '{print $NF}')
+      sync=$(grep -oE '(dirty sync count: |dirty_syncs=)[0-9]*' "$D/$tag.info.log" | grep -o '[0-9]*$')
       if [ "$released" = no ] && [ "${sync:-0}" -ge 2 ]; then
         # 200 echo requests the guest (link down) cannot see until the destination: it checks
         # each one's checksum there. Their pages reach it only if pvnet marked them.
@@ -1061,7 +1063,7 @@ EOF
     done
     rm -f "$D/$tag.stream.hold"
     t_mig=$(elapsed "$tm")
-    downtime=$(grep -o 'downtime: [0-9]* ms' "$D/$tag.info.log")
+    downtime=$(grep -oE 'downtime: [0-9]* ms|down=[0-9]*' "$D/$tag.info.log")
     # "completed" on the source does not mean the destination has read the whole stream:
     # the source goes only once the destination runs (a source killed with the stream's
     # tail still in flight left the destination with "Unexpected end-of-file", once in CI).
