@@ -69,7 +69,7 @@
 #                         host from an iperf3 pinned to each vCPU, host -> guest with 12 streams;
 #                         MQ acked, every queue carries traffic both ways, and per queue the
 #                         guest's counters (ethtool -S) == pvnet's, as do the totals.
-#   guest_migrate         (not run by default, see ALL_CASES) live migration of the guest between two QEMU processes (the second
+#   guest_migrate         (under QEMU 10, see ALL_CASES) live migration of the guest between two QEMU processes (the second
 #                         started with -incoming), attached to two ports of one pvnet switch,
 #                         while it downloads 16 MiB from the host through the tap (paced; the
 #                         guest's link down during the migration and the sender let go only
@@ -987,7 +987,7 @@ guest_migrate() {
   case "$acc" in *tcg*) vec=",vectors=0" ;; esac
   head -c 16M /dev/urandom > "$D/$tag.stream"
   local want; want=$(md5sum < "$D/$tag.stream" | cut -d' ' -f1)
-  { guest_script tap-setup; cat <<'EOF'
+  { guest_script tap-setup; echo "CHURN=${CHURN:-150}"; cat <<'EOF'
 # A receive window of 4 MiB from the start, then the link down while the host migrates the
 # guest: what pvnet writes into the posted receive buffers meanwhile is read by the guest only
 # on the destination (napi is off while the link is down). Memory churn keeps the migration
@@ -1084,7 +1084,7 @@ EOF
   logged_src=$(sw_final "$tag" vm dirty_logged)
   logon=$(plain_log "$D/$tag.pvnet.log" | grep -c 'dirty logging (live migration).*on=true')
   rarp=$(plain_log "$D/$tag.pvnet.log" | grep -c 'SEND_RARP')
-  info "$name: migration $status in $t_mig ($downtime; the sender released $released, dirty syncs $sync); pvnet: dirty logging turned on $logon time(s), $logged_src receive buffers logged on the source port, SEND_RARP $rarp"
+  info "$name: $("$QEMU_BIN" --version | head -1 | grep -o 'version [0-9.]*'): migration $status in $t_mig ($downtime; the sender released $released, dirty syncs $sync); pvnet: dirty logging turned on $logon time(s), $logged_src receive buffers logged on the source port, SEND_RARP $rarp"
   local held; held=$(gfield "$dst_log.txt" held)
   info "$name: echo requests written by pvnet while the guest's link was down, taken (checksums checked) by the guest on the destination: $held of 200 sent, $(( $(sw_final "$tag" vm drops_no_buffer) + $(sw_final "$tag" vm drops_port_down) )) of which found no room at the source ($(grep -o 'GUEST_ECHOS.*' "$dst_log.txt" | cut -d' ' -f3-))"
   info "$name: the guest's download across the migration: md5 $got (sent $want), $(grep -o 'GUEST_MD5.*bytes=[0-9]*' "$dst_log.txt" | grep -o 'bytes=.*')"
@@ -1114,12 +1114,13 @@ EOF
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends dpdk_multiqueue dpdk_workers
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_killed_leaves_nothing
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
-  guest_tap_viommu guest_tap_viommu_lazy guest_mq dpdk_server_restart guest_restart)
-# guest_migrate is not in the default list: 13 runs of it alone passed, then it failed in a
-# fresh-clone CI run (the destination QEMU printed "Failed to set msg fds", "vhost VQ 0 ring
-# restore failed: -22" and "Unexpected end-of-file before all data were read", and its guest
-# never ran the rest of its script; docs/operations.md). Run it with INTEROP_CASES=guest_migrate.
-ALL_CASES_EXTRA=(guest_migrate)
+  guest_tap_viommu guest_tap_viommu_lazy guest_mq dpdk_server_restart guest_restart guest_migrate)
+# guest_migrate runs both QEMUs under bookworm-backports' QEMU 10 (QEMU_NEW): under 7.2 the
+# destination guest fails in about half the runs whose switch-over meets live transmit traffic
+# (3 of 5, interleaved with 5 of 5 passing under QEMU 10 with the same pvnet build: a guest
+# kernel fault at a kernel text address, "output.0:id N is not a head!"; docs/operations.md).
+# MIGRATE_QEMU=qemu-system-x86_64 runs it under 7.2.
+ALL_CASES_EXTRA=()
 # The guest behind a virtual IOMMU (QEMU 7.2, TCG): q35 with intel-iommu (interrupt remapping,
 # device IOTLB), the NIC modern-only with iommu_platform and ATS; the guest maps and unmaps
 # every buffer (iommu.strict=1), so every access of pvnet's goes through the IOTLB.
@@ -1157,7 +1158,10 @@ for c in "${CASES[@]}"; do
       else fail "$c" "no newer QEMU at $QEMU_NEW (setup.sh fetches it from bookworm-backports; see setup.log)"; fi ;;
     dpdk_server_restart)  dpdk_server_restart "$c" ;;
     guest_restart)        guest_restart "$c" ;;
-    guest_migrate)        guest_migrate "$c" ;;
+    guest_migrate)
+      if [ -x "${MIGRATE_QEMU:-$QEMU_NEW}" ] || command -v "${MIGRATE_QEMU:-}" >/dev/null 2>&1; then
+        QEMU_BIN="${MIGRATE_QEMU:-$QEMU_NEW}" guest_migrate "$c"
+      else fail "$c" "no newer QEMU at $QEMU_NEW (setup.sh fetches it from bookworm-backports; see setup.log)"; fi ;;
     guest_mq)             guest_mq "$c" ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]} ${ALL_CASES_EXTRA[*]})" ;;
   esac
