@@ -51,6 +51,9 @@ pub struct QueueSlot {
     err: Option<Notifier>,
     /// Stopped for a violation: no longer processed.
     pub broken: bool,
+    /// Neither stopped nor parked: the ring may be touched (one flag for the per-packet
+    /// checks; `broken` and `lost` say why not).
+    live: bool,
     /// vhost-user index.
     pub index: u16,
     /// When to poll it and when to arm it.
@@ -111,6 +114,7 @@ impl QueueSlot {
             call: s.call,
             err: s.err,
             broken: false,
+            live: true,
             index: s.index,
             poll: Poller::new(policy, wake),
             worked: false,
@@ -147,6 +151,7 @@ impl QueueSlot {
         if !self.broken {
             pvnet_vhost::peer_error!(stats.log, port, queue = self.index, "queue stopped: {e}");
             self.broken = true;
+            self.live = false;
             bump(&stats.queue_errors, 1);
             *stats.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some(format!("queue {}: {e}", self.index));
@@ -262,7 +267,7 @@ impl QueueSlot {
     /// The slot if it is running and not stopped for a violation.
     #[inline]
     pub fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
-        s.as_mut().filter(|s| !s.broken && s.lost.is_none())
+        s.as_mut().filter(|s| s.live)
     }
 
     /// Switches the ring to `mem`. Under an IOMMU a ring whose own memory `mem` no longer
@@ -287,6 +292,7 @@ impl QueueSlot {
         match self.q.set_mem(mem.clone()) {
             Ok(()) => {
                 if let Some(l) = self.lost.take() {
+                    self.live = true;
                     tracing::info!(
                         port,
                         queue = self.index,
@@ -322,6 +328,7 @@ impl QueueSlot {
                         since,
                         asked: now,
                     });
+                    self.live = false;
                 }
                 None => self.fail(port, stats, virtq::Error::RingRevoked { addr, len }),
             },
@@ -1901,7 +1908,7 @@ impl super::Port for VhostPort {
         let mut armed = Armed::Empty;
         for qp in self.qps.iter_mut().flatten() {
             for (s, wanted) in [(qp.tx.as_mut(), true), (qp.rx.as_mut(), qp.rx_wanted)] {
-                let Some(s) = s.filter(|s| wanted && !s.broken && s.lost.is_none()) else {
+                let Some(s) = s.filter(|s| wanted && s.live) else {
                     continue;
                 };
                 if matches!(s.poll.policy(), Policy::Timer(_)) {
@@ -1920,7 +1927,7 @@ impl super::Port for VhostPort {
     fn disarm(&mut self, slept: bool) {
         for qp in self.qps.iter_mut().flatten() {
             for s in [qp.tx.as_mut(), qp.rx.as_mut()].into_iter().flatten() {
-                if s.lost.is_none() {
+                if s.live {
                     s.q.disable_notify();
                 }
                 if slept {
