@@ -307,6 +307,18 @@ impl Hostile {
     }
 
     /// The (type, iova, perm) of every backend-channel IOTLB message waiting.
+    /// The backend's messages, waiting up to `limit` for the first.
+    fn backend_msgs_within(&self, limit: Duration) -> Vec<(u8, u64, u8)> {
+        let until = Instant::now() + limit;
+        loop {
+            let m = self.backend_msgs();
+            if !m.is_empty() || Instant::now() > until {
+                return m;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn backend_msgs(&self) -> Vec<(u8, u64, u8)> {
         let (_, chan) = self.iommu.as_ref().expect("IOMMU negotiated");
         let mut out = Vec::new();
@@ -1268,14 +1280,7 @@ fn iommu_ring_invalidated_by_a_flush_is_asked_for_and_goes_on() {
     h.iotlb(IOTLB_INVALIDATE, 0, 0, 0, 0);
     post(1);
     b.wait_stderr("parked, asking for it", EVENT);
-    let until = Instant::now() + EVENT;
-    let msgs = loop {
-        let m = h.backend_msgs();
-        if !m.is_empty() || Instant::now() > until {
-            break m;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let msgs = h.backend_msgs_within(EVENT);
     let rings = |a: u64| {
         h.lay
             .rings
@@ -1349,14 +1354,7 @@ fn iommu_write_into_read_only_grant_is_refused() {
     // SAFETY: inside our own mapping.
     unsafe { std::ptr::copy_nonoverlapping(h.shm.ptr(BUFS, 16), head.as_mut_ptr(), 16) };
     assert_eq!(head, [0xaa; 16], "nothing written into the read-only grant");
-    let until = Instant::now() + EVENT;
-    let msgs = loop {
-        let m = h.backend_msgs();
-        if !m.is_empty() || Instant::now() > until {
-            break m;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let msgs = h.backend_msgs_within(EVENT);
     // A grant reaches the worker without a wait: a look just before it is a miss, asked for.
     let (last, before) = msgs.split_last().expect("a message");
     assert_eq!(
