@@ -1283,8 +1283,6 @@ fn take_iotlb_run(
     if size != BODY_LEN {
         return Err(bad(format!("IOTLB message of {size} bytes")));
     }
-    let mut s = session.lock().map_err(|_| bad("session poisoned".into()))?;
-    let ack_wanted = s.protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0;
     let mut buf = [0u8; IOTLB_RUN * MSG];
     // What is queued already (MSG_DONTWAIT: never wait for more), then the whole IOTLB
     // messages at its start, which the read below takes.
@@ -1313,6 +1311,10 @@ fn take_iotlb_run(
     // The first message's body may still be on its way: then it alone, waiting for it.
     let whole = whole.max(1);
     (&*sock).read_exact(&mut buf[..whole * MSG])?;
+    // Read before the lock: a frontend that sends half a message holds only its own session
+    // thread, not whoever else needs the session.
+    let mut s = session.lock().map_err(|_| bad("session poisoned".into()))?;
+    let ack_wanted = s.protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0;
     let mut acks = [0u8; IOTLB_RUN * ACK];
     let mut n_acks = 0;
     let mut change: Option<bool> = None;
