@@ -53,7 +53,7 @@
 #                         under bookworm-backports' QEMU (setup.sh unpacks it beside 7.2, which
 #                         drops lazy flushes for vhost backends): the guest's whole-space
 #                         flushes take the rings' translations too, pvnet parks the rings, asks
-#                         for them and goes on (counted in the log; the case fails without one).
+#                         for them and goes on (rings_parked; the case fails without one).
 #   dpdk_server_restart   testpmd net_virtio_user server=1 (it listens) txonly -> pvnet switch,
 #                         a client port "fe" -> sink; pvnet stopped with SIGKILL, then with
 #                         SIGTERM, in the middle of traffic and started again with the same
@@ -700,8 +700,8 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
     case "$gappend" in *iommu.strict=0*)
       # Lazy: the guest's flushes take every translation, the rings' too; pvnet parks the
       # rings, asks, and goes on (the queue would stop, and the case fail, otherwise).
-      local parked; parked=$(plain_log "$D/$tag.pvnet.log" | grep -c 'ring translated again')
-      info "$name: whole-space invalidations (the guest's lazy flushes) that took the rings, each asked for and resumed: $parked"
+      local parked; parked=$(sw_final "$tag" vm rings_parked)
+      info "$name: rings whose translation the guest's lazy flushes took, parked, asked for and resumed (rings_parked): $parked"
       [ "${parked:-0}" -gt 0 ] || { fail "$name" "no flush reached pvnet: the lazy path was not exercised"; return; } ;;
     esac ;;
   esac

@@ -92,6 +92,9 @@ pub struct PortStats {
     pub queue_errors: AtomicU64,
     /// IOTLB: translations the queues found missing and asked the frontend for (MISS).
     pub iotlb_misses: AtomicU64,
+    /// IOTLB: times a running ring's own translation was invalidated (a vIOMMU's domain-wide
+    /// flush) and the ring was parked, untouched, until granted again.
+    pub rings_parked: AtomicU64,
     /// Live migration: receive buffers delivered while the dirty log was on (their pages,
     /// and the used ring's, marked for the frontend to copy again).
     pub dirty_logged: AtomicU64,
@@ -170,6 +173,8 @@ pub struct PortSnapshot {
     pub queue_errors: u64,
     /// See [`PortStats`].
     pub iotlb_misses: u64,
+    /// See [`PortStats`].
+    pub rings_parked: u64,
     /// See [`PortStats`].
     pub dirty_logged: u64,
     /// See [`PortStats`].
@@ -270,6 +275,7 @@ impl PortSnapshot {
             t.sleeps += s.sleeps;
             t.queue_errors += s.queue_errors;
             t.iotlb_misses += s.iotlb_misses;
+            t.rings_parked += s.rings_parked;
             t.dirty_logged += s.dirty_logged;
             t.seq_errors += s.seq_errors;
             t.end_marker = t.end_marker.max(s.end_marker);
@@ -315,6 +321,7 @@ impl PortStats {
             sleeps: r(&self.sleeps),
             queue_errors: r(&self.queue_errors),
             iotlb_misses: r(&self.iotlb_misses),
+            rings_parked: r(&self.rings_parked),
             dirty_logged: r(&self.dirty_logged),
             seq_errors: r(&self.seq_errors),
             end_marker: end.checked_sub(1),

@@ -293,7 +293,7 @@ impl QueueSlot {
             Ok(()) => {
                 if let Some(l) = self.lost.take() {
                     self.live = true;
-                    tracing::info!(
+                    tracing::debug!(
                         port,
                         queue = self.index,
                         addr = format_args!("{:#x}", l.addr),
@@ -313,9 +313,11 @@ impl QueueSlot {
                         Some(l) if l.addr == addr => return,
                         Some(l) => l.since,
                         None => {
-                            tracing::info!(port, queue = self.index,
+                            // Every few milliseconds under a lazy guest: counted, not logged.
+                            tracing::debug!(port, queue = self.index,
                                 addr = format_args!("{addr:#x}"), len,
                                 "ring memory invalidated while the queue runs: parked, asking for it");
+                            bump(&stats.rings_parked, 1);
                             now
                         }
                     };
