@@ -563,8 +563,9 @@ inechos() { awk '/^Icmp:/{if(!h){for(i=1;i<=NF;i++)if($i=="InEchos")c=i;h=1}else
 i=0; while [ "$(inechos)" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 echo "GUEST_ECHOS_IN $(inechos)"
 echo "GUEST_PING $(ping -c 3 -W 5 10.77.0.1 | grep -o '[0-9]* packets received')"
-run_iperf() { tag=$1; shift; iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; echo "GUEST_IPERF_RC $tag $?"
-  grep -E 'receiver|sender' /tmp/ip.txt | sed "s/^/GUEST_IPERF $tag /"; }
+run_iperf() { tag=$1; shift; iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?; echo "GUEST_IPERF_RC $tag $rc"
+  grep -E 'receiver|sender' /tmp/ip.txt | sed "s/^/GUEST_IPERF $tag /"
+  [ $rc = 0 ] || tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_ERR $tag /"; }
 run_iperf tcp_g2h -t 3
 run_iperf tcp_h2g -t 3 -R
 run_iperf udp_g2h -t 3 -u -l 22 -b 0
