@@ -1061,9 +1061,6 @@ fn take_early_vring_enable(sock: &UnixStream, session: &Mutex<Session>) -> std::
         _ => return Ok(false),
     };
     let mut buf = [0u8; HDR_LEN + VRING_STATE_LEN];
-    let word = |b: &[u8; HDR_LEN + VRING_STATE_LEN], i: usize| {
-        u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-    };
     // A 20-byte message sent with one sendmsg arrives whole; still, wait a little for a body
     // that lags its header rather than hand a half-seen message to the crate.
     for attempt in 0..100 {
@@ -1081,10 +1078,10 @@ fn take_early_vring_enable(sock: &UnixStream, session: &Mutex<Session>) -> std::
         let Ok(n) = usize::try_from(n) else {
             return Ok(false);
         };
-        if n < HDR_LEN || word(&buf, 0) != SET_VRING_ENABLE {
+        if n < HDR_LEN || le32(&buf, 0) != SET_VRING_ENABLE {
             return Ok(false);
         }
-        if word(&buf, 8) as usize != VRING_STATE_LEN {
+        if le32(&buf, 8) as usize != VRING_STATE_LEN {
             return Ok(false); // malformed: the crate rejects it
         }
         if n == buf.len() {
@@ -1096,7 +1093,7 @@ fn take_early_vring_enable(sock: &UnixStream, session: &Mutex<Session>) -> std::
         std::thread::sleep(Duration::from_millis(10));
     }
     (&*sock).read_exact(&mut buf)?;
-    let (flags, index, num) = (word(&buf, 4), word(&buf, 12), word(&buf, 16));
+    let (flags, index, num) = (le32(&buf, 4), le32(&buf, 12), le32(&buf, 16));
     let res = match (num, session.lock()) {
         (0 | 1, Ok(mut s)) => {
             info!(
@@ -1199,8 +1196,7 @@ fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> std::io::Res
     if usize::try_from(n).ok() != Some(HDR_LEN) {
         return Ok(false); // EOF, error or a lagging header: for the crate to report
     }
-    let word = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
-    let (request, flags, size) = (word(0), word(4), word(8) as usize);
+    let (request, flags, size) = (le32(&hdr, 0), le32(&hdr, 4), le32(&hdr, 8) as usize);
     let ok = match request {
         IOTLB_MSG => return take_iotlb_run(sock, session, size),
         SET_BACKEND_REQ_FD => {
@@ -1296,15 +1292,14 @@ fn take_iotlb_run(
         )
     };
     let peeked = usize::try_from(peeked).unwrap_or(0);
-    let word = |m: &[u8], i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
     let mut whole = 0;
     while (whole + 1) * MSG <= peeked {
         let m = &buf[whole * MSG..];
-        if word(m, 0) != IOTLB_MSG {
+        if le32(m, 0) != IOTLB_MSG {
             break;
         }
-        if word(m, 8) as usize != BODY_LEN {
-            return Err(bad(format!("IOTLB message of {} bytes", word(m, 8))));
+        if le32(m, 8) as usize != BODY_LEN {
+            return Err(bad(format!("IOTLB message of {} bytes", le32(m, 8))));
         }
         whole += 1;
     }
@@ -1324,11 +1319,8 @@ fn take_iotlb_run(
         if let Some(revoked) = s.iotlb_msg(msg).map_err(bad)? {
             change = Some(change.unwrap_or(false) | revoked);
         }
-        if word(m, 4) & HDR_NEED_REPLY != 0 && ack_wanted {
-            let a = &mut acks[n_acks * ACK..][..ACK];
-            a[0..4].copy_from_slice(&IOTLB_MSG.to_le_bytes());
-            a[4..8].copy_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
-            a[8..12].copy_from_slice(&8u32.to_le_bytes());
+        if le32(m, 4) & HDR_NEED_REPLY != 0 && ack_wanted {
+            acks[n_acks * ACK..][..ACK].copy_from_slice(&ack(IOTLB_MSG, 0));
             n_acks += 1;
         }
     }
@@ -1351,14 +1343,24 @@ fn reply_ack(
 ) -> std::io::Result<()> {
     use std::io::Write;
     if flags & HDR_NEED_REPLY != 0 && protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0 {
-        let mut reply = [0u8; HDR_LEN + 8];
-        reply[0..4].copy_from_slice(&request.to_le_bytes());
-        reply[4..8].copy_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
-        reply[8..12].copy_from_slice(&8u32.to_le_bytes());
-        reply[12..20].copy_from_slice(&status.to_le_bytes());
-        (&*sock).write_all(&reply)?;
+        (&*sock).write_all(&ack(request, status))?;
     }
     Ok(())
+}
+
+/// The reply to `request` carrying `status` (0: success) as its u64 body.
+fn ack(request: u32, status: u64) -> [u8; HDR_LEN + 8] {
+    let mut reply = [0u8; HDR_LEN + 8];
+    reply[0..4].copy_from_slice(&request.to_le_bytes());
+    reply[4..8].copy_from_slice(&(HDR_VERSION | HDR_REPLY).to_le_bytes());
+    reply[8..12].copy_from_slice(&8u32.to_le_bytes());
+    reply[12..20].copy_from_slice(&status.to_le_bytes());
+    reply
+}
+
+/// The little-endian u32 at byte `i` of a message (the header's words).
+fn le32(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
 /// Sessions one listener runs at once (each is a thread): a switch port takes one frontend,
