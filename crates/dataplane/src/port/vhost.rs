@@ -74,23 +74,66 @@ pub struct QueueSlot {
     lost: Option<LostRing>,
 }
 
-/// A running ring whose own translation was invalidated: what to ask for again.
+/// A translation asked of the frontend (an IOTLB miss): asked again every
+/// [`IOTLB_MISS_RETRY`], given up once [`IOTLB_MISS_BOUND`] has passed since the wait began.
 #[derive(Debug, Clone, Copy)]
-struct LostRing {
+struct Asked {
     addr: u64,
-    len: u64,
     perm: virtq::Perm,
     since: Instant,
     asked: Instant,
 }
 
+impl Asked {
+    /// Asks for `addr` now, in a wait that began at `since`.
+    fn now(
+        ch: &pvnet_vhost::iotlb::BackendChannel,
+        stats: &PortStats,
+        addr: u64,
+        perm: virtq::Perm,
+        since: Instant,
+        now: Instant,
+    ) -> Self {
+        ch.miss(addr, perm);
+        bump(&stats.iotlb_misses, 1);
+        Self {
+            addr,
+            perm,
+            since,
+            asked: now,
+        }
+    }
+
+    /// Within the bound: asks again if it is due, and returns true; false once the bound has
+    /// passed.
+    fn keep(
+        &mut self,
+        ch: &pvnet_vhost::iotlb::BackendChannel,
+        stats: &PortStats,
+        now: Instant,
+    ) -> bool {
+        if now.saturating_duration_since(self.since) > IOTLB_MISS_BOUND {
+            return false;
+        }
+        if now.saturating_duration_since(self.asked) > IOTLB_MISS_RETRY {
+            *self = Self::now(ch, stats, self.addr, self.perm, self.since, now);
+        }
+        true
+    }
+}
+
+/// A running ring whose own translation was invalidated: what is asked for again.
+#[derive(Debug, Clone, Copy)]
+struct LostRing {
+    ask: Asked,
+    /// The ring part's length (for the error if it is never granted again).
+    len: u64,
+}
+
 /// A queue waiting for a translation (an IOTLB miss).
 #[derive(Debug, Clone, Copy)]
 struct Waiting {
-    addr: u64,
-    perm: virtq::Perm,
-    since: Instant,
-    asked: Instant,
+    ask: Asked,
     /// The last time the queue met this miss: a miss of the same address after a quiet gap
     /// is a new wait (the queue made progress in between; the success path keeps no state).
     last: Instant,
@@ -180,8 +223,8 @@ impl QueueSlot {
         let Some(ch) = &self.iotlb else {
             return Err(unanswered);
         };
-        let w = match self.waiting {
-            Some(w) if w.addr == addr && now.duration_since(w.last) < IOTLB_MISS_GAP => w,
+        let mut ask = match self.waiting {
+            Some(w) if w.ask.addr == addr && now.duration_since(w.last) < IOTLB_MISS_GAP => w.ask,
             _ => {
                 tracing::debug!(
                     port,
@@ -189,34 +232,14 @@ impl QueueSlot {
                     addr = format_args!("{addr:#x}"),
                     "IOTLB miss"
                 );
-                let w = Waiting {
-                    addr,
-                    perm,
-                    since: now,
-                    asked: now,
-                    last: now,
-                };
-                ch.miss(addr, perm);
-                bump(&stats.iotlb_misses, 1);
-                w
+                Asked::now(ch, stats, addr, perm, now, now)
             }
         };
-        if now.duration_since(w.since) > IOTLB_MISS_BOUND {
+        if !ask.keep(ch, stats, now) {
             self.waiting = None;
             return Err(unanswered);
         }
-        let asked = if now.duration_since(w.asked) > IOTLB_MISS_RETRY {
-            ch.miss(addr, perm);
-            bump(&stats.iotlb_misses, 1);
-            now
-        } else {
-            w.asked
-        };
-        self.waiting = Some(Waiting {
-            asked,
-            last: now,
-            ..w
-        });
+        self.waiting = Some(Waiting { ask, last: now });
         Ok(())
     }
 
@@ -283,8 +306,8 @@ impl QueueSlot {
         // A miss this table answers ends its wait: the same address missed again later (a
         // vIOMMU that flushes everything every few milliseconds, Linux's lazy mode, takes it
         // again) is a new miss with a bound of its own, not the old wait going on.
-        if let Some(w) = self.waiting {
-            if virtq::xlate::Translate::translate(&**mem, w.addr, w.perm, &mut 0).is_ok() {
+        if let Some(Waiting { ask, .. }) = self.waiting {
+            if virtq::xlate::Translate::translate(&**mem, ask.addr, ask.perm, &mut 0).is_ok() {
                 self.waiting = None;
                 self.worked = true; // polled again before any sleep
             }
@@ -296,8 +319,8 @@ impl QueueSlot {
                     tracing::debug!(
                         port,
                         queue = self.index,
-                        addr = format_args!("{:#x}", l.addr),
-                        waited_us = now.saturating_duration_since(l.since).as_micros(),
+                        addr = format_args!("{:#x}", l.ask.addr),
+                        waited_us = now.saturating_duration_since(l.ask.since).as_micros(),
                         "ring translated again: the queue goes on"
                     );
                     // Work may have arrived meanwhile, and no kick says so.
@@ -310,8 +333,8 @@ impl QueueSlot {
                     // miss with one page, so what is asked moves on as grants arrive (the
                     // bound counts from the first).
                     let since = match self.lost {
-                        Some(l) if l.addr == addr => return,
-                        Some(l) => l.since,
+                        Some(l) if l.ask.addr == addr => return,
+                        Some(l) => l.ask.since,
                         None => {
                             // Every few milliseconds under a lazy guest: counted, not logged.
                             tracing::debug!(port, queue = self.index,
@@ -321,14 +344,9 @@ impl QueueSlot {
                             now
                         }
                     };
-                    ch.miss(addr, perm);
-                    bump(&stats.iotlb_misses, 1);
                     self.lost = Some(LostRing {
-                        addr,
+                        ask: Asked::now(ch, stats, addr, perm, since, now),
                         len,
-                        perm,
-                        since,
-                        asked: now,
                     });
                     self.live = false;
                 }
@@ -342,29 +360,17 @@ impl QueueSlot {
     /// stops the queue once [`IOTLB_MISS_BOUND`] passes without a grant. Returns whether it
     /// is still parked.
     fn check_lost(&mut self, port: PortId, stats: &PortStats, now: Instant) -> bool {
-        let Some(l) = self.lost else {
-            return false;
+        let (Some(mut l), Some(ch)) = (self.lost, self.iotlb.as_deref()) else {
+            return false; // not parked (a ring is parked only under an IOMMU)
         };
-        if now.saturating_duration_since(l.since) > IOTLB_MISS_BOUND {
-            self.lost = None;
-            self.fail(
-                port,
-                stats,
-                virtq::Error::RingRevoked {
-                    addr: l.addr,
-                    len: l.len,
-                },
-            );
-            return false;
+        if l.ask.keep(ch, stats, now) {
+            self.lost = Some(l);
+            return true;
         }
-        if now.saturating_duration_since(l.asked) > IOTLB_MISS_RETRY {
-            if let Some(ch) = &self.iotlb {
-                ch.miss(l.addr, l.perm);
-                bump(&stats.iotlb_misses, 1);
-            }
-            self.lost = Some(LostRing { asked: now, ..l });
-        }
-        true
+        self.lost = None;
+        let (addr, len) = (l.ask.addr, l.len);
+        self.fail(port, stats, virtq::Error::RingRevoked { addr, len });
+        false
     }
 }
 
