@@ -374,6 +374,18 @@ impl Hostile {
         self.shm.read16(self.lay.rings[q].2 + 2)
     }
 
+    /// Waits up to `limit` for queue `q`'s used index to reach `n`; returns whether it did.
+    fn wait_used(&self, q: usize, n: u16, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while self.used_idx(q) != n {
+            if Instant::now() > until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
+
     /// Waits until queue `q`'s err eventfd is readable; returns its counter.
     fn wait_err(&self, q: usize, timeout: Duration) -> u64 {
         assert!(
@@ -1213,11 +1225,7 @@ fn iommu_revoked_range_is_refused_and_misses_are_bounded() {
     h.set_desc(TX, 0, iova, 64, 0, 0);
     h.set_avail_entry(TX, 0, 0);
     h.publish_and_kick(TX, 1);
-    let until = Instant::now() + EVENT;
-    while h.used_idx(TX) != 1 {
-        assert!(Instant::now() < until, "granted buffer not consumed");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    assert!(h.wait_used(TX, 1, EVENT), "granted buffer not consumed");
     // Revoked: posting it again is a miss, never a read.
     h.iotlb(IOTLB_INVALIDATE, iova, BUF, 0, 0);
     h.set_avail_entry(TX, 1, 0);
@@ -1266,11 +1274,11 @@ fn iommu_ring_invalidated_by_a_flush_is_asked_for_and_goes_on() {
         h.publish_and_kick(TX, n + 1);
     };
     let consumed = |n: u16, b: &Proc| {
-        let until = Instant::now() + EVENT;
-        while h.used_idx(TX) != n {
-            assert!(Instant::now() < until, "{n} not consumed\n{}", b.stderr());
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        assert!(
+            h.wait_used(TX, n, EVENT),
+            "{n} not consumed\n{}",
+            b.stderr()
+        );
     };
     h.iotlb(IOTLB_UPDATE, iova, BUF, iova, 1);
     post(0);
