@@ -264,51 +264,54 @@ impl Fabric {
             work += p.drain(now);
         }
         for i in 0..ports.len() {
-            let (before, rest) = ports.split_at_mut(i);
-            let Some((src, after)) = rest.split_first_mut() else {
-                break;
-            };
-            let sid = src.id();
-            let fixed = match self.router.wire(sid) {
-                Some(Wire::Hairpin) => {
-                    if let Some(v) = src.as_vhost() {
-                        work += v.hairpin(self.batch, now);
-                    }
-                    continue;
-                }
-                Some(Wire::To(dst)) => Some(
-                    index_of(before, after, dst)
-                        .map_or(Route::Drop(DropReason::PortDown), |j| Route::One(j, false)),
-                ),
-                None if matches!(self.router, Router::Fixed(_)) => {
-                    Some(Route::Drop(DropReason::PortDown))
-                }
-                None => None,
-            };
-            let offer = if matches!(src, AnyPort::Gen(_)) {
-                Offer::Patient
-            } else {
-                Offer::Unicast
-            };
-            let from_trunk = src.is_trunk();
-            let mut cx = Cx {
-                f: self,
-                others: Others { before, after, i },
-                sid,
-                from_trunk,
-                now,
-                offer,
-                fixed,
-                last: None,
-                flooded: 0,
-                hint: 1,
-                segs_left: SEG_BUDGET,
-                direct: None,
-            };
-            let batch = cx.f.batch;
-            work += src.rx_burst(batch, now, &mut cx);
+            work += self.burst(ports, i, now);
         }
         work
+    }
+
+    /// One burst of port `i` (the others receive). Returns the packets moved.
+    #[inline(always)]
+    pub fn burst(&mut self, ports: &mut [AnyPort], i: usize, now: Instant) -> usize {
+        let (before, rest) = ports.split_at_mut(i);
+        let Some((src, after)) = rest.split_first_mut() else {
+            return 0;
+        };
+        let sid = src.id();
+        let fixed = match self.router.wire(sid) {
+            Some(Wire::Hairpin) => {
+                return src.as_vhost().map_or(0, |v| v.hairpin(self.batch, now));
+            }
+            Some(Wire::To(dst)) => Some(
+                index_of(before, after, dst)
+                    .map_or(Route::Drop(DropReason::PortDown), |j| Route::One(j, false)),
+            ),
+            None if matches!(self.router, Router::Fixed(_)) => {
+                Some(Route::Drop(DropReason::PortDown))
+            }
+            None => None,
+        };
+        let offer = if matches!(src, AnyPort::Gen(_)) {
+            Offer::Patient
+        } else {
+            Offer::Unicast
+        };
+        let from_trunk = src.is_trunk();
+        let mut cx = Cx {
+            f: self,
+            others: Others { before, after, i },
+            sid,
+            from_trunk,
+            now,
+            offer,
+            fixed,
+            last: None,
+            flooded: 0,
+            hint: 1,
+            segs_left: SEG_BUDGET,
+            direct: None,
+        };
+        let batch = cx.f.batch;
+        src.rx_burst(batch, now, &mut cx)
     }
 }
 
