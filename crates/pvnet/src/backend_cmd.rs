@@ -108,6 +108,11 @@ pub fn run(a: &BackendArgs) -> Result<()> {
         egress: pvnet_dataplane::egress::EgressConfig::hold(
             pvnet_dataplane::egress::HoldPolicy::Forever,
         ),
+        // Bench roles place ports by id (forwarding pairs together) and never move them.
+        rebalance: pvnet_dataplane::worker::balance::RebalanceConfig {
+            enabled: false,
+            ..Default::default()
+        },
     };
     let dp = Dataplane::start(cfg).map_err(io("starting the dataplane"))?;
     dp.keep_control_off_workers();

@@ -80,6 +80,13 @@ pub struct WorkerRow {
     pub handoff_out: u64,
     /// See `handoff_out`.
     pub handoff_in: u64,
+    /// Share of the last second it spent in rounds that moved packets, percent (what
+    /// placement and rebalancing go by: polling empty rings is not load).
+    pub load_pct: f64,
+    /// Ports moved onto it, and off it.
+    pub moved_in: u64,
+    /// See `moved_in`.
+    pub moved_out: u64,
 }
 
 /// One switch port.
@@ -158,6 +165,13 @@ pub enum Op {
         name: String,
         /// Keys and values.
         set: BTreeMap<String, String>,
+    },
+    /// Move a vhost-user port to another worker (with its rings, queue and counters).
+    PortMove {
+        /// Port name.
+        name: String,
+        /// The worker's index.
+        worker: usize,
     },
     /// Read the configuration file again and apply the difference (as `SIGHUP`).
     Reload,
@@ -680,6 +694,16 @@ pub enum PortCmd {
         #[arg(required = true, value_name = "KEY=VALUE")]
         settings: Vec<String>,
     },
+    /// Move a vhost-user port to another worker (`pvnet switch --workers N`): its rings,
+    /// egress queue and counters go along; no packet of a flow is reordered (one on its way
+    /// to the port through its old worker at that moment is dropped and counted). The
+    /// balancer may move it again later unless `--rebalance false`.
+    Move {
+        /// Port name.
+        name: String,
+        /// The worker's index (as `pvnet ctl` lists them).
+        worker: usize,
+    },
 }
 
 /// `pvnet ctl` arguments.
@@ -690,6 +714,7 @@ EXAMPLES:
   pvnet ctl port add vhost-user:name=vm2,socket=/run/pvnet/vm2.sock
   pvnet ctl port set vm2 qdisc=fifo limit=256
   pvnet ctl port del vm2
+  pvnet ctl port move vm2 1                  put vm2 on worker 1
   pvnet ctl reload                           apply the edited --config file
 
 The protocol (one JSON line each way, versioned) is in docs/operations.md.")]
@@ -754,6 +779,10 @@ pub fn run(a: &CtlArgs) -> Result<()> {
         CtlCmd::Port(PortCmd::Set { name, settings: kv }) => Some(Op::PortSet {
             name: name.clone(),
             set: settings(kv)?,
+        }),
+        CtlCmd::Port(PortCmd::Move { name, worker }) => Some(Op::PortMove {
+            name: name.clone(),
+            worker: *worker,
         }),
     };
     let out = match op {
@@ -903,6 +932,8 @@ pub fn render_ports(s: &Status) -> String {
                     w.worker.to_string(),
                     w.cpu.map_or_else(|| "-".into(), |c| c.to_string()),
                     format!("{:.1}", w.busy_pct),
+                    format!("{:.1}", w.load_pct),
+                    format!("{}/{}", w.moved_in, w.moved_out),
                     w.handoff_out.to_string(),
                     w.handoff_in.to_string(),
                     cell(&w.ports.join(",")),
@@ -914,12 +945,14 @@ pub fn render_ports(s: &Status) -> String {
             &[
                 "WORKER",
                 "CPU",
-                "BUSY%",
+                "CPU%",
+                "LOAD%",
+                "MOVED_IN/OUT",
                 "HANDOFF_OUT",
                 "HANDOFF_IN",
                 "PORTS",
             ],
-            &[true, true, true, true, true, false],
+            &[true, true, true, true, true, true, true, false],
             &rows,
         );
     }
@@ -1008,24 +1041,45 @@ pub fn render_metrics(s: &Status) -> String {
     let _ = writeln!(o, "pvnet_mac_entries {}", s.macs.len());
 
     if !s.workers.is_empty() {
-        for (name, help, get) in [
+        for (name, kind, help, get) in [
             (
                 "pvnet_worker_cpu_seconds_total",
+                "counter",
                 "CPU time of a dataplane worker thread.",
                 (|w: &WorkerRow| fmt_float(w.cpu_secs)) as fn(&WorkerRow) -> String,
             ),
             (
+                "pvnet_worker_load_ratio",
+                "gauge",
+                "Share of the last second a worker spent in rounds that moved packets.",
+                |w: &WorkerRow| fmt_float(w.load_pct / 100.0),
+            ),
+            (
                 "pvnet_worker_handoff_out_total",
+                "counter",
                 "Packets a worker handed to other workers.",
                 |w: &WorkerRow| w.handoff_out.to_string(),
             ),
             (
                 "pvnet_worker_handoff_in_total",
+                "counter",
                 "Packets other workers handed to a worker.",
                 |w: &WorkerRow| w.handoff_in.to_string(),
             ),
+            (
+                "pvnet_worker_ports_moved_in_total",
+                "counter",
+                "Ports moved onto a worker (by the balancer or pvnet ctl port move).",
+                |w: &WorkerRow| w.moved_in.to_string(),
+            ),
+            (
+                "pvnet_worker_ports_moved_out_total",
+                "counter",
+                "Ports moved off a worker.",
+                |w: &WorkerRow| w.moved_out.to_string(),
+            ),
         ] {
-            head(&mut o, name, "counter", help);
+            head(&mut o, name, kind, help);
             for w in &s.workers {
                 let _ = writeln!(o, "{name}{{worker=\"{}\"}} {}", w.worker, get(w));
             }
@@ -1678,13 +1732,25 @@ mod tests {
                 ports: vec![format!("p{k}")],
                 handoff_out: 7 + k,
                 handoff_in: 9,
+                load_pct: 40.0,
+                moved_in: k,
+                moved_out: 1 - k,
             })
             .collect();
         let t = render_ports(&s);
-        assert!(t.contains("HANDOFF_OUT") && t.contains(" 12.5 "), "{t}");
+        assert!(
+            t.contains("HANDOFF_OUT") && t.contains(" 12.5 ") && t.contains(" 40.0 "),
+            "{t}"
+        );
+        assert!(t.contains(" 1/0 ") && t.contains(" 0/1 "), "{t}");
         let m = render_metrics(&s);
         assert!(
             m.contains("\npvnet_worker_handoff_out_total{worker=\"1\"} 8\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("\npvnet_worker_load_ratio{worker=\"0\"} 0.4\n")
+                && m.contains("\npvnet_worker_ports_moved_in_total{worker=\"1\"} 1\n"),
             "{m}"
         );
     }

@@ -73,7 +73,9 @@ EXAMPLES:
 TOML:
   [switch]
   cpu = 1
-  workers = 1                          (worker threads; ports dealt round-robin over them)
+  workers = 1                          (worker threads; a new port goes to the least busy)
+  rebalance = true                     (move a port off a worker saturated for 3 s)
+  rebalance_load = 95                  (busy percent from which a worker is saturated)
   ctl_socket = \"/run/pvnet/ctl.sock\"
   ctl_group = \"pvnet\"                  (members may use pvnet ctl; default: owner only)
   state = \"/var/lib/pvnet/ports.toml\"
@@ -97,10 +99,22 @@ pub struct SwitchArgs {
     /// Pin the dataplane worker to this CPU (worker k to the k-th CPU after it).
     #[arg(long)]
     pub cpu: Option<usize>,
-    /// Dataplane worker threads. Ports are dealt round-robin over them; a packet between
-    /// ports of two workers crosses a ring between them (one more copy). Default 1.
+    /// Dataplane worker threads. A new port goes to the least busy one (then the one with
+    /// the fewest ports); a packet between ports of two workers crosses a ring between them
+    /// (one more copy). Default 1.
     #[arg(long)]
     pub workers: Option<usize>,
+    /// With several workers: move a vhost-user port off a worker that stays saturated (95%
+    /// busy for 3 s) to the least busy one when that is predicted to relieve it, at most
+    /// once per 10 s, and move it back if the switch then moves fewer packets. Placement of
+    /// new ports by load happens either way; `pvnet ctl port move` moves by hand. Default
+    /// true.
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub rebalance: Option<bool>,
+    /// The busy share, percent, from which a worker counts as saturated for rebalancing
+    /// (time in rounds that moved packets; polling empty rings is not busy). Default 95.
+    #[arg(long, value_name = "PCT")]
+    pub rebalance_load: Option<f64>,
     /// Polling policy of transmit rings (see `pvnet backend --help`). Default adaptive.
     #[arg(long)]
     pub policy: Option<Policy>,
@@ -142,6 +156,8 @@ pub struct SwitchArgs {
 pub(crate) struct SwitchTable {
     cpu: Option<usize>,
     workers: Option<usize>,
+    rebalance: Option<bool>,
+    rebalance_load: Option<f64>,
     policy: Option<String>,
     rx_policy: Option<String>,
     batch: Option<u16>,
@@ -530,6 +546,12 @@ fn load(a: &SwitchArgs) -> Result<Config> {
     if workers == 0 || workers > 64 {
         return Err(usage("--workers must be 1 to 64"));
     }
+    let hot = a.rebalance_load.or(sw.rebalance_load).unwrap_or(95.0);
+    if !(hot > 0.0 && hot <= 100.0) {
+        return Err(usage(
+            "--rebalance-load must be a percentage above 0, at most 100",
+        ));
+    }
     let worker = WorkerConfig {
         role: Role::Switch(SwitchConfig {
             aging: Duration::from_secs(a.mac_aging.or(sw.mac_aging).unwrap_or(300).max(1)),
@@ -541,6 +563,11 @@ fn load(a: &SwitchArgs) -> Result<Config> {
         tx_call_delay: Duration::from_micros(a.tx_call_delay.or(sw.tx_call_delay).unwrap_or(150)),
         shards: workers,
         egress: EgressConfig::switch_default(),
+        rebalance: pvnet_dataplane::worker::balance::RebalanceConfig {
+            enabled: a.rebalance.or(sw.rebalance).unwrap_or(true),
+            hot: hot / 100.0,
+            ..Default::default()
+        },
     };
     Ok(Config {
         worker,

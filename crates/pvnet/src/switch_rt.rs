@@ -626,6 +626,9 @@ impl Runtime {
                         .collect(),
                     handoff_out: w.handoff_out,
                     handoff_in: w.handoff_in,
+                    load_pct: 100.0 * w.busy,
+                    moved_in: w.moved_in,
+                    moved_out: w.moved_out,
                 }
             })
             .collect();
@@ -699,6 +702,23 @@ impl Runtime {
                 },
                 Err(e) => Reply::refused(e.to_string()),
             },
+            ctl::Op::PortMove { name, worker } => {
+                let id = self.lock().ports.get(name).map(|l| l.id);
+                match id.map(|id| self.dp.move_port(id, *worker)) {
+                    None => Reply::refused(format!("no port {name}")),
+                    Some(Ok(from)) if from == *worker => Reply {
+                        port: info(name),
+                        notes: vec![format!("{name} is on worker {from} already")],
+                        ..Reply::done("unchanged")
+                    },
+                    Some(Ok(from)) => Reply {
+                        port: info(name),
+                        notes: vec![format!("{name}: worker {from} -> {worker}")],
+                        ..Reply::done("moved")
+                    },
+                    Some(Err(e)) => Reply::refused(e.to_string()),
+                }
+            }
             ctl::Op::Reload => match reload() {
                 Ok(notes) => Reply {
                     notes,

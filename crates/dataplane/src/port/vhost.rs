@@ -1109,6 +1109,21 @@ impl VhostPort {
         }
     }
 
+    /// Every running ring's vhost-user index and kick fd (to enter or leave a shard's epoll
+    /// set when the port moves between shards).
+    pub fn kick_fds(&self) -> Vec<(u16, i32)> {
+        self.qps
+            .iter()
+            .flatten()
+            .flat_map(|qp| [qp.rx.as_ref(), qp.tx.as_ref()])
+            .flatten()
+            .filter_map(|s| {
+                let fd = s.kick.as_ref()?;
+                Some((s.index, std::os::fd::AsRawFd::as_raw_fd(fd)))
+            })
+            .collect()
+    }
+
     /// The shard is going to sleep with this port armed (counted on every pair).
     pub fn count_sleep(&self) {
         for s in &self.stats {

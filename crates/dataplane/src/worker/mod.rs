@@ -8,14 +8,16 @@
 //! for the shard's answer, so when they return the ring is no longer touched and the memory
 //! may be unmapped.
 //!
-//! Placement: a port lives on one shard, chosen from its id ([`Dataplane::shard_of`]): ports
-//! are dealt round-robin over the shards (the bench role `forward` keeps a forwarding pair
-//! together). Under the learning switch, every pair of shards is joined by a trunk
-//! ([`crate::port::trunk`]): each shard switches among its own ports and sends what is for
-//! another shard's ports over that shard's trunk (a copy into a ring, then the usual copy
-//! into the receiver). There is no rebalancing: a port stays where it was placed. One shard
-//! by default.
+//! Placement: a port lives on one shard ([`Dataplane::shard_of`]). Under the learning
+//! switch a new port goes to the least busy shard and a vhost-user port may later move
+//! ([`balance`] says when, [`Dataplane::move_port`] how); the bench roles deal ports
+//! round-robin by id (`forward` keeps a forwarding pair together). Under the learning
+//! switch, every pair of shards is joined by a trunk ([`crate::port::trunk`]): each shard
+//! switches among its own ports and sends what is for another shard's ports over that
+//! shard's trunk (a copy into a ring, then the usual copy into the receiver). One shard by
+//! default.
 
+pub mod balance;
 pub mod shard;
 
 use crate::poll::Policy;
@@ -23,10 +25,11 @@ use crate::port::gen::GenSpec;
 use crate::port::PortId;
 use crate::stats::{PortSnapshot, PortStats};
 use crate::switch::{MacEntry, SwitchConfig};
+use balance::{Balancer, Decision, PortLoad, RebalanceConfig, Sample};
 use pvnet_vhost::backend::{DeviceHooks, StartedQueue};
 use pvnet_vhost::eventfd::Notifier;
-use shard::{Cmd, Shard};
-use std::collections::BTreeMap;
+use shard::{Cmd, Load, Shard};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Sender};
@@ -82,6 +85,8 @@ pub struct WorkerConfig {
     /// The switch's vhost-user ports' egress: queue, scheduler, DQL, bulk dequeue (bench
     /// roles hold packets in their senders instead).
     pub egress: crate::egress::EgressConfig,
+    /// Moving ports between shards by load (the learning switch on several shards).
+    pub rebalance: RebalanceConfig,
 }
 
 impl Default for WorkerConfig {
@@ -95,6 +100,7 @@ impl Default for WorkerConfig {
             tx_call_delay: Duration::from_micros(150),
             shards: 1,
             egress: crate::egress::EgressConfig::switch_default(),
+            rebalance: RebalanceConfig::default(),
         }
     }
 }
@@ -154,14 +160,56 @@ pub struct WorkerInfo {
     pub handoff_out: u64,
     /// See `handoff_out`.
     pub handoff_in: u64,
+    /// Share of the last measured interval it spent in rounds that moved packets, 0 to 1
+    /// (polling empty rings and sleeping are not busy).
+    pub busy: f64,
+    /// Ports moved onto it, and off it, since the start.
+    pub moved_in: u64,
+    /// See `moved_in`.
+    pub moved_out: u64,
 }
 
+/// Why a port could not move.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MoveError {
+    /// Ports move only under the learning switch on several workers.
+    #[error("ports move only between the workers of a learning switch with --workers > 1")]
+    NotSwitch,
+    /// No such worker.
+    #[error("no worker {0} (there are {1})")]
+    NoWorker(usize, usize),
+    /// The port was never placed (no such port).
+    #[error("port {0} is not placed on any worker")]
+    NotPlaced(PortId),
+    /// Only vhost-user ports move (a tap's reads are in flight across rounds).
+    #[error("port {0} is not a vhost-user port: only those move")]
+    NotVhost(PortId),
+    /// The shard did not answer.
+    #[error("worker {0} did not hand the port over")]
+    NoAnswer(usize),
+}
+
+/// Placement and its history, under one lock: a command for a port is sent while the lock
+/// is held, so none can go to a shard the port has just left.
+#[derive(Debug, Default)]
+struct Placement {
+    of: BTreeMap<PortId, usize>,
+    /// Host ports (taps, sinks, gens): placed, never moved.
+    hosts: BTreeSet<PortId>,
+    /// Each shard's busy share over the last interval.
+    busy: Vec<f64>,
+    moved_in: Vec<u64>,
+    moved_out: Vec<u64>,
+}
 /// Handle to the shards; the control plane's [`DeviceHooks`].
 pub struct Dataplane {
     cfg: WorkerConfig,
     shards: Vec<ShardHandle>,
     registry: Arc<Mutex<Registry>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    placement: Mutex<Placement>,
+    loads: Vec<Arc<Load>>,
+    quit: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -179,22 +227,22 @@ impl Dataplane {
         let n = cfg.shards.max(1);
         let mut shards = Vec::with_capacity(n);
         let mut threads = Vec::with_capacity(n);
-        for index in 0..n {
+        let loads: Vec<Arc<Load>> = (0..n).map(|_| Arc::default()).collect();
+        for (index, load) in loads.iter().enumerate() {
             let (tx, rx) = channel();
             let pending = Arc::new(AtomicBool::new(false));
             let asleep = Arc::new(AtomicBool::new(false));
             let wake = Notifier::new()?;
             let tid = Arc::new(std::sync::atomic::AtomicI32::new(0));
             let tid2 = tid.clone();
-            let mut s = Shard::new(
-                index,
-                cfg,
+            let link = shard::Link {
                 rx,
-                pending.clone(),
-                asleep.clone(),
-                wake.try_clone()?,
-                registry.clone(),
-            )?;
+                pending: pending.clone(),
+                asleep: asleep.clone(),
+                wake_fd: wake.try_clone()?,
+                load: load.clone(),
+            };
+            let mut s = Shard::new(index, cfg, link, registry.clone())?;
             let (measured_tx, measured_rx) = sync_channel::<()>(1);
             let cpu = cfg.cpu.map(|c| (c + index) % crate::sys::online_cpus());
             let thread = std::thread::Builder::new()
@@ -222,11 +270,158 @@ impl Dataplane {
             shards,
             registry,
             threads: Mutex::new(threads),
+            placement: Mutex::new(Placement {
+                busy: vec![0.0; n],
+                moved_in: vec![0; n],
+                moved_out: vec![0; n],
+                ..Placement::default()
+            }),
+            loads,
+            quit: Arc::new(AtomicBool::new(false)),
         });
         if matches!(cfg.role, Role::Switch(_)) && n > 1 {
             dp.join_shards()?;
+            let weak = Arc::downgrade(&dp);
+            let quit = dp.quit.clone();
+            let t = std::thread::Builder::new()
+                .name("pvnet-balance".into())
+                .spawn(move || balance_loop(&weak, &quit, cfg.rebalance))?;
+            dp.threads.lock().unwrap_or_else(|e| e.into_inner()).push(t);
         }
         Ok(dp)
+    }
+
+    fn placement(&self) -> std::sync::MutexGuard<'_, Placement> {
+        self.placement.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Measures every shard's busy share and every port's packets since `last` (which it
+    /// updates): one interval's [`Sample`].
+    fn measure(&self, last: &mut Measured) -> Sample {
+        let n = self.shards.len();
+        last.shards.resize(n, (0, 0));
+        let busy = (0..n)
+            .map(|k| {
+                let l = &self.loads[k];
+                let now = (
+                    l.busy_ns.load(Ordering::Relaxed),
+                    l.total_ns.load(Ordering::Relaxed),
+                );
+                let (b, t) = (
+                    now.0.saturating_sub(last.shards[k].0),
+                    now.1.saturating_sub(last.shards[k].1),
+                );
+                last.shards[k] = now;
+                if t == 0 {
+                    0.0
+                } else {
+                    (b as f64 / t as f64).min(1.0)
+                }
+            })
+            .collect::<Vec<_>>();
+        let counts: Vec<(PortId, u64)> = {
+            let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+            r.iter()
+                .map(|(&id, qps)| {
+                    let s = PortSnapshot::sum(id, qps.iter().map(|s| &**s));
+                    (id, s.rx_packets + s.tx_packets)
+                })
+                .collect()
+        };
+        let mut p = self.placement();
+        p.busy.clone_from(&busy);
+        let ports = counts
+            .into_iter()
+            .filter_map(|(id, total)| {
+                let before = last.ports.insert(id, total).unwrap_or(total);
+                let shard = shard::trunk_owner(id).or_else(|| p.of.get(&id).copied())?;
+                Some(PortLoad {
+                    id,
+                    shard,
+                    packets: total.saturating_sub(before),
+                    movable: shard::trunk_owner(id).is_none() && !p.hosts.contains(&id),
+                })
+            })
+            .collect();
+        Sample { busy, ports }
+    }
+
+    /// Moves a vhost-user port to shard `to`, with its rings, egress queue and counters.
+    /// Returns the shard it left (the same if it was there already).
+    ///
+    /// Every other shard is paused for the move (at a round boundary; a move takes tens of
+    /// microseconds to a few milliseconds). The old shard first switches what the paused ones
+    /// had sent it, so what was on its way to the port reaches it, then hands the port over
+    /// and sends its addresses to the new shard. Each paused shard, before going on, learns
+    /// where the port's addresses are now and switches what waits in its trunk from the old
+    /// shard, so nothing the port sent from there is overtaken by what it sends from its new
+    /// shard. No packet is lost or reordered by a move (a packet switched while a shard is
+    /// paused cannot be on a stale path). A port whose frontend is not connected just has
+    /// its placement changed.
+    pub fn move_port(&self, id: PortId, to: usize) -> Result<usize, MoveError> {
+        let n = self.shards.len();
+        if !matches!(self.cfg.role, Role::Switch(_)) || n < 2 {
+            return Err(MoveError::NotSwitch);
+        }
+        if to >= n {
+            return Err(MoveError::NoWorker(to, n));
+        }
+        let mut p = self.placement();
+        let from = *p.of.get(&id).ok_or(MoveError::NotPlaced(id))?;
+        if p.hosts.contains(&id) {
+            return Err(MoveError::NotVhost(id));
+        }
+        if from == to {
+            return Ok(from);
+        }
+        let (wait, started) = (Duration::from_secs(5), std::time::Instant::now());
+        let mut paused = Vec::with_capacity(n - 1);
+        for k in (0..n).filter(|&k| k != from) {
+            let (ack, acked) = sync_channel(1);
+            let (resume, resumed) = channel();
+            self.send(k, Cmd::Pause(ack, resumed));
+            paused.push((k, resume));
+            if acked.recv_timeout(wait).is_err() {
+                for (_, r) in paused {
+                    let _ = r.send(shard::Resume::default());
+                }
+                return Err(MoveError::NoAnswer(k));
+            }
+        }
+        let (tx, rx) = sync_channel(1);
+        self.send(from, Cmd::Detach(id, to, tx));
+        let moving = match rx.recv_timeout(wait) {
+            Ok(m) => m,
+            Err(_) => {
+                for (_, r) in paused {
+                    let _ = r.send(shard::Resume::default());
+                }
+                return Err(MoveError::NoAnswer(from));
+            }
+        };
+        let macs = moving.as_ref().map(|m| m.macs.clone()).unwrap_or_default();
+        let mut attach = moving;
+        for (k, r) in paused {
+            let _ = r.send(if k == to {
+                shard::Resume {
+                    attach: attach.take(),
+                    learn: Some((id, macs.clone())),
+                    drain: Some(shard::trunk_id(k, from)),
+                }
+            } else {
+                shard::Resume {
+                    attach: None,
+                    learn: Some((shard::trunk_id(k, to), macs.clone())),
+                    drain: Some(shard::trunk_id(k, from)),
+                }
+            });
+        }
+        let paused_us = started.elapsed().as_micros();
+        p.of.insert(id, to);
+        p.moved_out[from] += 1;
+        p.moved_in[to] += 1;
+        tracing::info!(port = id, from, to, paused_us, "port moved between workers");
+        Ok(from)
     }
 
     /// Joins every pair of shards by a trunk (a ring each way).
@@ -252,8 +447,16 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Each worker: its CPU, thread, ports and traffic over its trunks.
+    /// Each worker: its CPU, thread, ports, traffic over its trunks, busy share and moves.
     pub fn workers(&self) -> Vec<WorkerInfo> {
+        let placed: Vec<(PortId, usize)> = {
+            let p = self.placement();
+            p.of.iter().map(|(&id, &k)| (id, k)).collect()
+        };
+        let (busy, moved_in, moved_out) = {
+            let p = self.placement();
+            (p.busy.clone(), p.moved_in.clone(), p.moved_out.clone())
+        };
         let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let mut w: Vec<WorkerInfo> = self
             .shards
@@ -263,6 +466,9 @@ impl Dataplane {
                 index: k,
                 cpu: self.cfg.cpu.map(|c| (c + k) % crate::sys::online_cpus()),
                 tid: s.tid.load(Ordering::Relaxed),
+                busy: busy.get(k).copied().unwrap_or(0.0),
+                moved_in: moved_in.get(k).copied().unwrap_or(0),
+                moved_out: moved_out.get(k).copied().unwrap_or(0),
                 ..WorkerInfo::default()
             })
             .collect();
@@ -273,8 +479,15 @@ impl Dataplane {
                     w.handoff_out += s.tx_packets;
                     w.handoff_in += s.rx_packets;
                 }
-            } else if id & shard::BEHIND == 0 {
-                w[self.shard_of(id)].ports.push(id);
+            } else if id & shard::BEHIND == 0 && placed.is_empty() {
+                // The bench roles: every port that connected, placed by id.
+                w[self.static_shard(id)].ports.push(id);
+            }
+        }
+        // The learning switch: every port placed, connected or not.
+        for (id, k) in placed {
+            if let Some(w) = w.get_mut(k) {
+                w.ports.push(id);
             }
         }
         w
@@ -294,8 +507,30 @@ impl Dataplane {
         }
     }
 
-    /// The shard a port lives on (see the module docs).
+    /// The shard a port lives on (see the module docs); a new port of the learning switch
+    /// is placed here, on the least busy shard.
     pub fn shard_of(&self, port: PortId) -> usize {
+        let mut g = self.routing();
+        self.routed(&mut g, port)
+    }
+
+    fn place(p: &mut Placement, port: PortId) -> usize {
+        if let Some(&k) = p.of.get(&port) {
+            return k;
+        }
+        let mut count = vec![0usize; p.busy.len()];
+        for &k in p.of.values() {
+            if let Some(c) = count.get_mut(k) {
+                *c += 1;
+            }
+        }
+        let k = balance::least_loaded(&p.busy, &count);
+        p.of.insert(port, k);
+        k
+    }
+
+    /// The bench roles' placement: round-robin by id, a forwarding pair together.
+    fn static_shard(&self, port: PortId) -> usize {
         let n = self.shards.len();
         let slot = match self.cfg.role {
             Role::Forward => port / 2,
@@ -315,8 +550,27 @@ impl Dataplane {
         }
     }
 
+    /// The placement lock, where ports can move (the learning switch on several shards):
+    /// a command for a port is sent while it is held, so a move waits for the send, and a
+    /// command sent before a move is applied before the port leaves.
+    fn routing(&self) -> Option<std::sync::MutexGuard<'_, Placement>> {
+        (self.shards.len() > 1 && matches!(self.cfg.role, Role::Switch(_)))
+            .then(|| self.placement())
+    }
+
+    /// The port's shard, under [`Self::routing`]'s guard.
+    fn routed(&self, g: &mut Option<std::sync::MutexGuard<'_, Placement>>, port: PortId) -> usize {
+        match g {
+            Some(p) => Self::place(p, port),
+            None => self.static_shard(port),
+        }
+    }
+
+    /// Sends a command to the port's shard (see [`Self::routing`]).
     fn send_port(&self, port: PortId, c: Cmd) {
-        self.send(self.shard_of(port), c);
+        let mut g = self.routing();
+        let k = self.routed(&mut g, port);
+        self.send(k, c);
     }
 
     /// Snapshots of every port ever connected, current or gone, each summed over its queue
@@ -330,6 +584,7 @@ impl Dataplane {
 
     /// Adds a tap, sink or gen port to the switch (its id must not be used by another port).
     pub fn add_host(&self, id: PortId, port: HostPort) {
+        self.placement().hosts.insert(id);
         self.registry
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -353,6 +608,11 @@ impl Dataplane {
         let (tx, rx) = sync_channel(1);
         self.send_port(id, Cmd::Forget(id, tx));
         let _ = rx.recv_timeout(Duration::from_secs(5));
+        {
+            let mut p = self.placement();
+            p.of.remove(&id);
+            p.hosts.remove(&id);
+        }
         let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         r.remove(&id)
             .map(|qps| PortSnapshot::sum(id, qps.iter().map(|s| &**s)))
@@ -377,6 +637,7 @@ impl Dataplane {
 
     /// Stops every shard and waits for them.
     pub fn shutdown(&self) {
+        self.quit.store(true, Ordering::Relaxed);
         for k in 0..self.shards.len() {
             self.send(k, Cmd::Shutdown);
         }
@@ -405,20 +666,25 @@ impl DeviceHooks for Dataplane {
     /// `wait`, this returns once it has. So a revocation costs the frontend a round trip to
     /// the worker only while the worker is busy, and a grant never does.
     fn set_mem(&self, port: PortId, mem: Arc<MemTable>, wait: bool) {
-        let Some(s) = self.shards.get(self.shard_of(port)) else {
-            return;
-        };
         let done = Arc::new(AtomicBool::new(false));
-        if s.tx
-            .send(Cmd::Mem(port, mem, wait.then(|| done.clone())))
-            .is_err()
-        {
-            return;
-        }
-        // SeqCst store then SeqCst load, against the shard's store of `asleep` then load of
-        // `pending` (`Shard::sleep`): at least one side sees the other.
-        s.pending.store(true, Ordering::SeqCst);
-        if wait && !s.asleep.load(Ordering::SeqCst) {
+        let asleep = {
+            // Sent under the placement lock, as `send_port`.
+            let mut g = self.routing();
+            let Some(s) = self.shards.get(self.routed(&mut g, port)) else {
+                return;
+            };
+            if s.tx
+                .send(Cmd::Mem(port, mem, wait.then(|| done.clone())))
+                .is_err()
+            {
+                return;
+            }
+            // SeqCst store then SeqCst load, against the shard's store of `asleep` then load
+            // of `pending` (`Shard::sleep`): at least one side sees the other.
+            s.pending.store(true, Ordering::SeqCst);
+            s.asleep.load(Ordering::SeqCst)
+        };
+        if wait && !asleep {
             // A running shard gets to it within a round: spin for that (a blocking wait
             // costs a cross-CPU wake-up, most of an acked IOTLB round trip here), then nap.
             // The command dropped unapplied (the shard gone) leaves the flag's only owner.
@@ -439,6 +705,69 @@ impl DeviceHooks for Dataplane {
         let (tx, rx) = sync_channel(1);
         self.send_port(port, Cmd::RemovePort(port, tx));
         let _ = rx.recv();
+    }
+}
+
+/// What the last measurement saw, to take differences.
+#[derive(Debug, Default)]
+struct Measured {
+    /// Each shard's busy and total nanoseconds.
+    shards: Vec<(u64, u64)>,
+    /// Each port's packets.
+    ports: BTreeMap<PortId, u64>,
+}
+
+/// The balancer's thread: measures every interval, keeps each shard's busy share for
+/// placement and `pvnet ctl`, and moves a port when [`Balancer`] says so. Ends with the
+/// dataplane.
+fn balance_loop(dp: &std::sync::Weak<Dataplane>, quit: &AtomicBool, cfg: RebalanceConfig) {
+    let mut last = Measured::default();
+    let mut b = None;
+    while !quit.load(Ordering::Relaxed) {
+        std::thread::sleep(cfg.interval);
+        let Some(dp) = dp.upgrade() else { return };
+        let sample = dp.measure(&mut last);
+        let b = b.get_or_insert_with(|| Balancer::new(cfg, dp.shards.len()));
+        let now = std::time::Instant::now();
+        let (port, to, why) = match b.step(&sample, now) {
+            Decision::Stay => continue,
+            Decision::Move {
+                port,
+                from,
+                to,
+                busy,
+            } => {
+                tracing::info!(
+                    port,
+                    from,
+                    to,
+                    busy = ?sample.busy,
+                    predicted = ?busy,
+                    "worker saturated: moving a port"
+                );
+                (port, to, "move")
+            }
+            Decision::Undo {
+                port,
+                from,
+                to,
+                rate,
+            } => {
+                tracing::info!(
+                    port,
+                    from,
+                    to,
+                    rate_before = rate.0,
+                    rate_after = rate.1,
+                    "the switch moved fewer packets after the move: moving the port back"
+                );
+                (port, to, "undo")
+            }
+        };
+        if let Err(e) = dp.move_port(port, to) {
+            tracing::warn!(port, to, what = why, "move not made: {e}");
+            b.failed(port, now);
+        }
     }
 }
 

@@ -49,7 +49,59 @@ pub(crate) enum Cmd {
     Trunk(Box<TrunkEnd>),
     /// A guest's address is behind this port now (SEND_RARP after a migration).
     Learn(PortId, [u8; 6]),
+    /// Stop switching until told to go on (a port moves between two other shards: see
+    /// `Dataplane::move_port`): answers once at a round boundary, then waits.
+    Pause(SyncSender<()>, Receiver<Resume>),
+    /// A vhost-user port leaves this shard for shard `to` (every other shard is paused):
+    /// what the others had sent here is switched first, then the port, its settings and the
+    /// addresses learned on it are handed over; None if it is not here (not connected).
+    Detach(PortId, usize, SyncSender<Option<Box<Moving>>>),
     Shutdown,
+}
+
+/// What a shard shares with the control plane.
+pub(crate) struct Link {
+    /// Commands.
+    pub(crate) rx: Receiver<Cmd>,
+    /// "Look at the channel".
+    pub(crate) pending: Arc<AtomicBool>,
+    /// Set while it sleeps.
+    pub(crate) asleep: Arc<AtomicBool>,
+    /// Wakes it.
+    pub(crate) wake_fd: Notifier,
+    /// Its busy and total time.
+    pub(crate) load: Arc<Load>,
+}
+
+/// A port on its way between two shards.
+pub(crate) struct Moving {
+    pub(crate) port: AnyPort,
+    pub(crate) egress: Option<EgressConfig>,
+    /// The addresses learned on it.
+    pub(crate) macs: Vec<[u8; 6]>,
+}
+
+/// What a paused shard does before it goes on.
+#[derive(Default)]
+pub(crate) struct Resume {
+    /// A port moving in (its new shard's).
+    pub(crate) attach: Option<Box<Moving>>,
+    /// These addresses are behind this port now (the moved port, or the trunk to its new
+    /// shard).
+    pub(crate) learn: Option<(PortId, Vec<[u8; 6]>)>,
+    /// The trunk from the port's old shard: what is in it is switched before anything else,
+    /// so nothing the moved port sent from there is overtaken by what it sends now.
+    pub(crate) drain: Option<PortId>,
+}
+
+/// A shard's time, split by whether its rounds moved packets (written by the shard, read
+/// by the control plane for placement and rebalancing).
+#[derive(Debug, Default)]
+pub(crate) struct Load {
+    /// Nanoseconds of rounds that moved at least one packet, since the shard started.
+    pub(crate) busy_ns: std::sync::atomic::AtomicU64,
+    /// Nanoseconds since the shard started (asleep included).
+    pub(crate) total_ns: std::sync::atomic::AtomicU64,
 }
 
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -87,6 +139,10 @@ pub(crate) struct TrunkEnd {
 /// Most frames a bench-role generator's frame may be (its frontend's buffers bound it).
 const BENCH_MAX_FRAME: usize = 65536;
 
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 fn token(port: PortId, index: u16) -> u64 {
     (u64::from(port) << 16) | u64::from(index)
 }
@@ -114,18 +170,24 @@ pub(crate) struct Shard {
     wake: WakeCost,
     /// Egress settings of ports that have their own (others: `cfg.egress`).
     egress: std::collections::BTreeMap<PortId, EgressConfig>,
+    /// Busy and total time, published each round.
+    load: Arc<Load>,
 }
 
 impl Shard {
     pub(crate) fn new(
         index: usize,
         cfg: WorkerConfig,
-        rx: Receiver<Cmd>,
-        pending: Arc<AtomicBool>,
-        asleep: Arc<AtomicBool>,
-        wake_fd: Notifier,
+        link: Link,
         registry: Arc<Mutex<Registry>>,
     ) -> std::io::Result<Self> {
+        let Link {
+            rx,
+            pending,
+            asleep,
+            wake_fd,
+            load,
+        } = link;
         let epoll = Epoll::new()?;
         epoll.add(wake_fd.as_raw_fd(), WAKE_TOKEN);
         let timer = Timer::new()?;
@@ -150,6 +212,7 @@ impl Shard {
             faults: 0,
             wake: WakeCost::FALLBACK,
             egress: std::collections::BTreeMap::new(),
+            load,
         })
     }
 
@@ -391,6 +454,16 @@ impl Shard {
                         );
                     }
                 }
+                Cmd::Pause(ack, resume) => {
+                    let _ = ack.send(());
+                    match resume.recv_timeout(Duration::from_secs(10)) {
+                        Ok(r) => self.resume(r),
+                        Err(_) => warn!(shard = self.index, "paused 10 s without a resume"),
+                    }
+                }
+                Cmd::Detach(id, to, reply) => {
+                    let _ = reply.send(self.detach(id, to));
+                }
                 Cmd::Macs(reply) => {
                     let _ = reply.send(self.fabric.macs(now));
                 }
@@ -410,6 +483,98 @@ impl Shard {
                 }
                 Cmd::Shutdown => self.quit = true,
             }
+        }
+    }
+
+    /// Hands a vhost-user port over for shard `to`, between rounds (every batch of it is
+    /// committed), while every other shard is paused. First what those shards had sent here
+    /// is switched (what was on its way to the port reaches it, or its egress queue, which
+    /// travels with it). Then its rings are disarmed (the new shard polls first) and leave
+    /// the epoll set, and its addresses are known here as behind the trunk to `to`.
+    fn detach(&mut self, id: PortId, to: usize) -> Option<Box<Moving>> {
+        self.index_of(id)?;
+        for k in 0..self.ports.len() {
+            if self.ports[k].is_trunk() {
+                self.drain_trunk(k);
+            }
+        }
+        let i = self.index_of(id)?;
+        let AnyPort::Vhost(v) = &mut self.ports[i] else {
+            return None;
+        };
+        v.disarm(false);
+        for (_, fd) in v.kick_fds() {
+            self.epoll.remove(fd);
+        }
+        let port = self.ports.remove(i);
+        let now = Instant::now();
+        let macs: Vec<[u8; 6]> = self
+            .fabric
+            .macs(now)
+            .into_iter()
+            .filter(|e| e.port == id)
+            .map(|e| e.mac)
+            .collect();
+        self.fabric.port_down(id);
+        self.learn(trunk_id(self.index, to), &macs, now);
+        info!(shard = self.index, port = id, to, "port leaves the shard");
+        Some(Box::new(Moving {
+            port,
+            egress: self.egress.remove(&id),
+            macs,
+        }))
+    }
+
+    /// Goes on after a pause: takes in a moved port, learns where its addresses are now, and
+    /// switches what waits in the trunk from its old shard before anything else.
+    fn resume(&mut self, r: Resume) {
+        let now = Instant::now();
+        if let Some(m) = r.attach {
+            let mut port = m.port;
+            let id = port.id();
+            if let Some(v) = port.as_vhost() {
+                for (index, fd) in v.kick_fds() {
+                    self.epoll.add(fd, token(id, index));
+                }
+            }
+            if let Some(e) = m.egress {
+                self.egress.insert(id, e);
+            }
+            self.add(port);
+            info!(
+                shard = self.index,
+                port = id,
+                "port placed on the shard (moved)"
+            );
+        }
+        if let Some((at, macs)) = r.learn {
+            self.learn(at, &macs, now);
+        }
+        if let Some(k) = r.drain.and_then(|t| self.index_of(t)) {
+            self.drain_trunk(k);
+        }
+    }
+
+    fn learn(&mut self, at: PortId, macs: &[[u8; 6]], now: Instant) {
+        if let Router::Learn(t) = self.fabric.router_mut() {
+            for &mac in macs {
+                t.learn(mac, at, now);
+            }
+        }
+    }
+
+    /// Switches what waits in trunk `k` (the port at that index), and only that, until it is
+    /// empty: at most 10 ms (a receiver that stays full makes its packets wait or drop, as
+    /// in a round).
+    fn drain_trunk(&mut self, k: usize) {
+        let until = Instant::now() + Duration::from_millis(10);
+        loop {
+            let pending = matches!(&self.ports[k], AnyPort::Trunk(t) if t.pending());
+            let now = Instant::now();
+            if !pending || now > until {
+                return;
+            }
+            self.fabric.burst(&mut self.ports, k, now);
         }
     }
 
@@ -530,6 +695,7 @@ impl Shard {
             shard = self.index, role = ?self.cfg.role, policy = %self.cfg.policy, rx_policy = %self.cfg.rx_policy,
             wake_us = self.wake.typical.as_secs_f64() * 1e6, wake_floor_us = self.wake.floor.as_secs_f64() * 1e6, batch = self.cfg.batch, "shard running"
         );
+        let (start, mut last, mut busy, mut worked) = (clock.now(), clock.now(), 0u64, false);
         while !self.quit {
             // Acquire: pairs with the release in `Dataplane::send`; the command is visible.
             if self.pending.load(Ordering::Relaxed) && self.pending.swap(false, Ordering::Acquire) {
@@ -538,7 +704,18 @@ impl Shard {
             }
             // One clock read per round (per batch of every queue), not per packet.
             let now = clock.now();
-            self.fabric.round(&mut self.ports, now);
+            // The time since the last round's start was busy if that round moved packets
+            // (two relaxed stores a round to a line only this thread writes).
+            if worked {
+                busy += duration_ns(now.saturating_duration_since(last));
+                self.load.busy_ns.store(busy, Ordering::Relaxed);
+            }
+            self.load.total_ns.store(
+                duration_ns(now.saturating_duration_since(start)),
+                Ordering::Relaxed,
+            );
+            last = now;
+            worked = self.fabric.round(&mut self.ports, now) > 0;
             self.check_faults();
             let Some(deadline) = self.settle(now) else {
                 std::hint::spin_loop();

@@ -530,14 +530,15 @@ impl Switch {
 
     /// `pvnet ctl WHAT --json` against it.
     pub fn ctl(&self, what: &str) -> Value {
+        self.ctl_args(&[what])
+    }
+
+    /// `pvnet ctl ARGS... --json` against it (it must succeed).
+    pub fn ctl_args(&self, args: &[&str]) -> Value {
         let out = Command::new(BIN)
-            .args([
-                "ctl",
-                "--socket",
-                self.ctl.to_str().unwrap(),
-                what,
-                "--json",
-            ])
+            .args(["ctl", "--socket", self.ctl.to_str().unwrap()])
+            .args(args)
+            .arg("--json")
             .output()
             .expect("run pvnet ctl");
         assert!(out.status.success(), "pvnet ctl: {out:?}");
