@@ -63,10 +63,19 @@ pub fn stopping() -> bool {
     STOP.load(Ordering::Relaxed)
 }
 
-/// user + system CPU time of a process (or of one thread, by its id) so far, from
-/// `/proc/<pid>/stat`.
+/// user + system CPU time of a process so far, from `/proc/<pid>/stat`.
 pub fn cpu_time_of(pid: u32) -> Option<Duration> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_time_in(&format!("/proc/{pid}/stat"))
+}
+
+/// user + system CPU time of one of this process's threads so far, from
+/// `/proc/self/task/<tid>/stat` (`/proc/<tid>/stat` counts the whole process).
+pub fn thread_cpu_time(tid: u32) -> Option<Duration> {
+    cpu_time_in(&format!("/proc/self/task/{tid}/stat"))
+}
+
+fn cpu_time_in(path: &str) -> Option<Duration> {
+    let s = std::fs::read_to_string(path).ok()?;
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     let rest = &s[s.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();

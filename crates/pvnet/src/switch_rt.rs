@@ -608,7 +608,7 @@ impl Runtime {
             .map(|w| {
                 let cpu_secs = u32::try_from(w.tid)
                     .ok()
-                    .and_then(crate::proc::cpu_time_of)
+                    .and_then(crate::proc::thread_cpu_time)
                     .map_or(0.0, |d| d.as_secs_f64());
                 ctl::WorkerRow {
                     worker: w.index,

@@ -14,15 +14,17 @@
 //! **When a port moves** ([`Balancer::step`]): one shard has been busy at least `hot`
 //! (95%) for `sustain` (3) intervals running, and moving one of its vhost-user ports to the
 //! least busy shard would bring the busier of the two down by at least `min_gain` (10
-//! points), as predicted from the costs above. A single port that fills a shard alone is
+//! points), as predicted from the costs above, and the machine has the port's cost in spare
+//! CPU, and at least half a CPU (idle, or taken by processes niced below the switch): a
+//! worker with room but no CPU to run on would take it from the frontends. A single port that fills a shard alone is
 //! never moved (the prediction does not improve). At most one move per `cooldown` (10 s).
 //!
-//! **Measured afterwards:** once the cooldown has passed, if a shard is still saturated, the
-//! switch's packet rate is compared with the rate before the move; if it fell by more than
-//! `max_loss` (5%), as it does when the port's traffic now crosses workers and pays the
-//! hand-off, the port goes back and is not moved again for ten cooldowns. With no shard
-//! saturated any more the move stands (the rate then follows the offered load, not what the
-//! switch can do).
+//! **Measured afterwards:** once the cooldown has passed, the switch's packet rate is
+//! compared with the rate before the move; if it fell by more than `max_loss` (5%), as it
+//! does when the port's traffic now crosses workers and pays the hand-off, or when the
+//! workers now compete with the frontends for CPUs, the port goes back and is not moved
+//! again for ten cooldowns. A rate that fell below a tenth (the traffic stopped) says
+//! nothing about the move, which stands.
 //!
 //! **No reordering** comes from a move; see `Dataplane::move_port`.
 //!
@@ -81,12 +83,25 @@ pub struct PortLoad {
 }
 
 /// One interval's measurement.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     /// Each shard's busy share, 0 to 1.
     pub busy: Vec<f64>,
     /// Every port, trunks included (their packets are their shard's work too).
     pub ports: Vec<PortLoad>,
+    /// CPUs the machine had to spare over the interval: idle, or taken by processes niced
+    /// below the switch (which yield to it); infinite when unknown.
+    pub spare_cpus: f64,
+}
+
+impl Default for Sample {
+    fn default() -> Self {
+        Self {
+            busy: Vec::new(),
+            ports: Vec::new(),
+            spare_cpus: f64::INFINITY,
+        }
+    }
 }
 
 impl Sample {
@@ -178,19 +193,22 @@ impl Balancer {
             return Decision::Stay;
         }
         if let Some(t) = self.trial.take() {
-            // The rate says what the switch can do only while a shard is still saturated; a
-            // switch that is not was relieved (or its load fell), and the move stands.
-            let after = s.packets();
-            let saturated = s.busy.iter().any(|&b| b >= self.cfg.hot);
-            let fell = (after as f64) < (t.before as f64) * (1.0 - self.cfg.max_loss);
-            if saturated && fell {
+            // A rate that fell is taken as the move's doing, unless the traffic all but
+            // stopped. (It may also be the offered load falling: a move back then costs
+            // little. Keeping a move that halved the rate costs a lot: seen here when the
+            // frontends and both workers share two CPUs, where no worker stays saturated
+            // after the move and the rate still falls.)
+            let (after, before) = (s.packets() as f64, t.before as f64);
+            let fell = after < before * (1.0 - self.cfg.max_loss);
+            let stopped = after < before / 10.0;
+            if fell && !stopped {
                 self.pinned.insert(t.port, now + self.cfg.cooldown * 10);
                 self.quiet_until = Some(now + self.cfg.cooldown);
                 return Decision::Undo {
                     port: t.port,
                     from: t.to,
                     to: t.from,
-                    rate: (t.before, after),
+                    rate: (t.before, s.packets()),
                 };
             }
         }
@@ -252,6 +270,10 @@ impl Balancer {
             .filter(|p| {
                 p.shard == hot && p.movable && p.packets > 0 && !self.pinned.contains_key(&p.id)
             })
+            // Room on the other worker is worth something only with a CPU to run it: where
+            // the frontends use every CPU, a busier second worker takes theirs. At least
+            // half a CPU to spare, and the port's cost (one interval's idle share is noisy).
+            .filter(|p| (bh * p.packets as f64 / on_hot as f64).max(0.5) <= s.spare_cpus)
             .map(|p| {
                 let cost = bh * p.packets as f64 / on_hot as f64;
                 (p.id, bh - cost, bc + cost)
@@ -311,6 +333,7 @@ mod tests {
         let s = Sample {
             busy: vec![1.0, 0.1],
             ports: vec![port(0, 0, 600), port(2, 0, 400), port(1, 1, 10)],
+            ..Sample::default()
         };
         let d = run(&mut b, &s, t0, 0, 3);
         assert_eq!(&d[..2], &[Decision::Stay, Decision::Stay]);
@@ -333,12 +356,37 @@ mod tests {
     }
 
     #[test]
+    fn no_move_without_a_spare_cpu_to_run_it() {
+        let t0 = Instant::now();
+        let s = Sample {
+            busy: vec![1.0, 0.0],
+            ports: vec![port(0, 0, 500), port(2, 0, 500)],
+            spare_cpus: 0.3,
+        };
+        let mut b = Balancer::new(cfg(), 2);
+        assert!(run(&mut b, &s, t0, 0, 10)
+            .iter()
+            .all(|d| *d == Decision::Stay));
+        // Half a CPU to spare: a port costing half of a saturated worker may go.
+        let s = Sample {
+            spare_cpus: 0.5,
+            ..s
+        };
+        let mut b = Balancer::new(cfg(), 2);
+        assert!(matches!(
+            run(&mut b, &s, t0, 0, 3)[2],
+            Decision::Move { .. }
+        ));
+    }
+
+    #[test]
     fn one_port_that_fills_a_shard_alone_stays() {
         let t0 = Instant::now();
         let mut b = Balancer::new(cfg(), 2);
         let s = Sample {
             busy: vec![1.0, 0.0],
             ports: vec![port(0, 0, 1000), port(2, 0, 0)],
+            ..Sample::default()
         };
         assert!(run(&mut b, &s, t0, 0, 20)
             .iter()
@@ -353,6 +401,7 @@ mod tests {
         let full = Sample {
             busy: vec![1.0, 0.97],
             ports: vec![port(0, 0, 500), port(2, 0, 500), port(1, 1, 900)],
+            ..Sample::default()
         };
         assert!(run(&mut b, &full, t0, 0, 10)
             .iter()
@@ -362,6 +411,7 @@ mod tests {
         let hot = Sample {
             busy: vec![1.0, 0.1],
             ports: vec![port(0, 0, 500), port(2, 0, 500)],
+            ..Sample::default()
         };
         let calm = Sample {
             busy: vec![0.5, 0.1],
@@ -395,6 +445,7 @@ mod tests {
         let before = Sample {
             busy: vec![1.0, 0.0],
             ports: vec![port(0, 0, 500), port(2, 0, 500)],
+            ..Sample::default()
         };
         let d = run(&mut b, &before, t0, 0, 3);
         assert!(matches!(d[2], Decision::Move { port: 0, .. }), "{d:?}");
@@ -402,6 +453,7 @@ mod tests {
         let after = Sample {
             busy: vec![1.0, 1.0],
             ports: vec![port(0, 1, 400), port(2, 0, 400)],
+            ..Sample::default()
         };
         let d = run(&mut b, &after, t0, 3, 10);
         assert!(d[..9].iter().all(|d| *d == Decision::Stay), "{d:?}");
@@ -428,22 +480,35 @@ mod tests {
     }
 
     #[test]
-    fn a_move_followed_by_less_traffic_stays() {
+    fn a_move_followed_by_silence_stays_and_one_followed_by_a_lower_rate_is_undone() {
         let t0 = Instant::now();
-        let mut b = Balancer::new(cfg(), 2);
         let before = Sample {
             busy: vec![1.0, 0.0],
             ports: vec![port(0, 0, 500), port(2, 0, 500)],
+            ..Sample::default()
         };
+        // The senders stopped: the rate fell to nothing.
+        let mut b = Balancer::new(cfg(), 2);
         run(&mut b, &before, t0, 0, 3);
-        // The senders stopped: nothing saturated, the rate fell to nothing.
-        let after = Sample {
+        let silent = Sample {
             busy: vec![0.0, 0.0],
             ports: vec![port(0, 1, 0), port(2, 0, 0)],
+            ..Sample::default()
         };
-        assert!(run(&mut b, &after, t0, 3, 30)
+        assert!(run(&mut b, &silent, t0, 3, 30)
             .iter()
             .all(|d| *d == Decision::Stay));
+        // No shard saturated after the move, yet the switch moves half as much (the workers
+        // now share CPUs with the frontends): undone.
+        let mut b = Balancer::new(cfg(), 2);
+        run(&mut b, &before, t0, 0, 3);
+        let worse = Sample {
+            busy: vec![0.6, 0.7],
+            ports: vec![port(0, 1, 250), port(2, 0, 250)],
+            ..Sample::default()
+        };
+        let d = run(&mut b, &worse, t0, 3, 10);
+        assert!(matches!(d[9], Decision::Undo { port: 0, .. }), "{d:?}");
     }
 
     #[test]
@@ -453,11 +518,13 @@ mod tests {
         let before = Sample {
             busy: vec![1.0, 0.0],
             ports: vec![port(0, 0, 500), port(2, 0, 500)],
+            ..Sample::default()
         };
         run(&mut b, &before, t0, 0, 3);
         let after = Sample {
             busy: vec![0.6, 0.6],
             ports: vec![port(0, 1, 700), port(2, 0, 700)],
+            ..Sample::default()
         };
         assert!(run(&mut b, &after, t0, 3, 30)
             .iter()

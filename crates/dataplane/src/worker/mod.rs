@@ -343,7 +343,22 @@ impl Dataplane {
                 })
             })
             .collect();
-        Sample { busy, ports }
+        let spare_cpus = match (crate::sys::cpu_ticks(), last.cpu) {
+            (Some(now), Some(before)) if now.1 > before.1 => {
+                last.cpu = Some(now);
+                let n = crate::sys::online_cpus() as f64;
+                n * now.0.saturating_sub(before.0) as f64 / (now.1 - before.1) as f64
+            }
+            (now, _) => {
+                last.cpu = now;
+                f64::INFINITY
+            }
+        };
+        Sample {
+            busy,
+            ports,
+            spare_cpus,
+        }
     }
 
     /// Moves a vhost-user port to shard `to`, with its rings, egress queue and counters.
@@ -715,6 +730,8 @@ struct Measured {
     shards: Vec<(u64, u64)>,
     /// Each port's packets.
     ports: BTreeMap<PortId, u64>,
+    /// The machine's spare and total CPU ticks.
+    cpu: Option<(u64, u64)>,
 }
 
 /// The balancer's thread: measures every interval, keeps each shard's busy share for
@@ -743,6 +760,7 @@ fn balance_loop(dp: &std::sync::Weak<Dataplane>, quit: &AtomicBool, cfg: Rebalan
                     to,
                     busy = ?sample.busy,
                     predicted = ?busy,
+                    spare_cpus = sample.spare_cpus,
                     "worker saturated: moving a port"
                 );
                 (port, to, "move")

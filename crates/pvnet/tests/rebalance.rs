@@ -1,0 +1,92 @@
+//! The balancer of `pvnet switch --workers 2` moving a port off a saturated worker, with
+//! pvnet's own frontends. A test binary of its own: the balancer moves only with CPU to
+//! spare, which tests running beside it in one binary would take.
+
+mod common;
+
+use common::{frontend, u, Switch, TestDir, RUN};
+use std::time::Duration;
+
+/// Every thread of process `pid` at nice `n`.
+fn renice(pid: i32, n: i32) {
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let tid: u32 = t
+            .expect("task")
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse().ok())
+            .expect("tid");
+        // SAFETY: setpriority has no memory preconditions.
+        let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, n) };
+        assert_eq!(r, 0, "setpriority {tid}");
+    }
+}
+
+/// Two workers, two frontends sending as fast as they can on ports a and c, both placed on
+/// worker 0 (by hand), worker 1 idle: once worker 0 has been saturated for 3 s, the balancer
+/// moves one of them to worker 1, and every frame still reaches the switch, counted once.
+/// The frontends run at nice 19: on these two CPUs they would otherwise leave the balancer no
+/// spare CPU for a second busy worker, and it would (rightly) move nothing. (Saturated from
+/// 70% busy here: a frontend off its CPU leaves worker 0 rounds with nothing to move.)
+#[test]
+fn a_saturated_worker_hands_a_port_to_an_idle_one() {
+    let dir = TestDir::new("swbal");
+    let c = dir.vhost_port("c");
+    let mut sw = Switch::start(
+        &dir,
+        &["--workers", "2", "--rebalance-load", "70", "--port", &c],
+    );
+    let placed = |st: &serde_json::Value| -> Vec<Vec<String>> {
+        st["workers"]
+            .as_array()
+            .expect("workers")
+            .iter()
+            .map(|w| {
+                w["ports"]
+                    .as_array()
+                    .expect("ports")
+                    .iter()
+                    .map(|p| p.as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .collect()
+    };
+    // Placed by count, in configuration order: a, s on worker 0; b, c on worker 1.
+    assert_eq!(placed(&sw.ctl("ports")), [vec!["a", "s"], vec!["b", "c"]]);
+    let r = sw.ctl_args(&["port", "move", "c", "0"]);
+    assert_eq!(r["result"], "moved", "{r}");
+    let fes: Vec<_> = [&sw.a, &dir.sock("c")]
+        .into_iter()
+        .map(|s| frontend("frontend tx", s, &["--role", "tx", "--secs", "7"]))
+        .collect();
+    for fe in &fes {
+        fe.wait_json("ready", Duration::from_secs(20));
+        renice(fe.pid(), 19);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(9);
+    let st = loop {
+        let st = sw.ctl("ports");
+        if st["workers"][1]["moved_in"] == 1 {
+            break st;
+        }
+        assert!(std::time::Instant::now() < deadline, "no move: {st}");
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let w = placed(&st);
+    assert!(
+        w[1].contains(&"a".to_string()) != w[1].contains(&"c".to_string()),
+        "one of a and c moved to worker 1: {st}"
+    );
+    sw.proc
+        .wait_stderr("worker saturated: moving a port", Duration::from_secs(1));
+    for (mut fe, port) in fes.into_iter().zip(["a", "c"]) {
+        let f = fe.finish(RUN);
+        assert_eq!(
+            u(&sw.counters(port), "/rx_packets"),
+            u(&f, "/tx_packets"),
+            "{port}: {f}"
+        );
+    }
+    sw.proc.signal(libc::SIGINT);
+    sw.proc.finish(RUN);
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# scripts/bench_rebalance.sh - does moving a port off a saturated worker pay, here?
+# A benchmark, not a test: it prints figures and the paired ratio, writes a table into
+# docs/scale.md, and fails only when a run breaks.
+#
+# The layout: `pvnet switch --workers 2` with vhost-user ports a, b, c and a sink s, placed by
+# count in that order (a and c on worker 0, b and s on worker 1; `pvnet ctl port move c 0`
+# makes sure of c): worker 0 carries both senders, worker 1 only the sink's
+# side of their flood (b has no frontend). Two pvnet frontends send 64-byte frames on a and
+# c as fast as they can for SECS seconds. Each round runs the switch once with
+# --rebalance true (the balancer should move a or c to worker 1 after about 3 s) and once
+# with --rebalance false (static), in alternating order.
+#
+# Per run: the frames the frontends sent in the second half of the run (after the move) and
+# over all of it, the switch's CPU time per frame, the moves made and how long the workers
+# were paused for each, and the c2c state (pvnet limits) just before. The frontends, the two
+# workers and the control thread share this machine's 2 CPUs: a frontend's rate is also its
+# CPU share, so the figure is what the whole machine does, not a worker's capacity.
+# Usage: scripts/bench_rebalance.sh   Env: ROUNDS=3 SECS=24 DOC=docs/scale.md (DOC= to skip)
+#        SW_CPU=N pins the switch's workers (worker k on CPU N+k), FE_CPU=N both frontends,
+#        FE_NICE=19 runs the frontends niced (their CPU then counts as spare for the balancer).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/scripts/peers/lib.sh"
+ROUNDS="${ROUNDS:-3}"; SECS="${SECS:-24}"
+DOC="${DOC-$ROOT/docs/scale.md}"
+build_pvnet
+B="$WORK/rebalance"; rm -rf "$B"; mkdir -p "$B"
+cp "$PVNET_BIN" "$B/pvnet"; PV="$B/pvnet"
+OUT="$B/results.txt"; : > "$OUT"
+TCK=$(getconf CLK_TCK)
+PIDS=()
+cleanup() { local p; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+trap 'exit 130' INT; trap 'exit 143' TERM
+c2c() { timeout 20 "$PV" limits 2>/dev/null | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["c2c_ns"])' 2>/dev/null || echo nan; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+run() { # run ROUND REBALANCE
+  local round="$1" reb="$2" d="$B/r$1-$2" c2 sw t0 t1 p
+  mkdir -p "$d"; c2=$(c2c)
+  PVNET_LOG=info "$PV" switch --workers 2 ${SW_CPU:+--cpu "$SW_CPU"} --rebalance "$reb" --ctl-socket "$d/ctl" \
+    --port "vhost-user:name=a,socket=$d/a.sock" --port "vhost-user:name=b,socket=$d/b.sock" \
+    --port "vhost-user:name=c,socket=$d/c.sock" --port sink:name=s \
+    --duration "$((SECS + 4))" > "$d/switch.json" 2> "$d/switch.log" &
+  sw=$!; PIDS+=("$sw")
+  wait_for 10 test -S "$d/ctl" || die "switch did not start ($d/switch.log)"
+  "$PV" ctl --socket "$d/ctl" port move c 0 > "$d/move.txt" || die "move c 0 failed"
+  t0=$(ticks "$sw")
+  for p in a c; do
+    nice -n "${FE_NICE:-0}" "$PV" frontend --socket "$d/$p.sock" --role tx --secs "$SECS" ${FE_CPU:+--cpu "$FE_CPU"} > "$d/fe-$p.json" 2> "$d/fe-$p.log" &
+    PIDS+=("$!")
+  done
+  sleep "$((SECS + 1))"
+  t1=$(ticks "$sw")
+  wait "$sw" || true
+  python3 - "$round" "$reb" "$c2" "$d" "$t0" "$t1" "$TCK" <<'PY' | tee -a "$OUT"
+import json, re, sys
+rnd, reb, c2, d, t0, t1, tck = sys.argv[1:8]
+fin = [json.loads(l)["final"] for p in "ac" for l in open(f"{d}/fe-{p}.json") if l.startswith('{"final"')]
+sent = sum(f["tx_packets"] for f in fin)
+iv = [f["intervals"] for f in fin]
+n = min(len(x) for x in iv)
+half = sum(sum(x[n // 2:n]) for x in iv) / max(n - n // 2, 1)
+log = re.sub(r"\x1b\[[0-9;]*m", "", open(f"{d}/switch.log").read())
+moves = [m for m in re.findall(r"port moved between workers.*", log) if "paused_us" in m]
+auto = log.count("worker saturated: moving a port")
+undo = log.count("moving the port back")
+paused = [int(x) for x in re.findall(r"paused_us=(\d+)", log)]
+cpu_ns = (int(t1) - int(t0)) / int(tck) * 1e9
+print(json.dumps({"round": int(rnd), "rebalance": reb == "true", "c2c_ns": c2,
+                  "mpps_second_half": half / 1e6, "mpps_all": sent / len(iv[0]) / 1e6 if iv[0] else 0,
+                  "switch_cpu_ns_per_frame": cpu_ns / sent if sent else 0,
+                  "moves_by_balancer": auto, "undone": undo, "moves": len(moves),
+                  "paused_us": paused}))
+PY
+}
+
+for r in $(seq 1 "$ROUNDS"); do
+  if [ $((r % 2)) = 1 ]; then order="true false"; else order="false true"; fi
+  for reb in $order; do log "round $r rebalance=$reb"; run "$r" "$reb"; done
+done
+
+python3 - "$OUT" "$B/section.md" "$ROUNDS" "$SECS" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+import os
+env = " ".join("%s=%s" % (k, os.environ[k]) for k in ("SW_CPU", "FE_CPU", "FE_NICE") if os.environ.get(k))
+out = ["Command: `%sROUNDS=%s SECS=%s scripts/bench_rebalance.sh` (written by the script)." % (env + " " if env else "", sys.argv[3], sys.argv[4]), "",
+       "| round | rebalance | c2c ns | Mpps, 2nd half | Mpps, whole run | switch CPU ns/frame | balancer moves (undone) | pause per move, us |",
+       "|---|---|---|---|---|---|---|---|"]
+for r in rows:
+    out.append("| %d | %s | %s | %.2f | %.2f | %.1f | %d (%d) | %s |" % (
+        r["round"], "on" if r["rebalance"] else "off", r["c2c_ns"], r["mpps_second_half"], r["mpps_all"],
+        r["switch_cpu_ns_per_frame"], r["moves_by_balancer"], r["undone"],
+        ", ".join(str(p) for p in r["paused_us"]) or "-"))
+ratios = []
+for k in sorted({r["round"] for r in rows}):
+    on = [r for r in rows if r["round"] == k and r["rebalance"]]
+    off = [r for r in rows if r["round"] == k and not r["rebalance"]]
+    if on and off and off[0]["mpps_second_half"]:
+        ratios.append(on[0]["mpps_second_half"] / off[0]["mpps_second_half"])
+out += ["", "Rebalancing on / off, second half, paired by round: %s; median **%.2fx**." % (
+    ", ".join("%.2f" % x for x in ratios), statistics.median(ratios) if ratios else float("nan"))]
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
+if [ -n "$DOC" ] && [ -f "$DOC" ]; then
+  doc_section "$DOC" "bench_rebalance${FE_NICE:+_nice}" "$B/section.md"
+  log "table written to $DOC"
+fi
