@@ -18,7 +18,8 @@
 # CPU share, so the figure is what the whole machine does, not a worker's capacity.
 # Usage: scripts/bench_rebalance.sh   Env: ROUNDS=3 SECS=24 DOC=docs/scale.md (DOC= to skip)
 #        SW_CPU=N pins the switch's workers (worker k on CPU N+k), FE_CPU=N both frontends,
-#        FE_NICE=19 runs the frontends niced (their CPU then counts as spare for the balancer).
+#        SPARE=1 tells the balancer a CPU is idle (--rebalance-spare) instead of measuring:
+#        here none is, and it moves nothing on its own measurement.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 source "$ROOT/scripts/peers/lib.sh"
@@ -39,7 +40,7 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 run() { # run ROUND REBALANCE
   local round="$1" reb="$2" d="$B/r$1-$2" c2 sw t0 t1 p
   mkdir -p "$d"; c2=$(c2c)
-  PVNET_LOG=info "$PV" switch --workers 2 ${SW_CPU:+--cpu "$SW_CPU"} --rebalance "$reb" --ctl-socket "$d/ctl" \
+  PVNET_LOG=info "$PV" switch --workers 2 ${SW_CPU:+--cpu "$SW_CPU"} --rebalance "$reb" ${SPARE:+--rebalance-spare "$SPARE"} --ctl-socket "$d/ctl" \
     --port "vhost-user:name=a,socket=$d/a.sock" --port "vhost-user:name=b,socket=$d/b.sock" \
     --port "vhost-user:name=c,socket=$d/c.sock" --port sink:name=s \
     --duration "$((SECS + 4))" > "$d/switch.json" 2> "$d/switch.log" &
@@ -48,7 +49,7 @@ run() { # run ROUND REBALANCE
   "$PV" ctl --socket "$d/ctl" port move c 0 > "$d/move.txt" || die "move c 0 failed"
   t0=$(ticks "$sw")
   for p in a c; do
-    nice -n "${FE_NICE:-0}" "$PV" frontend --socket "$d/$p.sock" --role tx --secs "$SECS" ${FE_CPU:+--cpu "$FE_CPU"} > "$d/fe-$p.json" 2> "$d/fe-$p.log" &
+    "$PV" frontend --socket "$d/$p.sock" --role tx --secs "$SECS" ${FE_CPU:+--cpu "$FE_CPU"} > "$d/fe-$p.json" 2> "$d/fe-$p.log" &
     PIDS+=("$!")
   done
   sleep "$((SECS + 1))"
@@ -85,7 +86,7 @@ python3 - "$OUT" "$B/section.md" "$ROUNDS" "$SECS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 import os
-env = " ".join("%s=%s" % (k, os.environ[k]) for k in ("SW_CPU", "FE_CPU", "FE_NICE") if os.environ.get(k))
+env = " ".join("%s=%s" % (k, os.environ[k]) for k in ("SW_CPU", "FE_CPU", "SPARE") if os.environ.get(k))
 out = ["Command: `%sROUNDS=%s SECS=%s scripts/bench_rebalance.sh` (written by the script)." % (env + " " if env else "", sys.argv[3], sys.argv[4]), "",
        "| round | rebalance | c2c ns | Mpps, 2nd half | Mpps, whole run | switch CPU ns/frame | balancer moves (undone) | pause per move, us |",
        "|---|---|---|---|---|---|---|---|"]
@@ -106,6 +107,6 @@ open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY
 if [ -n "$DOC" ] && [ -f "$DOC" ]; then
-  doc_section "$DOC" "bench_rebalance${FE_NICE:+_nice}" "$B/section.md"
+  doc_section "$DOC" "bench_rebalance${SPARE:+_spare}" "$B/section.md"
   log "table written to $DOC"
 fi

@@ -76,6 +76,7 @@ TOML:
   workers = 1                          (worker threads; a new port goes to the least busy)
   rebalance = true                     (move a port off a worker saturated for 3 s)
   rebalance_load = 95                  (busy percent from which a worker is saturated)
+  rebalance_spare = 1.0                (CPUs taken as idle; default: measured, /proc/stat)
   ctl_socket = \"/run/pvnet/ctl.sock\"
   ctl_group = \"pvnet\"                  (members may use pvnet ctl; default: owner only)
   state = \"/var/lib/pvnet/ports.toml\"
@@ -115,6 +116,11 @@ pub struct SwitchArgs {
     /// (time in rounds that moved packets; polling empty rings is not busy). Default 95.
     #[arg(long, value_name = "PCT")]
     pub rebalance_load: Option<f64>,
+    /// CPUs the balancer takes as idle instead of measuring them (/proc/stat): a port moves
+    /// only if its cost, and at least half a CPU, is idle. For a container whose /proc/stat
+    /// is the host's. Default: measured.
+    #[arg(long, value_name = "CPUS")]
+    pub rebalance_spare: Option<f64>,
     /// Polling policy of transmit rings (see `pvnet backend --help`). Default adaptive.
     #[arg(long)]
     pub policy: Option<Policy>,
@@ -158,6 +164,7 @@ pub(crate) struct SwitchTable {
     workers: Option<usize>,
     rebalance: Option<bool>,
     rebalance_load: Option<f64>,
+    rebalance_spare: Option<f64>,
     policy: Option<String>,
     rx_policy: Option<String>,
     batch: Option<u16>,
@@ -552,6 +559,12 @@ fn load(a: &SwitchArgs) -> Result<Config> {
             "--rebalance-load must be a percentage above 0, at most 100",
         ));
     }
+    let spare = a.rebalance_spare.or(sw.rebalance_spare);
+    if spare.is_some_and(|c| !(c >= 0.0 && c.is_finite())) {
+        return Err(usage(
+            "--rebalance-spare must be a number of CPUs, 0 or more",
+        ));
+    }
     let worker = WorkerConfig {
         role: Role::Switch(SwitchConfig {
             aging: Duration::from_secs(a.mac_aging.or(sw.mac_aging).unwrap_or(300).max(1)),
@@ -566,6 +579,7 @@ fn load(a: &SwitchArgs) -> Result<Config> {
         rebalance: pvnet_dataplane::worker::balance::RebalanceConfig {
             enabled: a.rebalance.or(sw.rebalance).unwrap_or(true),
             hot: hot / 100.0,
+            spare,
             ..Default::default()
         },
     };

@@ -7,34 +7,29 @@ mod common;
 use common::{frontend, u, Switch, TestDir, RUN};
 use std::time::Duration;
 
-/// Every thread of process `pid` at nice `n`.
-fn renice(pid: i32, n: i32) {
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
-        let tid: u32 = t
-            .expect("task")
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse().ok())
-            .expect("tid");
-        // SAFETY: setpriority has no memory preconditions.
-        let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, n) };
-        assert_eq!(r, 0, "setpriority {tid}");
-    }
-}
-
 /// Two workers, two frontends sending as fast as they can on ports a and c, both placed on
 /// worker 0 (by hand), worker 1 idle: once worker 0 has been saturated for 3 s, the balancer
 /// moves one of them to worker 1, and every frame still reaches the switch, counted once.
-/// The frontends run at nice 19: on these two CPUs they would otherwise leave the balancer no
-/// spare CPU for a second busy worker, and it would (rightly) move nothing. (Saturated from
-/// 70% busy here: a frontend off its CPU leaves worker 0 rounds with nothing to move.)
+/// On these two CPUs the frontends leave no CPU idle, and the balancer (rightly) moves nothing
+/// on its own measurement: `--rebalance-spare 1` says a CPU is idle (saturated from 70% busy:
+/// a frontend off its CPU leaves worker 0 rounds with nothing to move). Then, measured: no
+/// CPU idle, no move.
 #[test]
 fn a_saturated_worker_hands_a_port_to_an_idle_one() {
     let dir = TestDir::new("swbal");
     let c = dir.vhost_port("c");
     let mut sw = Switch::start(
         &dir,
-        &["--workers", "2", "--rebalance-load", "70", "--port", &c],
+        &[
+            "--workers",
+            "2",
+            "--rebalance-load",
+            "70",
+            "--rebalance-spare",
+            "1",
+            "--port",
+            &c,
+        ],
     );
     let placed = |st: &serde_json::Value| -> Vec<Vec<String>> {
         st["workers"]
@@ -59,10 +54,7 @@ fn a_saturated_worker_hands_a_port_to_an_idle_one() {
         .into_iter()
         .map(|s| frontend("frontend tx", s, &["--role", "tx", "--secs", "7"]))
         .collect();
-    for fe in &fes {
-        fe.wait_json("ready", Duration::from_secs(20));
-        renice(fe.pid(), 19);
-    }
+
     let deadline = std::time::Instant::now() + Duration::from_secs(9);
     let st = loop {
         let st = sw.ctl("ports");
@@ -87,6 +79,32 @@ fn a_saturated_worker_hands_a_port_to_an_idle_one() {
             "{port}: {f}"
         );
     }
+    sw.proc.signal(libc::SIGINT);
+    sw.proc.finish(RUN);
+
+    // The same load with the idle CPU measured: none is, and nothing moves.
+    let dir = TestDir::new("swbal2");
+    let c = dir.vhost_port("c");
+    let mut sw = Switch::start(
+        &dir,
+        &["--workers", "2", "--rebalance-load", "70", "--port", &c],
+    );
+    let r = sw.ctl_args(&["port", "move", "c", "0"]);
+    assert_eq!(r["result"], "moved", "{r}");
+    for mut fe in [&sw.a, &dir.sock("c")]
+        .into_iter()
+        .map(|s| frontend("frontend tx", s, &["--role", "tx", "--secs", "6"]))
+        .collect::<Vec<_>>()
+    {
+        fe.finish(RUN);
+    }
+    let st = sw.ctl("ports");
+    assert_eq!(placed(&st), [vec!["a", "s", "c"], vec!["b"]], "{st}");
+    assert!(
+        !sw.proc.stderr().contains("moving a port"),
+        "{}",
+        sw.proc.stderr()
+    );
     sw.proc.signal(libc::SIGINT);
     sw.proc.finish(RUN);
 }

@@ -161,9 +161,9 @@ pub fn online_cpus() -> usize {
         .max(1)
 }
 
-/// The machine's CPU time so far, from `/proc/stat`, in ticks: what was to spare (idle,
-/// iowait, and `nice`: processes niced below normal, which yield to the switch) and the
-/// total. None if it cannot be read.
+/// The machine's CPU time so far, from `/proc/stat`, in ticks: what was to spare (idle and
+/// iowait) and the total. None if it cannot be read. (Time of niced processes is not spare:
+/// a frontend may be niced, and a worker that polls takes all of its CPU.)
 pub fn cpu_ticks() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     parse_cpu_ticks(stat.lines().next()?)
@@ -180,7 +180,7 @@ fn parse_cpu_ticks(line: &str) -> Option<(u64, u64)> {
     if v.len() < 5 {
         return None;
     }
-    Some((v[1] + v[3] + v[4], v.iter().sum()))
+    Some((v[3] + v[4], v.iter().sum()))
 }
 
 #[cfg(test)]
@@ -188,7 +188,7 @@ mod cpu_tests {
     #[test]
     fn spare_and_total_ticks_of_proc_stat() {
         let l = "cpu  100 20 30 400 5 6 7 8 9 10";
-        assert_eq!(super::parse_cpu_ticks(l), Some((425, 576)));
+        assert_eq!(super::parse_cpu_ticks(l), Some((405, 576)));
         assert_eq!(super::parse_cpu_ticks("cpu0 1 2 3 4 5"), None);
         assert_eq!(super::parse_cpu_ticks("cpu  1 2"), None);
         assert!(super::cpu_ticks().is_some_and(|(s, t)| s <= t && t > 0));

@@ -14,9 +14,10 @@
 //! **When a port moves** ([`Balancer::step`]): one shard has been busy at least `hot`
 //! (95%) for `sustain` (3) intervals running, and moving one of its vhost-user ports to the
 //! least busy shard would bring the busier of the two down by at least `min_gain` (10
-//! points), as predicted from the costs above, and the machine has the port's cost in spare
-//! CPU, and at least half a CPU (idle, or taken by processes niced below the switch): a
-//! worker with room but no CPU to run on would take it from the frontends. A single port that fills a shard alone is
+//! points), as predicted from the costs above, and the machine has the port's cost in idle
+//! CPU, and at least half a CPU: a worker with room but no CPU to run on would take it from
+//! the frontends (`spare` in [`RebalanceConfig`] replaces the measurement, for a container
+//! whose `/proc/stat` is the host's). A single port that fills a shard alone is
 //! never moved (the prediction does not improve). At most one move per `cooldown` (10 s).
 //!
 //! **Measured afterwards:** once the cooldown has passed, the switch's packet rate is
@@ -53,6 +54,8 @@ pub struct RebalanceConfig {
     pub cooldown: Duration,
     /// Largest fall of the switch's packet rate a move may cause before it is undone.
     pub max_loss: f64,
+    /// CPUs taken as idle instead of measuring `/proc/stat` (None: measure).
+    pub spare: Option<f64>,
 }
 
 impl Default for RebalanceConfig {
@@ -65,6 +68,7 @@ impl Default for RebalanceConfig {
             min_gain: 0.10,
             cooldown: Duration::from_secs(10),
             max_loss: 0.05,
+            spare: None,
         }
     }
 }
@@ -193,14 +197,14 @@ impl Balancer {
             return Decision::Stay;
         }
         if let Some(t) = self.trial.take() {
-            // A rate that fell is taken as the move's doing, unless the traffic all but
-            // stopped. (It may also be the offered load falling: a move back then costs
-            // little. Keeping a move that halved the rate costs a lot: seen here when the
+            // A rate that fell is taken as the move's doing, unless the traffic stopped
+            // (under 1% of before). It may also be the offered load falling: a move back then
+            // costs little. Keeping a move that cut the rate costs a lot: seen here when the
             // frontends and both workers share two CPUs, where no worker stays saturated
-            // after the move and the rate still falls.)
+            // after the move and the rate falls by half, or, with the frontends niced, to 5%.
             let (after, before) = (s.packets() as f64, t.before as f64);
             let fell = after < before * (1.0 - self.cfg.max_loss);
-            let stopped = after < before / 10.0;
+            let stopped = after < before / 100.0;
             if fell && !stopped {
                 self.pinned.insert(t.port, now + self.cfg.cooldown * 10);
                 self.quiet_until = Some(now + self.cfg.cooldown);

@@ -344,6 +344,9 @@ impl Dataplane {
             })
             .collect();
         let spare_cpus = match (crate::sys::cpu_ticks(), last.cpu) {
+            _ if self.cfg.rebalance.spare.is_some() => {
+                self.cfg.rebalance.spare.unwrap_or(f64::INFINITY)
+            }
             (Some(now), Some(before)) if now.1 > before.1 => {
                 last.cpu = Some(now);
                 let n = crate::sys::online_cpus() as f64;
