@@ -1054,6 +1054,57 @@ impl DriverQueue {
         Ok(id)
     }
 
+    /// Adds up to `max` one-descriptor buffers in one pass (unpublished): `buf(k, id)` gives
+    /// the `k`-th, which will carry id `id`; `None` ends the run. Returns how many were added.
+    /// [`add_one`](Self::add_one) in a loop, with the room counted once, each id taken from
+    /// the free list once, and the slot, wrap counter and counts kept in registers until the
+    /// end (the re-posting of a receive burst).
+    #[inline]
+    pub fn add_run(
+        &mut self,
+        max: usize,
+        mut buf: impl FnMut(usize, u16) -> Option<crate::split::Buf>,
+    ) -> usize {
+        let room = max.min(usize::from(self.free_slots)).min(self.free.len);
+        let (mut slot, mut wrap) = (self.next_avail, self.avail_wrap);
+        let mut n = 0;
+        while n < room {
+            let id = self.free.nth(n);
+            let Some(b) = buf(n, id) else { break };
+            let flags = avail_bits(wrap) | if b.write { DESC_F_WRITE } else { 0 };
+            if self.held.is_none() {
+                self.m.ring.set_body(slot, b.addr, b.len, id);
+                self.held = Some((slot, flags));
+            } else {
+                // One store, flags included (as in `put`).
+                self.m.ring.set_desc(
+                    slot,
+                    PackedDesc {
+                        addr: b.addr,
+                        len: b.len,
+                        id,
+                        flags,
+                    },
+                );
+            }
+            self.ndesc[usize::from(id)] = 1;
+            self.cap[usize::from(id)] = Some(if b.write { b.len } else { 0 });
+            slot += 1;
+            if slot == self.size {
+                slot = 0;
+                wrap = !wrap;
+            }
+            n += 1;
+        }
+        self.free.skip(n);
+        let k = u16::try_from(n).unwrap_or(u16::MAX);
+        (self.next_avail, self.avail_wrap) = (slot, wrap);
+        self.free_slots -= k;
+        self.added += k;
+        self.in_flight += k;
+        n
+    }
+
     /// Adds a chain in consecutive slots (readable buffers first). Returns its id.
     pub fn add_chain(&mut self, bufs: &[crate::split::Buf]) -> Result<u16> {
         let n = u16::try_from(bufs.len()).map_err(|_| Error::NoFreeDescriptors)?;

@@ -393,16 +393,19 @@ impl DriverQueue {
         max: usize,
         mut buf: impl FnMut(usize, u16) -> Option<Buf>,
     ) -> Result<usize> {
-        dispatch!(self, q => {
-            let mut n = 0;
-            while n < max {
-                let Some(id) = q.next_free() else { break };
-                let Some(b) = buf(n, id) else { break };
-                q.add_one(b)?;
-                n += 1;
+        match self {
+            Self::Packed(q) => Ok(q.add_run(max, buf)),
+            Self::Split(q) => {
+                let mut n = 0;
+                while n < max {
+                    let Some(id) = q.next_free() else { break };
+                    let Some(b) = buf(n, id) else { break };
+                    q.add_one(b)?;
+                    n += 1;
+                }
+                Ok(n)
             }
-            Ok(n)
-        })
+        }
     }
 
     /// Adds a chain of buffers (unpublished). Returns its id.

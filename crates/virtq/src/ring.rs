@@ -167,6 +167,21 @@ impl IdFifo {
         Some(id)
     }
 
+    /// The id `n` places from the front (`n < len`), without taking it.
+    #[inline]
+    pub(crate) fn nth(&self, n: usize) -> u16 {
+        debug_assert!(n < self.len);
+        self.ids[(self.head + n) & (self.ids.len() - 1)]
+    }
+
+    /// Takes the first `n` ids (`n <= len`), as `n` pops would.
+    #[inline]
+    pub(crate) fn skip(&mut self, n: usize) {
+        debug_assert!(n <= self.len);
+        self.head = (self.head + n) & (self.ids.len() - 1);
+        self.len -= n;
+    }
+
     /// The `k`-th oldest of the `in_flight` ids popped and not pushed back, when they come
     /// back in the order they left (IN_ORDER): they still sit, in that order, in the slots
     /// just before `head` (a pop leaves its slot as it was; a push writes the oldest one's

@@ -371,6 +371,8 @@ mod model {
     enum Op {
         /// Driver adds a chain of `lens.len()` descriptors (1-3).
         Add(Vec<u32>),
+        /// Driver adds one-descriptor buffers of these lengths in one run (`add_many`).
+        AddRun(Vec<u32>),
         Publish,
         /// Device pops up to `max`, starting a new batch first if `reload`.
         Pop {
@@ -390,6 +392,7 @@ mod model {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             6 => prop::collection::vec(1..=BUF, 1..=3).prop_map(Op::Add),
+            3 => prop::collection::vec(1..=BUF, 1..=12).prop_map(Op::AddRun),
             4 => Just(Op::Publish),
             5 => (1usize..=8, prop::bool::weighted(0.7)).prop_map(|(max, reload)| Op::Pop { max, reload }),
             2 => (1usize..=4).prop_map(Op::Unpop),
@@ -502,6 +505,39 @@ mod model {
                         tag: self.tag,
                     });
                     self.tag = self.tag.wrapping_add(1).max(1);
+                }
+                Op::AddRun(lens) => {
+                    let (mq, write, size) = (&self.mq, self.write, self.size);
+                    let (mut next_slot, mut tag) = (self.next_slot, self.tag);
+                    let mut got = Vec::new();
+                    let n = self
+                        .drv
+                        .add_many(lens.len(), |k, id| {
+                            let s = next_slot;
+                            next_slot = (next_slot + 1) % size;
+                            let addr = mq.buf(s);
+                            if !write {
+                                mq.poke(addr, &vec![tag; lens[k] as usize]);
+                            }
+                            got.push((id, s, lens[k], tag));
+                            tag = tag.wrapping_add(1).max(1);
+                            Some(Buf {
+                                addr,
+                                len: lens[k],
+                                write,
+                            })
+                        })
+                        .expect("add_many");
+                    assert_eq!(n, got.len(), "every buffer handed over was added");
+                    (self.next_slot, self.tag) = (next_slot, tag);
+                    for (id, slot, len, tag) in got {
+                        self.slots[usize::from(id)] = vec![slot];
+                        self.added.push(Flight {
+                            id,
+                            lens: vec![len],
+                            tag,
+                        });
+                    }
                 }
                 Op::Publish => {
                     let new = !self.added.is_empty();
