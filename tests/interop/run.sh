@@ -17,9 +17,9 @@
 #   dpdk_workers          dpdk_multiqueue with pvnet switch --workers 2: the two ports on two
 #                         workers, every frame crossing between them; while traffic runs, b
 #                         then a then b... moved to the other worker 6 times (pvnet ctl port
-#                         move: the pair together, then apart again); the same exact counts
-#                         per queue, each worker's hand-off out == the other's in, both ways,
-#                         and 6 moves made.
+#                         move: the pair together, then apart again; the balancer off, so that
+#                         only those 6 are made); the same exact counts per queue, each
+#                         worker's hand-off out == the other's in, both ways, and 6 moves made.
 #   dpdk_two_frontends    two frontends through the switch: pvnet's frontend (port "pv") ->
 #                         testpmd rxonly (port "fe"): sent == pv rx, testpmd RX == fe tx,
 #                         pv rx == fe tx + drops counted at pv and at fe's egress queue
@@ -1188,7 +1188,7 @@ for c in "${CASES[@]}"; do
     dpdk_two_pairs_one_used) dpdk_case "$c" sink txonly 2 ;;
     dpdk_two_frontends)   dpdk_two_frontends "$c" ;;
     dpdk_multiqueue)      dpdk_multiqueue "$c" ;;
-    dpdk_workers)         MQ_MOVES=6 dpdk_multiqueue "$c" --workers 2 ;;
+    dpdk_workers)         MQ_MOVES=6 dpdk_multiqueue "$c" --workers 2 --rebalance false ;;
     dpdk_packed_txonly_to_sink)  dpdk_case "$c" sink txonly 1 ",packed_vq=1" ;;
     dpdk_packed_rxonly_from_gen) dpdk_case "$c" gen rxonly 1 ",packed_vq=1" ;;
     dpdk_killed_leaves_nothing) dpdk_killed_leaves_nothing "$c" ;;
