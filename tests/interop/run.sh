@@ -72,6 +72,10 @@
 #                         host from an iperf3 pinned to each vCPU, host -> guest with 12 streams;
 #                         MQ acked, every queue carries traffic both ways, and per queue the
 #                         guest's counters (ethtool -S) == pvnet's, as do the totals.
+#   guest_mq_moves        guest_mq with pvnet switch --workers 2 (the balancer off): the vm port
+#                         moved to the other worker every 0.5 s while the guest boots, runs
+#                         both iperf3 tests and counts (with the tap's worker, then apart);
+#                         every move made, the same exact per-queue counts.
 #   guest_migrate         (under QEMU 10, see ALL_CASES) live migration of the guest between two QEMU processes (the second
 #                         started with -incoming), attached to two ports of one pvnet switch,
 #                         while it downloads 16 MiB from the host through the tap (paced; the
@@ -769,7 +773,7 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
 # k), host to guest as 12 parallel streams (pvnet steers each flow to a receive ring by its
 # hash). The guest's per-queue counters (ethtool -S) against pvnet's, queue by queue.
 guest_mq() {
-  local name="$1" t0 tag glog acc vec=""
+  local name="$1" t0 tag glog acc vec=""; shift
   t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
   acc=$(guest_accel)
   case "$acc" in *tcg*) vec=",vectors=0" ;; esac
@@ -791,7 +795,7 @@ EOF
   } > "$D/$tag.run.sh"
   INITRD_BINS=/usr/sbin/ethtool make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
   ip link del "$TAPIF" 2>/dev/null || true
-  switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.sock,queue_pairs=2" --port "tap:name=host,ifname=$TAPIF" \
+  switch_start "$tag" "$@" --port "vhost-user:name=vm,socket=$D/$tag.sock,queue_pairs=2" --port "tap:name=host,ifname=$TAPIF" \
     || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
   wait_for 5 test -S "$D/$tag.sock" || { fail "$name" "vm port socket missing"; return; }
   host_addr
@@ -802,8 +806,26 @@ EOF
     "virtio-net-pci,netdev=n0,mac=$GMAC,mq=on$vec" -chardev socket,id=c0,path="$D/$tag.sock" \
     -netdev vhost-user,id=n0,chardev=c0,queues=2
   local qp=$GUEST_PID; PIDS+=("$qp")
+  local mover=""
+  if [ -n "${GMQ_MOVE_EVERY:-}" ]; then
+    # The vm port moved to the other worker every GMQ_MOVE_EVERY s while the guest runs: with
+    # the tap's worker, then apart, through boot, both iperf3 runs and the counting.
+    ( while kill -0 "$qp" 2>/dev/null; do
+        sleep "$GMQ_MOVE_EVERY"
+        w=$(ctl_worker "$tag" vm); [ "$w" = none ] && continue
+        echo "ASK vm -> $((1 - w))" >> "$D/$tag.moves.log"
+        "$PVNET_BIN" ctl --socket "$D/$tag.ctl" port move vm "$((1 - w))" >> "$D/$tag.moves.log" 2>&1
+      done ) & mover=$!; PIDS+=("$mover")
+  fi
   wait_pid "$qp" 150; local qrc=$?
+  [ -n "$mover" ] && { kill "$mover" 2>/dev/null; wait "$mover" 2>/dev/null; }
   tr -d '\r' < "$glog" > "$glog.txt"
+  if [ -n "$mover" ]; then
+    local asked made
+    asked=$(grep -c '^ASK ' "$D/$tag.moves.log" 2>/dev/null); made=$(grep -c '^moved: ' "$D/$tag.moves.log" 2>/dev/null)
+    info "$name: the vm port moved between the workers $made times ($asked asked) while the guest ran"
+    [ "${made:-0}" -ge 5 ] && [ "$made" = "$asked" ] || { fail "$name" "moves: $made made of $asked asked (log: $D/$tag.moves.log)"; return; }
+  fi
   stop_pid "$ip3a"; stop_pid "$ip3b"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
   info "$name: features acked: $(acked_features "$D/$tag.pvnet.log" | head -1); guest: $(grep -o 'GUEST_CHANNELS.*' "$glog.txt" | cut -c16-) ($(elapsed "$t0"))"
   local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
@@ -1155,7 +1177,7 @@ EOF
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends dpdk_multiqueue dpdk_workers
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_killed_leaves_nothing
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
-  guest_tap_viommu guest_tap_viommu_lazy guest_mq dpdk_server_restart guest_restart guest_migrate)
+  guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate)
 # guest_migrate runs both QEMUs under bookworm-backports' QEMU 10 (QEMU_NEW): under 7.2 the
 # destination guest failed 3 of 5 runs whose switch-over met live transmit traffic (CHURN=40),
 # where QEMU 10 passed the same 5 of 5, same pvnet build (a guest kernel fault at a kernel text
@@ -1206,6 +1228,7 @@ for c in "${CASES[@]}"; do
     guest_migrate) qemu_ok "$c" "${MIGRATE_QEMU:-$QEMU_NEW}" &&
       QEMU_BIN="${MIGRATE_QEMU:-$QEMU_NEW}" guest_migrate "$c" ;;
     guest_mq)             guest_mq "$c" ;;
+    guest_mq_moves)       GMQ_MOVE_EVERY=0.5 guest_mq "$c" --workers 2 --rebalance false ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]})" ;;
   esac
 done
