@@ -26,15 +26,8 @@ source "$ROOT/scripts/peers/lib.sh"
 ROUNDS="${ROUNDS:-3}"; SECS="${SECS:-24}"
 DOC="${DOC-$ROOT/docs/scale.md}"
 build_pvnet
-B="$WORK/rebalance"; rm -rf "$B"; mkdir -p "$B"
-cp "$PVNET_BIN" "$B/pvnet"; PV="$B/pvnet"
-OUT="$B/results.txt"; : > "$OUT"
+bench_dir rebalance
 TCK=$(getconf CLK_TCK)
-PIDS=()
-cleanup() { local p; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-trap 'exit 130' INT; trap 'exit 143' TERM
-c2c() { timeout 20 "$PV" limits 2>/dev/null | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["c2c_ns"])' 2>/dev/null || echo nan; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 run() { # run ROUND REBALANCE

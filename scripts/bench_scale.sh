@@ -29,14 +29,8 @@ need_root
 PARTS="${PARTS:-mq load workers idle}"; ROUNDS="${ROUNDS:-3}"; W="${W:-8}"; RATE_W="${RATE_W:-1000000}"
 DOC="${DOC-$ROOT/docs/scale.md}"
 build_pvnet
-B="$WORK/scale"; rm -rf "$B"; mkdir -p "$B"
-cp "$PVNET_BIN" "$B/pvnet"; PV="$B/pvnet"
-OUT="$B/results.txt"; : > "$OUT"
+bench_dir scale
 TCK=$(getconf CLK_TCK)
-PIDS=()
-cleanup() { local p; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-trap 'exit 130' INT; trap 'exit 143' TERM
 
 # shard_ticks PID: user+sys ticks of the process's pvnet-shard* threads.
 shard_ticks() {
@@ -47,7 +41,6 @@ shard_ticks() {
   done
   echo "$s"
 }
-c2c() { timeout 20 "$PV" limits 2>/dev/null | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["c2c_ns"])' 2>/dev/null || echo nan; }
 
 # load_point NAME PORTS ACTIVE RATE [SHARDS]: a sink backend, PORTS frontends of which ACTIVE
 # send at RATE frames/s each (0: as fast as they can); prints one LOAD line: the workers' CPU

@@ -293,3 +293,19 @@ guest_start() {   # env GUEST_MEM: guest RAM in MiB (512); GUEST_SMP: vCPUs (1, 
   # shellcheck disable=SC2034
   GUEST_PID=$!
 }
+
+# bench_dir NAME : a fresh work dir B=$WORK/NAME for a benchmark, with its own copy of the
+# pvnet binary (PV: a rebuild meanwhile does not change the binary under a run), OUT for its
+# result lines, and PIDS killed on exit.
+# shellcheck disable=SC2034  # B, PV, OUT are the caller's
+bench_dir() {
+  B="$WORK/$1"; rm -rf "$B"; mkdir -p "$B"
+  cp "$PVNET_BIN" "$B/pvnet"; PV="$B/pvnet"
+  OUT="$B/results.txt"; : > "$OUT"
+  PIDS=()
+  trap bench_cleanup EXIT
+  trap 'exit 130' INT; trap 'exit 143' TERM
+}
+bench_cleanup() { local p; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# c2c : the one-way core-to-core latency now, ns (pvnet limits, with $PV), or nan.
+c2c() { timeout 20 "$PV" limits 2>/dev/null | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["c2c_ns"])' 2>/dev/null || echo nan; }

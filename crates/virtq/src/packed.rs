@@ -1008,6 +1008,27 @@ impl DriverQueue {
         &self.m.mem
     }
 
+    /// Writes descriptor `slot`: the first of a publish without its flags (held back for
+    /// `publish`'s release store), any other in one store, flags included (the device reads
+    /// it only after the held first one is made available).
+    #[inline(always)]
+    fn write_desc(&mut self, slot: u16, b: &crate::split::Buf, id: u16, flags: u16) {
+        if self.held.is_none() {
+            self.m.ring.set_body(slot, b.addr, b.len, id);
+            self.held = Some((slot, flags));
+        } else {
+            self.m.ring.set_desc(
+                slot,
+                PackedDesc {
+                    addr: b.addr,
+                    len: b.len,
+                    id,
+                    flags,
+                },
+            );
+        }
+    }
+
     /// Writes one descriptor at the next slot; the first of a publish has its flags held back.
     #[inline]
     fn put(&mut self, b: &crate::split::Buf, id: u16, next: bool) {
@@ -1019,22 +1040,7 @@ impl DriverQueue {
         if next {
             flags |= DESC_F_NEXT;
         }
-        if self.held.is_none() {
-            self.m.ring.set_body(slot, b.addr, b.len, id);
-            self.held = Some((slot, flags));
-        } else {
-            // One store, flags included: the device reads this slot only after the held first
-            // one is made available by the release store in `publish`.
-            self.m.ring.set_desc(
-                slot,
-                PackedDesc {
-                    addr: b.addr,
-                    len: b.len,
-                    id,
-                    flags,
-                },
-            );
-        }
+        self.write_desc(slot, b, id, flags);
         self.next_avail = advance(slot, &mut self.avail_wrap, 1, self.size);
         self.free_slots -= 1;
         self.added += 1;
@@ -1072,21 +1078,7 @@ impl DriverQueue {
             let id = self.free.nth(n);
             let Some(b) = buf(n, id) else { break };
             let flags = avail_bits(wrap) | if b.write { DESC_F_WRITE } else { 0 };
-            if self.held.is_none() {
-                self.m.ring.set_body(slot, b.addr, b.len, id);
-                self.held = Some((slot, flags));
-            } else {
-                // One store, flags included (as in `put`).
-                self.m.ring.set_desc(
-                    slot,
-                    PackedDesc {
-                        addr: b.addr,
-                        len: b.len,
-                        id,
-                        flags,
-                    },
-                );
-            }
+            self.write_desc(slot, &b, id, flags);
             self.ndesc[usize::from(id)] = 1;
             self.cap[usize::from(id)] = Some(if b.write { b.len } else { 0 });
             slot += 1;

@@ -322,6 +322,18 @@ mod tests {
         RebalanceConfig::default()
     }
 
+    fn sample(busy: &[f64], ports: Vec<PortLoad>) -> Sample {
+        Sample {
+            busy: busy.to_vec(),
+            ports,
+            ..Sample::default()
+        }
+    }
+
+    fn stays(d: &Decision) -> bool {
+        *d == Decision::Stay
+    }
+
     /// Steps the balancer once a second from `t0` over the same sample, `n` times; the
     /// decisions.
     fn run(b: &mut Balancer, s: &Sample, t0: Instant, from: u64, n: u64) -> Vec<Decision> {
@@ -334,11 +346,10 @@ mod tests {
     fn a_saturated_shard_gives_a_port_to_an_idle_one_after_the_sustain_time() {
         let t0 = Instant::now();
         let mut b = Balancer::new(cfg(), 2);
-        let s = Sample {
-            busy: vec![1.0, 0.1],
-            ports: vec![port(0, 0, 600), port(2, 0, 400), port(1, 1, 10)],
-            ..Sample::default()
-        };
+        let s = sample(
+            &[1.0, 0.1],
+            vec![port(0, 0, 600), port(2, 0, 400), port(1, 1, 10)],
+        );
         let d = run(&mut b, &s, t0, 0, 3);
         assert_eq!(&d[..2], &[Decision::Stay, Decision::Stay]);
         // Moving port 2 (0.4 of shard 0's work) leaves 0.6 and 0.5: better than moving
@@ -354,9 +365,7 @@ mod tests {
         };
         assert!((busy.0 - 0.6).abs() < 1e-9 && (busy.1 - 0.5).abs() < 1e-9);
         // Nothing else moves during the cooldown, even if the shard stays saturated.
-        assert!(run(&mut b, &s, t0, 3, 9)
-            .iter()
-            .all(|d| *d == Decision::Stay));
+        assert!(run(&mut b, &s, t0, 3, 9).iter().all(stays));
     }
 
     #[test]
@@ -368,9 +377,7 @@ mod tests {
             spare_cpus: 0.3,
         };
         let mut b = Balancer::new(cfg(), 2);
-        assert!(run(&mut b, &s, t0, 0, 10)
-            .iter()
-            .all(|d| *d == Decision::Stay));
+        assert!(run(&mut b, &s, t0, 0, 10).iter().all(stays));
         // Half a CPU to spare: a port costing half of a saturated worker may go.
         let s = Sample {
             spare_cpus: 0.5,
@@ -387,14 +394,8 @@ mod tests {
     fn one_port_that_fills_a_shard_alone_stays() {
         let t0 = Instant::now();
         let mut b = Balancer::new(cfg(), 2);
-        let s = Sample {
-            busy: vec![1.0, 0.0],
-            ports: vec![port(0, 0, 1000), port(2, 0, 0)],
-            ..Sample::default()
-        };
-        assert!(run(&mut b, &s, t0, 0, 20)
-            .iter()
-            .all(|d| *d == Decision::Stay));
+        let s = sample(&[1.0, 0.0], vec![port(0, 0, 1000), port(2, 0, 0)]);
+        assert!(run(&mut b, &s, t0, 0, 20).iter().all(stays));
     }
 
     #[test]
@@ -402,21 +403,14 @@ mod tests {
         let t0 = Instant::now();
         // Both shards saturated: no room.
         let mut b = Balancer::new(cfg(), 2);
-        let full = Sample {
-            busy: vec![1.0, 0.97],
-            ports: vec![port(0, 0, 500), port(2, 0, 500), port(1, 1, 900)],
-            ..Sample::default()
-        };
-        assert!(run(&mut b, &full, t0, 0, 10)
-            .iter()
-            .all(|d| *d == Decision::Stay));
+        let full = sample(
+            &[1.0, 0.97],
+            vec![port(0, 0, 500), port(2, 0, 500), port(1, 1, 900)],
+        );
+        assert!(run(&mut b, &full, t0, 0, 10).iter().all(stays));
         // Saturated two intervals in three, never three running.
         let mut b = Balancer::new(cfg(), 2);
-        let hot = Sample {
-            busy: vec![1.0, 0.1],
-            ports: vec![port(0, 0, 500), port(2, 0, 500)],
-            ..Sample::default()
-        };
+        let hot = sample(&[1.0, 0.1], vec![port(0, 0, 500), port(2, 0, 500)]);
         let calm = Sample {
             busy: vec![0.5, 0.1],
             ..hot.clone()
@@ -437,28 +431,18 @@ mod tests {
             },
             2,
         );
-        assert!(run(&mut b, &hot, t0, 0, 10)
-            .iter()
-            .all(|d| *d == Decision::Stay));
+        assert!(run(&mut b, &hot, t0, 0, 10).iter().all(stays));
     }
 
     #[test]
     fn a_move_that_lowers_the_rate_is_undone_and_the_port_stays_put() {
         let t0 = Instant::now();
         let mut b = Balancer::new(cfg(), 2);
-        let before = Sample {
-            busy: vec![1.0, 0.0],
-            ports: vec![port(0, 0, 500), port(2, 0, 500)],
-            ..Sample::default()
-        };
+        let before = sample(&[1.0, 0.0], vec![port(0, 0, 500), port(2, 0, 500)]);
         let d = run(&mut b, &before, t0, 0, 3);
         assert!(matches!(d[2], Decision::Move { port: 0, .. }), "{d:?}");
         // After the move the switch moves fewer packets (the pair now crosses workers).
-        let after = Sample {
-            busy: vec![1.0, 1.0],
-            ports: vec![port(0, 1, 400), port(2, 0, 400)],
-            ..Sample::default()
-        };
+        let after = sample(&[1.0, 1.0], vec![port(0, 1, 400), port(2, 0, 400)]);
         let d = run(&mut b, &after, t0, 3, 10);
         assert!(d[..9].iter().all(|d| *d == Decision::Stay), "{d:?}");
         assert_eq!(
@@ -486,31 +470,17 @@ mod tests {
     #[test]
     fn a_move_followed_by_silence_stays_and_one_followed_by_a_lower_rate_is_undone() {
         let t0 = Instant::now();
-        let before = Sample {
-            busy: vec![1.0, 0.0],
-            ports: vec![port(0, 0, 500), port(2, 0, 500)],
-            ..Sample::default()
-        };
+        let before = sample(&[1.0, 0.0], vec![port(0, 0, 500), port(2, 0, 500)]);
         // The senders stopped: the rate fell to nothing.
         let mut b = Balancer::new(cfg(), 2);
         run(&mut b, &before, t0, 0, 3);
-        let silent = Sample {
-            busy: vec![0.0, 0.0],
-            ports: vec![port(0, 1, 0), port(2, 0, 0)],
-            ..Sample::default()
-        };
-        assert!(run(&mut b, &silent, t0, 3, 30)
-            .iter()
-            .all(|d| *d == Decision::Stay));
+        let silent = sample(&[0.0, 0.0], vec![port(0, 1, 0), port(2, 0, 0)]);
+        assert!(run(&mut b, &silent, t0, 3, 30).iter().all(stays));
         // No shard saturated after the move, yet the switch moves half as much (the workers
         // now share CPUs with the frontends): undone.
         let mut b = Balancer::new(cfg(), 2);
         run(&mut b, &before, t0, 0, 3);
-        let worse = Sample {
-            busy: vec![0.6, 0.7],
-            ports: vec![port(0, 1, 250), port(2, 0, 250)],
-            ..Sample::default()
-        };
+        let worse = sample(&[0.6, 0.7], vec![port(0, 1, 250), port(2, 0, 250)]);
         let d = run(&mut b, &worse, t0, 3, 10);
         assert!(matches!(d[9], Decision::Undo { port: 0, .. }), "{d:?}");
     }
@@ -519,20 +489,10 @@ mod tests {
     fn a_move_that_keeps_the_rate_stays() {
         let t0 = Instant::now();
         let mut b = Balancer::new(cfg(), 2);
-        let before = Sample {
-            busy: vec![1.0, 0.0],
-            ports: vec![port(0, 0, 500), port(2, 0, 500)],
-            ..Sample::default()
-        };
+        let before = sample(&[1.0, 0.0], vec![port(0, 0, 500), port(2, 0, 500)]);
         run(&mut b, &before, t0, 0, 3);
-        let after = Sample {
-            busy: vec![0.6, 0.6],
-            ports: vec![port(0, 1, 700), port(2, 0, 700)],
-            ..Sample::default()
-        };
-        assert!(run(&mut b, &after, t0, 3, 30)
-            .iter()
-            .all(|d| *d == Decision::Stay));
+        let after = sample(&[0.6, 0.6], vec![port(0, 1, 700), port(2, 0, 700)]);
+        assert!(run(&mut b, &after, t0, 3, 30).iter().all(stays));
         assert!(b.trial_since().is_none());
     }
 
