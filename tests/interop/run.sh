@@ -607,7 +607,15 @@ inechos() { awk '/^Icmp:/{if(!h){for(i=1;i<=NF;i++)if($i=="InEchos")c=i;h=1}else
 i=0; while [ "$(inechos)" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 echo "GUEST_ECHOS_IN $(inechos)"
 echo "GUEST_PING $(ping -c 3 -W 5 10.77.0.1 | grep -o '[0-9]* packets received')"
-run_iperf() { tag=$1; shift; iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?; echo "GUEST_IPERF_RC $tag $rc"
+# A test whose control connection breaks as it starts ("unable to read from stream socket",
+# the host's server saying "interrupt - the server has terminated": seen about once in 25 runs
+# of the UDP flood toward the guest, never with any data moved) runs once more, and says so.
+run_iperf() { tag=$1; shift; iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?
+  if [ $rc != 0 ] && grep -q 'unable to read from stream socket' /tmp/ip.txt && ! grep -q receiver /tmp/ip.txt; then
+    tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_RETRY $tag /"; sleep 1
+    iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?
+  fi
+  echo "GUEST_IPERF_RC $tag $rc"
   grep -E 'receiver|sender' /tmp/ip.txt | sed "s/^/GUEST_IPERF $tag /"
   [ $rc = 0 ] || tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_ERR $tag /"; }
 run_iperf tcp_g2h -t 3
@@ -755,6 +763,7 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
   local t
   for t in tcp_g2h tcp_h2g udp_g2h udp_h2g; do
     grep -q "GUEST_IPERF_RC $t 0" "$glog.txt" || { fail "$name" "iperf3 $t failed (console: $glog)"; return; }
+    grep -q "GUEST_IPERF_RETRY $t" "$glog.txt" && info "$name: iperf3 $t ran twice: its control connection broke as it started: $(grep "GUEST_IPERF_RETRY $t" "$glog.txt" | tail -1 | cut -d' ' -f3-)"
   done
   [ "$ok" = 1 ] || { fail "$name" "tap counters differ: kernel tx=$k_tx rx=$k_rx, pvnet host rx=$s_rx tx=$s_tx"; return; }
   # Direct receive (the only other port is the guest): the TCP stream to the guest is read

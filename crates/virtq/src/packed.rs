@@ -1304,23 +1304,52 @@ impl DriverQueue {
     /// twice. Stops at anything else (one descriptor for a batch, a batch partly popped),
     /// which those two take. Returns how many were taken.
     pub fn pop_used_run(&mut self, out: &mut Vec<(u16, u32)>, max: usize) -> Result<usize> {
-        let mut k = 0;
-        while k < max && self.in_flight > 0 && self.batch_descs == 0 {
+        if self.batch_descs != 0 {
+            return Ok(0);
+        }
+        let limit = max.min(usize::from(self.in_flight));
+        out.reserve(limit);
+        // The walk's position, wrap counter and counts stay in registers until the run ends
+        // (`take_used` stores each back per buffer).
+        let (mut at, mut wrap, mut slots) = (self.next_used, self.used_wrap, 0u16);
+        let (mut k, mut broke) = (0u16, None);
+        while usize::from(k) < limit {
             // Acquire: the descriptor's id and length, written before its flags, are visible
             // (pairs with the device's release store).
-            let f = self.m.ring.flags(self.next_used).load(Ordering::Acquire);
-            if !is_used(f, self.used_wrap) {
+            let f = self.m.ring.flags(at).load(Ordering::Acquire);
+            if !is_used(f, wrap) {
                 break;
             }
-            let d = self.m.ring.desc(self.next_used);
-            if self.in_order && d.id != self.free.recent(0, self.in_flight) {
+            let d = self.m.ring.desc(at);
+            let id = usize::from(d.id);
+            if self.in_order && d.id != self.free.recent(0, self.in_flight - k) {
                 break;
             }
-            out.push(self.take_used(&d)?);
-            self.used_pending = self.used_pending.saturating_sub(1);
+            let (Some(&n), Some(&Some(cap))) = (self.ndesc.get(id), self.cap.get(id)) else {
+                broke = Some(Error::UsedIdInvalid {
+                    id: u32::from(d.id),
+                });
+                break;
+            };
+            let len = match crate::ring::used_len(d.id, d.len, cap) {
+                Ok(len) => len,
+                Err(e) => {
+                    broke = Some(e);
+                    break;
+                }
+            };
+            self.cap[id] = None;
+            at = advance(at, &mut wrap, n, self.size);
+            slots += n;
+            self.free.push(d.id);
+            out.push((d.id, len));
             k += 1;
         }
-        Ok(k)
+        (self.next_used, self.used_wrap) = (at, wrap);
+        self.free_slots += slots;
+        self.in_flight -= k;
+        self.used_pending = self.used_pending.saturating_sub(k);
+        broke.map_or(Ok(usize::from(k)), Err)
     }
 
     /// Asks the device not to interrupt us.

@@ -385,6 +385,8 @@ mod model {
         Push(usize),
         DevPublish,
         Reclaim(usize),
+        /// Driver takes up to `n` used buffers with `pop_used_batch`.
+        ReclaimBatch(usize),
         DevArm,
         DrvArm,
     }
@@ -399,6 +401,7 @@ mod model {
             4 => (1usize..=8).prop_map(Op::Push),
             4 => Just(Op::DevPublish),
             5 => (1usize..=8).prop_map(Op::Reclaim),
+            3 => (1usize..=12).prop_map(Op::ReclaimBatch),
             2 => Just(Op::DevArm),
             2 => Just(Op::DrvArm),
         ]
@@ -469,6 +472,28 @@ mod model {
                 drv_armed: false,
                 laps: 0,
             }
+        }
+
+        /// The driver got buffer `id` back with `len` bytes written: the model's next used
+        /// one, its bytes as the device wrote them.
+        fn returned(&mut self, id: u16, len: u32) {
+            let f = self.used.pop_front().expect("a used buffer");
+            assert_eq!(id, f.id, "used in completion order");
+            if self.write {
+                let total: u32 = f.lens.iter().sum();
+                assert_eq!(len, total);
+                let mut k = 0;
+                for (&s, &l) in self.slots[usize::from(id)].iter().zip(&f.lens) {
+                    let mut b = vec![0u8; l as usize];
+                    self.mq.peek(self.mq.buf(s), &mut b);
+                    assert!(b.iter().all(|&x| x == !f.tag), "device bytes intact");
+                    k += l;
+                }
+                assert_eq!(k, total);
+            } else {
+                assert_eq!(len, 0);
+            }
+            self.laps += 1;
         }
 
         fn apply(&mut self, op: &Op) {
@@ -629,23 +654,19 @@ mod model {
                         let Some((id, len)) = self.drv.pop_used().expect("valid used") else {
                             break;
                         };
-                        let f = self.used.pop_front().expect("a used buffer");
-                        assert_eq!(id, f.id, "used in completion order");
-                        if self.write {
-                            let total: u32 = f.lens.iter().sum();
-                            assert_eq!(len, total);
-                            let mut k = 0;
-                            for (&s, &l) in self.slots[usize::from(id)].iter().zip(&f.lens) {
-                                let mut b = vec![0u8; l as usize];
-                                self.mq.peek(self.mq.buf(s), &mut b);
-                                assert!(b.iter().all(|&x| x == !f.tag), "device bytes intact");
-                                k += l;
-                            }
-                            assert_eq!(k, total);
-                        } else {
-                            assert_eq!(len, 0);
-                        }
-                        self.laps += 1;
+                        self.returned(id, len);
+                    }
+                }
+                Op::ReclaimBatch(max) => {
+                    // What pvnet's frontend reclaims with: one pass over the run of used
+                    // descriptors, then the counted way for the rest.
+                    let mut out = Vec::new();
+                    let n = self.drv.pop_used_batch(&mut out, *max).expect("valid used");
+                    assert_eq!(n, out.len());
+                    let waiting = self.used.len();
+                    assert_eq!(n, (*max).min(waiting), "as many as wait, up to max");
+                    for (id, len) in out {
+                        self.returned(id, len);
                     }
                 }
                 Op::DevArm => {
