@@ -695,9 +695,9 @@ pub enum PortCmd {
         settings: Vec<String>,
     },
     /// Move a vhost-user port to another worker (`pvnet switch --workers N`): its rings,
-    /// egress queue and counters go along; no packet of a flow is reordered (one on its way
-    /// to the port through its old worker at that moment is dropped and counted). The
-    /// balancer may move it again later unless `--rebalance false`.
+    /// egress queue, counters and learned addresses go along, the other workers paused for
+    /// the move (tens of microseconds); no packet is lost or reordered by it. The balancer
+    /// may move it again later unless `--rebalance false`.
     Move {
         /// Port name.
         name: String,
