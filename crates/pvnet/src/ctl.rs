@@ -696,7 +696,7 @@ pub enum PortCmd {
     },
     /// Move a vhost-user port to another worker (`pvnet switch --workers N`): its rings,
     /// egress queue, counters and learned addresses go along, the other workers paused for
-    /// the move (tens of microseconds); no packet is lost or reordered by it. The balancer
+    /// the move (about 0.1 ms here); no packet is lost or reordered by it. The balancer
     /// may move it again later unless `--rebalance false`.
     Move {
         /// Port name.
