@@ -118,6 +118,11 @@ impl Sample {
             .map(|p| p.packets)
             .sum()
     }
+
+    /// Shard `k`'s busy share (0 if it was not measured).
+    fn busy_of(&self, k: usize) -> f64 {
+        self.busy.get(k).copied().unwrap_or(0.0)
+    }
 }
 
 /// What the balancer decided.
@@ -157,7 +162,6 @@ struct Trial {
     from: usize,
     to: usize,
     before: u64,
-    at: Instant,
 }
 
 /// The rebalancing state machine (pure: the caller measures and moves).
@@ -189,8 +193,11 @@ impl Balancer {
     /// could not make with [`Balancer::failed`].
     pub fn step(&mut self, s: &Sample, now: Instant) -> Decision {
         for (k, h) in self.hot_for.iter_mut().enumerate() {
-            let busy = s.busy.get(k).copied().unwrap_or(0.0);
-            *h = if busy >= self.cfg.hot { *h + 1 } else { 0 };
+            *h = if s.busy_of(k) >= self.cfg.hot {
+                *h + 1
+            } else {
+                0
+            };
         }
         self.pinned.retain(|_, until| *until > now);
         if self.quiet_until.is_some_and(|t| now < t) {
@@ -202,9 +209,10 @@ impl Balancer {
             // costs little. Keeping a move that cut the rate costs a lot: seen here when the
             // frontends and both workers share two CPUs, where no worker stays saturated
             // after the move and the rate falls by half, or, with the frontends niced, to 5%.
-            let (after, before) = (s.packets() as f64, t.before as f64);
-            let fell = after < before * (1.0 - self.cfg.max_loss);
-            let stopped = after < before / 100.0;
+            let after = s.packets();
+            let (a, b) = (after as f64, t.before as f64);
+            let fell = a < b * (1.0 - self.cfg.max_loss);
+            let stopped = a < b / 100.0;
             if fell && !stopped {
                 self.pinned.insert(t.port, now + self.cfg.cooldown * 10);
                 self.quiet_until = Some(now + self.cfg.cooldown);
@@ -212,7 +220,7 @@ impl Balancer {
                     port: t.port,
                     from: t.to,
                     to: t.from,
-                    rate: (t.before, s.packets()),
+                    rate: (t.before, after),
                 };
             }
         }
@@ -228,7 +236,6 @@ impl Balancer {
                 from,
                 to,
                 before: s.packets(),
-                at: now,
             });
             self.quiet_until = Some(now + self.cfg.cooldown);
             self.hot_for.iter_mut().for_each(|h| *h = 0);
@@ -244,20 +251,14 @@ impl Balancer {
         self.pinned.insert(port, now + self.cfg.cooldown * 10);
     }
 
-    /// When the last move was made, if it is still being judged.
-    pub fn trial_since(&self) -> Option<Instant> {
-        self.trial.map(|t| t.at)
-    }
-
     /// The best single move off a shard saturated for long enough, if it gains enough.
     fn plan(&self, s: &Sample) -> Option<Decision> {
-        let busy = |k: usize| s.busy.get(k).copied().unwrap_or(0.0);
         let hot = (0..self.hot_for.len())
             .filter(|&k| self.hot_for[k] >= self.cfg.sustain)
-            .max_by(|&a, &b| busy(a).total_cmp(&busy(b)))?;
+            .max_by(|&a, &b| s.busy_of(a).total_cmp(&s.busy_of(b)))?;
         let cool = (0..s.busy.len().min(self.hot_for.len()))
             .filter(|&k| k != hot)
-            .min_by(|&a, &b| busy(a).total_cmp(&busy(b)))?;
+            .min_by(|&a, &b| s.busy_of(a).total_cmp(&s.busy_of(b)))?;
         let on_hot: u64 = s
             .ports
             .iter()
@@ -267,21 +268,19 @@ impl Balancer {
         if on_hot == 0 {
             return None;
         }
-        let (bh, bc) = (busy(hot), busy(cool));
+        let (bh, bc) = (s.busy_of(hot), s.busy_of(cool));
         let best = s
             .ports
             .iter()
             .filter(|p| {
                 p.shard == hot && p.movable && p.packets > 0 && !self.pinned.contains_key(&p.id)
             })
+            .map(|p| (p.id, bh * p.packets as f64 / on_hot as f64))
             // Room on the other worker is worth something only with a CPU to run it: where
             // the frontends use every CPU, a busier second worker takes theirs. At least
             // half a CPU to spare, and the port's cost (one interval's idle share is noisy).
-            .filter(|p| (bh * p.packets as f64 / on_hot as f64).max(0.5) <= s.spare_cpus)
-            .map(|p| {
-                let cost = bh * p.packets as f64 / on_hot as f64;
-                (p.id, bh - cost, bc + cost)
-            })
+            .filter(|&(_, cost)| cost.max(0.5) <= s.spare_cpus)
+            .map(|(id, cost)| (id, bh - cost, bc + cost))
             .min_by(|a, b| a.1.max(a.2).total_cmp(&b.1.max(b.2)))?;
         let after = best.1.max(best.2);
         (after <= bh - self.cfg.min_gain).then_some(Decision::Move {
@@ -493,7 +492,7 @@ mod tests {
         run(&mut b, &before, t0, 0, 3);
         let after = sample(&[0.6, 0.6], vec![port(0, 1, 700), port(2, 0, 700)]);
         assert!(run(&mut b, &after, t0, 3, 30).iter().all(stays));
-        assert!(b.trial_since().is_none());
+        assert!(b.trial.is_none(), "judged and kept");
     }
 
     #[test]

@@ -279,7 +279,7 @@ impl Dataplane {
             loads,
             quit: Arc::new(AtomicBool::new(false)),
         });
-        if matches!(cfg.role, Role::Switch(_)) && n > 1 {
+        if dp.ports_move() {
             dp.join_shards()?;
             let weak = Arc::downgrade(&dp);
             let quit = dp.quit.clone();
@@ -343,20 +343,22 @@ impl Dataplane {
                 })
             })
             .collect();
-        let spare_cpus = match (crate::sys::cpu_ticks(), last.cpu) {
-            _ if self.cfg.rebalance.spare.is_some() => {
-                self.cfg.rebalance.spare.unwrap_or(f64::INFINITY)
-            }
-            (Some(now), Some(before)) if now.1 > before.1 => {
-                last.cpu = Some(now);
-                let n = crate::sys::online_cpus() as f64;
-                n * now.0.saturating_sub(before.0) as f64 / (now.1 - before.1) as f64
-            }
-            (now, _) => {
-                last.cpu = now;
-                f64::INFINITY
-            }
-        };
+        // Given, or measured (`/proc/stat` is read only then).
+        let spare_cpus =
+            self.cfg
+                .rebalance
+                .spare
+                .unwrap_or_else(|| match (crate::sys::cpu_ticks(), last.cpu) {
+                    (Some(now), Some(before)) if now.1 > before.1 => {
+                        last.cpu = Some(now);
+                        let n = crate::sys::online_cpus() as f64;
+                        n * now.0.saturating_sub(before.0) as f64 / (now.1 - before.1) as f64
+                    }
+                    (now, _) => {
+                        last.cpu = now;
+                        f64::INFINITY
+                    }
+                });
         Sample {
             busy,
             ports,
@@ -368,9 +370,9 @@ impl Dataplane {
     /// Returns the shard it left (the same if it was there already).
     ///
     /// Every other shard is paused for the move (at a round boundary; a move took 74-155 us
-    /// here, a few milliseconds when the CPUs were oversubscribed). The old shard first switches what the paused ones
-    /// had sent it, so what was on its way to the port reaches it, then hands the port over
-    /// and sends its addresses to the new shard. Each paused shard, before going on, learns
+    /// here, a few milliseconds when the CPUs were oversubscribed). The old shard first
+    /// switches what the paused ones had sent it, so what was on its way to the port reaches
+    /// it, then hands the port over and sends its addresses to the new shard. Each paused shard, before going on, learns
     /// where the port's addresses are now and switches what waits in its trunk from the old
     /// shard, so nothing the port sent from there is overtaken by what it sends from its new
     /// shard. No packet is lost or reordered by a move (a packet switched while a shard is
@@ -378,7 +380,7 @@ impl Dataplane {
     /// its placement changed.
     pub fn move_port(&self, id: PortId, to: usize) -> Result<usize, MoveError> {
         let n = self.shards.len();
-        if !matches!(self.cfg.role, Role::Switch(_)) || n < 2 {
+        if !self.ports_move() {
             return Err(MoveError::NotSwitch);
         }
         if to >= n {
@@ -393,6 +395,13 @@ impl Dataplane {
             return Ok(from);
         }
         let (wait, started) = (Duration::from_secs(5), std::time::Instant::now());
+        // A shard that does not answer: the paused ones go on as they were.
+        let give_up = |paused: Vec<(usize, Sender<shard::Resume>)>, k| {
+            for (_, r) in paused {
+                let _ = r.send(shard::Resume::default());
+            }
+            Err(MoveError::NoAnswer(k))
+        };
         let mut paused = Vec::with_capacity(n - 1);
         for k in (0..n).filter(|&k| k != from) {
             let (ack, acked) = sync_channel(1);
@@ -400,22 +409,13 @@ impl Dataplane {
             self.send(k, Cmd::Pause(ack, resumed));
             paused.push((k, resume));
             if acked.recv_timeout(wait).is_err() {
-                for (_, r) in paused {
-                    let _ = r.send(shard::Resume::default());
-                }
-                return Err(MoveError::NoAnswer(k));
+                return give_up(paused, k);
             }
         }
         let (tx, rx) = sync_channel(1);
         self.send(from, Cmd::Detach(id, to, tx));
-        let moving = match rx.recv_timeout(wait) {
-            Ok(m) => m,
-            Err(_) => {
-                for (_, r) in paused {
-                    let _ = r.send(shard::Resume::default());
-                }
-                return Err(MoveError::NoAnswer(from));
-            }
+        let Ok(moving) = rx.recv_timeout(wait) else {
+            return give_up(paused, from);
         };
         let macs = moving.as_ref().map(|m| m.macs.clone()).unwrap_or_default();
         let mut attach = moving;
@@ -467,13 +467,15 @@ impl Dataplane {
 
     /// Each worker: its CPU, thread, ports, traffic over its trunks, busy share and moves.
     pub fn workers(&self) -> Vec<WorkerInfo> {
-        let placed: Vec<(PortId, usize)> = {
+        let (placed, busy, moved_in, moved_out) = {
             let p = self.placement();
-            p.of.iter().map(|(&id, &k)| (id, k)).collect()
-        };
-        let (busy, moved_in, moved_out) = {
-            let p = self.placement();
-            (p.busy.clone(), p.moved_in.clone(), p.moved_out.clone())
+            let placed: Vec<(PortId, usize)> = p.of.iter().map(|(&id, &k)| (id, k)).collect();
+            (
+                placed,
+                p.busy.clone(),
+                p.moved_in.clone(),
+                p.moved_out.clone(),
+            )
         };
         let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let mut w: Vec<WorkerInfo> = self
@@ -568,12 +570,16 @@ impl Dataplane {
         }
     }
 
-    /// The placement lock, where ports can move (the learning switch on several shards):
-    /// a command for a port is sent while it is held, so a move waits for the send, and a
-    /// command sent before a move is applied before the port leaves.
+    /// Whether ports are placed by load and can move: the learning switch on several shards.
+    fn ports_move(&self) -> bool {
+        self.shards.len() > 1 && matches!(self.cfg.role, Role::Switch(_))
+    }
+
+    /// The placement lock, where ports can move: a command for a port is sent while it is
+    /// held, so a move waits for the send, and a command sent before a move is applied
+    /// before the port leaves.
     fn routing(&self) -> Option<std::sync::MutexGuard<'_, Placement>> {
-        (self.shards.len() > 1 && matches!(self.cfg.role, Role::Switch(_)))
-            .then(|| self.placement())
+        self.ports_move().then(|| self.placement())
     }
 
     /// The port's shard, under [`Self::routing`]'s guard.

@@ -445,8 +445,7 @@ impl Shard {
                     }
                 }
                 Cmd::Learn(id, mac) => {
-                    if let Router::Learn(t) = self.fabric.router_mut() {
-                        t.learn(mac, id, now);
+                    if self.learn(id, &[mac], now) {
                         info!(
                             port = id,
                             ?mac,
@@ -492,13 +491,12 @@ impl Shard {
     /// travels with it). Then its rings are disarmed (the new shard polls first) and leave
     /// the epoll set, and its addresses are known here as behind the trunk to `to`.
     fn detach(&mut self, id: PortId, to: usize) -> Option<Box<Moving>> {
-        self.index_of(id)?;
+        let i = self.index_of(id)?;
         for k in 0..self.ports.len() {
             if self.ports[k].is_trunk() {
-                self.drain_trunk(k);
+                self.drain_trunk(k); // switches, never adds or removes a port: `i` holds
             }
         }
-        let i = self.index_of(id)?;
         let AnyPort::Vhost(v) = &mut self.ports[i] else {
             return None;
         };
@@ -555,12 +553,15 @@ impl Shard {
         }
     }
 
-    fn learn(&mut self, at: PortId, macs: &[[u8; 6]], now: Instant) {
-        if let Router::Learn(t) = self.fabric.router_mut() {
-            for &mac in macs {
-                t.learn(mac, at, now);
-            }
+    /// These addresses are behind port `at` now. False under a fixed wiring (nothing learns).
+    fn learn(&mut self, at: PortId, macs: &[[u8; 6]], now: Instant) -> bool {
+        let Router::Learn(t) = self.fabric.router_mut() else {
+            return false;
+        };
+        for &mac in macs {
+            t.learn(mac, at, now);
         }
+        true
     }
 
     /// Switches what waits in trunk `k` (the port at that index), and only that, until it is
