@@ -219,6 +219,13 @@ import json, sys
 w = [w["worker"] for w in json.load(sys.stdin).get("workers", []) if sys.argv[1] in w["ports"]]
 print(w[0] if w else "none")' "$2"
 }
+# move_other TAG PORT : moves a running switch's port to the other of its two workers (pvnet
+# ctl port move), the request ("ASK ...") and the reply appended to $D/TAG.moves.log.
+move_other() {
+  local w; w=$(ctl_worker "$1" "$2"); [ "$w" = none ] && return 1
+  echo "ASK $2 -> $((1 - w))" >> "$D/$1.moves.log"
+  "$PVNET_BIN" ctl --socket "$D/$1.ctl" port move "$2" "$((1 - w))" >> "$D/$1.moves.log" 2>&1
+}
 # sw_final TAG PORT FIELD : a counter from the switch's final JSON.
 sw_final() {
   python3 - "$D/$1.pvnet.json" "$2" "$3" <<'PY'
@@ -347,12 +354,11 @@ dpdk_multiqueue() {
   tp fe start
   if [ "${MQ_MOVES:-0}" -gt 0 ]; then
     # Move b, then a, then b... to the other worker while traffic runs (pvnet ctl port move).
-    local k port w gap; gap=$(python3 -c "print($DUR / ($MQ_MOVES + 1))")
+    local k port gap; gap=$(python3 -c "print($DUR / ($MQ_MOVES + 1))")
     for ((k = 0; k < MQ_MOVES; k++)); do
       sleep "$gap"
       port=b; [ $((k % 2)) = 1 ] && port=a
-      w=$(ctl_worker "$tag" "$port")
-      "$PVNET_BIN" ctl --socket "$D/$tag.ctl" port move "$port" "$((1 - w))" >> "$D/$tag.moves.log" 2>&1
+      move_other "$tag" "$port"
     done
     sleep "$gap"
   else
@@ -820,10 +826,7 @@ EOF
     # The vm port moved to the other worker every GMQ_MOVE_EVERY s while the guest runs: with
     # the tap's worker, then apart, through boot, both iperf3 runs and the counting.
     ( while kill -0 "$qp" 2>/dev/null; do
-        sleep "$GMQ_MOVE_EVERY"
-        w=$(ctl_worker "$tag" vm); [ "$w" = none ] && continue
-        echo "ASK vm -> $((1 - w))" >> "$D/$tag.moves.log"
-        "$PVNET_BIN" ctl --socket "$D/$tag.ctl" port move vm "$((1 - w))" >> "$D/$tag.moves.log" 2>&1
+        sleep "$GMQ_MOVE_EVERY"; move_other "$tag" vm
       done ) & mover=$!; PIDS+=("$mover")
   fi
   wait_pid "$qp" 150; local qrc=$?

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{frontend, u, Switch, TestDir, RUN};
+use common::{frontend, placement, u, Switch, TestDir, RUN};
 use std::time::Duration;
 
 /// Two workers, two frontends sending as fast as they can on ports a and c, both placed on
@@ -31,23 +31,11 @@ fn a_saturated_worker_hands_a_port_to_an_idle_one() {
             &c,
         ],
     );
-    let placed = |st: &serde_json::Value| -> Vec<Vec<String>> {
-        st["workers"]
-            .as_array()
-            .expect("workers")
-            .iter()
-            .map(|w| {
-                w["ports"]
-                    .as_array()
-                    .expect("ports")
-                    .iter()
-                    .map(|p| p.as_str().unwrap_or_default().to_string())
-                    .collect()
-            })
-            .collect()
-    };
     // Placed by count, in configuration order: a, s on worker 0; b, c on worker 1.
-    assert_eq!(placed(&sw.ctl("ports")), [vec!["a", "s"], vec!["b", "c"]]);
+    assert_eq!(
+        placement(&sw.ctl("ports")),
+        [vec!["a", "s"], vec!["b", "c"]]
+    );
     let r = sw.ctl_args(&["port", "move", "c", "0"]);
     assert_eq!(r["result"], "moved", "{r}");
     let fes: Vec<_> = [&sw.a, &dir.sock("c")]
@@ -64,7 +52,7 @@ fn a_saturated_worker_hands_a_port_to_an_idle_one() {
         assert!(std::time::Instant::now() < deadline, "no move: {st}");
         std::thread::sleep(Duration::from_millis(250));
     };
-    let w = placed(&st);
+    let w = placement(&st);
     assert!(
         w[1].contains(&"a".to_string()) != w[1].contains(&"c".to_string()),
         "one of a and c moved to worker 1: {st}"
@@ -99,7 +87,7 @@ fn a_saturated_worker_hands_a_port_to_an_idle_one() {
         fe.finish(RUN);
     }
     let st = sw.ctl("ports");
-    assert_eq!(placed(&st), [vec!["a", "s", "c"], vec!["b"]], "{st}");
+    assert_eq!(placement(&st), [vec!["a", "s", "c"], vec!["b"]], "{st}");
     assert!(
         !sw.proc.stderr().contains("moving a port"),
         "{}",

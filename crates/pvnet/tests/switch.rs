@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{counters, frontend, switch_drops, u, Switch, TestDir, RUN};
+use common::{counters, frontend, placement, switch_drops, u, Switch, TestDir, RUN};
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -416,26 +416,19 @@ fn ports_move_between_workers_under_traffic_without_reordering() {
     );
     tx.wait_json("ready", Duration::from_secs(20));
     let worker_of = |st: &serde_json::Value, port: &str| {
-        st["workers"]
-            .as_array()
-            .expect("workers")
+        placement(st)
             .iter()
-            .position(|w| {
-                w["ports"]
-                    .as_array()
-                    .is_some_and(|p| p.iter().any(|n| n == port))
-            })
+            .position(|w| w.iter().any(|n| n == port))
             .expect("placed")
     };
-    let mut moves = 0;
-    for i in 0..12 {
+    let moves = 12;
+    for i in 0..moves {
         std::thread::sleep(Duration::from_millis(120));
         let port = if i % 2 == 0 { "b" } else { "a" };
         let to = 1 - worker_of(&sw.ctl("ports"), port);
         let r = sw.ctl_args(&["port", "move", port, &to.to_string()]);
         assert_eq!(r["result"], "moved", "{r}");
         assert_eq!(worker_of(&sw.ctl("ports"), port), to);
-        moves += 1;
     }
     let txf = tx.finish(RUN);
     let rxf = rx.finish(RUN);

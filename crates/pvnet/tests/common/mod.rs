@@ -560,6 +560,23 @@ pub fn counters<'a>(status: &'a Value, port: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no port {port} in {status}"))
 }
 
+/// Each worker's port names in a `pvnet ctl ports --json` answer, worker by worker.
+pub fn placement(status: &Value) -> Vec<Vec<String>> {
+    status["workers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no workers in {status}"))
+        .iter()
+        .map(|w| {
+            w["ports"]
+                .as_array()
+                .expect("ports")
+                .iter()
+                .map(|p| p.as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .collect()
+}
+
 /// Sum of a switch port's `drops_*` counters (every reason).
 pub fn switch_drops(counters: &Value) -> u64 {
     counters
