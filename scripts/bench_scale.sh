@@ -16,12 +16,18 @@
 #            on 1 worker and on 2 workers (--shards 2, one port each): worker CPU ns per frame.
 #            (On this 2-CPU machine the second worker shares CPU0 with the frontends.)
 #   idle     64 idle ports (scripts/bench_idle_ports.sh).
+#   coalesce the load part's one-port points again, under the adaptive policy and under
+#            `--policy coalesce:CO_US` with CO_QSIZE-entry rings (default 1000 us, 8192), in one
+#            run: saturated, 10 % of saturation, 10 K, 100 K and 1 M frames/s (CPU share
+#            against offered load, what interrupt moderation trades for latency). Its table
+#            goes to its own section of docs/scale.md (bench_coalesce), so it runs alone.
 #
 # CPU share: user+sys ticks of the backend's worker threads (pvnet-shard*) over the window,
 # in % of one CPU (10 ms ticks: ~0.1 % resolution over 10 s). The c2c state (pvnet limits)
 # is recorded before each part: rates follow it.
-# Usage: scripts/bench_scale.sh   Env: PARTS="mq load workers idle" ROUNDS=3 W=8 (s per load
-#        point) RATE_W=1000000 DOC=docs/scale.md (DOC= to skip)
+# Usage: scripts/bench_scale.sh   Env: PARTS="mq load workers idle" (coalesce: on request)
+#        ROUNDS=3 W=8 (s per load point) RATE_W=1000000 CO_US=1000 CO_QSIZE=8192
+#        DOC=docs/scale.md (DOC= to skip)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 source "$ROOT/scripts/peers/lib.sh"
@@ -42,24 +48,27 @@ shard_ticks() {
   echo "$s"
 }
 
-# load_point NAME PORTS ACTIVE RATE [SHARDS]: a sink backend, PORTS frontends of which ACTIVE
-# send at RATE frames/s each (0: as fast as they can); prints one LOAD line: the workers' CPU
-# share over W s, frames sent in the window, CPU ns per frame.
+# load_point NAME PORTS ACTIVE RATE [SHARDS] [POLICY] [QSIZE]: a sink backend (polling
+# POLICY, default adaptive), PORTS frontends (rings of QSIZE entries, default 256) of which
+# ACTIVE send at RATE frames/s each (0: as fast as they can); prints one LOAD line: the
+# workers' CPU share over W s, frames sent in the window, CPU ns per frame.
 load_point() {
-  local name="$1" ports="$2" active="$3" rate="$4" shards="${5:-1}" sock="$B/$1.sock" i be
+  local name="$1" ports="$2" active="$3" rate="$4" shards="${5:-1}" policy="${6:-adaptive}" qsize="${7:-256}"
+  local sock="$B/$1.sock" i be c2c_a c2c_b
   rm -f "$sock"
+  c2c_a=$(c2c)
   PVNET_LOG=warn timeout $((W + 40)) "$PV" backend --socket "$sock" --role sink --cpu 1 --shards "$shards" \
-    > "$B/$name.be.json" 2> "$B/$name.be.log" &
+    --policy "$policy" > "$B/$name.be.json" 2> "$B/$name.be.log" &
   be=$!; PIDS+=("$be")
   wait_for 10 test -S "$sock" || die "$name: backend did not listen"
   local bepid; bepid=$(child_pid "$be")
   local secs=$((W + 6)) fes=()
   for i in $(seq 1 $((ports - active))); do
-    taskset -c 0 "$PV" frontend --socket "$sock" --role idle --secs $((secs + 2)) > /dev/null 2>&1 &
+    taskset -c 0 "$PV" frontend --socket "$sock" --role idle --queue-size "$qsize" --secs $((secs + 2)) > /dev/null 2>&1 &
     PIDS+=($!)
   done
   for i in $(seq 1 "$active"); do
-    taskset -c 0 "$PV" frontend --socket "$sock" --role tx --rate "$rate" --secs "$secs" > "$B/$name.fe$i.json" 2> /dev/null &
+    taskset -c 0 "$PV" frontend --socket "$sock" --role tx --rate "$rate" --queue-size "$qsize" --secs "$secs" > "$B/$name.fe$i.json" 2> /dev/null &
     fes+=($!); PIDS+=($!)
   done
   sleep 3
@@ -69,11 +78,12 @@ load_point() {
   t1=$(shard_ticks "$bepid"); s1=$(date +%s.%N)
   for i in "${fes[@]}"; do wait "$i" || true; done
   kill -INT "$be" 2>/dev/null; wait "$be" 2>/dev/null || true
-  python3 - "$name" "$ports" "$active" "$rate" "$shards" "$t0" "$t1" "$s0" "$s1" "$TCK" "$secs" "$B" <<'PY' | tee -a "$OUT"
+  c2c_b=$(c2c)
+  python3 - "$name" "$ports" "$active" "$rate" "$shards" "$t0" "$t1" "$s0" "$s1" "$TCK" "$secs" "$B" "$policy" "$qsize" "$c2c_a/$c2c_b" <<'PY' | tee -a "$OUT"
 import json, sys, glob
 name, ports, active, rate, shards = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 t0, t1, s0, s1, tck, secs = (float(x) for x in sys.argv[6:12])
-b = sys.argv[12]
+b, policy, qsize, c2c = sys.argv[12], sys.argv[13], sys.argv[14], sys.argv[15]
 sent = 0
 for f in glob.glob(f"{b}/{name}.fe*.json"):
     for line in open(f):
@@ -83,8 +93,8 @@ win = s1 - s0
 cpu = (t1 - t0) / tck / win            # CPU-seconds per second
 pps = sent / secs                      # the frontends' average rate
 frames = pps * win
-print("LOAD name=%s ports=%d active=%d rate=%d shards=%d cpu_pct=%.2f pps=%.0f ns_per_frame=%.1f"
-      % (name, ports, active, rate, shards, 100 * cpu, pps, 1e9 * cpu * win / frames if frames else float("nan")))
+print("LOAD name=%s ports=%d active=%d rate=%d shards=%d policy=%s qsize=%s c2c_ns=%s cpu_pct=%.2f pps=%.0f ns_per_frame=%.1f"
+      % (name, ports, active, rate, shards, policy, qsize, c2c, 100 * cpu, pps, 1e9 * cpu * win / frames if frames else float("nan")))
 PY
 }
 
@@ -110,6 +120,20 @@ if [[ " $PARTS " == *" load "* ]]; then
   load_point one64 64 1 40000
 fi
 
+if [[ " $PARTS " == *" coalesce "* ]]; then
+  CO_US="${CO_US:-1000}"; CO_QSIZE="${CO_QSIZE:-8192}"
+  log "coalesce: c2c $(c2c) ns; adaptive against coalesce:$CO_US, $CO_QSIZE-entry rings, interleaved"
+  for pol in adaptive "coalesce:$CO_US"; do
+    load_point "co-sat-$pol" 1 1 0 1 "$pol" "$CO_QSIZE"
+  done
+  cosat=$(awk '/^LOAD name=co-sat-adaptive /{for(i=1;i<=NF;i++) if($i ~ /^pps=/) {sub("pps=","",$i); print $i}}' "$OUT" | tail -1)
+  for r in "$(python3 -c "print(int($cosat / 10))")" 1000000 100000 10000; do
+    for pol in adaptive "coalesce:$CO_US"; do
+      load_point "co-r$r-$pol" 1 1 "$r" 1 "$pol" "$CO_QSIZE"
+    done
+  done
+fi
+
 if [[ " $PARTS " == *" workers "* ]]; then
   log "workers: c2c $(c2c) ns"
   for r in $(seq "$ROUNDS"); do
@@ -124,7 +148,7 @@ if [[ " $PARTS " == *" idle "* ]]; then
 fi
 
 # ---- summary ------------------------------------------------------------------------------------
-python3 - "$OUT" "$B/summary.md" <<'PY'
+python3 - "$OUT" "$B/summary.md" "$B/coalesce.md" <<'PY'
 import re, sys, statistics as st
 rows = [dict(kv.split("=", 1) for kv in l.split()[1:] if "=" in kv) | {"kind": l.split()[0]} for l in open(sys.argv[1])]
 out = []
@@ -151,6 +175,17 @@ if res:
                 f2(med(p2) / med(d2)) if p2 and d2 else "-", f2(sh("switch")), f2(sh("dpdk")), len(p1), len(p2), len(d2)))
     out.append("")
 load = {r["name"]: r for r in rows if r["kind"] == "LOAD"}
+co = [r for r in load.values() if r["name"].startswith("co-")]
+if co:
+    cout = ["### CPU follows the load: the adaptive policy against coalescing (one port, `pvnet backend --role sink`, %s-entry rings)" % co[0]["qsize"], "",
+            "| offered | policy | frames/s | worker CPU % | of its saturated CPU (same policy) | CPU ns/frame | c2c ns before/after |", "|---|---|---|---|---|---|---|"]
+    sats = {r["policy"]: float(r["cpu_pct"]) for r in co if r["rate"] == "0"}
+    for r in sorted(co, key=lambda r: (-int(r["rate"]) if r["rate"] != "0" else -10**12, r["policy"])):
+        s0 = sats.get(r["policy"])
+        cout.append("| %s | %s | %s | %s | %s | %s | %s |" % ("saturation" if r["rate"] == "0" else r["rate"] + " frames/s", r["policy"], r["pps"],
+                    r["cpu_pct"], "%.1f %%" % (100 * float(r["cpu_pct"]) / s0) if s0 else "-", r["ns_per_frame"], r.get("c2c_ns", "-")))
+    open(sys.argv[3], "w").write("\n".join(cout) + "\n")
+    print("\n".join(cout))
 if "sat" in load:
     sat, ten = load["sat"], load.get("tenth")
     out += ["### CPU follows the load (one port, `pvnet backend --role sink`, one worker)", "",
@@ -186,9 +221,18 @@ open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY
 
-if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q '<!-- bench_scale:begin -->' "$DOC"; then
+run_line() { echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`PARTS=\"$PARTS\" ROUNDS=$ROUNDS W=$W${CO_US:+ CO_US=$CO_US CO_QSIZE=$CO_QSIZE} scripts/bench_scale.sh\`, pvnet $(git -C "$ROOT" describe --always --dirty 2>/dev/null), $(nproc) CPUs."; }
+if [ -n "$DOC" ] && [ -s "$B/coalesce.md" ] && grep -q '<!-- bench_coalesce:begin -->' "$DOC"; then
+  { run_line; echo; cat "$B/coalesce.md"; echo; echo "<details><summary>raw lines</summary>"; echo; echo '```'
+    grep '^LOAD name=co-' "$OUT"; echo '```'; echo; echo "</details>"; } > "$B/co-section.md"
+  doc_section "$DOC" bench_coalesce "$B/co-section.md"
+  log "coalescing table written to $DOC"
+fi
+# The parts other than coalesce own the bench_scale section: written only when one of them ran.
+others=$(tr ' ' '\n' <<< "$PARTS" | grep -v -x -e coalesce -e '' | wc -l)
+if [ -n "$DOC" ] && [ "$others" -gt 0 ] && [ -f "$DOC" ] && grep -q '<!-- bench_scale:begin -->' "$DOC"; then
   {
-    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`PARTS=\"$PARTS\" ROUNDS=$ROUNDS W=$W scripts/bench_scale.sh\`, pvnet $(git -C "$ROOT" describe --always --dirty 2>/dev/null), $(nproc) CPUs."
+    run_line
     echo; cat "$B/summary.md"
     echo "<details><summary>raw lines</summary>"; echo; echo '```'; cat "$OUT"; echo '```'; echo; echo "</details>"
   } > "$B/section.md"

@@ -51,7 +51,9 @@ pub struct BackendArgs {
     /// When to poll an empty transmit ring and when to arm its notifications and sleep:
     /// adaptive (learned, time-bounded polling window), notify (arm at once), timer:<us>
     /// (never armed, drained every period), spin:<n> (arm after n empty polls), busy (never
-    /// sleep).
+    /// sleep), coalesce:<us> (adaptive, but a steady stream is drained once per period with
+    /// notifications off instead of polled: the period lasts while half the ring fills at the
+    /// measured rate, at most <us>; CPU follows the load, for up to <us> more latency).
     #[arg(long, default_value = "adaptive")]
     pub policy: Policy,
     /// The same, for receive rings while the backend waits for the frontend's buffers.

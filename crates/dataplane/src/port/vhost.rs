@@ -1493,6 +1493,7 @@ fn ingress(
     tx.q.push_used_all(&chains[..taken], 0);
     // Chains not taken wait in the ring for the next round.
     tx.q.unpop(u16::try_from(chains.len() - taken).unwrap_or(0));
+    tx.poll.took(taken, tx.q.size());
     tx.publish(stats);
     bump(&stats.rx_packets, taken as u64);
     bump(&stats.rx_bytes, bytes);
@@ -1934,7 +1935,7 @@ impl super::Port for VhostPort {
                 let Some(s) = s.filter(|s| wanted && s.live) else {
                     continue;
                 };
-                if matches!(s.poll.policy(), Policy::Timer(_)) {
+                if matches!(s.poll.policy(), Policy::Timer(_)) || s.poll.coalescing() {
                     continue;
                 }
                 match s.q.arm_notify() {
