@@ -23,7 +23,7 @@
 //!
 //! [`Policy::Coalesce`] adds interrupt moderation on top: a stream fast enough that the
 //! adaptive policy would spin on it, yet slow enough that half the ring holds at least
-//! [`COALESCE_MIN_WAKES`] wake-ups of it, is drained once per period with its notifications
+//! eight wake-ups of it, is drained once per period with its notifications
 //! off; the period is what half the ring lasts at the rate the last drain measured, never
 //! longer than the policy's bound (the latency it may add). Half a ring per drain leaves the
 //! producer room; a drain that finds three quarters of it filled halves the period. A trickle
