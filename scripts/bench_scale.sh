@@ -27,12 +27,14 @@
 # is recorded before each part: rates follow it.
 # Usage: scripts/bench_scale.sh   Env: PARTS="mq load workers idle" (coalesce: on request)
 #        ROUNDS=3 W=8 (s per load point) RATE_W=1000000 CO_US=1000 CO_QSIZE=8192
+#        W_POLICY=adaptive W_QSIZE=256 (the workers part's backend policy and ring size)
 #        DOC=docs/scale.md (DOC= to skip)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 source "$ROOT/scripts/peers/lib.sh"
 need_root
 PARTS="${PARTS:-mq load workers idle}"; ROUNDS="${ROUNDS:-3}"; W="${W:-8}"; RATE_W="${RATE_W:-1000000}"
+W_POLICY="${W_POLICY:-adaptive}"; W_QSIZE="${W_QSIZE:-256}"
 DOC="${DOC-$ROOT/docs/scale.md}"
 build_pvnet
 bench_dir scale
@@ -137,8 +139,8 @@ fi
 if [[ " $PARTS " == *" workers "* ]]; then
   log "workers: c2c $(c2c) ns"
   for r in $(seq "$ROUNDS"); do
-    load_point "w1-$r" 2 2 "$RATE_W" 1
-    load_point "w2-$r" 2 2 "$RATE_W" 2
+    load_point "w1-$r" 2 2 "$RATE_W" 1 "$W_POLICY" "$W_QSIZE"
+    load_point "w2-$r" 2 2 "$RATE_W" 2 "$W_POLICY" "$W_QSIZE"
   done
 fi
 
