@@ -599,6 +599,23 @@ pub fn flow_hash(f: &[u8]) -> u64 {
     flow_hash_head(&head, f.len())
 }
 
+/// Whether a frame of this EtherType is hashed past its Ethernet addresses by
+/// [`flow_hash_head`] (IPv4, IPv6, or behind a VLAN tag).
+#[inline]
+pub fn hashes_l3(ethertype: u16) -> bool {
+    matches!(ethertype, 0x0800 | 0x86dd | 0x8100 | 0x88a8)
+}
+
+/// [`flow_hash_head`] of a frame that carries no IP (its EtherType fails [`hashes_l3`]):
+/// its destination and source addresses only.
+#[inline]
+pub fn flow_hash_l2(macs: [u8; 12]) -> u64 {
+    let mix = |h: u64, w: u64| (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    let w64 = u64::from_le_bytes(macs[..8].try_into().unwrap_or([0; 8]));
+    let w32 = u64::from(u32::from_le_bytes(macs[8..].try_into().unwrap_or([0; 4])));
+    mix(mix(0, w64), w32)
+}
+
 /// The flow hash of a frame from its first 64 bytes (`len`: the frame's length; bytes past it
 /// are not read): IPv4 or IPv6 addresses, protocol and, for TCP, UDP and SCTP, ports (not
 /// for a fragment: they are in the first fragment only), behind one VLAN tag too; else the
@@ -633,7 +650,7 @@ pub fn flow_hash_head(f: &[u8; 64], len: usize) -> u64 {
             }
             (h, Some((proto, l3 + 40)))
         }
-        _ => return mix(mix(0, w64(0)), w32(8)),
+        _ => return flow_hash_l2(f[..12].try_into().unwrap_or([0; 12])),
     };
     if let Some((6 | 17 | 132, at)) = l4 {
         if at + 4 <= len.min(64) {

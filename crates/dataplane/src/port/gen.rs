@@ -87,11 +87,22 @@ fn spread(
     flow: &mut [u8; MAX_BURST],
 ) {
     let at = HDR_LEN as usize + 10;
+    // The flow of the first frame, and how many frames of its run are left: after that the
+    // flow steps by one (no division per frame).
+    let (mut id, mut left) = first.map_or((0, u64::MAX), |s| {
+        (
+            u8::try_from(s / FLOW_RUN % u64::from(flows)).unwrap_or(0),
+            FLOW_RUN - s % FLOW_RUN,
+        )
+    });
     for (k, f) in frames.chunks_exact_mut(frame_bytes).take(owed).enumerate() {
-        flow[k] = first.map_or(0, |s| {
-            u8::try_from((s + k as u64) / FLOW_RUN % u64::from(flows)).unwrap_or(0)
-        });
-        f[at] = src ^ flow[k];
+        if left == 0 {
+            id = if id + 1 >= flows { 0 } else { id + 1 };
+            left = FLOW_RUN;
+        }
+        left -= 1;
+        flow[k] = id;
+        f[at] = src ^ id;
     }
 }
 
@@ -300,4 +311,31 @@ impl super::Port for GenPort {
     fn disarm(&mut self, _slept: bool) {}
 
     fn event(&mut self, _token: u16) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_gives_each_frame_its_runs_flow() {
+        let fb = HDR_LEN as usize + 64;
+        let mut frames = vec![0u8; fb * MAX_BURST];
+        for flows in [2u8, 3, 64, 255] {
+            for first in [0u64, 1, 31, 32, 63, 1000, u64::from(u32::MAX) * 7 + 5] {
+                let mut flow = [0u8; MAX_BURST];
+                spread(&mut frames, fb, MAX_BURST, Some(first), (0x40, flows), &mut flow);
+                for (k, f) in frames.chunks_exact(fb).enumerate() {
+                    let want = u8::try_from((first + k as u64) / FLOW_RUN % u64::from(flows))
+                        .expect("flow");
+                    assert_eq!(flow[k], want, "flows {flows}, frame {}", first + k as u64);
+                    assert_eq!(f[HDR_LEN as usize + 10], 0x40 ^ want);
+                }
+            }
+            // The end marker goes out from the first flow's address.
+            let mut flow = [9u8; MAX_BURST];
+            spread(&mut frames, fb, 1, None, (0x40, flows), &mut flow);
+            assert_eq!((flow[0], frames[HDR_LEN as usize + 10]), (0, 0x40));
+        }
+    }
 }

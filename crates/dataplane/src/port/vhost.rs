@@ -1672,17 +1672,26 @@ impl VhostPort {
     /// The index in `steer` of the ring a packet's flow goes to.
     #[inline]
     fn slot_of(&self, p: &Pkt<'_>) -> usize {
-        // The addresses and ports lie within the frame's first 64 bytes (VLAN and IPv6
-        // included): one fixed-size copy when the first segment holds them (nearly always).
-        let b = match p.segs.first().and_then(|s| s.read_array::<64>(p.hdr_len)) {
-            Some(b) => b,
-            None => {
-                let mut b = [0u8; 64];
-                virtq::mem::read_segs(p.segs, p.hdr_len, &mut b);
-                b
-            }
-        };
-        let h = crate::egress::queue::flow_hash_head(&b, p.frame_len() as usize) >> 32;
+        use crate::egress::queue::{flow_hash_head, flow_hash_l2, hashes_l3};
+        let first = p.segs.first();
+        // A frame without IP hashes its addresses, which the packet carries already: only
+        // its EtherType is read.
+        let et = first.and_then(|s| s.read_array::<2>(p.hdr_len + 12));
+        let h = if et.is_some_and(|e| !hashes_l3(u16::from_be_bytes(e))) {
+            flow_hash_l2(p.macs)
+        } else {
+            // The addresses and ports lie within the frame's first 64 bytes (VLAN and IPv6
+            // included): one fixed-size copy when the first segment holds them (nearly always).
+            let b = match first.and_then(|s| s.read_array::<64>(p.hdr_len)) {
+                Some(b) => b,
+                None => {
+                    let mut b = [0u8; 64];
+                    virtq::mem::read_segs(p.segs, p.hdr_len, &mut b);
+                    b
+                }
+            };
+            flow_hash_head(&b, p.frame_len() as usize)
+        } >> 32;
         // Multiply-shift onto 0..nsteer (no division).
         (((h * self.nsteer as u64) >> 32) as usize).min(MAX_STEER - 1)
     }
