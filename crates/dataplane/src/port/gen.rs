@@ -72,37 +72,41 @@ pub struct GenPort {
     done: bool,
 }
 
-/// Spreads a burst over flows: frame `k` of the `owed` in `frames` (number `first + k`) gets
-/// the source address of flow `(first + k) / FLOW_RUN % flows` (its fifth byte `src` xor
-/// the flow), noted in `flow[k]`; the end marker (`first` None) goes out from the first
-/// flow's.
-#[cold]
-#[inline(never)]
-fn spread(
-    frames: &mut [u8],
-    frame_bytes: usize,
-    owed: usize,
-    first: Option<u64>,
-    (src, flows): (u8, u8),
-    flow: &mut [u8; MAX_BURST],
-) {
-    let at = HDR_LEN as usize + 10;
-    // The flow of the first frame, and how many frames of its run are left: after that the
-    // flow steps by one (no division per frame).
-    let (mut id, mut left) = first.map_or((0, u64::MAX), |s| {
-        (
-            u8::try_from(s / FLOW_RUN % u64::from(flows)).unwrap_or(0),
-            FLOW_RUN - s % FLOW_RUN,
-        )
-    });
-    for (k, f) in frames.chunks_exact_mut(frame_bytes).take(owed).enumerate() {
-        if left == 0 {
-            id = if id + 1 >= flows { 0 } else { id + 1 };
-            left = FLOW_RUN;
+/// The flows of consecutive frames, from frame number `first` on: frame `n` belongs to flow
+/// `n / FLOW_RUN % flows` (the end marker, `first` None, to the first flow). Stepped once per
+/// frame, with no division per frame.
+struct Flows {
+    id: u8,
+    /// Frames of the current run left.
+    left: u64,
+    flows: u8,
+}
+
+impl Flows {
+    fn new(first: Option<u64>, flows: u8) -> Self {
+        let flows = flows.max(1);
+        let (id, left) = first.map_or((0, u64::MAX), |s| {
+            (
+                u8::try_from(s / FLOW_RUN % u64::from(flows)).unwrap_or(0),
+                FLOW_RUN - s % FLOW_RUN,
+            )
+        });
+        Self { id, left, flows }
+    }
+
+    /// The next frame's flow.
+    #[inline]
+    fn step(&mut self) -> u8 {
+        if self.left == 0 {
+            self.id = if self.id + 1 >= self.flows {
+                0
+            } else {
+                self.id + 1
+            };
+            self.left = FLOW_RUN;
         }
-        left -= 1;
-        flow[k] = id;
-        f[at] = src ^ id;
+        self.left -= 1;
+        self.id
     }
 }
 
@@ -206,18 +210,10 @@ impl super::Port for GenPort {
         let macs: [u8; 12] = self.frames[h..h + 12].try_into().unwrap_or([0; 12]);
         let (seq, id) = (self.seq, self.id);
         let (src, flows) = (self.spec.src[4], self.spec.flows);
+        // Spread over flows (`flows` > 1): frame `k` gets its flow's source address (its fifth
+        // byte `src` xor the flow), noted in `flow[k]` for the packet's addresses.
         let mut flow = [0u8; MAX_BURST];
-        if flows > 1 {
-            let first = if finishing { None } else { Some(seq) };
-            spread(
-                &mut self.frames,
-                self.frame_bytes,
-                owed,
-                first,
-                (src, flows),
-                &mut flow,
-            );
-        }
+        let mut steps = (flows > 1).then(|| Flows::new((!finishing).then_some(seq), flows));
         let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
         for (k, f) in self
             .frames
@@ -229,6 +225,10 @@ impl super::Port for GenPort {
                 frame::set_end(&mut f[h..], seq);
             } else {
                 frame::set_seq(&mut f[h..], seq + k as u64);
+            }
+            if let Some(st) = steps.as_mut() {
+                flow[k] = st.step();
+                f[h + 10] = src ^ flow[k];
             }
             segs[k] = Seg::from_mut(f);
         }
@@ -318,24 +318,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spread_gives_each_frame_its_runs_flow() {
-        let fb = HDR_LEN as usize + 64;
-        let mut frames = vec![0u8; fb * MAX_BURST];
+    fn flows_step_through_runs_of_frames() {
         for flows in [2u8, 3, 64, 255] {
             for first in [0u64, 1, 31, 32, 63, 1000, u64::from(u32::MAX) * 7 + 5] {
-                let mut flow = [0u8; MAX_BURST];
-                spread(&mut frames, fb, MAX_BURST, Some(first), (0x40, flows), &mut flow);
-                for (k, f) in frames.chunks_exact(fb).enumerate() {
-                    let want = u8::try_from((first + k as u64) / FLOW_RUN % u64::from(flows))
-                        .expect("flow");
-                    assert_eq!(flow[k], want, "flows {flows}, frame {}", first + k as u64);
-                    assert_eq!(f[HDR_LEN as usize + 10], 0x40 ^ want);
+                let mut f = Flows::new(Some(first), flows);
+                for n in first..first + 3 * FLOW_RUN {
+                    let want = u8::try_from(n / FLOW_RUN % u64::from(flows)).expect("flow");
+                    assert_eq!(f.step(), want, "flows {flows}, frame {n}");
                 }
             }
             // The end marker goes out from the first flow's address.
-            let mut flow = [9u8; MAX_BURST];
-            spread(&mut frames, fb, 1, None, (0x40, flows), &mut flow);
-            assert_eq!((flow[0], frames[HDR_LEN as usize + 10]), (0, 0x40));
+            assert_eq!(Flows::new(None, flows).step(), 0);
         }
     }
 }
