@@ -11,10 +11,11 @@
 use crate::ctl::{self, PortInfo, Reply};
 use crate::error::{io, usage, Result};
 use crate::switch_cmd::{
-    check_port, counters, egress_of, host_io, io_name, parse_mac, spec_value, FileConfig,
-    PortConfig,
+    check_port, counters, egress_of, host_io, io_name, parse_mac, port_policy, spec_value,
+    FileConfig, PortConfig,
 };
 use pvnet_dataplane::egress::EgressConfig;
+use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::port::gen::GenSpec;
 use pvnet_dataplane::port::kernel::HostDev;
 use pvnet_dataplane::stats::PortSnapshot;
@@ -121,12 +122,18 @@ fn egress_text(e: &EgressConfig) -> String {
 }
 
 /// How `pvnet ctl` describes a vhost-user port.
-fn vhost_detail(socket: &Path, client: bool, egress: &EgressConfig) -> String {
+fn vhost_detail(
+    socket: &Path,
+    client: bool,
+    egress: &EgressConfig,
+    policy: Option<Policy>,
+) -> String {
     format!(
-        "{}{}, egress {}",
+        "{}{}, egress {}{}",
         socket.display(),
         if client { " (client)" } else { "" },
-        egress_text(egress)
+        egress_text(egress),
+        policy.map_or(String::new(), |p| format!(", policy {p}"))
     )
 }
 
@@ -177,6 +184,10 @@ impl Runtime {
                     Some(Listener::bind(socket).map_err(at(&socket.display()))?)
                 };
                 self.dp.set_egress(id, egress);
+                let policy = port_policy(p)?;
+                if policy.is_some() {
+                    self.dp.set_tx_policy(id, policy);
+                }
                 let offer = Arc::new(Mutex::new(offer));
                 let stop = Stop::new().map_err(at(&"eventfd"))?;
                 let hooks: Arc<dyn DeviceHooks> = self.dp.clone();
@@ -198,7 +209,7 @@ impl Runtime {
                         thread: Some(thread),
                         offer,
                     },
-                    vhost_detail(socket, *client, &egress),
+                    vhost_detail(socket, *client, &egress, policy),
                 ))
             }
             PortConfig::Tap {
@@ -415,7 +426,7 @@ impl Runtime {
         }
         if !in_place(&l.cfg, &new) {
             return Err(usage(format!(
-                "port {name}: only a vhost-user port's egress (qdisc, dql, bulk, limit), offloads and queue_pairs change in place; delete the port and add it again"
+                "port {name}: only a vhost-user port's egress (qdisc, dql, bulk, limit), policy, offloads and queue_pairs change in place; delete the port and add it again"
             )));
         }
         let (Some((e0, o0)), Some((e1, o1)), PortConfig::VhostUser { socket, client, .. }) =
@@ -431,6 +442,14 @@ impl Runtime {
                 egress_text(&e1)
             ));
         }
+        let (p0, p1) = (port_policy(&l.cfg)?, port_policy(&new)?);
+        if p0 != p1 {
+            self.dp.set_tx_policy(l.id, p1);
+            notes.push(format!(
+                "transmit-ring policy now {}, applied at once",
+                p1.map_or("the switch's".into(), |p| p.to_string())
+            ));
+        }
         if (o0.queue_pairs, o0.features) != (o1.queue_pairs, o1.features) {
             if let Running::Vhost { offer, .. } = &l.run {
                 *offer.lock().unwrap_or_else(|e| e.into_inner()) = o1;
@@ -441,7 +460,7 @@ impl Runtime {
                 o1.features & OFFLOAD_FEATURES != 0
             ));
         }
-        l.detail = vhost_detail(socket, *client, &e1);
+        l.detail = vhost_detail(socket, *client, &e1, p1);
         l.cfg = new;
         let origin = l.origin;
         info!(port = %name, changes = ?notes, "port changed");

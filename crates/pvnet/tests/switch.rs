@@ -511,3 +511,81 @@ fn sixty_four_idle_ports_cost_almost_nothing() {
     sw.proc.signal(libc::SIGINT);
     sw.proc.finish(RUN);
 }
+
+/// A port's own polling policy (`policy=`), set in place with `pvnet ctl port set`: its
+/// transmit rings are then drained once per coalescing period, not polled, and a bad policy
+/// is refused with the port left as it was.
+#[test]
+fn a_ports_own_policy_coalesces_its_rings_and_changes_in_place() {
+    let dir = TestDir::new("swpol");
+    let mut sw = Switch::start(&dir, &[]);
+    let r = sw.ctl_args(&["port", "set", "a", "policy=coalesce:2000"]);
+    assert_eq!(r["result"], "changed", "{r}");
+    let detail = |r: &serde_json::Value| r["port"]["detail"].as_str().unwrap_or("").to_string();
+    assert!(detail(&r).contains("policy coalesce:2000"), "{r}");
+    let (ok, err) = ctl(&sw.ctl, &["port", "set", "a", "policy=fastest"]);
+    assert!(!ok && err.contains("policy"), "{err}");
+    // 100 Kpps into a 1024-entry ring: half of it lasts 5 ms, so the 2 ms bound is the period:
+    // about 500 drains a second (the switch's adaptive policy drains every frame or two).
+    let mut tx = frontend(
+        "frontend tx",
+        &sw.a,
+        &[
+            "--role",
+            "tx",
+            "--secs",
+            "1.2",
+            "--rate",
+            "100000",
+            "--queue-size",
+            "1024",
+        ],
+    );
+    let fe = tx.finish(RUN);
+    let c = sw.counters("a");
+    let (pkts, batches) = (u(&c, "/rx_packets"), u(&c, "/rx_batches"));
+    assert_eq!(pkts, u(&fe, "/tx_packets"), "{fe}\n{c}");
+    assert!(
+        pkts >= 119_000 && batches <= 2_400 && pkts / batches >= 50,
+        "{pkts} frames in {batches} batches: not coalesced\n{c}"
+    );
+    // Back to a policy that polls, while frames flow: the running ring switches at once
+    // (a frame or two per drain at this rate), and the change is said so.
+    let mut tx = frontend(
+        "frontend tx",
+        &sw.a,
+        &[
+            "--role",
+            "tx",
+            "--secs",
+            "2",
+            "--rate",
+            "100000",
+            "--queue-size",
+            "1024",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let r = sw.ctl_args(&["port", "set", "a", "policy=adaptive"]);
+    assert_eq!(r["result"], "changed", "{r}");
+    assert!(detail(&r).contains("policy adaptive"), "{r}");
+    std::thread::sleep(Duration::from_millis(300));
+    let c1 = sw.counters("a");
+    std::thread::sleep(Duration::from_millis(800));
+    let c2 = sw.counters("a");
+    tx.finish(RUN);
+    let d = |k: &str| u(&c2, k) - u(&c1, k);
+    let (pkts, batches) = (d("/rx_packets"), d("/rx_batches"));
+    assert!(
+        pkts >= 50_000 && batches * 10 > pkts,
+        "{pkts} frames in {batches} batches after the change: still coalesced\n{c1}\n{c2}"
+    );
+    sw.proc.signal(libc::SIGINT);
+    sw.proc.wait_exit(RUN);
+    assert!(
+        sw.proc
+            .stderr()
+            .contains("transmit-ring policy now adaptive, applied at once"),
+        "the change is logged"
+    );
+}

@@ -1060,6 +1060,24 @@ impl VhostPort {
         info!(port = self.id, egress = ?e, "egress settings changed");
     }
 
+    /// Polls its transmit rings by `p` from now on (running ones start afresh).
+    pub fn set_tx_policy(&mut self, p: Policy) {
+        if self.cfg.tx_policy == p {
+            return;
+        }
+        self.cfg.tx_policy = p;
+        let wake = self.cfg.wake;
+        for s in self
+            .qps
+            .iter_mut()
+            .flatten()
+            .filter_map(|qp| qp.tx.as_mut())
+        {
+            s.poll = Poller::new(p, wake);
+        }
+        info!(port = self.id, policy = %p, "transmit-ring policy changed");
+    }
+
     /// Takes a queue back; returns its next avail index (what `GET_VRING_BASE` answers) and
     /// its kick fd's number (to leave the epoll set).
     pub fn stop(&mut self, index: u16) -> Option<(u16, Option<i32>)> {

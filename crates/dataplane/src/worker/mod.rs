@@ -624,6 +624,12 @@ impl Dataplane {
         self.send_port(id, Cmd::Egress(id, e));
     }
 
+    /// Gives a vhost-user port its own polling policy for its transmit rings (None: back to
+    /// [`WorkerConfig::policy`]). Running rings switch at once, their learned state reset.
+    pub fn set_tx_policy(&self, id: PortId, p: Option<Policy>) {
+        self.send_port(id, Cmd::Policy(id, p));
+    }
+
     /// Deletes a port from the switch: its queues stop (what waited in its egress queue is
     /// counted as dropped, `port_down`), its frames stop being switched, and its settings and
     /// counters are forgotten. Returns its last counters. (A vhost-user port's frontend must

@@ -9,7 +9,7 @@
 use super::{GenConfig, HostPort, Registry, Role, WorkerConfig};
 use crate::egress::{EgressConfig, HoldPolicy};
 use crate::poll::plan::{call_bound, Plan, Settle};
-use crate::poll::{Clock, WakeCost};
+use crate::poll::{Clock, Policy, WakeCost};
 use crate::port::gen::{GenPort, GenSpec};
 use crate::port::kernel::KernelPort;
 use crate::port::sink::{Counting, SinkPort};
@@ -44,6 +44,8 @@ pub(crate) enum Cmd {
     Forget(PortId, SyncSender<()>),
     AddHost(PortId, Box<HostPort>),
     Egress(PortId, EgressConfig),
+    /// A port's own polling policy of its transmit rings (None: the shard's).
+    Policy(PortId, Option<Policy>),
     Macs(SyncSender<Vec<MacEntry>>),
     /// This shard's end of the trunk to shard `peer` (the learning switch on several shards).
     Trunk(Box<TrunkEnd>),
@@ -77,6 +79,7 @@ pub(crate) struct Link {
 pub(crate) struct Moving {
     pub(crate) port: AnyPort,
     pub(crate) egress: Option<EgressConfig>,
+    pub(crate) policy: Option<Policy>,
     /// The addresses learned on it.
     pub(crate) macs: Vec<[u8; 6]>,
 }
@@ -170,6 +173,8 @@ pub(crate) struct Shard {
     wake: WakeCost,
     /// Egress settings of ports that have their own (others: `cfg.egress`).
     egress: std::collections::BTreeMap<PortId, EgressConfig>,
+    /// Transmit-ring policies of ports that have their own (others: `cfg.policy`).
+    policy: std::collections::BTreeMap<PortId, Policy>,
     /// Busy and total time, published each round.
     load: Arc<Load>,
 }
@@ -212,6 +217,7 @@ impl Shard {
             faults: 0,
             wake: WakeCost::FALLBACK,
             egress: std::collections::BTreeMap::new(),
+            policy: std::collections::BTreeMap::new(),
             load,
         })
     }
@@ -229,7 +235,7 @@ impl Shard {
 
     fn vhost_config(&self, id: PortId) -> VhostConfig {
         VhostConfig {
-            tx_policy: self.cfg.policy,
+            tx_policy: self.policy.get(&id).copied().unwrap_or(self.cfg.policy),
             rx_policy: self.cfg.rx_policy,
             batch: usize::from(self.cfg.batch.max(1)),
             call_bound: call_bound(self.cfg.tx_call_delay, self.wake.typical),
@@ -435,6 +441,7 @@ impl Shard {
                 Cmd::Forget(id, reply) => {
                     self.remove(id);
                     self.egress.remove(&id);
+                    self.policy.remove(&id);
                     let _ = reply.send(());
                 }
                 Cmd::Egress(id, e) => {
@@ -442,6 +449,16 @@ impl Shard {
                     let cfg = self.vhost_config(id).egress;
                     if let Some(p) = self.vhost(id) {
                         p.set_egress(cfg);
+                    }
+                }
+                Cmd::Policy(id, policy) => {
+                    match policy {
+                        Some(p) => self.policy.insert(id, p),
+                        None => self.policy.remove(&id),
+                    };
+                    let p = self.vhost_config(id).tx_policy;
+                    if let Some(v) = self.vhost(id) {
+                        v.set_tx_policy(p);
                     }
                 }
                 Cmd::Learn(id, mac) => {
@@ -519,6 +536,7 @@ impl Shard {
         Some(Box::new(Moving {
             port,
             egress: self.egress.remove(&id),
+            policy: self.policy.remove(&id),
             macs,
         }))
     }
@@ -537,6 +555,9 @@ impl Shard {
             }
             if let Some(e) = m.egress {
                 self.egress.insert(id, e);
+            }
+            if let Some(p) = m.policy {
+                self.policy.insert(id, p);
             }
             self.add(port);
             info!(
