@@ -22,12 +22,12 @@
 //! * A queue idle longer than its window is never spun on: it is armed and the worker sleeps.
 //!
 //! [`Policy::Coalesce`] adds interrupt moderation on top: a stream fast enough that the
-//! adaptive policy would spin on it, yet slow enough that half the ring holds at least
-//! eight wake-ups of it, is drained once per period with its notifications
-//! off; the period is what half the ring lasts at the rate the last drain measured, never
-//! longer than the policy's bound (the latency it may add). Half a ring per drain leaves the
-//! producer room; a drain that finds three quarters of it filled halves the period. A trickle
-//! and silence go back to the adaptive answer, so an idle queue still sleeps armed.
+//! adaptive policy would spin on it, yet slow enough that half the ring holds at least eight
+//! wake-ups of it, is drained once per period with its notifications off; the period is what
+//! half the ring lasts at the rate the last drain measured, never longer than the policy's
+//! bound (the latency it may add). Half a ring per drain leaves the producer room; a drain
+//! that finds three quarters of it filled halves the period. A trickle and silence go back
+//! to the adaptive answer, so an idle queue still sleeps armed.
 //!
 //! Time is injected ([`Clock`]) so the policy is tested deterministically.
 
@@ -468,9 +468,9 @@ impl Poller {
     /// drain if the stream is worth coalescing. The rate is what the last cycle (ring empty
     /// to ring empty) brought; the period lets half the ring fill at that rate, at most
     /// `bound`, and halves when a drain found the ring three quarters full or more (the rate
-    /// underestimated: it rose, or the ring filled and held the rest back). Not worth it, and the adaptive answer holds: a trickle (a drain of
-    /// one packet: notifications cost one wake-up per packet anyway), or a period under
-    /// [`COALESCE_MIN_WAKES`] wake-ups.
+    /// underestimated: it rose, or the ring filled and held the rest back). Not worth it,
+    /// and the adaptive answer holds: a trickle (a drain of one packet: notifications cost
+    /// one wake-up per packet anyway), or a period under [`COALESCE_MIN_WAKES`] wake-ups.
     fn next_cycle(&mut self, now: Instant, bound: Duration) -> Option<Instant> {
         let ring = u32::from(self.ring).max(2);
         let (n, half) = (std::mem::take(&mut self.found), ring / 2);
