@@ -27,7 +27,10 @@
 //! half the ring lasts at the rate the last drain measured, never longer than the policy's
 //! bound (the latency it may add). Half a ring per drain leaves the producer room; a drain
 //! that finds three quarters of it filled halves the period. A trickle and silence go back
-//! to the adaptive answer, so an idle queue still sleeps armed.
+//! to the adaptive answer, so an idle queue still sleeps armed. A producer that waits for
+//! what the drain gives back (request/response, a window-limited sender) sends less when
+//! held: a coalesced cycle at under a quarter of the rate of the free ones before it stops
+//! coalescing for a while (16 cycles, doubling while it repeats).
 //!
 //! Time is injected ([`Clock`]) so the policy is tested deterministically.
 
@@ -244,6 +247,14 @@ pub struct Poller {
     /// coalescing; the adaptive answer holds).
     period: Duration,
     coalesce_until: Option<Instant>,
+    /// Packets and ns of the cycles that were not coalesced (smoothed, each on its own: their
+    /// ratio is the rate the producer sends at when it is not kept waiting; a mean of
+    /// per-cycle rates would overweight the short cycles).
+    free_pkts: f64,
+    free_ns: f64,
+    /// Cycles left without coalescing, and the next such hold (doubling, see `next_cycle`).
+    hold: u32,
+    next_hold: u32,
 }
 
 /// A duration in ns as f64, from its u64 seconds and u32 nanoseconds: `as_nanos() as f64`
@@ -257,6 +268,12 @@ fn ns(d: Duration) -> f64 {
 /// stream that half a ring holds for less than that is polled (at four wake-ups, a saturated
 /// 8192-entry ring coalesced at 85 us periods and lost 10 % of its rate).
 const COALESCE_MIN_WAKES: u32 = 8;
+
+/// Cycles a queue goes without coalescing after a coalesced cycle brought less than a
+/// quarter of the rate of the free cycles before it (a producer that waits for the drain:
+/// request/response, a window-limited sender), doubling while that repeats, up to the max.
+const COALESCE_HOLD_MIN: u32 = 16;
+const COALESCE_HOLD_MAX: u32 = 4096;
 
 /// Longest back-off between probes of a closed window, in idle periods: bounds the CPU a
 /// long-gap queue spends probing to one probe window per this many gaps.
@@ -287,6 +304,10 @@ impl Poller {
             cycle_start: None,
             period: Duration::ZERO,
             coalesce_until: None,
+            free_pkts: 0.0,
+            free_ns: 0.0,
+            hold: 0,
+            next_hold: COALESCE_HOLD_MIN,
         }
     }
 
@@ -469,32 +490,59 @@ impl Poller {
     /// to ring empty) brought; the period lets half the ring fill at that rate, at most
     /// `bound`, and halves when a drain found the ring three quarters full or more (the rate
     /// underestimated: it rose, or the ring filled and held the rest back). Not worth it,
-    /// and the adaptive answer holds: a trickle (a drain of one packet: notifications cost
-    /// one wake-up per packet anyway), or a period under [`COALESCE_MIN_WAKES`] wake-ups.
+    /// and the adaptive answer holds: the first cycle (no rate yet), a trickle (a drain of
+    /// one packet: notifications cost one wake-up per packet anyway), a period under
+    /// [`COALESCE_MIN_WAKES`] wake-ups, or a producer that coalescing slows down.
     fn next_cycle(&mut self, now: Instant, bound: Duration) -> Option<Instant> {
         let ring = u32::from(self.ring).max(2);
         let (n, half) = (std::mem::take(&mut self.found), ring / 2);
         let start = self.cycle_start.replace(now);
+        let coalesced = self.coalesce_until.is_some();
+        let Some(dt) = start.map(|t| ns(now.saturating_duration_since(t)).max(1.0)) else {
+            // The first cycle is only a start: a rate needs two ends (and a first period
+            // taken blind would teach a producer that waits for us its own slow rate).
+            self.period = Duration::ZERO;
+            return None;
+        };
+        // The cycle's rate, packets per ns.
+        let r = f64::from(n) / dt;
+        if !coalesced {
+            let n = f64::from(n);
+            (self.free_pkts, self.free_ns) = if self.free_ns > 0.0 {
+                (
+                    0.75 * self.free_pkts + 0.25 * n,
+                    0.75 * self.free_ns + 0.25 * dt,
+                )
+            } else {
+                (n, dt)
+            };
+        } else if self.free_ns > 0.0 && r < self.free_pkts / self.free_ns / 4.0 {
+            // Coalescing slowed the producer down: it waits for what the drain gives back (a
+            // request/response flow, a window-limited sender), so holding its packets for a
+            // period holds its next ones too. Drain it at once for a while, then try again.
+            self.hold = self.next_hold;
+            self.next_hold = (self.next_hold * 2).min(COALESCE_HOLD_MAX);
+            self.period = Duration::ZERO;
+            return None;
+        } else {
+            self.next_hold = COALESCE_HOLD_MIN;
+        }
+        if self.hold > 0 {
+            self.hold -= 1;
+            self.period = Duration::ZERO;
+            return None;
+        }
         if n < 2 {
             self.period = Duration::ZERO;
             return None;
         }
         let floor = self.wake * COALESCE_MIN_WAKES;
-        let period = match start {
-            // The first cycle of a stream: measure it over the shortest period worth it.
-            None => floor,
-            Some(t) => {
-                let dt = ns(now.saturating_duration_since(t)).max(1.0);
-                let per_pkt = dt / f64::from(n);
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                let fill = Duration::from_nanos((per_pkt * f64::from(half)) as u64);
-                let mut p = fill.min(bound);
-                if n >= ring / 4 * 3 && !self.period.is_zero() {
-                    p = p.min(self.period / 2);
-                }
-                p
-            }
-        };
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let fill = Duration::from_nanos((f64::from(half) / r.max(1e-12)).min(1e15) as u64);
+        let mut period = fill.min(bound);
+        if n >= ring / 4 * 3 && !self.period.is_zero() {
+            period = period.min(self.period / 2);
+        }
         if period < floor {
             self.period = Duration::ZERO;
             return None;
@@ -812,14 +860,15 @@ mod tests {
         // 1 Mpps into a 1024-entry ring: half of it fills in 512 us.
         let mut p = Poller::new(Policy::Coalesce(us(2000)), WAKE);
         let t = Instant::now();
-        // The first drain of a stream measures over the shortest period worth it (8 wake-ups).
-        assert_eq!(cycle(&mut p, t, 10, 1024), Idle::Until(t + us(240)));
-        assert!(p.coalescing(), "a coalescing queue is not armed");
-        // Woken early by another queue, still empty: the deadline stands.
-        assert_eq!(p.on_empty(t + us(50)), Idle::Until(t + us(240)));
-        // 240 packets in those 240 us: 1 per us, so half the ring lasts 512 us.
+        // The first drain of a stream only starts the measurement.
+        assert!(!matches!(cycle(&mut p, t, 10, 1024), Idle::Until(_)));
+        assert!(!p.coalescing());
+        // 240 packets in the next 240 us: 1 per us, so half the ring lasts 512 us.
         let t2 = t + us(240);
         assert_eq!(cycle(&mut p, t2, 240, 1024), Idle::Until(t2 + us(512)));
+        assert!(p.coalescing(), "a coalescing queue is not armed");
+        // Woken early by another queue, still empty: the deadline stands.
+        assert_eq!(p.on_empty(t2 + us(50)), Idle::Until(t2 + us(512)));
         let t3 = t2 + us(512);
         assert_eq!(cycle(&mut p, t3, 512, 1024), Idle::Until(t3 + us(512)));
         // The same stream under a tighter bound: the bound is the period.
@@ -873,6 +922,39 @@ mod tests {
         ));
         assert!(!s.coalescing());
         assert_eq!(s.on_empty(t + us(1000)), Idle::Arm);
+    }
+
+    #[test]
+    fn coalescing_backs_off_from_a_producer_that_waits_for_the_drain() {
+        // A window-limited sender: 10 packets every 100 us while it is drained at once (0.1
+        // per us: half a 256-entry ring lasts 1.28 ms, so the 500 us bound is the period);
+        // held for a period, its next 10 come only after it.
+        let mut p = Poller::new(Policy::Coalesce(us(500)), WAKE);
+        let mut t = Instant::now();
+        cycle(&mut p, t, 10, 256);
+        t += us(100);
+        assert_eq!(cycle(&mut p, t, 10, 256), Idle::Until(t + us(500)));
+        t += us(500);
+        assert!(
+            !matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)),
+            "a coalesced cycle at a fifth of the free rate ends coalescing"
+        );
+        // Held: the next cycles are drained at once, at the free rate again.
+        for _ in 0..COALESCE_HOLD_MIN {
+            t += us(100);
+            assert!(!matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)));
+        }
+        // Then it tries again; a second slowdown holds it twice as long.
+        t += us(100);
+        assert_eq!(cycle(&mut p, t, 10, 256), Idle::Until(t + us(500)));
+        t += us(500);
+        assert!(!matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)));
+        for _ in 0..2 * COALESCE_HOLD_MIN {
+            t += us(100);
+            assert!(!matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)));
+        }
+        t += us(100);
+        assert!(matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)));
     }
 
     #[test]
