@@ -494,16 +494,21 @@ impl Poller {
     /// one packet: notifications cost one wake-up per packet anyway), a period under
     /// [`COALESCE_MIN_WAKES`] wake-ups, or a producer that coalescing slows down.
     fn next_cycle(&mut self, now: Instant, bound: Duration) -> Option<Instant> {
+        let period = self.next_period(now, bound);
+        // The period a later cycle halves (zero: not coalescing).
+        self.period = period.unwrap_or(Duration::ZERO);
+        period.map(|p| now + p)
+    }
+
+    /// [`next_cycle`](Self::next_cycle)'s decision: the next period, if any.
+    fn next_period(&mut self, now: Instant, bound: Duration) -> Option<Duration> {
         let ring = u32::from(self.ring).max(2);
         let (n, half) = (std::mem::take(&mut self.found), ring / 2);
         let start = self.cycle_start.replace(now);
         let coalesced = self.coalesce_until.is_some();
-        let Some(dt) = start.map(|t| ns(now.saturating_duration_since(t)).max(1.0)) else {
-            // The first cycle is only a start: a rate needs two ends (and a first period
-            // taken blind would teach a producer that waits for us its own slow rate).
-            self.period = Duration::ZERO;
-            return None;
-        };
+        // The first cycle is only a start: a rate needs two ends (and a first period taken
+        // blind would teach a producer that waits for us its own slow rate).
+        let dt = ns(now.saturating_duration_since(start?)).max(1.0);
         // The cycle's rate, packets per ns.
         let r = f64::from(n) / dt;
         if !coalesced {
@@ -522,33 +527,24 @@ impl Poller {
             // period holds its next ones too. Drain it at once for a while, then try again.
             self.hold = self.next_hold;
             self.next_hold = (self.next_hold * 2).min(COALESCE_HOLD_MAX);
-            self.period = Duration::ZERO;
             return None;
         } else {
             self.next_hold = COALESCE_HOLD_MIN;
         }
         if self.hold > 0 {
             self.hold -= 1;
-            self.period = Duration::ZERO;
             return None;
         }
         if n < 2 {
-            self.period = Duration::ZERO;
             return None;
         }
-        let floor = self.wake * COALESCE_MIN_WAKES;
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let fill = Duration::from_nanos((f64::from(half) / r.max(1e-12)).min(1e15) as u64);
         let mut period = fill.min(bound);
         if n >= ring / 4 * 3 && !self.period.is_zero() {
             period = period.min(self.period / 2);
         }
-        if period < floor {
-            self.period = Duration::ZERO;
-            return None;
-        }
-        self.period = period;
-        Some(now + period)
+        (period >= self.wake * COALESCE_MIN_WAKES).then_some(period)
     }
 
     /// The adaptive policy's answer for a queue empty since `since`.
@@ -932,27 +928,25 @@ mod tests {
         let mut p = Poller::new(Policy::Coalesce(us(500)), WAKE);
         let mut t = Instant::now();
         cycle(&mut p, t, 10, 256);
-        t += us(100);
-        assert_eq!(cycle(&mut p, t, 10, 256), Idle::Until(t + us(500)));
-        t += us(500);
-        assert!(
-            !matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)),
-            "a coalesced cycle at a fifth of the free rate ends coalescing"
-        );
-        // Held: the next cycles are drained at once, at the free rate again.
-        for _ in 0..COALESCE_HOLD_MIN {
+        // A free cycle coalesces; the held one after it brings a fifth of the free rate,
+        // which ends coalescing; the `held` cycles after that are drained at once, at the
+        // free rate again.
+        let mut slowed_then_held = |held: u32| {
             t += us(100);
-            assert!(!matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)));
-        }
+            assert_eq!(cycle(&mut p, t, 10, 256), Idle::Until(t + us(500)));
+            t += us(500);
+            assert!(
+                !matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)),
+                "a coalesced cycle at a fifth of the free rate ends coalescing"
+            );
+            for _ in 0..held {
+                t += us(100);
+                assert!(!matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)));
+            }
+        };
+        slowed_then_held(COALESCE_HOLD_MIN);
         // Then it tries again; a second slowdown holds it twice as long.
-        t += us(100);
-        assert_eq!(cycle(&mut p, t, 10, 256), Idle::Until(t + us(500)));
-        t += us(500);
-        assert!(!matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)));
-        for _ in 0..2 * COALESCE_HOLD_MIN {
-            t += us(100);
-            assert!(!matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)));
-        }
+        slowed_then_held(2 * COALESCE_HOLD_MIN);
         t += us(100);
         assert!(matches!(cycle(&mut p, t, 10, 256), Idle::Until(_)));
     }
