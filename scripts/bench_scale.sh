@@ -100,6 +100,11 @@ print("LOAD name=%s ports=%d active=%d rate=%d shards=%d policy=%s qsize=%s c2c_
 PY
 }
 
+# pps_of NAME: the frames/s of the last LOAD line of load point NAME.
+pps_of() {
+  awk -v n="$1" '$1 == "LOAD" && $2 == "name=" n {for(i=1;i<=NF;i++) if($i ~ /^pps=/) {sub("pps=","",$i); print $i}}' "$OUT" | tail -1
+}
+
 if [[ " $PARTS " == *" mq "* ]]; then
   log "mq: $ROUNDS rounds of bench_dpdk.sh QUEUES=1 and QUEUES=2 (v2h, h2v; 64 B; switch, dpdk)"
   for r in $(seq "$ROUNDS"); do
@@ -113,7 +118,7 @@ fi
 if [[ " $PARTS " == *" load "* ]]; then
   log "load: c2c $(c2c) ns"
   load_point sat 1 1 0
-  sat=$(awk '/^LOAD name=sat /{for(i=1;i<=NF;i++) if($i ~ /^pps=/) {sub("pps=","",$i); print $i}}' "$OUT" | tail -1)
+  sat=$(pps_of sat)
   load_point tenth 1 1 "$(python3 -c "print(int($sat / 10))")"
   for p in 1 16 64; do
     for r in 10000 100000 1000000; do load_point "p$p-r$r" "$p" 1 "$r"; done
@@ -128,7 +133,7 @@ if [[ " $PARTS " == *" coalesce "* ]]; then
   for pol in adaptive "coalesce:$CO_US"; do
     load_point "co-sat-$pol" 1 1 0 1 "$pol" "$CO_QSIZE"
   done
-  cosat=$(awk '/^LOAD name=co-sat-adaptive /{for(i=1;i<=NF;i++) if($i ~ /^pps=/) {sub("pps=","",$i); print $i}}' "$OUT" | tail -1)
+  cosat=$(pps_of co-sat-adaptive)
   for r in "$(python3 -c "print(int($cosat / 10))")" 1000000 100000 10000; do
     for pol in adaptive "coalesce:$CO_US"; do
       load_point "co-r$r-$pol" 1 1 "$r" 1 "$pol" "$CO_QSIZE"
