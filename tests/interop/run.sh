@@ -830,7 +830,9 @@ EOF
       done ) & mover=$!; PIDS+=("$mover")
   fi
   wait_pid "$qp" 150; local qrc=$?
-  [ -n "$mover" ] && { kill "$mover" 2>/dev/null; wait "$mover" 2>/dev/null; }
+  # The mover ends by itself once the guest is gone; it is waited for, not killed: a kill in
+  # the middle of a move left its ASK counted and its answer written after the count.
+  [ -n "$mover" ] && wait_pid "$mover" 30
   tr -d '\r' < "$glog" > "$glog.txt"
   if [ -n "$mover" ]; then
     local asked made
