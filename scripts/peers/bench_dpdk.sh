@@ -42,6 +42,8 @@
 #        --rxq/--txq 2 at the frontend, net_vhost queues=2, pvnet queue_pairs=2 and its gen
 #        port's frames over 64 flows so that they spread over the rings; the share of the
 #        least-loaded queue is recorded per run as q_min_share; tables go to docs/scale.md)
+#        FLOWS=64 (flows of pvnet's gen port; default 1, or 64 with QUEUES>1: set it to
+#        compare one pair and two with the same traffic)
 #        IMPLS="switch dpdk" (which backends; add "backend" for pvnet's plain backend roles,
 #        "alt" / "altbackend" for `pvnet switch` / `pvnet backend` from the binary ALT_BIN: an
 #        A/B of two builds in one run)
@@ -82,7 +84,8 @@ BE_ARGS2=("${BE_ARGS[@]}" --vdev "net_vhost1,iface=$SOCK2,queues=$QUEUES")
 APP_ARGS=(--nb-cores=1 --total-num-mbufs=32768 -i --rxq="$QUEUES" --txq="$QUEUES")
 # pvnet's side of the same layout: QUEUES pairs on its vhost-user ports, and a generator whose
 # frames spread over the rings (64 flows) when there is more than one.
-VU_Q=",queue_pairs=$QUEUES"; GEN_FLOWS=""; [ "$QUEUES" -gt 1 ] && GEN_FLOWS=",flows=64"
+VU_Q=",queue_pairs=$QUEUES"; GEN_FLOWS=1; [ "$QUEUES" -gt 1 ] && GEN_FLOWS=64
+GEN_FLOWS=",flows=${FLOWS:-$GEN_FLOWS}"
 PV_TPID=
 cleanup() {
   testpmd_kill_all 2>/dev/null
