@@ -368,6 +368,7 @@ impl Queue {
             hdr_len: e.hdr_len,
             hdr: e.hdr,
             macs: e.macs,
+            hash: 0,
         };
         (seg, meta)
     }
@@ -695,6 +696,7 @@ mod tests {
                 hdr_len: 12,
                 hdr: VnetHdr::default(),
                 macs: [0; 12],
+                hash: 0,
             },
             now,
         )

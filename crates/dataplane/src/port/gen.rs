@@ -6,6 +6,7 @@
 //! buffers as long as it takes: nothing is in flight yet, so waiting loses nothing.
 
 use super::{Caps, Ingress, Pkt, PortId, TxOut, MAX_BURST};
+use crate::egress::queue::flow_hash;
 use crate::frame;
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
@@ -70,6 +71,9 @@ pub struct GenPort {
     /// Its last burst stopped at a frame its receiver had no room for.
     waiting: bool,
     done: bool,
+    /// Each flow's hash ([`Pkt::hash`]), from its frame once: its packets carry it, so that
+    /// steering them onto a multiqueue port's rings reads no frame.
+    hashes: Vec<u32>,
 }
 
 /// The flows of consecutive frames, from frame number `first` on: frame `n` belongs to flow
@@ -119,6 +123,14 @@ impl GenPort {
         for f in frames.chunks_exact_mut(frame_bytes) {
             frame::write_template(&mut f[HDR_LEN as usize..], len, spec.src, spec.dst);
         }
+        let h = HDR_LEN as usize;
+        let hashes = (0..spec.flows.max(1))
+            .map(|flow| {
+                let mut f = frames[h..frame_bytes].to_vec();
+                f[10] = spec.src[4] ^ flow;
+                (flow_hash(&f) >> 32) as u32
+            })
+            .collect();
         Self {
             id,
             stats,
@@ -131,6 +143,7 @@ impl GenPort {
             armed: None,
             waiting: false,
             done: false,
+            hashes,
         }
     }
 
@@ -232,6 +245,7 @@ impl super::Port for GenPort {
             }
             segs[k] = Seg::from_mut(f);
         }
+        let hash0 = self.hashes.first().copied().unwrap_or(0);
         let mut pkts = [super::EMPTY; MAX_BURST];
         for (p, seg) in pkts.iter_mut().zip(&segs).take(owed) {
             *p = Pkt {
@@ -240,11 +254,13 @@ impl super::Port for GenPort {
                 hdr_len: HDR_LEN,
                 hdr: VnetHdr::default(),
                 macs,
+                hash: hash0,
             };
         }
         if flows > 1 {
             for (p, f) in pkts.iter_mut().zip(flow).take(owed) {
                 p.macs[10] = src ^ f;
+                p.hash = self.hashes.get(usize::from(f)).copied().unwrap_or(0);
             }
         }
         let sent = to.burst(&pkts[..owed], &self.stats);
@@ -316,6 +332,7 @@ impl super::Port for GenPort {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::Port;
 
     #[test]
     fn flows_step_through_runs_of_frames() {
@@ -329,6 +346,55 @@ mod tests {
             }
             // The end marker goes out from the first flow's address.
             assert_eq!(Flows::new(None, flows).step(), 0);
+        }
+    }
+
+    /// Records each packet's carried hash beside the one its bytes give.
+    struct Hashes(Vec<(u32, u32)>);
+
+    impl Ingress for Hashes {
+        fn burst(&mut self, pkts: &[Pkt<'_>], _stats: &PortStats) -> usize {
+            for p in pkts {
+                let mut b = vec![0u8; p.len as usize];
+                virtq::mem::read_segs(p.segs, p.hdr_len, &mut b);
+                self.0.push((p.hash, (flow_hash(&b) >> 32) as u32));
+            }
+            pkts.len()
+        }
+
+        fn has_receiver(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn every_frame_carries_its_flows_hash() {
+        const BURSTS: usize = 70;
+        for flows in [1u8, 5, 64] {
+            let spec = GenSpec {
+                frame_len: 64,
+                rate: 0,
+                duration: None,
+                delay: Duration::ZERO,
+                src: [2, 0, 0, 0, 0, 1],
+                dst: [2, 0, 0, 0, 0, 2],
+                flows,
+            };
+            let mut g = GenPort::new(1, Arc::default(), spec, Counting::Own);
+            let mut got = Hashes(Vec::new());
+            let now = Instant::now();
+            // Enough bursts for every flow's run to come round.
+            for _ in 0..BURSTS {
+                g.rx_burst(MAX_BURST, now, &mut got);
+            }
+            assert_eq!(got.0.len(), BURSTS * MAX_BURST);
+            let mut distinct: Vec<u32> = got.0.iter().map(|h| h.0).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert_eq!(distinct.len(), usize::from(flows), "{flows} flows");
+            for (k, (carried, computed)) in got.0.iter().enumerate() {
+                assert_eq!(carried, computed, "{flows} flows, frame {k}");
+            }
         }
     }
 }

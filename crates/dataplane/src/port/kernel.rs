@@ -374,6 +374,7 @@ impl super::Port for KernelPort {
                 hdr_len: HDR_LEN,
                 hdr,
                 macs,
+                hash: 0,
             };
             if to.burst(&[pkt], &self.stats) == 0 {
                 self.pending = n;
@@ -722,6 +723,7 @@ impl KernelPort {
                         hdr_len: HDR_LEN,
                         hdr,
                         macs,
+                        hash: 0,
                     };
                     n += 1;
                 }

@@ -50,6 +50,10 @@ pub struct Pkt<'a> {
     pub hdr: VnetHdr,
     /// Destination and source Ethernet addresses, read once with the header.
     pub macs: [u8; 12],
+    /// The flow hash's high 32 bits ([`crate::egress::queue::flow_hash_head`]) when the
+    /// source knows it without reading the frame (a generator, per flow: as a NIC's RSS hash
+    /// or a socket's `sk_txhash` in Linux); 0 when it does not, and the steering computes it.
+    pub hash: u32,
 }
 
 impl Pkt<'_> {
@@ -153,6 +157,7 @@ pub const EMPTY: Pkt<'static> = Pkt {
         num_buffers: 0,
     },
     macs: [0; 12],
+    hash: 0,
 };
 
 /// What became of one packet offered to a port.

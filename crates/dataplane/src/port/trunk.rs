@@ -321,6 +321,7 @@ impl super::Port for TrunkPort {
                     hdr_len,
                     hdr,
                     macs,
+                    hash: 0,
                 };
                 good += 1;
             }
@@ -458,6 +459,7 @@ mod tests {
                     hdr_len: HDR_LEN,
                     hdr: VnetHdr::default(),
                     macs: [sent; 12],
+                    hash: 0,
                 };
                 if tx.push(&p) {
                     sent = sent.wrapping_add(1);

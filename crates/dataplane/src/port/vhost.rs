@@ -672,6 +672,33 @@ impl RxState {
         true
     }
 
+    /// [`open`](Self::open), or, if the batch is open already with fewer than `want` chains
+    /// left, grows it to `want` without publishing: a steered run into a ring that an
+    /// earlier run of the round opened (its batch sized for that run) takes its chains
+    /// here, once, rather than through the per-packet second look, which publishes.
+    fn reserve(
+        &mut self,
+        rx: &mut QueueSlot,
+        id: PortId,
+        stats: &PortStats,
+        want: usize,
+        now: Instant,
+    ) -> bool {
+        if !self.open || self.rxb.remaining() >= want {
+            return self.open(rx, id, stats, want, now);
+        }
+        // The chains consumed so far are accounted as at a publish (their used entries stay
+        // unpublished until the batch's commit), the rest go back, and the batch refills.
+        let used = self.rxb.finish(&mut rx.q);
+        self.egress.used(used);
+        let egress = &mut self.egress;
+        if let Err(e) = self.rxb.fill(rx, (id, stats), want, |a| egress.cap(a, now)) {
+            rx.fail(id, stats, e);
+            return false;
+        }
+        true
+    }
+
     /// Publishes the open batch and counts what it delivered (once per batch: no per-packet
     /// counter stores).
     fn commit(&mut self, rx: &mut QueueSlot, stats: &PortStats) {
@@ -918,6 +945,14 @@ impl QueuePair {
             return false;
         };
         self.out.open(rx, id, &self.stats, want, now)
+    }
+
+    /// [`RxState::reserve`] on this pair's receive ring.
+    fn reserve(&mut self, id: PortId, want: usize, now: Instant) -> bool {
+        let Some(rx) = QueueSlot::usable(&mut self.rx) else {
+            return false;
+        };
+        self.out.reserve(rx, id, &self.stats, want, now)
     }
 
     /// Publishes the open receive batch and counts what it delivered.
@@ -1555,6 +1590,7 @@ fn hand_over(
                 hdr_len,
                 hdr,
                 macs,
+                hash: 0,
             };
             n += 1;
         }
@@ -1690,6 +1726,18 @@ impl VhostPort {
     /// The index in `steer` of the ring a packet's flow goes to.
     #[inline]
     fn slot_of(&self, p: &Pkt<'_>) -> usize {
+        let h = if p.hash != 0 {
+            u64::from(p.hash)
+        } else {
+            Self::hash_of(p)
+        };
+        // Multiply-shift onto 0..nsteer (no division).
+        (((h * self.nsteer as u64) >> 32) as usize).min(MAX_STEER - 1)
+    }
+
+    /// The high 32 bits of a packet's flow hash, from its bytes (its source did not say).
+    #[inline]
+    fn hash_of(p: &Pkt<'_>) -> u64 {
         use crate::egress::queue::{flow_hash_head, flow_hash_l2, hashes_l3};
         let first = p.segs.first();
         // A frame without IP hashes its addresses, which the packet carries already: only
@@ -1709,9 +1757,8 @@ impl VhostPort {
                 }
             };
             flow_hash_head(&b, p.frame_len() as usize)
-        } >> 32;
-        // Multiply-shift onto 0..nsteer (no division).
-        (((h * self.nsteer as u64) >> 32) as usize).min(MAX_STEER - 1)
+        };
+        h >> 32
     }
 
     /// The pair each of `pkts` (at most [`super::MAX_BURST`]) goes to, into `ring`; and
@@ -1744,7 +1791,7 @@ impl VhostPort {
             for (c, &n) in count[..self.nsteer].iter().enumerate() {
                 if n > 0 {
                     if let Some(qp) = self.qps[usize::from(self.steer[c])].as_mut() {
-                        qp.open(id, usize::from(n), now);
+                        qp.reserve(id, usize::from(n), now);
                     }
                 }
             }

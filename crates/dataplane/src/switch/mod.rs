@@ -565,6 +565,7 @@ fn csum_then(
         hdr_len: HDR_LEN,
         hdr: VnetHdr::default(),
         macs: pkt.macs,
+        hash: 0,
     };
     put_one(port, &p, offer, now)
 }
@@ -594,6 +595,7 @@ fn gso_then(
             hdr_len: HDR_LEN,
             hdr: VnetHdr::default(),
             macs: pkt.macs,
+            hash: 0,
         };
         out = put_one(port, &p, offer, now);
         out == TxOut::Sent

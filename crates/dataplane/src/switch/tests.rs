@@ -947,6 +947,37 @@ fn a_multiqueue_port_gets_each_flow_on_one_ring_in_order_and_every_ring_is_read(
 }
 
 #[test]
+fn runs_of_one_burst_into_one_ring_of_a_multiqueue_port_publish_once() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = MockFe::with_pairs(1, MODERN, 256, EgressConfig::switch_default(), 2048, 2);
+    let mut ports = vec![pa, pb];
+    let now = Instant::now();
+    // Four runs (each from its own source address, so the switch hands them over one at a
+    // time) of one flow: one ring, whose batch grows for each run and is published once.
+    for run in 0..4u8 {
+        for n in 0..8 {
+            a.send(
+                &VnetHdr::default(),
+                &udp_flow(mac(2), mac(10 + run), 0, run * 8 + n),
+            );
+        }
+    }
+    run(&mut f, &mut ports, now);
+    let got = by_pair(&mut b, 2);
+    assert_eq!(got.iter().map(Vec::len).sum::<usize>(), 32);
+    let ring = usize::from(got[0].is_empty());
+    let numbers: Vec<u8> = got[ring].iter().map(|x| x.1).collect();
+    assert_eq!(
+        numbers,
+        (0..32).collect::<Vec<_>>(),
+        "in order, on one ring"
+    );
+    let batches: Vec<u64> = (0..2).map(|k| get(&b.pair_stats[k].tx_batches)).collect();
+    assert_eq!(batches.iter().sum::<u64>(), 1, "one publish: {batches:?}");
+}
+
+#[test]
 fn a_multiqueue_port_queues_per_ring_and_a_flow_is_never_overtaken() {
     let mut f = switch();
     let (mut a, pa) = fe(0, MODERN);
