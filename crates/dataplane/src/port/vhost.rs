@@ -1761,18 +1761,10 @@ impl VhostPort {
         h >> 32
     }
 
-    /// The pair each of `pkts` (at most [`super::MAX_BURST`]) goes to, into `ring`; and
-    /// how many go to each steered ring (`count`, by index in `steer`).
-    fn rings_of(
-        &self,
-        pkts: &[Pkt<'_>],
-        ring: &mut [u16; super::MAX_BURST],
-        count: &mut [u16; MAX_STEER],
-    ) {
+    /// The pair each of `pkts` (at most [`super::MAX_BURST`]) goes to, into `ring`.
+    fn rings_of(&self, pkts: &[Pkt<'_>], ring: &mut [u16; super::MAX_BURST]) {
         for (r, p) in ring.iter_mut().zip(pkts) {
-            let c = self.slot_of(p);
-            *r = self.steer[c];
-            count[c] += 1;
+            *r = self.steer[self.slot_of(p)];
         }
     }
 
@@ -1786,16 +1778,22 @@ impl VhostPort {
         let mut done = 0;
         for chunk in pkts.chunks(super::MAX_BURST) {
             let mut ring = [0u16; super::MAX_BURST];
-            let mut count = [0u16; MAX_STEER];
-            self.rings_of(chunk, &mut ring, &mut count);
-            for (c, &n) in count[..self.nsteer].iter().enumerate() {
+            self.rings_of(chunk, &mut ring);
+            let ring = &ring[..chunk.len()];
+            // How many each pair gets, counted by runs (a flow's packets come in runs: a
+            // count per packet would chain each increment on the one before).
+            let mut count = [0usize; MAX_STEER];
+            for (k, run) in runs(ring) {
+                count[usize::from(k)] += run.len();
+            }
+            for (k, &n) in count.iter().enumerate().take(self.qps.len()) {
                 if n > 0 {
-                    if let Some(qp) = self.qps[usize::from(self.steer[c])].as_mut() {
-                        qp.reserve(id, usize::from(n), now);
+                    if let Some(qp) = self.qps[k].as_mut() {
+                        qp.reserve(id, n, now);
                     }
                 }
             }
-            for (k, run) in runs(&ring[..chunk.len()]) {
+            for (k, run) in runs(ring) {
                 self.tx_qp = usize::from(k);
                 let (n, out) = self.tx_run(&chunk[run.clone()]);
                 done += n;
@@ -1945,7 +1943,7 @@ impl super::Port for VhostPort {
             // Each packet into its own ring's queue.
             for chunk in pkts.chunks(super::MAX_BURST) {
                 let mut ring = [0u16; super::MAX_BURST];
-                self.rings_of(chunk, &mut ring, &mut [0; MAX_STEER]);
+                self.rings_of(chunk, &mut ring);
                 for (k, run) in runs(&ring[..chunk.len()]) {
                     self.tx_qp = usize::from(k);
                     self.enqueue_pair(&chunk[run], now);
