@@ -644,6 +644,24 @@ fn copy_with_header(
     done
 }
 
+/// Pops up to `want` chains into `rxb`, no more than `egress`'s device-queue limit allows at
+/// `now`; false (the ring stopped) if the ring is broken.
+fn fill(
+    rxb: &mut RxBatch,
+    egress: &mut Egress,
+    rx: &mut QueueSlot,
+    who: (PortId, &PortStats),
+    (want, now): (usize, Instant),
+) -> bool {
+    match rxb.fill(rx, who, want, |a| egress.cap(a, now)) {
+        Ok(()) => true,
+        Err(e) => {
+            rx.fail(who.0, who.1, e);
+            false
+        }
+    }
+}
+
 impl RxState {
     /// Opens the receive batch with `want` chains at `now`, once per source batch; the
     /// buffers the frontend gave back since the last batch complete the device queue's
@@ -657,12 +675,13 @@ impl RxState {
         now: Instant,
     ) -> bool {
         if !self.open {
-            let egress = &mut self.egress;
-            if let Err(e) = self
-                .rxb
-                .fill(rx, (id, stats), want.max(1), |a| egress.cap(a, now))
-            {
-                rx.fail(id, stats, e);
+            if !fill(
+                &mut self.rxb,
+                &mut self.egress,
+                rx,
+                (id, stats),
+                (want.max(1), now),
+            ) {
                 return false;
             }
             self.open = true;
@@ -679,24 +698,18 @@ impl RxState {
     fn reserve(
         &mut self,
         rx: &mut QueueSlot,
-        id: PortId,
-        stats: &PortStats,
+        who: (PortId, &PortStats),
         want: usize,
         now: Instant,
     ) -> bool {
         if !self.open || self.rxb.remaining() >= want {
-            return self.open(rx, id, stats, want, now);
+            return self.open(rx, who.0, who.1, want, now);
         }
         // The chains consumed so far are accounted as at a publish (their used entries stay
         // unpublished until the batch's commit), the rest go back, and the batch refills.
         let used = self.rxb.finish(&mut rx.q);
         self.egress.used(used);
-        let egress = &mut self.egress;
-        if let Err(e) = self.rxb.fill(rx, (id, stats), want, |a| egress.cap(a, now)) {
-            rx.fail(id, stats, e);
-            return false;
-        }
-        true
+        fill(&mut self.rxb, &mut self.egress, rx, who, (want, now))
     }
 
     /// Publishes the open batch and counts what it delivered (once per batch: no per-packet
@@ -952,7 +965,7 @@ impl QueuePair {
         let Some(rx) = QueueSlot::usable(&mut self.rx) else {
             return false;
         };
-        self.out.reserve(rx, id, &self.stats, want, now)
+        self.out.reserve(rx, (id, &self.stats), want, now)
     }
 
     /// Publishes the open receive batch and counts what it delivered.
