@@ -6,7 +6,9 @@
 #   mq       DPDK testpmd net_virtio_user with 1 and with 2 queue pairs against `pvnet switch`
 #            and against DPDK net_vhost with the same number of queues
 #            (scripts/peers/bench_dpdk.sh QUEUES=1 / QUEUES=2, interleaved round by round):
-#            2 pairs / 1 pair on one worker, and pvnet / DPDK with 2 pairs.
+#            2 pairs / 1 pair on one worker, and pvnet / DPDK with 2 pairs. The switch's gen
+#            port (h2v) carries MQ_FLOWS flows (default 64) with 1 pair as with 2: the same
+#            traffic, so that the ratio is what the second pair costs.
 #   load     `pvnet backend --role sink`, one worker (CPU1), pvnet frontends (CPU0): one port
 #            at its saturation rate, then paced at 10 % of it (CPU share against the saturated
 #            one); 1, 16 and 64 connected ports with one of them paced at 10 K, 100 K and 1 M
@@ -105,11 +107,12 @@ pps_of() {
   awk -v n="$1" '$1 == "LOAD" && $2 == "name=" n {for(i=1;i<=NF;i++) if($i ~ /^pps=/) {sub("pps=","",$i); print $i}}' "$OUT" | tail -1
 }
 
+export MQ_FLOWS="${MQ_FLOWS:-64}"
 if [[ " $PARTS " == *" mq "* ]]; then
   log "mq: $ROUNDS rounds of bench_dpdk.sh QUEUES=1 and QUEUES=2 (v2h, h2v; 64 B; switch, dpdk)"
   for r in $(seq "$ROUNDS"); do
     for q in 1 2; do
-      QUEUES=$q ROUNDS=1 SIZES=64 DOC= IMPLS="switch dpdk" PVNET_NO_BUILD=1 "$ROOT/scripts/peers/bench_dpdk.sh" 2>&1 |
+      FLOWS="$MQ_FLOWS" QUEUES=$q ROUNDS=1 SIZES=64 DOC= IMPLS="switch dpdk" PVNET_NO_BUILD=1 "$ROOT/scripts/peers/bench_dpdk.sh" 2>&1 |
         grep '^RESULT' | sed "s/round=1/round=$r/" | tee -a "$OUT"
     done
   done
@@ -156,7 +159,7 @@ fi
 
 # ---- summary ------------------------------------------------------------------------------------
 python3 - "$OUT" "$B/summary.md" "$B/coalesce.md" <<'PY'
-import re, sys, statistics as st
+import os, re, sys, statistics as st
 rows = [dict(kv.split("=", 1) for kv in l.split()[1:] if "=" in kv) | {"kind": l.split()[0]} for l in open(sys.argv[1])]
 out = []
 med = lambda xs: st.median(xs) if xs else float("nan")
@@ -167,7 +170,7 @@ if res:
     for r in res:
         a, b = (float(x) for x in r["c2c_ns"].split("/"))
         r["state"] = bucket(a) if bucket(a) == bucket(b) else "mixed"
-    out += ["### Queue pairs: 1 and 2, pvnet switch and DPDK net_vhost (64 B, Mpps the frontend counted)", "",
+    out += ["### Queue pairs: 1 and 2, pvnet switch and DPDK net_vhost (64 B, Mpps the frontend counted; h2v: the gen port's %s flows with 1 pair as with 2)" % os.environ.get("MQ_FLOWS", "64"), "",
             "| direction | c2c state | pvnet 1 pair | pvnet 2 pairs | **2 pairs / 1 pair** | DPDK 2 queues | **pvnet / DPDK, 2 queues** | least-loaded queue's share (pvnet, DPDK) | runs |",
             "|---|---|---|---|---|---|---|---|---|"]
     for d in ("v2h", "h2v"):
