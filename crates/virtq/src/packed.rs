@@ -431,7 +431,11 @@ impl<M: Translate> DeviceQueue<M> {
         // longer than the window is still counted once it is whole: past the window the walk
         // goes on one slot at a time until a chain ends.
         let size = self.size;
-        let (mut chains, mut descs) = (self.seen_chains.saturating_sub(taken), ahead);
+        // The last walk's chains still ahead, at most one per slot still ahead: a driver that
+        // rewrote a counted chain longer before it was taken left fewer slots than chains
+        // (pop validates each chain anyway; the count must not exceed the ring).
+        let left = self.seen_chains.saturating_sub(taken).min(ahead);
+        let (mut chains, mut descs) = (left, ahead);
         let mut wrap = self.avail_wrap;
         let mut i = advance(self.last_avail, &mut wrap, descs, size);
         let mut want = avail_bits(wrap);

@@ -276,6 +276,42 @@ fn a_chain_whose_tail_is_not_available_is_refused() {
 }
 
 #[test]
+fn a_counted_chain_rewritten_longer_never_makes_the_count_exceed_the_ring() {
+    // Found by the packed_chain fuzz target: the count a batch carries over from the last
+    // walk must not outgrow the slots it stands for.
+    let mq = MockQueue::new(SIZE, 64);
+    let (_drv, mut dev) = pair(&mq, Direction::DeviceReads, false);
+    let desc = |slot: u16, flags| PackedDesc {
+        addr: mq.buf(slot),
+        len: 8,
+        id: slot,
+        flags,
+    };
+    // Two one-descriptor chains, counted.
+    poke_desc(&mq, 0, desc(0, DESC_F_AVAIL));
+    poke_desc(&mq, 1, desc(1, DESC_F_AVAIL));
+    assert_eq!(dev.available(), Ok(2));
+    // The driver makes the first one a two-descriptor chain before the device parses it:
+    // one chain is taken, both slots with it.
+    poke_desc(&mq, 0, desc(0, DESC_F_AVAIL | DESC_F_NEXT));
+    let c = dev.pop().expect("valid").expect("chain");
+    assert_eq!(c.head, 1);
+    // Then every slot is available again: the rest of this lap and the next lap's first two.
+    for slot in 2..SIZE {
+        poke_desc(&mq, slot, desc(slot, DESC_F_AVAIL));
+    }
+    for slot in 0..2 {
+        poke_desc(&mq, slot, desc(slot, DESC_F_USED));
+    }
+    let n = dev.available().expect("valid");
+    assert!(n <= SIZE, "{n} chains counted in a ring of {SIZE}");
+    // Each of them parses (the count is what the walk found in the slots ahead).
+    for _ in 0..n {
+        assert!(dev.pop().expect("valid").is_some());
+    }
+}
+
+#[test]
 fn buffer_ids_and_directions_are_validated() {
     let mq = MockQueue::new(SIZE, 64);
     let (mut drv, mut dev) = pair(&mq, Direction::DeviceReads, false);
