@@ -782,14 +782,20 @@ fn tap_to_frontend(c: &TapCase<'_>) {
     let mut ports = vec![AnyPort::Kernel(kernel), vm];
     // The other frontend learns its address first, so the datagrams are not flooded to it.
     let (mut fe2, vm2) = MockFe::new(3, features, 256, HoldPolicy::Forever);
+    // Frames of the tap's own (the kernel's, e.g. an IPv6 report once the link is up) that
+    // reached the frontend with the broadcast: counted with the tap's.
+    let mut early = 0usize;
     if another {
         ports.push(vm2);
         fe2.send(&VnetHdr::default(), &frame(mac(0xff), mac(3), 0, 60));
         f.round(&mut ports, Instant::now());
-        assert_eq!(fe.received().len(), 1, "the broadcast");
+        let got = fe.received();
+        let from_fe2 = got.iter().filter(|(_, fr)| fr[6..12] == mac(3)).count();
+        assert_eq!(from_fe2, 1, "the broadcast");
+        early = got.len() - from_fe2;
         fe.post(256);
     }
-    let before = get(&fe.stats.tx_packets);
+    let before = get(&fe.stats.tx_packets) - early as u64;
     let sock = std::net::UdpSocket::bind(format!("10.213.{net}.1:0")).expect("bind");
     let to = format!("10.213.{net}.2:9");
     let mut sent = Vec::new();
@@ -803,7 +809,7 @@ fn tap_to_frontend(c: &TapCase<'_>) {
         }
     }
     let mut got = Vec::new();
-    let mut all = 0usize;
+    let mut all = early;
     let deadline = Instant::now() + Duration::from_secs(3);
     while got.len() < sent.len() && Instant::now() < deadline {
         f.round(&mut ports, Instant::now());
