@@ -1781,10 +1781,11 @@ impl VhostPort {
         }
     }
 
-    /// `tx_burst` over several receive rings: every packet's ring first (one hash each), so
-    /// that each ring's batch opens for exactly the packets it gets here (a ring opened by an
-    /// earlier burst of the round looks once more for buffers, as any batch does); then each
-    /// run of packets to its ring, in order.
+    /// `tx_burst` over several receive rings: every packet's ring first (one hash each, or
+    /// the one the packet carries), so that each ring's batch opens for exactly the packets
+    /// it gets here (a ring an earlier run of the round opened grows its batch for them,
+    /// unpublished: one publish per ring per round); then each run of packets to its ring,
+    /// in order.
     #[inline(never)]
     fn tx_steered(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
         let (id, now) = (self.id, self.tx_now);
