@@ -252,25 +252,30 @@ fn poke_desc(mq: &MockQueue, slot: u16, d: PackedDesc) {
     mq.poke(mq.addrs.desc + 16 * u64::from(slot), &b);
 }
 
+/// Writes slot `slot`'s descriptor: 8 bytes of buffer `slot`, buffer id `id`, `flags`.
+fn poke_slot(mq: &MockQueue, slot: u16, id: u16, flags: u16) {
+    let d = PackedDesc {
+        addr: mq.buf(slot),
+        len: 8,
+        id,
+        flags,
+    };
+    poke_desc(mq, slot, d);
+}
+
 #[test]
 fn a_chain_whose_tail_is_not_available_is_refused() {
     let mq = MockQueue::new(SIZE, 64);
     let (_drv, mut dev) = pair(&mq, Direction::DeviceReads, false);
-    let desc = |slot: u16, flags| PackedDesc {
-        addr: mq.buf(slot),
-        len: 8,
-        id: 0,
-        flags,
-    };
     // Slot 0 available with NEXT, slot 1 not: no whole chain yet.
-    poke_desc(&mq, 0, desc(0, DESC_F_AVAIL | DESC_F_NEXT));
+    poke_slot(&mq, 0, 0, DESC_F_AVAIL | DESC_F_NEXT);
     assert_eq!(dev.available(), Ok(0));
     // Slot 1 available: one chain...
-    poke_desc(&mq, 1, desc(1, DESC_F_AVAIL));
+    poke_slot(&mq, 1, 0, DESC_F_AVAIL);
     assert_eq!(dev.available(), Ok(1));
     // ...taken back by the driver before the device parsed it (a driver that breaks the
     // rule): the parse reads each descriptor once and refuses, consuming nothing.
-    poke_desc(&mq, 1, desc(1, DESC_F_USED));
+    poke_slot(&mq, 1, 0, DESC_F_USED);
     assert_eq!(dev.pop(), Err(Error::DescNotAvailable { index: 1 }));
     assert_eq!(dev.last_avail(), 0x8000, "nothing consumed");
 }
@@ -281,27 +286,21 @@ fn a_counted_chain_rewritten_longer_never_makes_the_count_exceed_the_ring() {
     // walk must not outgrow the slots it stands for.
     let mq = MockQueue::new(SIZE, 64);
     let (_drv, mut dev) = pair(&mq, Direction::DeviceReads, false);
-    let desc = |slot: u16, flags| PackedDesc {
-        addr: mq.buf(slot),
-        len: 8,
-        id: slot,
-        flags,
-    };
     // Two one-descriptor chains, counted.
-    poke_desc(&mq, 0, desc(0, DESC_F_AVAIL));
-    poke_desc(&mq, 1, desc(1, DESC_F_AVAIL));
+    poke_slot(&mq, 0, 0, DESC_F_AVAIL);
+    poke_slot(&mq, 1, 1, DESC_F_AVAIL);
     assert_eq!(dev.available(), Ok(2));
     // The driver makes the first one a two-descriptor chain before the device parses it:
     // one chain is taken, both slots with it.
-    poke_desc(&mq, 0, desc(0, DESC_F_AVAIL | DESC_F_NEXT));
+    poke_slot(&mq, 0, 0, DESC_F_AVAIL | DESC_F_NEXT);
     let c = dev.pop().expect("valid").expect("chain");
     assert_eq!(c.head, 1);
     // Then every slot is available again: the rest of this lap and the next lap's first two.
     for slot in 2..SIZE {
-        poke_desc(&mq, slot, desc(slot, DESC_F_AVAIL));
+        poke_slot(&mq, slot, slot, DESC_F_AVAIL);
     }
     for slot in 0..2 {
-        poke_desc(&mq, slot, desc(slot, DESC_F_USED));
+        poke_slot(&mq, slot, slot, DESC_F_USED);
     }
     let n = dev.available().expect("valid");
     assert!(n <= SIZE, "{n} chains counted in a ring of {SIZE}");
