@@ -114,6 +114,15 @@ impl Flows {
     }
 }
 
+/// The byte of a frame (and of its addresses) that tells its flow apart: the source
+/// address's fifth (destination 6 bytes, then the source's).
+const FLOW_BYTE: usize = 6 + 4;
+
+/// That byte for `flow` of a generator whose source address is `src`.
+fn flow_byte(src: [u8; 6], flow: u8) -> u8 {
+    src[4] ^ flow
+}
+
 impl GenPort {
     /// A generator (see [`Counting`]).
     pub fn new(id: PortId, stats: Arc<PortStats>, spec: GenSpec, counting: Counting) -> Self {
@@ -127,7 +136,7 @@ impl GenPort {
         let hashes = (0..spec.flows.max(1))
             .map(|flow| {
                 let mut f = frames[h..frame_bytes].to_vec();
-                f[10] = spec.src[4] ^ flow;
+                f[FLOW_BYTE] = flow_byte(spec.src, flow);
                 (flow_hash(&f) >> 32) as u32
             })
             .collect();
@@ -222,9 +231,9 @@ impl super::Port for GenPort {
         let h = HDR_LEN as usize;
         let macs: [u8; 12] = self.frames[h..h + 12].try_into().unwrap_or([0; 12]);
         let (seq, id) = (self.seq, self.id);
-        let (src, flows) = (self.spec.src[4], self.spec.flows);
-        // Spread over flows (`flows` > 1): frame `k` gets its flow's source address (its fifth
-        // byte `src` xor the flow), noted in `flow[k]` for the packet's addresses.
+        let (src, flows) = (self.spec.src, self.spec.flows);
+        // Spread over flows (`flows` > 1): frame `k` gets its flow's source address
+        // (`flow_byte`), the flow noted in `flow[k]` for the packet's addresses.
         let mut flow = [0u8; MAX_BURST];
         let mut steps = (flows > 1).then(|| Flows::new((!finishing).then_some(seq), flows));
         let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
@@ -241,7 +250,7 @@ impl super::Port for GenPort {
             }
             if let Some(st) = steps.as_mut() {
                 flow[k] = st.step();
-                f[h + 10] = src ^ flow[k];
+                f[h + FLOW_BYTE] = flow_byte(src, flow[k]);
             }
             segs[k] = Seg::from_mut(f);
         }
@@ -259,7 +268,7 @@ impl super::Port for GenPort {
         }
         if flows > 1 {
             for (p, f) in pkts.iter_mut().zip(flow).take(owed) {
-                p.macs[10] = src ^ f;
+                p.macs[FLOW_BYTE] = flow_byte(src, f);
                 p.hash = self.hashes.get(usize::from(f)).copied().unwrap_or(0);
             }
         }
