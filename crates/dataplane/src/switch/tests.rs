@@ -843,9 +843,12 @@ fn tap_to_frontend(c: &TapCase<'_>) {
     match expect {
         Direct::All => assert_eq!(in_place, rx, "{tag}: every packet read in place"),
         Direct::AllButFirst => {
+            // The first read of a burst is not in place; the kernel's own frames (an IPv6
+            // report, ...) can come as bursts of their own, each with its first read.
+            let own = (all - got.len()) as u64;
             assert!(
-                in_place + 1 >= rx,
-                "{tag}: {in_place} of {rx} read in place"
+                in_place + 1 + own >= rx,
+                "{tag}: {in_place} of {rx} read in place ({own} of the kernel's own)"
             );
             assert!(get(&fe.stats.tx_batches) > 0);
         }
