@@ -698,18 +698,25 @@ impl RxState {
     fn reserve(
         &mut self,
         rx: &mut QueueSlot,
-        who: (PortId, &PortStats),
+        id: PortId,
+        stats: &PortStats,
         want: usize,
         now: Instant,
     ) -> bool {
         if !self.open || self.rxb.remaining() >= want {
-            return self.open(rx, who.0, who.1, want, now);
+            return self.open(rx, id, stats, want, now);
         }
         // The chains consumed so far are accounted as at a publish (their used entries stay
         // unpublished until the batch's commit), the rest go back, and the batch refills.
         let used = self.rxb.finish(&mut rx.q);
         self.egress.used(used);
-        fill(&mut self.rxb, &mut self.egress, rx, who, (want, now))
+        fill(
+            &mut self.rxb,
+            &mut self.egress,
+            rx,
+            (id, stats),
+            (want, now),
+        )
     }
 
     /// Publishes the open batch and counts what it delivered (once per batch: no per-packet
@@ -965,7 +972,7 @@ impl QueuePair {
         let Some(rx) = QueueSlot::usable(&mut self.rx) else {
             return false;
         };
-        self.out.reserve(rx, (id, &self.stats), want, now)
+        self.out.reserve(rx, id, &self.stats, want, now)
     }
 
     /// Publishes the open receive batch and counts what it delivered.
