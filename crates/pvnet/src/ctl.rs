@@ -83,6 +83,8 @@ pub struct WorkerRow {
     /// Share of the last second it spent in rounds that moved packets, percent (what
     /// placement and rebalancing go by: polling empty rings is not load).
     pub load_pct: f64,
+    /// Time it spent in rounds that moved packets since the switch started, seconds.
+    pub busy_secs: f64,
     /// Ports moved onto it, and off it.
     pub moved_in: u64,
     /// See `moved_in`.
@@ -1049,6 +1051,12 @@ pub fn render_metrics(s: &Status) -> String {
                 (|w: &WorkerRow| fmt_float(w.cpu_secs)) as fn(&WorkerRow) -> String,
             ),
             (
+                "pvnet_worker_busy_seconds_total",
+                "counter",
+                "Time a dataplane worker spent in rounds that moved packets (its CPU time less polling and sleeping).",
+                |w: &WorkerRow| fmt_float(w.busy_secs),
+            ),
+            (
                 "pvnet_worker_load_ratio",
                 "gauge",
                 "Share of the last second a worker spent in rounds that moved packets.",
@@ -1733,6 +1741,7 @@ mod tests {
                 handoff_out: 7 + k,
                 handoff_in: 9,
                 load_pct: 40.0,
+                busy_secs: 0.25,
                 moved_in: k,
                 moved_out: 1 - k,
             })
@@ -1750,6 +1759,7 @@ mod tests {
         );
         assert!(
             m.contains("\npvnet_worker_load_ratio{worker=\"0\"} 0.4\n")
+                && m.contains("\npvnet_worker_busy_seconds_total{worker=\"1\"} 0.25\n")
                 && m.contains("\npvnet_worker_ports_moved_in_total{worker=\"1\"} 1\n"),
             "{m}"
         );

@@ -646,6 +646,8 @@ impl Runtime {
                     handoff_out: w.handoff_out,
                     handoff_in: w.handoff_in,
                     load_pct: 100.0 * w.busy,
+                    #[allow(clippy::cast_precision_loss)]
+                    busy_secs: w.busy_ns as f64 / 1e9,
                     moved_in: w.moved_in,
                     moved_out: w.moved_out,
                 }

@@ -163,6 +163,10 @@ pub struct WorkerInfo {
     /// Share of the last measured interval it spent in rounds that moved packets, 0 to 1
     /// (polling empty rings and sleeping are not busy).
     pub busy: f64,
+    /// Time it has spent in rounds that moved packets since it started, nanoseconds (a
+    /// counter: its difference over a window, divided by the packets of that window, is
+    /// the worker's cost per packet without its polling of empty rings).
+    pub busy_ns: u64,
     /// Ports moved onto it, and off it, since the start.
     pub moved_in: u64,
     /// See `moved_in`.
@@ -487,6 +491,10 @@ impl Dataplane {
                 cpu: self.cfg.cpu.map(|c| (c + k) % crate::sys::online_cpus()),
                 tid: s.tid.load(Ordering::Relaxed),
                 busy: busy.get(k).copied().unwrap_or(0.0),
+                busy_ns: self
+                    .loads
+                    .get(k)
+                    .map_or(0, |l| l.busy_ns.load(Ordering::Relaxed)),
                 moved_in: moved_in.get(k).copied().unwrap_or(0),
                 moved_out: moved_out.get(k).copied().unwrap_or(0),
                 ..WorkerInfo::default()
