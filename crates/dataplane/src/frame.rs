@@ -14,6 +14,23 @@ pub const MAGIC: [u8; 4] = *b"PVNB";
 pub const MIN_FRAME: usize = 30;
 const KIND_DATA: u8 = 0;
 const KIND_END: u8 = 1;
+/// A request of `pvnet frontend --role rr`, asking for an answer.
+pub const KIND_REQUEST: u8 = 2;
+/// An answer to a [`KIND_REQUEST`] frame (`pvnet frontend --role echo`).
+pub const KIND_REPLY: u8 = 3;
+
+/// Its kind byte (`KIND_*`), if `head` is a bench frame.
+#[inline]
+pub fn kind(head: &[u8]) -> Option<u8> {
+    (head.len() >= MIN_FRAME && head[12..14] == ETHERTYPE.to_be_bytes() && head[14..18] == MAGIC)
+        .then(|| head[18])
+}
+
+/// Sets a templated frame's kind (after [`set_seq`], which makes it a data frame).
+#[inline]
+pub fn set_kind(buf: &mut [u8], kind: u8) {
+    buf[18] = kind;
+}
 
 /// What a received frame says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,8 +31,9 @@ pub enum FrontRole {
     Tx,
     /// Receive and check numbered frames until the end marker.
     Rx,
-    /// Request/response against `pvnet backend --role echo`: --flows requests in flight,
-    /// each answered one starts the next; latency percentiles from a histogram.
+    /// Request/response against `pvnet backend --role echo`, or through a switch against
+    /// `pvnet frontend --role echo --announce`: --flows requests in flight, each answered
+    /// one starts the next; latency percentiles from a histogram.
     Rr,
     /// Connect, post receive buffers, and sleep for --secs (idle CPU check).
     Idle,
@@ -40,6 +41,10 @@ pub enum FrontRole {
     /// place, or from a copy: --rx-mode), an XDP_DROP-like sink; reports the rate, the
     /// buffers and memory per frame, and CPU ns per frame.
     Drop,
+    /// As drop (paced by --rate too), and answer every request of `--role rr` (addresses
+    /// swapped): the far end of a request/response flow through a switch, sharing its
+    /// egress with whatever else is sent to it.
+    Echo,
 }
 
 /// How `--role rx` reads a frame.
@@ -87,9 +92,16 @@ pub struct FrontendArgs {
     /// a bound). 0: send for --secs.
     #[arg(long, default_value_t = 0)]
     pub count: u64,
-    /// tx: frames per second to offer, evenly paced (0: as fast as the ring allows).
+    /// tx: frames per second to offer, evenly paced (0: as fast as the ring allows). drop:
+    /// frames per second to take at most, a receiver slower than its sender (0: all that
+    /// arrive); what it has not taken stays in its ring, so a backlog forms in front of it.
     #[arg(long, default_value_t = 0)]
     pub rate: u64,
+    /// tx and drop with --rate: send or take whole bursts of --burst frames, sleeping until
+    /// each burst is due, instead of frame by frame (a paced frontend then leaves its CPU
+    /// free between bursts, so that two of them can share one CPU).
+    #[arg(long)]
+    pub paced_bursts: bool,
     /// rr: requests in flight (one per flow).
     #[arg(long, default_value_t = 1)]
     pub flows: u16,
@@ -147,16 +159,18 @@ pub struct FrontendArgs {
     /// then send frames of up to 64 KiB, and the receive buffers are sized for them.
     #[arg(long)]
     pub guest_tso: bool,
-    /// rx: first send one broadcast frame from the address tx frames go to
-    /// (02:00:00:00:00:04), as a guest's gratuitous ARP does, so that a learning switch
-    /// delivers them to this port alone instead of flooding them.
+    /// rx, drop and echo: first send one broadcast frame from the address tx and rr frames
+    /// go to (02:00:00:00:00:04), as a guest's gratuitous ARP does, so that a learning
+    /// switch delivers them to this port alone instead of flooding them.
     #[arg(long)]
     pub announce: bool,
 }
 
-/// The address tx frames are sent from, and to.
+/// The address tx frames are sent from, and to (and rr requests to).
 const TX_SRC: [u8; 6] = [2, 0, 0, 0, 0, 3];
 const TX_DST: [u8; 6] = [2, 0, 0, 0, 0, 4];
+/// The address rr requests are sent from.
+const RR_SRC: [u8; 6] = [2, 0, 0, 0, 0, 5];
 
 /// Frame lengths of a run: one length (`min == max`) or a uniform mix over `min..=max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,7 +330,8 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         FrontRole::Tx => tx(&mut c, a, Poller::new(a.poll, wake))?,
         FrontRole::Rx => rx(&mut c, a, Poller::new(a.poll, wake))?,
         FrontRole::Rr => rr(&mut c, a, frame_len, Poller::new(a.poll, wake))?,
-        FrontRole::Drop => drop_all(&mut c, a, Poller::new(a.poll, wake))?,
+        FrontRole::Drop => drop_all(&mut c, a, Poller::new(a.poll, wake), false)?,
+        FrontRole::Echo => drop_all(&mut c, a, Poller::new(a.poll, wake), true)?,
         FrontRole::Idle => {
             let until = Instant::now() + Duration::from_secs_f64(a.secs);
             while Instant::now() < until && !proc::stopping() {
@@ -400,12 +415,8 @@ fn tx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
     } else {
         Duration::from_secs_f64(a.secs)
     };
-    if a.rate > 0 {
-        // Precise sleeps for pacing (the default 50 us timer slack would bunch packets).
-        // SAFETY: prctl with an integer argument; affects only this thread.
-        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
-    }
     let start = Instant::now();
+    let pace = Pace::new(a, start);
     let mut iv = Intervals::new(start);
     let mut seq = 0u64;
     let mut next_report = start + Duration::from_millis(250);
@@ -421,25 +432,12 @@ fn tx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
             next_report = now + Duration::from_millis(250);
         }
         let left = usize::try_from(limit - seq).unwrap_or(usize::MAX);
-        let want = if a.rate == 0 {
-            burst.min(left)
-        } else {
-            // Frames due by now at the offered rate.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let due = (now.duration_since(start).as_secs_f64() * a.rate as f64) as u64;
-            let owe = usize::try_from(due.saturating_sub(seq))
-                .unwrap_or(usize::MAX)
-                .min(burst);
-            if owe == 0 {
-                // Sleep until the next frame is due (never across a whole interval tick).
-                let next = start + Duration::from_secs_f64((seq + 1) as f64 / a.rate as f64);
-                let gap = next.saturating_duration_since(Instant::now());
-                if gap > Duration::from_micros(20) {
-                    std::thread::sleep(gap - Duration::from_micros(10));
-                }
-                continue;
-            }
-            owe.min(left)
+        let want = match &pace {
+            None => burst.min(left),
+            Some(pace) => match pace.owed(now, seq) {
+                0 => continue,
+                owe => owe.min(burst).min(left),
+            },
         };
         let mut k = 0u64;
         let n = c.send_burst(want, &mut scratch, |_, buf| {
@@ -503,21 +501,28 @@ fn tx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
     }))
 }
 
+/// Sends one broadcast frame from the address tx and rr frames go to, so that a learning
+/// switch learns where it is. Not a bench frame (no magic): a sink or a checking receiver
+/// ignores it.
+fn announce(c: &mut NetClient) -> Result<()> {
+    let mut scratch = vec![0u8; 2048];
+    while c.send_burst(1, &mut scratch, |_, buf| {
+        buf[..64].fill(0);
+        buf[0..6].copy_from_slice(&[0xff; 6]);
+        buf[6..12].copy_from_slice(&TX_DST);
+        64
+    })? == 0
+    {
+        c.reclaim_tx()?;
+    }
+    Ok(())
+}
+
 /// Receives until the end marker; checks order and count. The interval runs from the first
 /// frame to the end marker.
 fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::Value> {
     if a.announce {
-        // Not a bench frame (no magic): a sink or a checking receiver ignores it.
-        let mut scratch = vec![0u8; 2048];
-        while c.send_burst(1, &mut scratch, |_, buf| {
-            buf[..64].fill(0);
-            buf[0..6].copy_from_slice(&[0xff; 6]);
-            buf[6..12].copy_from_slice(&TX_DST);
-            64
-        })? == 0
-        {
-            c.reclaim_tx()?;
-        }
+        announce(c)?;
     }
     let mut check = SeqCheck::default();
     let mut first: Option<Instant> = None;
@@ -588,8 +593,67 @@ fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
 
 /// Receive-and-drop for `--secs` after the first frame: every frame's Ethernet header is read
 /// (in place, or from a copy of the whole frame) and folded into a sum, so the read is real.
-fn drop_all(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::Value> {
+/// Pacing at `--rate`: frames are due evenly from `start`; a caller ahead of them sleeps.
+struct Pace {
+    start: Instant,
+    rate: f64,
+    /// Frames that must be due before the caller goes on: 1, or `--burst` with
+    /// `--paced-bursts`.
+    batch: u64,
+}
+
+impl Pace {
+    /// `None` without `--rate`.
+    fn new(a: &FrontendArgs, start: Instant) -> Option<Self> {
+        if a.rate == 0 {
+            return None;
+        }
+        // Precise sleeps for pacing (the default 50 us timer slack would bunch packets).
+        // SAFETY: prctl with an integer argument; affects only this thread.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+        let batch = if a.paced_bursts { a.burst.max(1) } else { 1 };
+        #[allow(clippy::cast_precision_loss)]
+        Some(Self {
+            start,
+            rate: a.rate as f64,
+            batch: batch as u64,
+        })
+    }
+
+    /// Frames due by `now` beyond the `done` already handled, or 0 after sleeping until
+    /// the next batch is due (when that is more than 20 us away; less is spun, as a sleep
+    /// that short oversleeps).
+    fn owed(&self, now: Instant, done: u64) -> usize {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let due = (now.duration_since(self.start).as_secs_f64() * self.rate) as u64;
+        if due >= done + self.batch {
+            return usize::try_from(due - done).unwrap_or(usize::MAX);
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let next = self.start + Duration::from_secs_f64((done + self.batch) as f64 / self.rate);
+        let gap = next.saturating_duration_since(Instant::now());
+        if gap > Duration::from_micros(20) {
+            std::thread::sleep(gap - Duration::from_micros(10));
+        }
+        0
+    }
+}
+
+/// `--role drop`, and with `echo` `--role echo`: requests are copied out as they are taken
+/// and answered after each receive burst (a few: one per request in flight).
+fn drop_all(
+    c: &mut NetClient,
+    a: &FrontendArgs,
+    mut p: Poller,
+    echo: bool,
+) -> Result<serde_json::Value> {
+    if a.announce {
+        announce(c)?;
+    }
     let mut body = vec![0u8; 65536];
+    // Requests waiting for their answer: the frames back to back, and each one's length.
+    let (mut asks, mut ask_lens, mut scratch) = (Vec::new(), Vec::new(), vec![0u8; 2048]);
+    let mut answered = 0u64;
     let mut sum = 0u64;
     let mut first: Option<(Instant, u64, u64)> = None;
     let mut last = Instant::now();
@@ -601,10 +665,22 @@ fn drop_all(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_
     // sets the pace (a frontend waiting for a slower sender polls, and its CPU time counts
     // the polling too).
     let mut busy = Duration::ZERO;
+    // With --rate, paced from the first frame on, at most --burst frames a receive (as a
+    // NAPI poll's budget); a debt (this process descheduled) is made good burst by burst
+    // without sleeping.
+    let mut pace: Option<Pace> = None;
+    let budget = a.burst.max(1);
     c.disarm_rx();
     while !proc::stopping() {
         let t = Instant::now();
-        let n = c.recv_burst(usize::MAX, |f| {
+        let most = match (&pace, &first) {
+            (Some(pace), Some(_)) => match pace.owed(t, c.stats.rx_packets) {
+                0 => continue,
+                owe => owe.min(budget),
+            },
+            _ => usize::MAX,
+        };
+        let n = c.recv_burst(most, |f| {
             let eth = match a.rx_mode {
                 RxMode::Copy => {
                     let n = f.read(0, &mut body);
@@ -620,7 +696,21 @@ fn drop_all(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_
                     .unwrap_or([0; 14]),
             };
             sum = sum.wrapping_add(u64::from(eth[5]) + u64::from(eth[13]));
+            if echo {
+                let head = f
+                    .segments()
+                    .next()
+                    .and_then(|s| s.read_array::<{ frame::MIN_FRAME }>(0));
+                if head.as_ref().and_then(|h| frame::kind(h)) == Some(frame::KIND_REQUEST) {
+                    let n = f.read(0, &mut body).min(2048 - 12);
+                    asks.extend_from_slice(&body[..n]);
+                    ask_lens.push(n);
+                }
+            }
         })?;
+        if !ask_lens.is_empty() {
+            answered += answer(c, &mut asks, &mut ask_lens, &mut scratch)?;
+        }
         let now = Instant::now();
         if n > 0 {
             p.on_work(now);
@@ -629,6 +719,12 @@ fn drop_all(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_
                 busy += now - t;
             }
             let (t0, _, _) = *first.get_or_insert_with(|| (now, c.stats.rx_packets, cpu()));
+            if pace.is_none() && a.rate > 0 {
+                pace = Pace::new(a, now).map(|mut p| {
+                    p.start -= Duration::from_secs_f64(c.stats.rx_packets as f64 / p.rate);
+                    p
+                });
+            }
             if now.duration_since(t0).as_secs_f64() >= a.secs {
                 break;
             }
@@ -647,7 +743,7 @@ fn drop_all(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_
         )
     });
     Ok(json!({
-        "dropped": pkts, "secs": secs,
+        "dropped": pkts, "secs": secs, "answered": answered,
         "mpps": if secs > 0.0 { pkts as f64 / secs / 1e6 } else { 0.0 },
         "cpu_ns_per_frame": if pkts > 0 { ns as f64 / pkts as f64 } else { 0.0 },
         "busy_ns_per_frame": if pkts > 0 { busy.as_nanos() as f64 / pkts as f64 } else { 0.0 },
@@ -655,10 +751,37 @@ fn drop_all(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_
     }))
 }
 
+/// Sends the answers to the requests in `asks` (frames back to back, lengths in `lens`):
+/// each with its addresses swapped and marked a reply. What the ring does not take now
+/// stays for the next call. Returns the answers sent.
+fn answer(
+    c: &mut NetClient,
+    asks: &mut Vec<u8>,
+    lens: &mut Vec<usize>,
+    scratch: &mut [u8],
+) -> Result<u64> {
+    let mut off = 0;
+    let n = c.send_burst(lens.len(), scratch, |k, buf| {
+        let len = lens[k];
+        let f = &asks[off..off + len];
+        buf[..len].copy_from_slice(f);
+        buf[0..6].copy_from_slice(&f[6..12]);
+        buf[6..12].copy_from_slice(&f[0..6]);
+        frame::set_kind(buf, frame::KIND_REPLY);
+        off += len;
+        len
+    })?;
+    asks.drain(..off);
+    lens.drain(..n);
+    Ok(n as u64)
+}
+
 /// Bytes an RR frame needs: the bench header, then flow id (u32) and send time (u64 ns).
 const RR_MIN: usize = 64;
 const RR_FLOW: usize = 30;
 const RR_TS: usize = 34;
+/// A request not answered within this is lost (ns).
+const RR_TIMEOUT_NS: u64 = 20_000_000;
 
 /// Request/response: `--flows` requests in flight through `pvnet backend --role echo`.
 fn rr(
@@ -667,7 +790,7 @@ fn rr(
     frame_len: usize,
     mut p: Poller,
 ) -> Result<serde_json::Value> {
-    let (mut scratch, tpl) = template(frame_len, [2, 0, 0, 0, 0, 5], [2, 0, 0, 0, 0, 5]);
+    let (mut scratch, tpl) = template(frame_len, RR_SRC, TX_DST);
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .map_err(|e| failed(format!("histogram: {e}")))?;
     let t0 = Instant::now();
@@ -675,6 +798,10 @@ fn rr(
     // Warm-up: the first 10% of the run is not recorded.
     let record_from = t0 + dur / 10;
     let mut pending: Vec<u32> = (0..u32::from(a.flows)).collect();
+    // Each flow's request in flight, by its send time: only its answer counts (a frame
+    // that is not one, or a late copy, is a stray).
+    let mut in_flight: Vec<Option<u64>> = vec![None; usize::from(a.flows)];
+    let (mut strays, mut lost) = (0u64, 0u64);
     let mut body = vec![0u8; 2048];
     let (mut seq, mut done, mut next_report) = (0u64, 0u64, t0 + Duration::from_millis(250));
     let mut recorded = 0u64;
@@ -687,10 +814,14 @@ fn rr(
             let n = c.send_burst(pending.len(), &mut scratch, |_, buf| {
                 buf[..frame_len].copy_from_slice(&tpl);
                 frame::set_seq(buf, seq + k as u64);
+                frame::set_kind(buf, frame::KIND_REQUEST);
                 buf[RR_FLOW..RR_FLOW + 4].copy_from_slice(&pending[k].to_le_bytes());
                 #[allow(clippy::cast_possible_truncation)] // ns since start of a bounded run
                 let ts = t0.elapsed().as_nanos() as u64;
                 buf[RR_TS..RR_TS + 8].copy_from_slice(&ts.to_le_bytes());
+                if let Some(t) = in_flight.get_mut(pending[k] as usize) {
+                    *t = Some(ts);
+                }
                 k += 1;
                 frame_len
             })?;
@@ -706,32 +837,55 @@ fn rr(
         }
         let got = c.recv_burst(usize::MAX, |f| {
             let n = f.read(0, &mut body);
-            if n < RR_MIN {
+            // A request reflected as it was (`pvnet backend --role echo`) or answered.
+            let kind = frame::kind(&body[..n]);
+            if n < RR_MIN || !matches!(kind, Some(frame::KIND_REQUEST | frame::KIND_REPLY)) {
+                strays += 1;
                 return;
             }
             let mut w = [0u8; 8];
             w.copy_from_slice(&body[RR_TS..RR_TS + 8]);
+            let ts = u64::from_le_bytes(w);
+            let mut fl = [0u8; 4];
+            fl.copy_from_slice(&body[RR_FLOW..RR_FLOW + 4]);
+            let flow = u32::from_le_bytes(fl);
+            match in_flight.get_mut(flow as usize) {
+                Some(t) if *t == Some(ts) => *t = None,
+                _ => {
+                    strays += 1;
+                    return;
+                }
+            }
             #[allow(clippy::cast_possible_truncation)]
-            let lat = (t0.elapsed().as_nanos() as u64).saturating_sub(u64::from_le_bytes(w));
+            let lat = (t0.elapsed().as_nanos() as u64).saturating_sub(ts);
             if Instant::now() >= record_from {
                 let _ = hist.record(lat.max(1));
                 recorded += 1;
             }
-            let mut fl = [0u8; 4];
-            fl.copy_from_slice(&body[RR_FLOW..RR_FLOW + 4]);
-            pending.push(u32::from_le_bytes(fl));
+            pending.push(flow);
             done += 1;
         })?;
         if got > 0 {
             p.on_work(now);
         } else if pending.len() < usize::from(a.flows) {
+            // A request unanswered for RR_TIMEOUT was lost (a switch's queue dropped it, or
+            // its answer): counted, and the flow starts again.
+            #[allow(clippy::cast_possible_truncation)]
+            let t = now.duration_since(t0).as_nanos() as u64;
+            for (flow, sent) in in_flight.iter_mut().enumerate() {
+                if sent.is_some_and(|s| t.saturating_sub(s) > RR_TIMEOUT_NS) {
+                    *sent = None;
+                    lost += 1;
+                    pending.push(u32::try_from(flow).unwrap_or(0));
+                }
+            }
             idle(c, &mut p, Ring::Rx, now)?;
         }
     }
     let measured = dur.as_secs_f64() * 0.9;
     let q = |x: f64| hist.value_at_quantile(x) as f64 / 1000.0;
     Ok(json!({
-        "flows": a.flows, "transactions": done, "rr_per_sec": recorded as f64 / measured,
+        "flows": a.flows, "transactions": done, "strays": strays, "lost": lost, "rr_per_sec": recorded as f64 / measured,
         "p50_us": q(0.50), "p99_us": q(0.99), "p999_us": q(0.999), "mean_us": hist.mean() / 1000.0,
     }))
 }

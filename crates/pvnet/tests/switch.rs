@@ -569,3 +569,50 @@ fn a_ports_own_policy_coalesces_its_rings_and_changes_in_place() {
         "the change is logged"
     );
 }
+
+/// Request/response through the switch: `--role rr` on port a against `--role echo
+/// --announce` on port b (the switch learns b's address from the announcement, so the
+/// requests go to b alone; the answers, to the address the requests came from). Every
+/// request is answered once, nothing stray, nothing lost.
+#[test]
+fn requests_cross_the_switch_to_an_echo_frontend_and_come_back() {
+    let dir = TestDir::new("sw-echo");
+    let mut sw = Switch::start(&dir, &[]);
+    let mut echo = frontend(
+        "frontend echo",
+        &sw.b,
+        &[
+            "--role",
+            "echo",
+            "--announce",
+            "--secs",
+            "30",
+            "--idle-timeout",
+            "30",
+        ],
+    );
+    echo.wait_json("ready", RUN);
+    // The announcement has crossed once the switch knows b's address.
+    let deadline = std::time::Instant::now() + RUN;
+    while u(&sw.counters("b"), "/rx_packets") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no announcement from b"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rr = common::run_frontend("frontend rr", &sw.a, &["--role", "rr", "--secs", "0.5"]);
+    echo.signal(libc::SIGINT);
+    let e = echo.finish(RUN);
+    let n = u(&rr, "/transactions");
+    assert!(n > 100, "{rr}");
+    assert_eq!((u(&rr, "/strays"), u(&rr, "/lost")), (0, 0), "{rr}");
+    // The echo answered each request it took, and only those (the announcement was its own).
+    assert_eq!(u(&e, "/answered"), n, "{e}\n{rr}");
+    let (ca, cb) = (sw.counters("a"), sw.counters("b"));
+    assert_eq!(u(&cb, "/tx_packets"), n, "requests to b: {cb}");
+    assert_eq!(u(&ca, "/tx_packets"), n, "answers to a: {ca}");
+    assert_eq!(switch_drops(&ca) + switch_drops(&cb), 0, "{ca}\n{cb}");
+    sw.proc.signal(libc::SIGINT);
+    sw.proc.finish(RUN);
+}
