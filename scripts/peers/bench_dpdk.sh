@@ -50,6 +50,8 @@
 #        BURSTS=1 (the frontend records its bursts: RESULT gains fe_empty_pct, the share of its
 #        receive polls that found nothing, fe_full_pct, of full bursts, and for txonly
 #        fe_tx_full_pct, of transmit bursts that went out whole: who sets the pace)
+#        TX_FIRST=N (bounce: the frontend starts with N bursts of 32 per port in flight instead
+#        of 1: `start tx_first N`; the standard bounce is 1)
 #        PERF=1 (profile the backend over the measured window: $B/<run>.perf.data, cpu-clock;
 #        PERF=fe profiles the frontend instead;
 #        it perturbs the run, so its figures are not comparable)
@@ -104,7 +106,7 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   case "$dir" in
     v2h) fe_fwd=txonly; be_fwd=rxonly; field=TX ;;
     h2v) fe_fwd=rxonly; be_fwd=txonly; field=RX ;;
-    bounce) fe_fwd=io; be_fwd=io; field=RX; ports=2; start="start tx_first"
+    bounce) fe_fwd=io; be_fwd=io; field=RX; ports=2; start="start tx_first${TX_FIRST:+ $TX_FIRST}"
       fe_args=("${FE_ARGS2[@]}"); be_args=("${BE_ARGS2[@]}") ;;
   esac
   local busy c2c_a c2c_b bepid fepid n=$((WARM + DUR)) fe_log="$B/$tag.fe.log" be_log="$B/$tag.be.log"
