@@ -35,6 +35,7 @@ ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-4}"; SEND_PPS="${SEND_PPS:-2200000}"; RECV_PP
 RECV_BURST="${RECV_BURST:-64}"; RECV_RING="${RECV_RING:-256}"; WARM=2; PARTS="${PARTS:-bulk latency}"
 DOC="${DOC-$PVNET_ROOT/docs/egress.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
 [ "$RECV_PPS" -lt "$SEND_PPS" ] || die "RECV_PPS ($RECV_PPS) must be below SEND_PPS ($SEND_PPS): no backlog otherwise"
+CMD="ROUNDS=$ROUNDS DUR=$DUR SEND_PPS=$SEND_PPS RECV_PPS=$RECV_PPS RECV_BURST=$RECV_BURST RECV_RING=$RECV_RING scripts/bench_egress_paced.sh"
 build_pvnet
 B="$WORK/egress-paced"; rm -rf "$B"; mkdir -p "$B"
 cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
@@ -146,6 +147,71 @@ print("RESULT cfg=%s round=%s c2c_ns=%s took_mpps=%.3f mpps=%.3f busy_ns_per_pkt
 PY
 }
 
+# summarize PART RESULTS OUT : the table of a part from its RESULT lines.
+summarize() {
+  python3 - "$2" "$3" "$SEND_PPS" "$RECV_PPS" "$1" <<'PY'
+import sys, statistics as st
+rows = [dict(kv.split("=", 1) for kv in l.split()[1:]) for l in open(sys.argv[1]) if l.startswith("RESULT")]
+send, recv = int(sys.argv[3]) / 1e6, int(sys.argv[4]) / 1e6
+def med(cfg, k):
+    return st.median([float(r[k]) for r in rows if r["cfg"] == cfg])
+c2c = sorted(float(x) for r in rows for x in r["c2c_ns"].split("/"))
+if sys.argv[5] == "bulk":
+    out = ["Core-to-core latency over the runs: %.0f-%.0f ns. Offered %.2f Mpps, taken %.2f Mpps; medians of %d runs each." %
+           (c2c[0], c2c[-1], send, recv, len(rows) // 4), "",
+           "| egress of b | dequeue | delivered Mpps | switch busy ns per delivered packet | delivered from the queue | packets per dequeue | publishes per packet | dropped (queue limit) | counts add up | bulk vs one |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for q, name in (("qdisc=fifo", "fifo"), ("qdisc=fq_codel,dql=true", "fq_codel + DQL")):
+        one = med(q + ",bulk=false", "busy_ns_per_pkt")
+        for bulk in ("true", "false"):
+            c = q + ",bulk=" + bulk
+            # The counters are read while the switch runs, so a window's ends may fall inside
+            # a round: exact up to one round's packets (the tests check the exact counts).
+            ok = all(abs(int(r["unaccounted"])) <= 256 for r in rows if r["cfg"] == c)
+            ratio = "1x"
+            if bulk == "true":
+                # Paired: the two runs of a round sit side by side; a pair counts only when both
+                # ran in one core-to-core state, before and after each (fast < 75 ns <= mid <
+                # 150 ns <= slow).
+                def state(v):
+                    s = {"fast" if ns < 75 else "mid" if ns < 150 else "slow" for ns in map(float, v.split("/"))}
+                    return s.pop() if len(s) == 1 else "mixed"
+                pairs = []
+                for r in sorted({r["round"] for r in rows}):
+                    x = [r2 for r2 in rows if r2["round"] == r and r2["cfg"] == c]
+                    y = [r2 for r2 in rows if r2["round"] == r and r2["cfg"] == q + ",bulk=false"]
+                    if x and y and state(x[0]["c2c_ns"]) == state(y[0]["c2c_ns"]) != "mixed":
+                        pairs.append("%.2f %s" % (float(y[0]["busy_ns_per_pkt"]) / float(x[0]["busy_ns_per_pkt"]),
+                                                  state(x[0]["c2c_ns"])))
+                if pairs:
+                    ratio = "**%.2fx fewer ns** (median of the pairs in one state: %s)" % (
+                        st.median(float(p.split()[0]) for p in pairs), ", ".join(pairs))
+                else:
+                    ratio = "%.2fx fewer ns (medians; no pair ran in one state)" % (one / med(c, "busy_ns_per_pkt"))
+            out.append("| %s | %s | %.3f | %.1f | %.3f | %.1f | %.3f | %.3f | %s | %s |" % (
+                name, "bulk" if bulk == "true" else "one per dequeue", med(c, "mpps"), med(c, "busy_ns_per_pkt"),
+                med(c, "from_queue"), med(c, "per_dequeue"), med(c, "publishes_per_pkt"), med(c, "drop_share"),
+                "yes" if ok else "**no**", ratio))
+else:
+    names = {"qdisc=fifo,dql=false": "fifo", "qdisc=fifo,dql=true": "fifo + DQL", "qdisc=fq_codel,dql=false": "fq_codel",
+             "qdisc=fq_codel,dql=true": "fq_codel + DQL", "qdisc=none": "none (packets wait in their sender)"}
+    base = "qdisc=fifo,dql=false"
+    out = ["Core-to-core latency over the runs: %.0f-%.0f ns. Bulk offered %.2f Mpps, the receiver takes %.2f Mpps; one request in flight; medians of %d runs each." %
+           (c2c[0], c2c[-1], send, recv, len(rows) // len(names)), "",
+           "| egress of b | RR p50 us | RR p99 us | RR p99 vs fifo | transactions/s | requests lost | delivered to b, Mpps | vs fifo | DQL limit (buffers) |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for c, name in names.items():
+        if not any(r["cfg"] == c for r in rows):
+            continue
+        out.append("| %s | %.0f | %.0f | %.3fx | %.0f | %d | %.3f | %.3fx | %s |" % (
+            name, med(c, "rr_p50_us"), med(c, "rr_p99_us"), med(c, "rr_p99_us") / med(base, "rr_p99_us"),
+            med(c, "rr_per_sec"), sum(int(r["lost"]) for r in rows if r["cfg"] == c), med(c, "bulk_mpps"),
+            med(c, "bulk_mpps") / med(base, "bulk_mpps"), "%.0f" % med(c, "dql_limit") if "dql=true" in c else "-"))
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
+}
+
 rounds() {   # rounds FN CFG...: ROUNDS rounds of FN over the configurations, the order reversed every other round
   local fn="$1" r i; shift
   local cfgs=("$@") order
@@ -160,96 +226,14 @@ if [[ " $PARTS " == *" bulk "* ]]; then
 log "bulk: egress of a paced receiver, $ROUNDS rounds x ${#CFGS[@]} configurations, $SEND_PPS pps offered, $RECV_PPS pps taken"
 rounds run_one "${CFGS[@]}"
 
-python3 - "$RES" "$B/summary.md" "$SEND_PPS" "$RECV_PPS" <<'PY'
-import sys, statistics as st
-rows = [dict(kv.split("=", 1) for kv in l.split()[1:]) for l in open(sys.argv[1]) if l.startswith("RESULT")]
-send, recv = int(sys.argv[3]) / 1e6, int(sys.argv[4]) / 1e6
-def med(cfg, k):
-    return st.median([float(r[k]) for r in rows if r["cfg"] == cfg])
-c2c = sorted(float(x) for r in rows for x in r["c2c_ns"].split("/"))
-out = ["Core-to-core latency over the runs: %.0f-%.0f ns. Offered %.2f Mpps, taken %.2f Mpps; medians of %d runs each." %
-       (c2c[0], c2c[-1], send, recv, len(rows) // 4), "",
-       "| egress of b | dequeue | delivered Mpps | switch busy ns per delivered packet | delivered from the queue | packets per dequeue | publishes per packet | dropped (queue limit) | counts add up | bulk vs one |",
-       "|---|---|---|---|---|---|---|---|---|---|"]
-for q, name in (("qdisc=fifo", "fifo"), ("qdisc=fq_codel,dql=true", "fq_codel + DQL")):
-    one = med(q + ",bulk=false", "busy_ns_per_pkt")
-    for bulk in ("true", "false"):
-        c = q + ",bulk=" + bulk
-        # The counters are read while the switch runs, so a window's ends may fall inside
-        # a round: exact up to one round's packets (the tests check the exact counts).
-        ok = all(abs(int(r["unaccounted"])) <= 256 for r in rows if r["cfg"] == c)
-        ratio = "1x"
-        if bulk == "true":
-            # Paired: the two runs of a round sit side by side; a pair counts only when both
-            # ran in one core-to-core state, before and after each (fast < 75 ns <= mid <
-            # 150 ns <= slow).
-            def state(v):
-                s = {"fast" if ns < 75 else "mid" if ns < 150 else "slow" for ns in map(float, v.split("/"))}
-                return s.pop() if len(s) == 1 else "mixed"
-            pairs = []
-            for r in sorted({r["round"] for r in rows}):
-                x = [r2 for r2 in rows if r2["round"] == r and r2["cfg"] == c]
-                y = [r2 for r2 in rows if r2["round"] == r and r2["cfg"] == q + ",bulk=false"]
-                if x and y and state(x[0]["c2c_ns"]) == state(y[0]["c2c_ns"]) != "mixed":
-                    pairs.append("%.2f %s" % (float(y[0]["busy_ns_per_pkt"]) / float(x[0]["busy_ns_per_pkt"]),
-                                              state(x[0]["c2c_ns"])))
-            if pairs:
-                ratio = "**%.2fx fewer ns** (median of the pairs in one state: %s)" % (
-                    st.median(float(p.split()[0]) for p in pairs), ", ".join(pairs))
-            else:
-                ratio = "%.2fx fewer ns (medians; no pair ran in one state)" % (one / med(c, "busy_ns_per_pkt"))
-        out.append("| %s | %s | %.3f | %.1f | %.3f | %.1f | %.3f | %.3f | %s | %s |" % (
-            name, "bulk" if bulk == "true" else "one per dequeue", med(c, "mpps"), med(c, "busy_ns_per_pkt"),
-            med(c, "from_queue"), med(c, "per_dequeue"), med(c, "publishes_per_pkt"), med(c, "drop_share"),
-            "yes" if ok else "**no**", ratio))
-open(sys.argv[2], "w").write("\n".join(out) + "\n")
-print("\n".join(out))
-PY
+summarize bulk "$RES" "$B/summary.md"
 
-if [ -n "$DOC" ]; then
-  {
-    echo "Measured $(date -u +%Y-%m-%d) with \`PARTS=bulk ROUNDS=$ROUNDS DUR=$DUR SEND_PPS=$SEND_PPS RECV_PPS=$RECV_PPS RECV_BURST=$RECV_BURST RECV_RING=$RECV_RING scripts/bench_egress_paced.sh\`, pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)."
-    echo; cat "$B/summary.md"; echo
-    echo "<details><summary>raw RESULT lines</summary>"; echo; echo '```'; cat "$RES"; echo '```'; echo; echo "</details>"
-  } > "$B/section.md"
-  doc_section "$DOC" "bench_egress_paced" "$B/section.md"
-  log "table written to $DOC"
-fi
+[ -n "$DOC" ] && doc_results "$DOC" bench_egress_paced "PARTS=bulk $CMD" "$B/summary.md" "$RES"
 fi
 
 if [[ " $PARTS " == *" latency "* ]]; then
 log "latency: rr through the egress of a paced receiver, $ROUNDS rounds x ${#LCFGS[@]} configurations"
 rounds run_lat "${LCFGS[@]}"
-python3 - "$LAT" "$B/lat.md" "$SEND_PPS" "$RECV_PPS" <<'PY'
-import sys, statistics as st
-rows = [dict(kv.split("=", 1) for kv in l.split()[1:]) for l in open(sys.argv[1]) if l.startswith("RESULT")]
-send, recv = int(sys.argv[3]) / 1e6, int(sys.argv[4]) / 1e6
-med = lambda c, k: st.median([float(r[k]) for r in rows if r["cfg"] == c])
-c2c = sorted(float(x) for r in rows for x in r["c2c_ns"].split("/"))
-names = {"qdisc=fifo,dql=false": "fifo", "qdisc=fifo,dql=true": "fifo + DQL", "qdisc=fq_codel,dql=false": "fq_codel",
-         "qdisc=fq_codel,dql=true": "fq_codel + DQL", "qdisc=none": "none (packets wait in their sender)"}
-base = "qdisc=fifo,dql=false"
-out = ["Core-to-core latency over the runs: %.0f-%.0f ns. Bulk offered %.2f Mpps, the receiver takes %.2f Mpps; one request in flight; medians of %d runs each." %
-       (c2c[0], c2c[-1], send, recv, len(rows) // len(names)), "",
-       "| egress of b | RR p50 us | RR p99 us | RR p99 vs fifo | transactions/s | requests lost | delivered to b, Mpps | vs fifo | DQL limit (buffers) |",
-       "|---|---|---|---|---|---|---|---|---|"]
-for c, name in names.items():
-    if not any(r["cfg"] == c for r in rows):
-        continue
-    out.append("| %s | %.0f | %.0f | %.3fx | %.0f | %d | %.3f | %.3fx | %s |" % (
-        name, med(c, "rr_p50_us"), med(c, "rr_p99_us"), med(c, "rr_p99_us") / med(base, "rr_p99_us"),
-        med(c, "rr_per_sec"), sum(int(r["lost"]) for r in rows if r["cfg"] == c), med(c, "bulk_mpps"),
-        med(c, "bulk_mpps") / med(base, "bulk_mpps"), "%.0f" % med(c, "dql_limit") if "dql=true" in c else "-"))
-open(sys.argv[2], "w").write("\n".join(out) + "\n")
-print("\n".join(out))
-PY
-if [ -n "$DOC" ]; then
-  {
-    echo "Measured $(date -u +%Y-%m-%d) with \`PARTS=latency ROUNDS=$ROUNDS DUR=$DUR SEND_PPS=$SEND_PPS RECV_PPS=$RECV_PPS RECV_BURST=$RECV_BURST RECV_RING=$RECV_RING scripts/bench_egress_paced.sh\`, pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)."
-    echo; cat "$B/lat.md"; echo
-    echo "<details><summary>raw RESULT lines</summary>"; echo; echo '```'; cat "$LAT"; echo '```'; echo; echo "</details>"
-  } > "$B/lsection.md"
-  doc_section "$DOC" "bench_egress_paced_latency" "$B/lsection.md"
-  log "table written to $DOC"
-fi
+summarize latency "$LAT" "$B/lat.md"
+[ -n "$DOC" ] && doc_results "$DOC" bench_egress_paced_latency "PARTS=latency $CMD" "$B/lat.md" "$LAT"
 fi

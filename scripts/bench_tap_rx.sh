@@ -158,12 +158,5 @@ open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY
 
-if [ -n "$DOC" ]; then
-  {
-    echo "Measured $(date -u +%Y-%m-%d) with \`ROUNDS=$ROUNDS BURSTS=$BURSTS PKTS=$PKTS PAYLOAD=$PAYLOAD scripts/bench_tap_rx.sh\`, pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)."
-    echo; cat "$B/summary.md"; echo
-    echo "<details><summary>raw RESULT lines</summary>"; echo; echo '```'; cat "$RES"; echo '```'; echo; echo "</details>"
-  } > "$B/section.md"
-  doc_section "$DOC" "bench_tap_rx_$PAYLOAD" "$B/section.md"
-  log "table written to $DOC"
-fi
+[ -n "$DOC" ] && doc_results "$DOC" "bench_tap_rx_$PAYLOAD" \
+  "ROUNDS=$ROUNDS BURSTS=$BURSTS PKTS=$PKTS PAYLOAD=$PAYLOAD scripts/bench_tap_rx.sh" "$B/summary.md" "$RES"

@@ -273,6 +273,19 @@ i, j = t.index(a) + len(a), t.index(b)
 open(doc, "w").write(t[:i] + "\n" + sec + t[j:])
 PY
 }
+# doc_results DOC NAME COMMAND SUMMARY RAW : DOC's NAME section becomes "Measured <date> with
+# `COMMAND`, pvnet <revision>.", the SUMMARY file, and the RAW file (RESULT lines) folded.
+doc_results() {
+  local sec; sec=$(mktemp)
+  {
+    echo "Measured $(date -u +%Y-%m-%d) with \`$3\`, pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)."
+    echo; cat "$4"; echo
+    echo "<details><summary>raw RESULT lines</summary>"; echo; echo '```'; cat "$5"; echo '```'; echo; echo "</details>"
+  } > "$sec"
+  doc_section "$1" "$2" "$sec"
+  rm -f "$sec"
+  log "table written to $1"
+}
 # guest_start SECS INITRD LOG APPEND DEVICE NETDEV_ARG... : boots the guest image in the
 # background (all of QEMU on CPU0, -smp 1,maxcpus=2, memfd RAM shared with a vhost-user
 # backend), serial console to LOG, bounded by SECS; sets GUEST_PID.
