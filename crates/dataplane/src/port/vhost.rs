@@ -1550,9 +1550,17 @@ fn ingress(
         }
     }
     chains.clear();
+    // The first lines of each chain, fetched for writing although pvnet only reads them: a
+    // frontend that recycles its buffers (DPDK's mempool, a guest's page pool) soon posts a
+    // transmitted buffer for receive, and pvnet then writes its header line. Owned from here,
+    // that write finds the line in this core's cache; fetched for reading, the line stays
+    // shared, or dirty in the frontend's cache from its transmit header, and the write waits
+    // for a transfer. Measured against DPDK testpmd's io bounce: 1.67x (packed, fast
+    // core-to-core state), 1.57x (slow), split 1.21x; frontend-to-backend rates unchanged
+    // (docs/interop.md).
     if let Err(e) = tx.q.pop_batch(chains, max, |segs| {
         if let Some(s) = segs.first() {
-            s.prefetch(2);
+            s.prefetch_write(2);
         }
     }) {
         // Chains popped before the bad one are still taken below.
