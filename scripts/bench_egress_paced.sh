@@ -228,12 +228,12 @@ rounds run_one "${CFGS[@]}"
 
 summarize bulk "$RES" "$B/summary.md"
 
-[ -n "$DOC" ] && doc_results "$DOC" bench_egress_paced "PARTS=bulk $CMD" "$B/summary.md" "$RES"
+if [ -n "$DOC" ]; then doc_results "$DOC" bench_egress_paced "PARTS=bulk $CMD" "$B/summary.md" "$RES"; fi
 fi
 
 if [[ " $PARTS " == *" latency "* ]]; then
 log "latency: rr through the egress of a paced receiver, $ROUNDS rounds x ${#LCFGS[@]} configurations"
 rounds run_lat "${LCFGS[@]}"
 summarize latency "$LAT" "$B/lat.md"
-[ -n "$DOC" ] && doc_results "$DOC" bench_egress_paced_latency "PARTS=latency $CMD" "$B/lat.md" "$LAT"
+if [ -n "$DOC" ]; then doc_results "$DOC" bench_egress_paced_latency "PARTS=latency $CMD" "$B/lat.md" "$LAT"; fi
 fi

@@ -158,5 +158,7 @@ open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY
 
-[ -n "$DOC" ] && doc_results "$DOC" "bench_tap_rx_$PAYLOAD" \
-  "ROUNDS=$ROUNDS BURSTS=$BURSTS PKTS=$PKTS PAYLOAD=$PAYLOAD scripts/bench_tap_rx.sh" "$B/summary.md" "$RES"
+if [ -n "$DOC" ]; then
+  doc_results "$DOC" "bench_tap_rx_$PAYLOAD" \
+    "ROUNDS=$ROUNDS BURSTS=$BURSTS PKTS=$PKTS PAYLOAD=$PAYLOAD scripts/bench_tap_rx.sh" "$B/summary.md" "$RES"
+fi

@@ -73,13 +73,13 @@ pub fn set_end(buf: &mut [u8], count: u64) {
 /// Classifies a frame from its first [`MIN_FRAME`] bytes.
 #[inline]
 pub fn parse(head: &[u8]) -> Bench {
-    if head.len() < MIN_FRAME || head[12..14] != ETHERTYPE.to_be_bytes() || head[14..18] != MAGIC {
+    let Some(k) = kind(head) else {
         return Bench::Other;
-    }
+    };
     let mut v = [0u8; 8];
     v.copy_from_slice(&head[22..30]);
     let v = u64::from_le_bytes(v);
-    match head[18] {
+    match k {
         KIND_DATA => Bench::Data(v),
         KIND_END => Bench::End(v),
         _ => Bench::Other,

@@ -591,8 +591,6 @@ fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
     }))
 }
 
-/// Receive-and-drop for `--secs` after the first frame: every frame's Ethernet header is read
-/// (in place, or from a copy of the whole frame) and folded into a sum, so the read is real.
 /// Pacing at `--rate`: frames are due evenly from `start`; a caller ahead of them sleeps.
 struct Pace {
     start: Instant,
@@ -639,8 +637,10 @@ impl Pace {
     }
 }
 
-/// `--role drop`, and with `echo` `--role echo`: requests are copied out as they are taken
-/// and answered after each receive burst (a few: one per request in flight).
+/// Receive-and-drop for `--secs` after the first frame: every frame's Ethernet header is read
+/// (in place, or from a copy of the whole frame) and folded into a sum, so the read is real.
+/// With `echo` (`--role echo`) requests are also copied out as they are taken and answered
+/// after each receive burst (a few: one per request in flight).
 fn drop_all(
     c: &mut NetClient,
     a: &FrontendArgs,
