@@ -25,7 +25,6 @@ use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{AddrSpace, MemTable, Seg};
 use crate::queue::{Direction, QueueConfig, RingAddrs};
-use crate::ring::translate_buffer;
 use crate::ring::{store_load_fence, IdFifo, Layout, Mapped};
 use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;
@@ -555,46 +554,78 @@ impl<M: Translate> DeviceQueue<M> {
     /// region. The slot and batch bookkeeping is done once for the run. Stops at the first
     /// descriptor that is anything else, which is left for the general walk (and its errors).
     #[inline(always)]
-    fn pop_singles(&mut self, max: usize, mut take: impl FnMut(Chain, &Seg<'_>)) -> usize {
+    fn pop_singles(&mut self, max: usize, take: impl FnMut(Chain, &Seg<'_>)) -> usize {
+        if self.dir == Direction::DeviceWrites {
+            self.pop_singles_in::<true>(max, take)
+        } else {
+            self.pop_singles_in::<false>(max, take)
+        }
+    }
+
+    /// [`pop_singles`](Self::pop_singles) for one direction (`WRITE`: the device writes the
+    /// buffers), so that the flag pattern, the permission and the chain's shape are
+    /// constants. What the loop reads of the queue (the ring, the memory table, the region
+    /// hint, the id table, the scratch) is taken once into locals: the stores it makes per
+    /// descriptor would otherwise make the compiler load each again.
+    #[inline(always)]
+    fn pop_singles_in<const WRITE: bool>(
+        &mut self,
+        max: usize,
+        mut take: impl FnMut(Chain, &Seg<'_>),
+    ) -> usize {
         const MASK: u16 = DESC_F_AVAIL | DESC_F_USED | DESC_F_WRITE | DESC_F_NEXT | DESC_F_INDIRECT;
-        let write = self.dir == Direction::DeviceWrites;
-        let want = avail_bits(self.avail_wrap) | if write { DESC_F_WRITE } else { 0 };
-        let first = self.last_avail;
-        let room = self.segs.capacity() - self.segs.len();
-        let run = self
-            .pending
-            .min(self.size - first)
-            .min(u16::try_from(max.min(room)).unwrap_or(u16::MAX));
-        let mut k = 0u16;
+        let want = avail_bits(self.avail_wrap) | if WRITE { DESC_F_WRITE } else { 0 };
+        let (first, size) = (self.last_avail, self.size);
+        let (ring, mem) = (self.m.ring, &*self.m.mem);
+        let perm = if WRITE { Perm::Write } else { Perm::Read };
+        let (ndesc, segs) = (&mut self.ndesc[..], &mut self.segs.0);
+        let mut hint = self.hint;
+        let base = segs.len();
+        // The scratch never grows on this path: the run is bounded by its room, and each
+        // segment is written into that room, the length set once at the end.
+        let spare = segs.spare_capacity_mut();
+        let run = usize::from(self.pending.min(size - first))
+            .min(max)
+            .min(spare.len());
+        let Ok(start) = u32::try_from(base) else {
+            return 0;
+        };
+        let mut k = 0usize;
         while k < run {
-            let d = self.m.ring.desc(first + k);
-            if d.flags & MASK != want || d.len == 0 || d.id >= self.size {
+            let at = first + u16::try_from(k).unwrap_or(0);
+            let d = ring.desc(at);
+            if d.flags & MASK != want || d.len == 0 || d.id >= size {
                 break;
             }
-            let Some((p, contig)) =
-                translate_buffer(&*self.m.mem, self.dir, write, d.addr, &mut self.hint)
-            else {
+            // The flags matched this queue's direction, so the permission is the direction's.
+            let Ok((p, contig)) = mem.translate(d.addr, perm, &mut hint) else {
                 break;
             };
             if u64::from(d.len) > contig {
                 break;
             }
-            let start = u32::try_from(self.segs.len()).unwrap_or(u32::MAX);
+            let Some(n) = ndesc.get_mut(usize::from(d.id)) else {
+                break;
+            };
+            *n = 1;
             let seg = Seg::new(p, d.len);
-            self.ndesc[usize::from(d.id)] = 1;
-            let (readable, writable) = if write { (0, d.len) } else { (d.len, 0) };
             let c = Chain {
                 head: d.id,
-                readable,
-                writable,
-                start,
-                nread: u32::from(!write),
+                readable: if WRITE { 0 } else { d.len },
+                writable: if WRITE { d.len } else { 0 },
+                start: start + u32::try_from(k).unwrap_or(0),
+                nread: u32::from(!WRITE),
                 nsegs: 1,
             };
             take(c, &seg);
-            self.segs.push(seg);
+            spare[k].write(seg);
             k += 1;
         }
+        self.hint = hint;
+        // SAFETY: the `k` slots after the old length were written in the loop above (each
+        // `spare[i]`, i < k, once), and k <= run <= the spare capacity.
+        unsafe { segs.set_len(base + k) };
+        let k = u16::try_from(k).unwrap_or(0);
         if k > 0 {
             self.popped.extend(std::iter::repeat_n(1, usize::from(k)));
             self.pending -= k;
