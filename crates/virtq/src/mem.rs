@@ -498,13 +498,13 @@ impl<'m> Seg<'m> {
     /// so the misses of a whole batch overlap instead of queueing one by one.
     #[inline]
     pub fn prefetch(&self, lines: u32) {
-        prefetch_range(self.ptr, self.len.min(lines * 64), false);
+        Prefetch::read().seg(self, lines);
     }
 
     /// Like [`prefetch`](Self::prefetch), with intent to write.
     #[inline]
     pub fn prefetch_write(&self, lines: u32) {
-        prefetch_range(self.ptr, self.len.min(lines * 64), true);
+        Prefetch::write().seg(self, lines);
     }
 
     /// The pointer at `off` and how many of `want` bytes fit from there, if `off <= len`:
@@ -574,36 +574,79 @@ impl<'m> Seg<'m> {
 
 /// Hints the CPU to start loading `len` bytes at `p` (cache line by cache line), for
 /// writing if `write`. No effect on correctness: a prefetch never faults.
+#[inline]
+pub fn prefetch_range(p: NonNull<u8>, len: u32, write: bool) {
+    let pf = if write {
+        Prefetch::write()
+    } else {
+        Prefetch::read()
+    };
+    pf.range(p, len);
+}
+
+/// Software prefetches of one kind, for a batch: the CPU's support for `PREFETCHW` is looked
+/// up once when the value is made, so that a hint per buffer costs its instructions and a
+/// test of a register.
 ///
 /// For writing it is `PREFETCHW`, which asks for the line in exclusive state: the peer's
 /// buffers sit in the other core's cache, and a read prefetch (`PREFETCHT0`, which is what
 /// `_MM_HINT_ET0` compiles to without the `prfchw` target feature) brings them shared, so the
 /// store that follows pays a second cross-core transfer to upgrade them. The instruction is
-/// taken only where the CPU reports it (checked once).
-#[inline]
-pub fn prefetch_range(p: NonNull<u8>, len: u32, write: bool) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let exclusive = write && has_prefetchw();
-        let mut off = 0usize;
-        while off < len as usize {
-            let a = p.as_ptr().wrapping_add(off).cast_const();
-            if exclusive {
-                // SAFETY: the CPU supports PREFETCHW (checked); a prefetch of any address
-                // never faults, touches no register or flag and has no architectural effect.
-                unsafe {
-                    std::arch::asm!("prefetchw [{0}]", in(reg) a, options(nostack, preserves_flags, readonly));
-                }
-            } else {
-                // SAFETY: SSE is part of the x86_64 baseline; a prefetch never faults.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(a.cast::<i8>()) };
-            }
-            off += 64;
-        }
+/// taken only where the CPU reports it (checked once per process).
+#[derive(Debug, Clone, Copy)]
+pub struct Prefetch {
+    exclusive: bool,
+}
+
+impl Prefetch {
+    /// Prefetches for reading.
+    #[inline]
+    pub fn read() -> Self {
+        Self { exclusive: false }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, len, write);
+
+    /// Prefetches with intent to write (for reading where the CPU cannot).
+    #[inline]
+    pub fn write() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        let exclusive = has_prefetchw();
+        #[cfg(not(target_arch = "x86_64"))]
+        let exclusive = false;
+        Self { exclusive }
+    }
+
+    /// The first `lines` cache lines of a segment.
+    #[inline(always)]
+    pub fn seg(self, s: &Seg<'_>, lines: u32) {
+        self.range(s.ptr, s.len.min(lines * 64));
+    }
+
+    /// `len` bytes at `p`, line by line.
+    #[inline(always)]
+    pub fn range(self, p: NonNull<u8>, len: u32) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let mut off = 0usize;
+            while off < len as usize {
+                let a = p.as_ptr().wrapping_add(off).cast_const();
+                if self.exclusive {
+                    // SAFETY: the CPU supports PREFETCHW (checked when `self` was made); a
+                    // prefetch of any address never faults, touches no register or flag and
+                    // has no architectural effect.
+                    unsafe {
+                        std::arch::asm!("prefetchw [{0}]", in(reg) a, options(nostack, preserves_flags, readonly));
+                    }
+                } else {
+                    // SAFETY: SSE is part of the x86_64 baseline; a prefetch never faults.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(a.cast::<i8>()) };
+                }
+                off += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (p, len, self.exclusive);
+    }
 }
 
 /// Whether the CPU has `PREFETCHW` (cpuid `prfchw`), detected once.
