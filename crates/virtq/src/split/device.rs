@@ -225,6 +225,17 @@ impl<M: Translate> DeviceQueue<M> {
     ) -> Result<usize> {
         let mut n = 0;
         while n < max && self.avail_idx != self.last_avail {
+            n += if self.dir == Direction::DeviceWrites {
+                self.pop_simple_run::<true>(max - n, out, &mut each)
+            } else {
+                self.pop_simple_run::<false>(max - n, out, &mut each)
+            };
+            if n == max || self.avail_idx == self.last_avail {
+                break;
+            }
+            // What the run stopped at: a chain of several descriptors, one against the
+            // queue's direction, one that fails a check (the general walk reports it), or
+            // the segment scratch full.
             let head = self.m.ring.avail_entry(self.last_avail);
             // The simple chain is pushed from its own branch: merged with the slow path's
             // result it would go through the stack (see `parse_simple`).
@@ -242,6 +253,75 @@ impl<M: Translate> DeviceQueue<M> {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// The run of simple chains from the next avail entry, up to `max` (and the batch's end
+    /// and the scratch's room), in one loop: each a single descriptor in the queue's
+    /// direction (`WRITE`: the device writes it), checked and translated as
+    /// [`parse_simple`](Self::parse_simple) does, pushed into `out` and handed to `each`.
+    /// What the loop reads of the queue (the ring, the memory table, the region hint, the
+    /// scratch) is taken once into locals: its stores per chain would otherwise make the
+    /// compiler load each again. Stops at the first entry that is anything else, left for
+    /// the general path. Returns how many it took.
+    #[inline(always)]
+    fn pop_simple_run<const WRITE: bool>(
+        &mut self,
+        max: usize,
+        out: &mut Vec<Chain>,
+        each: &mut impl FnMut(&[Seg<'_>]),
+    ) -> usize {
+        let (ring, mem, size) = (self.m.ring, &*self.m.mem, self.size);
+        let perm = if WRITE { Perm::Write } else { Perm::Read };
+        let want = if WRITE { DESC_F_WRITE } else { 0 };
+        let first = self.last_avail;
+        let segs = &mut self.segs.0;
+        let base = segs.len();
+        let Ok(start) = u32::try_from(base) else {
+            return 0;
+        };
+        let mut hint = self.hint;
+        // The scratch never grows on this path: each segment is written into its room, the
+        // length set once at the end.
+        let spare = segs.spare_capacity_mut();
+        let run = usize::from(self.avail_idx.wrapping_sub(first))
+            .min(max)
+            .min(spare.len());
+        let mut k = 0usize;
+        while k < run {
+            let head = ring.avail_entry(first.wrapping_add(u16::try_from(k).unwrap_or(0)));
+            if head >= size {
+                break;
+            }
+            let d = ring.desc(head);
+            // A zero-length descriptor takes the general walk, which gives it no segment.
+            if d.flags & (DESC_F_NEXT | DESC_F_INDIRECT | DESC_F_WRITE) != want || d.len == 0 {
+                break;
+            }
+            let Ok((p, contig)) = mem.translate(d.addr, perm, &mut hint) else {
+                break;
+            };
+            if u64::from(d.len) > contig {
+                break;
+            }
+            let seg = Seg::new(p, d.len);
+            each(std::slice::from_ref(&seg));
+            out.push(Chain {
+                head,
+                readable: if WRITE { 0 } else { d.len },
+                writable: if WRITE { d.len } else { 0 },
+                start: start + u32::try_from(k).unwrap_or(0),
+                nread: u32::from(!WRITE),
+                nsegs: 1,
+            });
+            spare[k].write(seg);
+            k += 1;
+        }
+        self.hint = hint;
+        // SAFETY: the `k` slots after the old length were written in the loop above (each
+        // `spare[i]`, i < k, once), and k <= run <= the spare capacity.
+        unsafe { segs.set_len(base + k) };
+        self.last_avail = first.wrapping_add(u16::try_from(k).unwrap_or(0));
+        k
     }
 
     /// Takes back the last `n` chains popped, unconsumed: they are popped again next batch.
