@@ -18,7 +18,7 @@
 //! segment that outlives its memory does not compile.
 
 use crate::error::{Error, Result};
-use crate::xlate::{Miss, Perm, Translate};
+use crate::xlate::{Miss, Perm, Translate, Window};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
@@ -329,6 +329,18 @@ impl Translate for MemTable {
     #[inline]
     fn dirty_log(&self) -> Option<&crate::dirty::DirtyLog> {
         self.dirty.as_deref()
+    }
+
+    /// The region `hint` names, its end for `perm` (its start where `perm` is not allowed:
+    /// an empty window).
+    #[inline(always)]
+    fn window(&self, hint: usize, perm: Perm) -> Window<'_> {
+        match self.regions.get(hint) {
+            // SAFETY: host..host + (gpa_end - gpa) is the region's one mapping, which the
+            // table keeps for as long as it lives; `ends` is at most `gpa_end`.
+            Some(r) => unsafe { Window::new(r.gpa, r.ends[perm as usize & 3], r.host) },
+            None => Window::EMPTY,
+        }
     }
 
     /// The per-queue last-hit region first, then a binary search: never a linear scan.

@@ -580,6 +580,7 @@ impl<M: Translate> DeviceQueue<M> {
         let perm = if WRITE { Perm::Write } else { Perm::Read };
         let (ndesc, segs) = (&mut self.ndesc[..], &mut self.segs.0);
         let mut hint = self.hint;
+        let mut win = mem.window(hint, perm);
         let base = segs.len();
         // The scratch never grows on this path: the run is bounded by its room, and each
         // segment is written into that room, the length set once at the end.
@@ -598,8 +599,16 @@ impl<M: Translate> DeviceQueue<M> {
                 break;
             }
             // The flags matched this queue's direction, so the permission is the direction's.
-            let Ok((p, contig)) = mem.translate(d.addr, perm, &mut hint) else {
-                break;
+            // The region the last buffer fell in first, from registers.
+            let (p, contig) = match win.get(d.addr) {
+                Some(t) => t,
+                None => {
+                    let Ok(t) = mem.translate(d.addr, perm, &mut hint) else {
+                        break;
+                    };
+                    win = mem.window(hint, perm);
+                    t
+                }
             };
             if u64::from(d.len) > contig {
                 break;

@@ -53,6 +53,58 @@ impl Perm {
     }
 }
 
+/// One region's addresses for one kind of access, held in registers by a loop that
+/// translates a run of buffers (most of which fall where the one before did): the peer's
+/// addresses `start..end` and where `start` is mapped. A loop asks
+/// [`Translate::window`] for it after each [`Translate::translate`] and tries it first; an
+/// empty window (the default) sends every address to `translate`.
+#[derive(Debug, Clone, Copy)]
+pub struct Window<'t> {
+    start: u64,
+    end: u64,
+    host: NonNull<u8>,
+    _t: std::marker::PhantomData<&'t ()>,
+}
+
+impl<'t> Window<'t> {
+    /// A window no address falls in.
+    pub const EMPTY: Window<'static> = Window {
+        start: 0,
+        end: 0,
+        host: NonNull::dangling(),
+        _t: std::marker::PhantomData,
+    };
+
+    /// The window `start..end` mapped at `host`.
+    ///
+    /// # Safety
+    /// `host .. host + (end - start)` must be one mapping, valid for reads and writes (as the
+    /// permission the window was made for allows) for `'t`.
+    #[inline]
+    pub unsafe fn new(start: u64, end: u64, host: NonNull<u8>) -> Self {
+        Self {
+            start,
+            end,
+            host,
+            _t: std::marker::PhantomData,
+        }
+    }
+
+    /// `addr`'s host pointer and how many bytes stay contiguous from there, if it falls in
+    /// the window (what [`Translate::translate`] would answer for it).
+    #[inline(always)]
+    pub fn get(&self, addr: u64) -> Option<(NonNull<u8>, u64)> {
+        if addr < self.start || addr >= self.end {
+            return None;
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        // addr - start < end - start, the length of one mapping, which fits usize
+        // SAFETY: the offset is inside the mapping (constructor contract).
+        let p = unsafe { self.host.add((addr - self.start) as usize) };
+        Some((p, self.end - addr))
+    }
+}
+
 /// A range the translator could not map (not granted, not shared, or not with that
 /// permission).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +165,15 @@ pub trait Translate: Send + Sync + std::fmt::Debug {
             })),
             Err(m) => Err(self.miss_error(Miss { len, ..m })),
         }
+    }
+
+    /// The window of the region a translation last hit (`hint`, as
+    /// [`translate`](Self::translate) left it) for an access needing `perm`: what a loop
+    /// over a run of buffers tries first. Empty by default.
+    #[inline]
+    fn window(&self, hint: usize, perm: Perm) -> Window<'_> {
+        let _ = (hint, perm);
+        Window::EMPTY
     }
 
     /// Moves whenever a translation handed out may have been revoked (an invalidation):

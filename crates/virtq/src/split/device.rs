@@ -280,6 +280,7 @@ impl<M: Translate> DeviceQueue<M> {
             return 0;
         };
         let mut hint = self.hint;
+        let mut win = mem.window(hint, perm);
         // The scratch never grows on this path: each segment is written into its room, the
         // length set once at the end.
         let spare = segs.spare_capacity_mut();
@@ -297,8 +298,17 @@ impl<M: Translate> DeviceQueue<M> {
             if d.flags & (DESC_F_NEXT | DESC_F_INDIRECT | DESC_F_WRITE) != want || d.len == 0 {
                 break;
             }
-            let Ok((p, contig)) = mem.translate(d.addr, perm, &mut hint) else {
-                break;
+            // The flags matched this queue's direction, so the permission is the direction's.
+            // The region the last buffer fell in first, from registers.
+            let (p, contig) = match win.get(d.addr) {
+                Some(t) => t,
+                None => {
+                    let Ok(t) = mem.translate(d.addr, perm, &mut hint) else {
+                        break;
+                    };
+                    win = mem.window(hint, perm);
+                    t
+                }
             };
             if u64::from(d.len) > contig {
                 break;
