@@ -13,6 +13,7 @@ use crate::poll::Idle;
 use crate::port::sink::Counting;
 use crate::stats::{bump, PortStats};
 use pvnet_net::{VnetHdr, HDR_LEN};
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use virtq::event::Armed;
@@ -236,7 +237,10 @@ impl super::Port for GenPort {
         // (`flow_byte`), the flow noted in `flow[k]` for the packet's addresses.
         let mut flow = [0u8; MAX_BURST];
         let mut steps = (flows > 1).then(|| Flows::new((!finishing).then_some(seq), flows));
-        let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
+        // Only the burst's own entries are written (filling all MAX_BURST segments and
+        // packets first cost more than the burst's frames at 32 a burst).
+        let mut segs = [const { MaybeUninit::<Seg<'_>>::uninit() }; MAX_BURST];
+        let mut n = 0;
         for (k, f) in self
             .frames
             .chunks_exact_mut(self.frame_bytes)
@@ -252,28 +256,32 @@ impl super::Port for GenPort {
                 flow[k] = st.step();
                 f[h + FLOW_BYTE] = flow_byte(src, flow[k]);
             }
-            segs[k] = Seg::from_mut(f);
+            segs[k].write(Seg::from_mut(f));
+            n = k + 1;
         }
+        // SAFETY: the loop above wrote segs[..n], each once.
+        let segs: &[Seg<'_>] = unsafe { std::slice::from_raw_parts(segs.as_ptr().cast(), n) };
         let hash0 = self.hashes.first().copied().unwrap_or(0);
-        let mut pkts = [super::EMPTY; MAX_BURST];
-        for (p, seg) in pkts.iter_mut().zip(&segs).take(owed) {
-            *p = Pkt {
+        let mut pkts = [const { MaybeUninit::<Pkt<'_>>::uninit() }; MAX_BURST];
+        for (k, (p, seg)) in pkts.iter_mut().zip(segs).enumerate() {
+            let (mut macs, mut hash) = (macs, hash0);
+            if flows > 1 {
+                macs[FLOW_BYTE] = flow_byte(src, flow[k]);
+                hash = self.hashes.get(usize::from(flow[k])).copied().unwrap_or(0);
+            }
+            p.write(Pkt {
                 segs: std::slice::from_ref(seg),
                 len,
                 hdr_len: HDR_LEN,
                 hdr: VnetHdr::default(),
                 macs,
-                hash: hash0,
-            };
+                hash,
+            });
         }
-        if flows > 1 {
-            for (p, f) in pkts.iter_mut().zip(flow).take(owed) {
-                p.macs[FLOW_BYTE] = flow_byte(src, f);
-                p.hash = self.hashes.get(usize::from(f)).copied().unwrap_or(0);
-            }
-        }
-        let sent = to.burst(&pkts[..owed], &self.stats);
-        self.waiting = sent < owed;
+        // SAFETY: the loop above wrote pkts[..n] (one per segment), each once.
+        let pkts: &[Pkt<'_>] = unsafe { std::slice::from_raw_parts(pkts.as_ptr().cast(), n) };
+        let sent = to.burst(pkts, &self.stats);
+        self.waiting = sent < n;
         if finishing {
             if sent == 1 {
                 self.done = true;
