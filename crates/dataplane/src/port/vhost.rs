@@ -1792,10 +1792,27 @@ impl VhostPort {
     }
 
     /// The pair each of `pkts` (at most [`super::MAX_BURST`]) goes to, into `ring`.
-    fn rings_of(&self, pkts: &[Pkt<'_>], ring: &mut [u16; super::MAX_BURST]) {
-        for (r, p) in ring.iter_mut().zip(pkts) {
-            *r = self.steer[self.slot_of(p)];
+    /// The runs of consecutive packets (at most [`MAX_BURST`](super::MAX_BURST)) that go to one
+    /// ring, in order, found in one pass (one hash each, or the one the packet carries): into
+    /// `runs`, how many returned.
+    fn steer_runs(&self, pkts: &[Pkt<'_>], runs: &mut [Run; super::MAX_BURST]) -> usize {
+        let pkts = pkts.get(..super::MAX_BURST).unwrap_or(pkts);
+        let (mut n, mut ring, mut start) = (0, u16::MAX, 0);
+        for (i, p) in pkts.iter().enumerate() {
+            let r = self.steer[self.slot_of(p)];
+            if r != ring {
+                if i > 0 {
+                    runs[n] = Run::new(ring, start, i);
+                    n += 1;
+                }
+                (ring, start) = (r, i);
+            }
         }
+        if !pkts.is_empty() {
+            runs[n] = Run::new(ring, start, pkts.len());
+            n += 1;
+        }
+        n
     }
 
     /// `tx_burst` over several receive rings: every packet's ring first (one hash each, or
@@ -1808,14 +1825,14 @@ impl VhostPort {
         let (id, now) = (self.id, self.tx_now);
         let mut done = 0;
         for chunk in pkts.chunks(super::MAX_BURST) {
-            let mut ring = [0u16; super::MAX_BURST];
-            self.rings_of(chunk, &mut ring);
-            let ring = &ring[..chunk.len()];
+            let mut runs = [Run::EMPTY; super::MAX_BURST];
+            let n = self.steer_runs(chunk, &mut runs);
+            let runs = &runs[..n];
             // How many each pair gets, counted by runs (a flow's packets come in runs: a
             // count per packet would chain each increment on the one before).
             let mut count = [0usize; MAX_STEER];
-            for (k, run) in runs(ring) {
-                count[usize::from(k)] += run.len();
+            for r in runs {
+                count[usize::from(r.ring)] += r.range().len();
             }
             for (k, &n) in count.iter().enumerate().take(self.qps.len()) {
                 if n > 0 {
@@ -1824,11 +1841,11 @@ impl VhostPort {
                     }
                 }
             }
-            for (k, run) in runs(ring) {
-                self.tx_qp = usize::from(k);
-                let (n, out) = self.tx_run(&chunk[run.clone()]);
+            for r in runs {
+                self.tx_qp = usize::from(r.ring);
+                let (n, out) = self.tx_run(&chunk[r.range()]);
                 done += n;
-                if n < run.len() {
+                if n < r.range().len() {
                     return (done, out);
                 }
             }
@@ -1867,18 +1884,34 @@ impl VhostPort {
 }
 
 /// The runs of equal values in `ring`, in order: (value, index range).
-fn runs(ring: &[u16]) -> impl Iterator<Item = (u16, std::ops::Range<usize>)> + '_ {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        let &k = ring.get(at)?;
-        let end = ring[at..]
-            .iter()
-            .position(|&r| r != k)
-            .map_or(ring.len(), |e| at + e);
-        let run = at..end;
-        at = end;
-        Some((k, run))
-    })
+/// Packets `start..end` of a burst (of at most [`MAX_BURST`](super::MAX_BURST)), all for
+/// receive ring `ring`.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    ring: u16,
+    start: u16,
+    end: u16,
+}
+
+impl Run {
+    const EMPTY: Run = Run {
+        ring: 0,
+        start: 0,
+        end: 0,
+    };
+
+    fn new(ring: u16, start: usize, end: usize) -> Self {
+        let at = |i: usize| u16::try_from(i).unwrap_or(u16::MAX);
+        Self {
+            ring,
+            start: at(start),
+            end: at(end),
+        }
+    }
+
+    fn range(&self) -> std::ops::Range<usize> {
+        usize::from(self.start)..usize::from(self.end)
+    }
 }
 
 impl super::Port for VhostPort {
@@ -1973,11 +2006,11 @@ impl super::Port for VhostPort {
         if self.nsteer > 1 {
             // Each packet into its own ring's queue.
             for chunk in pkts.chunks(super::MAX_BURST) {
-                let mut ring = [0u16; super::MAX_BURST];
-                self.rings_of(chunk, &mut ring);
-                for (k, run) in runs(&ring[..chunk.len()]) {
-                    self.tx_qp = usize::from(k);
-                    self.enqueue_pair(&chunk[run], now);
+                let mut runs = [Run::EMPTY; super::MAX_BURST];
+                let n = self.steer_runs(chunk, &mut runs);
+                for r in &runs[..n] {
+                    self.tx_qp = usize::from(r.ring);
+                    self.enqueue_pair(&chunk[r.range()], now);
                 }
             }
             return;
