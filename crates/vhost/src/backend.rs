@@ -1167,6 +1167,42 @@ fn sessions_end_within(
     }
 }
 
+/// At the session limit: waits up to `grace` for the sessions already ending (their socket
+/// shut down or hung up: the session closed it, or the peer did) to finish, while any is
+/// left; true once fewer than `limit` are left. A frontend that connects right after others
+/// hung up is not refused for sessions still tearing down; sessions whose peers are all there
+/// cost no wait, so a flood past the limit is refused at once.
+fn ending_sessions_free_one(
+    sessions: &mut Vec<(std::thread::JoinHandle<()>, UnixStream)>,
+    limit: usize,
+    grace: Duration,
+) -> bool {
+    let until = std::time::Instant::now() + grace;
+    loop {
+        sessions.retain(|(t, _)| !t.is_finished());
+        if sessions.len() < limit {
+            return true;
+        }
+        if !sessions.iter().any(|(_, s)| hung_up(s)) || std::time::Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Whether a session's socket is shut down or its peer hung up (a poll that does not wait).
+fn hung_up(s: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a timeout of 0; the fd stays open for the call (borrowed).
+    let n = unsafe { libc::poll(&raw mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+}
+
 /// Grants one frontend may hold at once (IOTLB entries). A Linux guest in strict mode has one
 /// per buffer in flight (a few thousand at most); a pool, a handful.
 pub const MAX_GRANTS: usize = 8192;
@@ -1460,7 +1496,10 @@ fn serve_impl(
                 );
                 drop(stream);
             }
-            Ok((stream, _)) if sessions.len() >= MAX_SESSIONS => {
+            Ok((stream, _))
+                if sessions.len() >= MAX_SESSIONS
+                    && !ending_sessions_free_one(&mut sessions, MAX_SESSIONS, GRACE) =>
+            {
                 peer_warn!(
                     log,
                     socket = %path.display(),
