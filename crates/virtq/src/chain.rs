@@ -25,6 +25,22 @@ pub struct Chain {
     pub(crate) nsegs: u32,
 }
 
+impl Chain {
+    /// A chain of one descriptor of `len` bytes, the device's to write if `write`, whose one
+    /// segment is number `start` of the batch's scratch.
+    #[inline(always)]
+    pub(crate) fn single(head: u16, len: u32, write: bool, start: u32) -> Self {
+        Self {
+            head,
+            readable: if write { 0 } else { len },
+            writable: if write { len } else { 0 },
+            start,
+            nread: u32::from(!write),
+            nsegs: 1,
+        }
+    }
+}
+
 /// The segments of a batch's chains, in a queue's scratch. Stored as `Seg<'static>` and lent
 /// out only borrowed from the queue (`&'q [Seg<'q>]`, covariance shortens the lifetime), so no
 /// segment outlives a translator swap.

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{AddrSpace, MemTable, Seg};
 use crate::queue::{Direction, QueueConfig, RingAddrs};
-use crate::ring::{store_load_fence, IdFifo, Layout, Mapped};
+use crate::ring::{store_load_fence, IdFifo, Layout, Mapped, RunXlate};
 use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -579,8 +579,7 @@ impl<M: Translate> DeviceQueue<M> {
         let (ring, mem) = (self.m.ring, &*self.m.mem);
         let perm = if WRITE { Perm::Write } else { Perm::Read };
         let (ndesc, segs) = (&mut self.ndesc[..], &mut self.segs.0);
-        let mut hint = self.hint;
-        let mut win = mem.window(hint, perm);
+        let mut xlate = RunXlate::new(mem, perm, self.hint);
         let base = segs.len();
         // The scratch never grows on this path: the run is bounded by its room, and each
         // segment is written into that room, the length set once at the end.
@@ -599,38 +598,20 @@ impl<M: Translate> DeviceQueue<M> {
                 break;
             }
             // The flags matched this queue's direction, so the permission is the direction's.
-            // The region the last buffer fell in first, from registers.
-            let (p, contig) = match win.get(d.addr) {
-                Some(t) => t,
-                None => {
-                    let Ok(t) = mem.translate(d.addr, perm, &mut hint) else {
-                        break;
-                    };
-                    win = mem.window(hint, perm);
-                    t
-                }
-            };
-            if u64::from(d.len) > contig {
+            let Some(p) = xlate.buffer(d.addr, d.len) else {
                 break;
-            }
+            };
             let Some(n) = ndesc.get_mut(usize::from(d.id)) else {
                 break;
             };
             *n = 1;
             let seg = Seg::new(p, d.len);
-            let c = Chain {
-                head: d.id,
-                readable: if WRITE { 0 } else { d.len },
-                writable: if WRITE { d.len } else { 0 },
-                start: start + u32::try_from(k).unwrap_or(0),
-                nread: u32::from(!WRITE),
-                nsegs: 1,
-            };
-            take(c, &seg);
+            let at = start + u32::try_from(k).unwrap_or(0);
+            take(Chain::single(d.id, d.len, WRITE, at), &seg);
             spare[k].write(seg);
             k += 1;
         }
-        self.hint = hint;
+        self.hint = xlate.hint;
         // SAFETY: the `k` slots after the old length were written in the loop above (each
         // `spare[i]`, i < k, once), and k <= run <= the spare capacity.
         unsafe { segs.set_len(base + k) };

@@ -121,6 +121,48 @@ pub(crate) fn translate_buffer<M: Translate>(
     }
 }
 
+/// Translates the buffers of a pop run for one kind of access: the window of the region the
+/// last buffer fell in first, from registers, then the translator with the queue's hint
+/// (the window taken again after each miss). The run loops of both formats use it.
+pub(crate) struct RunXlate<'m, M: Translate> {
+    mem: &'m M,
+    perm: crate::xlate::Perm,
+    pub(crate) hint: usize,
+    win: crate::xlate::Window<'m>,
+}
+
+impl<'m, M: Translate> RunXlate<'m, M> {
+    #[inline(always)]
+    pub(crate) fn new(mem: &'m M, perm: crate::xlate::Perm, hint: usize) -> Self {
+        Self {
+            mem,
+            perm,
+            hint,
+            win: mem.window(hint, perm),
+        }
+    }
+
+    /// The host address of `len` bytes at `addr`, if they lie in one region that allows the
+    /// access.
+    #[inline(always)]
+    pub(crate) fn buffer(&mut self, addr: u64, len: u32) -> Option<std::ptr::NonNull<u8>> {
+        let (p, contig) = match self.win.get(addr) {
+            Some(t) => t,
+            None => self.miss(addr)?,
+        };
+        (u64::from(len) <= contig).then_some(p)
+    }
+
+    /// Outside the window: the translator, and the window of the region it found.
+    #[cold]
+    #[inline(never)]
+    fn miss(&mut self, addr: u64) -> Option<(std::ptr::NonNull<u8>, u64)> {
+        let t = self.mem.translate(addr, self.perm, &mut self.hint).ok()?;
+        self.win = self.mem.window(self.hint, self.perm);
+        Some(t)
+    }
+}
+
 /// The length a driver takes from a used entry for a buffer with `cap` writable bytes. For a
 /// buffer the device only reads there is nothing to report: some devices write the bytes they
 /// read there (DPDK's vhost does in its in-order transmit batches); it is ignored and 0 taken,

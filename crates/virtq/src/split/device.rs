@@ -20,7 +20,7 @@ use crate::chain::{Chain, Segs, Walk};
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{MemTable, Seg};
-use crate::ring::translate_buffer;
+use crate::ring::{translate_buffer, RunXlate};
 use crate::xlate::{Perm, Translate};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -279,8 +279,7 @@ impl<M: Translate> DeviceQueue<M> {
         let Ok(start) = u32::try_from(base) else {
             return 0;
         };
-        let mut hint = self.hint;
-        let mut win = mem.window(hint, perm);
+        let mut xlate = RunXlate::new(mem, perm, self.hint);
         // The scratch never grows on this path: each segment is written into its room, the
         // length set once at the end.
         let spare = segs.spare_capacity_mut();
@@ -299,34 +298,17 @@ impl<M: Translate> DeviceQueue<M> {
                 break;
             }
             // The flags matched this queue's direction, so the permission is the direction's.
-            // The region the last buffer fell in first, from registers.
-            let (p, contig) = match win.get(d.addr) {
-                Some(t) => t,
-                None => {
-                    let Ok(t) = mem.translate(d.addr, perm, &mut hint) else {
-                        break;
-                    };
-                    win = mem.window(hint, perm);
-                    t
-                }
-            };
-            if u64::from(d.len) > contig {
+            let Some(p) = xlate.buffer(d.addr, d.len) else {
                 break;
-            }
+            };
             let seg = Seg::new(p, d.len);
             each(std::slice::from_ref(&seg));
-            out.push(Chain {
-                head,
-                readable: if WRITE { 0 } else { d.len },
-                writable: if WRITE { d.len } else { 0 },
-                start: start + u32::try_from(k).unwrap_or(0),
-                nread: u32::from(!WRITE),
-                nsegs: 1,
-            });
+            let at = start + u32::try_from(k).unwrap_or(0);
+            out.push(Chain::single(head, d.len, WRITE, at));
             spare[k].write(seg);
             k += 1;
         }
-        self.hint = hint;
+        self.hint = xlate.hint;
         // SAFETY: the `k` slots after the old length were written in the loop above (each
         // `spare[i]`, i < k, once), and k <= run <= the spare capacity.
         unsafe { segs.set_len(base + k) };
@@ -387,15 +369,7 @@ impl<M: Translate> DeviceQueue<M> {
                     if u64::from(d.len) <= contig {
                         let start = u32::try_from(self.segs.len()).unwrap_or(u32::MAX);
                         self.segs.push(Seg::new(p, d.len));
-                        let (readable, writable) = if write { (0, d.len) } else { (d.len, 0) };
-                        return Some(Chain {
-                            head,
-                            readable,
-                            writable,
-                            start,
-                            nread: u32::from(!write),
-                            nsegs: 1,
-                        });
+                        return Some(Chain::single(head, d.len, write, start));
                     }
                 }
             }
