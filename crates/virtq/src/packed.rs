@@ -517,7 +517,7 @@ impl<M: Translate> DeviceQueue<M> {
 
     /// Pops up to `max` chains into `out`, calling `each` with each chain's segments.
     /// Runs of single-descriptor chains (almost every network buffer) take
-    /// [`pop_singles`](Self::pop_singles); anything else, errors included, the general walk.
+    /// `pop_singles`; anything else, errors included, the general walk.
     /// Out of line: a batch pays one call, and the split ring's callers keep their inlining.
     #[inline(never)]
     pub fn pop_batch(

@@ -214,7 +214,7 @@ impl<M: Translate> DeviceQueue<M> {
     /// Generic over `each`, so it is compiled into the caller with the parser inlined: one
     /// loop per batch instead of a call and a `Result<Option<_>>` per chain. Runs of
     /// single-descriptor chains in the queue's direction (almost every network buffer) go
-    /// through [`pop_simple_run`](Self::pop_simple_run) and straight into `out`, their chain
+    /// through `pop_simple_run` and straight into `out`, their chain
     /// never on the stack; anything else, errors included, through the simple parser and the
     /// general walk.
     #[inline]
