@@ -1149,33 +1149,17 @@ pub fn serve_port(
 /// down) before it is refused.
 const GRACE: Duration = Duration::from_millis(200);
 
-/// Waits up to `grace` for every session to finish; true if none is left.
-fn sessions_end_within(
-    sessions: &mut Vec<(std::thread::JoinHandle<()>, UnixStream)>,
-    grace: Duration,
-) -> bool {
-    let until = std::time::Instant::now() + grace;
-    loop {
-        sessions.retain(|(t, _)| !t.is_finished());
-        if sessions.is_empty() {
-            return true;
-        }
-        if std::time::Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// At the session limit: waits up to `grace` for the sessions already ending (their socket
-/// shut down or hung up: the session closed it, or the peer did) to finish, while any is
-/// left; true once fewer than `limit` are left. A frontend that connects right after others
-/// hung up is not refused for sessions still tearing down; sessions whose peers are all there
-/// cost no wait, so a flood past the limit is refused at once.
-fn ending_sessions_free_one(
+/// Waits up to `grace` for finished sessions to leave fewer than `limit`; true once they do.
+/// With `ending_only`, it waits only while some session is already ending (its socket shut
+/// down or hung up: the session closed it, or the peer did): at the session limit a frontend
+/// that connects right after others hung up is not refused for sessions still tearing down,
+/// and sessions whose peers are all there cost no wait, so a flood past the limit is refused
+/// at once. Without it, it waits out the grace (a switch port's frontend reconnecting).
+fn sessions_below_within(
     sessions: &mut Vec<(std::thread::JoinHandle<()>, UnixStream)>,
     limit: usize,
     grace: Duration,
+    ending_only: bool,
 ) -> bool {
     let until = std::time::Instant::now() + grace;
     loop {
@@ -1183,7 +1167,9 @@ fn ending_sessions_free_one(
         if sessions.len() < limit {
             return true;
         }
-        if !sessions.iter().any(|(_, s)| hung_up(s)) || std::time::Instant::now() >= until {
+        if std::time::Instant::now() >= until
+            || (ending_only && !sessions.iter().any(|(_, s)| hung_up(s)))
+        {
             return false;
         }
         std::thread::sleep(Duration::from_millis(2));
@@ -1488,7 +1474,9 @@ fn serve_impl(
                 );
                 drop(stream);
             }
-            Ok((stream, _)) if fixed.is_some() && !sessions_end_within(&mut sessions, GRACE) => {
+            Ok((stream, _))
+                if fixed.is_some() && !sessions_below_within(&mut sessions, 1, GRACE, false) =>
+            {
                 peer_warn!(
                     log,
                     socket = %path.display(),
@@ -1498,7 +1486,7 @@ fn serve_impl(
             }
             Ok((stream, _))
                 if sessions.len() >= MAX_SESSIONS
-                    && !ending_sessions_free_one(&mut sessions, MAX_SESSIONS, GRACE) =>
+                    && !sessions_below_within(&mut sessions, MAX_SESSIONS, GRACE, true) =>
             {
                 peer_warn!(
                     log,

@@ -507,16 +507,11 @@ impl<'m> Seg<'m> {
     }
 
     /// Hints the CPU to start loading the segment's first `lines` cache lines (for reading),
-    /// so the misses of a whole batch overlap instead of queueing one by one.
+    /// so the misses of a whole batch overlap instead of queueing one by one ([`Prefetch`] for
+    /// writing, with the CPU asked once per batch).
     #[inline]
     pub fn prefetch(&self, lines: u32) {
         Prefetch::read().seg(self, lines);
-    }
-
-    /// Like [`prefetch`](Self::prefetch), with intent to write.
-    #[inline]
-    pub fn prefetch_write(&self, lines: u32) {
-        Prefetch::write().seg(self, lines);
     }
 
     /// The pointer at `off` and how many of `want` bytes fit from there, if `off <= len`:

@@ -1791,7 +1791,6 @@ impl VhostPort {
         h >> 32
     }
 
-    /// The pair each of `pkts` (at most [`super::MAX_BURST`]) goes to, into `ring`.
     /// The runs of consecutive packets (at most [`MAX_BURST`](super::MAX_BURST)) that go to one
     /// ring, in order, found in one pass (one hash each, or the one the packet carries): into
     /// `runs`, how many returned.
@@ -1883,7 +1882,6 @@ impl VhostPort {
     }
 }
 
-/// The runs of equal values in `ring`, in order: (value, index range).
 /// Packets `start..end` of a burst (of at most [`MAX_BURST`](super::MAX_BURST)), all for
 /// receive ring `ring`.
 #[derive(Debug, Clone, Copy)]
