@@ -90,6 +90,10 @@ pub struct PortStats {
     pub sleeps: AtomicU64,
     /// Queues stopped for a virtqueue violation.
     pub queue_errors: AtomicU64,
+    /// Indirect-table entries of the frontend's transmit ring whose write flag was ignored
+    /// (the device only reads that ring; DPDK's packed multi-segment packets carry the flag on
+    /// their header entry): tolerated, not an error.
+    pub write_flags_ignored: AtomicU64,
     /// IOTLB: translations the queues found missing and asked the frontend for (MISS).
     pub iotlb_misses: AtomicU64,
     /// IOTLB: times a running ring's own translation was invalidated (a vIOMMU's domain-wide
@@ -171,6 +175,8 @@ pub struct PortSnapshot {
     pub sleeps: u64,
     /// See [`PortStats`].
     pub queue_errors: u64,
+    /// See [`PortStats::write_flags_ignored`].
+    pub write_flags_ignored: u64,
     /// See [`PortStats`].
     pub iotlb_misses: u64,
     /// See [`PortStats`].
@@ -274,6 +280,7 @@ impl PortSnapshot {
             t.tx_batches += s.tx_batches;
             t.sleeps += s.sleeps;
             t.queue_errors += s.queue_errors;
+            t.write_flags_ignored += s.write_flags_ignored;
             t.iotlb_misses += s.iotlb_misses;
             t.rings_parked += s.rings_parked;
             t.dirty_logged += s.dirty_logged;
@@ -320,6 +327,7 @@ impl PortStats {
             tx_batches: r(&self.tx_batches),
             sleeps: r(&self.sleeps),
             queue_errors: r(&self.queue_errors),
+            write_flags_ignored: r(&self.write_flags_ignored),
             iotlb_misses: r(&self.iotlb_misses),
             rings_parked: r(&self.rings_parked),
             dirty_logged: r(&self.dirty_logged),

@@ -88,6 +88,28 @@ impl std::ops::DerefMut for Segs {
     }
 }
 
+/// Whether an indirect table's entry is the device's to write, by its `VRING_DESC_F_WRITE`
+/// flag; on a queue the device only reads the flag is ignored, and counted in `ignored`.
+///
+/// DPDK's virtio PMD (22.11 and later) fills every entry of its packed transmit tables with
+/// `VRING_DESC_F_WRITE` once, at set-up (`vring_desc_init_indirect_packed`), then rewrites the
+/// flags of the segment entries per packet but never the header entry's: each multi-segment
+/// packet it sends on a packed ring carries a "device-writable" virtio-net header. DPDK's
+/// own vhost library takes the direction from the queue and never looks. The flag cannot
+/// change what the device does here, since it writes nothing into a queue it only reads, and
+/// reading a buffer marked device-writable is a SHOULD NOT for the device (virtio 1.2 2.7.5.1),
+/// not a MUST NOT: refusing it would stop a real peer's transmit queue on its first packet.
+/// The entry is translated for reading, so an IOTLB grant must still allow the read.
+/// Descriptors in the ring itself keep the strict check: every driver seen writes them right.
+#[inline]
+pub(crate) fn table_entry_writable(dir: Direction, flags_write: bool, ignored: &mut u64) -> bool {
+    if flags_write && dir == Direction::DeviceReads {
+        *ignored += 1;
+        return false;
+    }
+    flags_write
+}
+
 /// What a chain parse carries from one descriptor to the next.
 #[derive(Debug)]
 pub(crate) struct Walk<'a, M: Translate> {

@@ -20,7 +20,7 @@
 //! with the first one's flags last (one release store makes the batch visible); notification
 //! arming is arm, fence, re-check. pvnet's device completes chains in the order it popped them.
 
-use crate::chain::{Chain, Segs, Walk};
+use crate::chain::{table_entry_writable, Chain, Segs, Walk};
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{AddrSpace, MemTable, Seg};
@@ -327,6 +327,9 @@ pub struct DeviceQueue<M: Translate = MemTable> {
     hint: usize,
     /// Segments of the current batch.
     segs: Segs,
+    /// Indirect-table entries whose write flag was ignored on a queue the device only reads
+    /// ([`table_entry_writable`]), since the last [`take_write_ignored`](Self::take_write_ignored).
+    write_ignored: u64,
 }
 
 impl<M: Translate> DeviceQueue<M> {
@@ -365,6 +368,7 @@ impl<M: Translate> DeviceQueue<M> {
             notify_on: true,
             hint: 0,
             segs: Segs::with_capacity(4 * usize::from(cfg.size)),
+            write_ignored: 0,
         })
     }
 
@@ -693,7 +697,13 @@ impl<M: Translate> DeviceQueue<M> {
                 self.parse_indirect(&d, &mut c, &mut saw_write)?;
                 break;
             }
-            self.add_desc(d.addr, d.len, d.flags, &mut c, &mut saw_write)?;
+            self.add_desc(
+                d.addr,
+                d.len,
+                d.flags & DESC_F_WRITE != 0,
+                &mut c,
+                &mut saw_write,
+            )?;
             if d.flags & DESC_F_NEXT == 0 {
                 break;
             }
@@ -739,19 +749,24 @@ impl<M: Translate> DeviceQueue<M> {
             if e.flags & DESC_F_INDIRECT != 0 {
                 return Err(Error::IndirectNested);
             }
-            self.add_desc(e.addr, e.len, e.flags, c, saw_write)?;
+            let write = table_entry_writable(
+                self.dir,
+                e.flags & DESC_F_WRITE != 0,
+                &mut self.write_ignored,
+            );
+            self.add_desc(e.addr, e.len, write, c, saw_write)?;
         }
         Ok(())
     }
 
-    /// Validates one descriptor (a local copy's fields) and appends its translated segments:
-    /// the rules every format shares ([`Walk::add`]).
+    /// Validates one descriptor (a local copy's fields), the device's to write if `write`, and
+    /// appends its translated segments: the rules every format shares ([`Walk::add`]).
     #[inline]
     fn add_desc(
         &mut self,
         addr: u64,
         len: u32,
-        flags: u16,
+        write: bool,
         c: &mut Chain,
         saw_write: &mut bool,
     ) -> Result<()> {
@@ -763,7 +778,7 @@ impl<M: Translate> DeviceQueue<M> {
             size: self.size,
             saw_write: *saw_write,
         };
-        let r = w.add(addr, len, flags & DESC_F_WRITE != 0, c);
+        let r = w.add(addr, len, write, c);
         *saw_write = w.saw_write;
         r
     }
@@ -842,6 +857,13 @@ impl<M: Translate> DeviceQueue<M> {
         // suppression (pairs with the fence in the driver's arm).
         store_load_fence();
         self.need_call()
+    }
+
+    /// Indirect-table entries whose write flag was ignored, this queue being one the device
+    /// only reads, since the last call (DPDK's packed transmit tables: [`table_entry_writable`]).
+    #[inline]
+    pub fn take_write_ignored(&mut self) -> u64 {
+        std::mem::take(&mut self.write_ignored)
     }
 
     /// Whether a dirty log is on (see the split ring's).

@@ -179,6 +179,14 @@ impl<M: Translate> DeviceQueue<M> {
         dispatch!(self, q => q.last_avail())
     }
 
+    /// Indirect-table entries whose write flag was ignored since the last call, this queue
+    /// being one the device only reads (DPDK's packed transmit tables carry it on their header
+    /// entry; see the chain module's `table_entry_writable`).
+    #[inline]
+    pub fn take_write_ignored(&mut self) -> u64 {
+        dispatch!(self, q => q.take_write_ignored())
+    }
+
     /// Whether a dirty log is on (live migration): then what the device writes into a buffer
     /// must be marked ([`DeviceQueue::log_written`]). The ring's own writes are marked by the
     /// queue at each publish.

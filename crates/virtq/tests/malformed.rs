@@ -423,6 +423,30 @@ fn writable_descriptor_on_device_reads_queue() {
     expect_pop_err(&mut dev, &h, &[0], 0, want);
 }
 
+/// The write flag on an indirect table's entry, on a queue the device only reads, is ignored
+/// and counted (DPDK's packed transmit tables carry it on their header entry; the split ring
+/// takes the same rule): the chain is taken, its bytes all readable. A writable descriptor in
+/// the ring itself is still refused (above).
+#[test]
+fn write_flag_in_an_indirect_table_on_device_reads_queue_is_ignored() {
+    let mq = mock();
+    let h = Hostile { mq: &mq };
+    let t = mq.buf(7);
+    let mut dev = device(&mq, Direction::DeviceReads, true);
+    mq.poke(mq.buf(0), &[1; 12]);
+    mq.poke(mq.buf(1), &[2; 64]);
+    h.table(t, &[(mq.buf(0), 12, W | N, 1), (mq.buf(1), 64, R, 0)]);
+    h.desc(0, t, 32, I, 0);
+    h.offer(&[0]);
+    assert_eq!(dev.available(), Ok(1));
+    let c = dev.pop().expect("taken").expect("a chain");
+    assert_eq!((c.head, c.readable, c.writable), (0, 76, 0));
+    let mut got = [0u8; 76];
+    read_segs(dev.readable(&c), 0, &mut got);
+    assert!(got[..12] == [1; 12] && got[12..] == [2; 64]);
+    assert_eq!(dev.take_write_ignored(), 1);
+}
+
 #[test]
 fn readable_descriptor_on_device_writes_queue() {
     let mq = mock();

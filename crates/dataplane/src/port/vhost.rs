@@ -1568,6 +1568,10 @@ fn ingress(
         // Chains popped before the bad one are still taken below.
         tx.fail(id, stats, e);
     }
+    let ignored = tx.q.take_write_ignored();
+    if ignored != 0 {
+        write_flags_ignored(id, tx.index, stats, ignored);
+    }
     let (taken, bytes, bad) = match &tx.q {
         DeviceQueue::Split(q) => hand_over(q, chains, hdr_len, stats, to),
         DeviceQueue::Packed(q) => hand_over(q, chains, hdr_len, stats, to),
@@ -1582,6 +1586,27 @@ fn ingress(
     bump(&stats.rx_bytes, bytes);
     bump(&stats.drops[DropReason::Invalid as usize], bad);
     taken
+}
+
+/// Counts a batch's indirect-table entries whose write flag was ignored on the frontend's
+/// transmit ring (DPDK's packed multi-segment packets: `virtq`'s chain module says why), and
+/// says so at debug level, the first time and then within the port's log limit.
+#[cold]
+#[inline(never)]
+fn write_flags_ignored(port: PortId, queue: u16, stats: &PortStats, n: u64) {
+    let first = stats
+        .write_flags_ignored
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == 0;
+    bump(&stats.write_flags_ignored, n);
+    if first || stats.log.allow().is_some() {
+        tracing::debug!(
+            port,
+            queue,
+            n,
+            "write flag ignored on indirect descriptors of a transmit ring (tolerated: the device only reads it)"
+        );
+    }
 }
 
 /// [`ingress`]'s hand-over, for one ring format: the batch's chains to `to` as bursts of

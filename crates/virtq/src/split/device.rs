@@ -16,7 +16,7 @@ use super::{
     store_load_fence, Desc, Direction, Mapped, QueueConfig, AVAIL_F_NO_INTERRUPT, DESC_F_INDIRECT,
     DESC_F_NEXT, DESC_F_WRITE, USED_F_NO_NOTIFY,
 };
-use crate::chain::{Chain, Segs, Walk};
+use crate::chain::{table_entry_writable, Chain, Segs, Walk};
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{MemTable, Seg};
@@ -52,6 +52,9 @@ pub struct DeviceQueue<M: Translate = MemTable> {
     hint: usize,
     /// Segments of the current batch.
     segs: Segs,
+    /// Indirect-table entries whose write flag was ignored on a queue the device only reads
+    /// ([`table_entry_writable`]), since the last [`take_write_ignored`](Self::take_write_ignored).
+    write_ignored: u64,
 }
 
 impl<M: Translate> DeviceQueue<M> {
@@ -78,6 +81,7 @@ impl<M: Translate> DeviceQueue<M> {
             notify_on: true,
             hint: 0,
             segs: Segs::with_capacity(cap),
+            write_ignored: 0,
         })
     }
 
@@ -414,7 +418,7 @@ impl<M: Translate> DeviceQueue<M> {
                 self.parse_indirect(&d, &mut c, &mut count, &mut saw_write)?;
                 break;
             }
-            self.add_desc(&d, &mut c, &mut saw_write)?;
+            self.add_desc(&d, d.flags & DESC_F_WRITE != 0, &mut c, &mut saw_write)?;
             if d.flags & DESC_F_NEXT == 0 {
                 break;
             }
@@ -471,7 +475,12 @@ impl<M: Translate> DeviceQueue<M> {
             if e.flags & DESC_F_INDIRECT != 0 {
                 return Err(Error::IndirectNested);
             }
-            self.add_desc(&e, c, saw_write)?;
+            let write = table_entry_writable(
+                self.dir,
+                e.flags & DESC_F_WRITE != 0,
+                &mut self.write_ignored,
+            );
+            self.add_desc(&e, write, c, saw_write)?;
             if e.flags & DESC_F_NEXT == 0 {
                 return Ok(());
             }
@@ -485,10 +494,16 @@ impl<M: Translate> DeviceQueue<M> {
         }
     }
 
-    /// Validates one (local copy of a) descriptor and appends its translated segments: the
-    /// rules every format shares ([`Walk::add`]).
+    /// Validates one (local copy of a) descriptor, the device's to write if `write`, and appends
+    /// its translated segments: the rules every format shares ([`Walk::add`]).
     #[inline]
-    fn add_desc(&mut self, d: &Desc, c: &mut Chain, saw_write: &mut bool) -> Result<()> {
+    fn add_desc(
+        &mut self,
+        d: &Desc,
+        write: bool,
+        c: &mut Chain,
+        saw_write: &mut bool,
+    ) -> Result<()> {
         let mut w = Walk {
             mem: &*self.m.mem,
             hint: &mut self.hint,
@@ -497,7 +512,7 @@ impl<M: Translate> DeviceQueue<M> {
             size: self.size,
             saw_write: *saw_write,
         };
-        let r = w.add(d.addr, d.len, d.flags & DESC_F_WRITE != 0, c);
+        let r = w.add(d.addr, d.len, write, c);
         *saw_write = w.saw_write;
         r
     }
@@ -542,6 +557,13 @@ impl<M: Translate> DeviceQueue<M> {
         // used_event / flags (pairs with the fence in the driver's arm; else a lost interrupt).
         store_load_fence();
         self.need_call()
+    }
+
+    /// Indirect-table entries whose write flag was ignored, this queue being one the device
+    /// only reads, since the last call (DPDK's packed transmit tables: [`table_entry_writable`]).
+    #[inline]
+    pub fn take_write_ignored(&mut self) -> u64 {
+        std::mem::take(&mut self.write_ignored)
     }
 
     /// Whether a dirty log is on (live migration): the caller marks what it writes into the
