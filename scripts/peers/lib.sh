@@ -190,8 +190,9 @@ testpmd_kill_all() { local n; for n in "${!TP_PID[@]}"; do stop_pid "${TP_PID[$n
 # tp_last LOG FIELD : last value of a "FIELD: N" counter in a testpmd log (port stats block).
 tp_last() { grep -o "$2: *[0-9]*" "$1" | tail -1 | awk '{print $NF}'; }
 
-# testpmd's "Accumulated forward statistics" TX/RX-packets after `stop` (the stop summary).
-tp_summary() { awk -v f="$2-packets:" '/Accumulated forward statistics/{on=1} on{for(i=1;i<NF;i++) if($i==f){print $(i+1); exit}}' "$1"; }
+# testpmd's "Accumulated forward statistics" TX/RX-packets after `stop` (the stop summary),
+# added up over every stop in the log (forwarding started again counts afresh).
+tp_summary() { awk -v f="$2-packets:" '/Accumulated forward statistics/{on=1} on{for(i=1;i<NF;i++) if($i==f){n+=$(i+1); on=0; break}} END{print n+0}' "$1"; }
 
 # ---- guest --------------------------------------------------------------------------------
 # The guest image (setup.sh): $GUEST_DIR/vmlinux (PVH ELF), base.cpio.gz (busybox, iperf3,

@@ -29,6 +29,14 @@
 #   dpdk_packed_txonly_to_sink, dpdk_packed_rxonly_from_gen
 #                         the first two with net_virtio_user packed_vq=1: the packed ring
 #                         (VIRTIO_F_RING_PACKED) must be acked, counts as exact.
+#   dpdk_chains_to_sink, dpdk_packed_chains_to_sink
+#                         testpmd txonly with multi-segment packets (2 segments, 3 of mixed
+#                         sizes, then a random number per packet: CHAIN_PHASES), split and
+#                         packed, into the sink: exact counts (the packed ring's DPDK tables
+#                         carry a WRITE flag on their header entry: ignored and counted).
+#   dpdk_jumbo_from_gen, dpdk_packed_jumbo_from_gen
+#                         gen 9000 B frames -> testpmd rxonly with mergeable receive buffers
+#                         (each frame over several 2 KiB mbufs): testpmd RX == fe tx_packets.
 #   pvnet_packed_to_dpdk_vhost, dpdk_vhost_to_pvnet_packed
 #                         pvnet's own frontend on the packed ring against DPDK's vhost-user
 #                         backend (testpmd net_vhost rxonly / txonly): the frontend's frames ==
@@ -247,7 +255,7 @@ fe_start() {
     sink) other="sink:name=sink" ;;
     # delay: DPDK's virtio PMD flushes (drops, uncounted) what its receive ring holds when
     # the port starts, which is after the rings run: start sending once it is up.
-    gen) other="gen:name=gen,secs=$secs,delay=1" ;;
+    gen) other="gen:name=gen,secs=$secs,delay=1${GEN_OPTS:-}" ;;
   esac
   switch_start "$tag" --port "vhost-user:name=fe,socket=$D/$tag.sock,queue_pairs=$qp" --port "$other" \
     && wait_for 5 test -S "$D/$tag.sock"
@@ -279,23 +287,38 @@ PY
 # pvnet worker. --single-file-segments keeps virtio-user's hugepage memory within its limit of
 # 8 vhost-user regions.
 DUR=3
+# (env) TP_PHASES: testpmd commands for phases of DUR seconds each, in turn, phases apart by
+# '|' and commands within one by ';' (e.g. "set txpkts 64,64|set txsplit rand"; forwarding is
+# stopped and started again around each); TP_ARGS: more testpmd application arguments;
+# GEN_LEN: the gen port's frame length.
 dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS [VDEV_OPTIONS]]
   local name="$1" role="$2" fwd="$3" qp="${4:-1}" vopt="${5:-}" t0 tag tplog
   t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
   local free; free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
   [ "$free" -ge 256 ] || { fail "$name" "only $free free 2 MiB hugepages (testpmd needs 256; another DPDK process?)"; return; }
-  fe_start "$tag" "$role" "$qp" "$DUR" || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
+  local tp_args; read -r -a tp_args <<< "${TP_ARGS:-}"
+  GEN_OPTS="${GEN_LEN:+,frame_len=$GEN_LEN}" fe_start "$tag" "$role" "$qp" "$DUR" \
+    || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
   testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
     --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=$qp,queue_size=256$vopt" \
-    -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i --forward-mode="$fwd"
+    -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 "${tp_args[@]}" -i --forward-mode="$fwd"
   if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
     testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish
     tail -5 "$tplog" | sed 's/^/  testpmd: /'
     fail "$name" "testpmd did not reach its prompt"; return
   fi
-  tp fe start
-  # gen: its DUR seconds started with the queue (at testpmd's init); then the end marker
-  if [ "$role" = gen ]; then sleep $((DUR + 2)); else sleep "$DUR"; fi
+  if [ -n "${TP_PHASES:-}" ]; then
+    local phases phase cmds c; IFS='|' read -r -a phases <<< "$TP_PHASES"
+    for phase in "${phases[@]}"; do
+      IFS=';' read -r -a cmds <<< "$phase"
+      for c in "${cmds[@]}"; do tp fe "$c"; done
+      tp fe start; sleep "$DUR"; tp fe stop
+    done
+  else
+    tp fe start
+    # gen: its DUR seconds started with the queue (at testpmd's init); then the end marker
+    if [ "$role" = gen ]; then sleep $((DUR + 2)); else sleep "$DUR"; fi
+  fi
   # frontend first: stop, final port stats, quit (virtio-user sends GET_VRING_BASE and leaves)
   testpmd_quit fe 20; local tprc=$?
   hugepage_cleanup pvnet_it_fe
@@ -1189,7 +1212,8 @@ EOF
 
 # ---- run ----------------------------------------------------------------------------------------
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends dpdk_multiqueue dpdk_workers
-  dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_killed_leaves_nothing
+  dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_chains_to_sink dpdk_packed_chains_to_sink
+  dpdk_jumbo_from_gen dpdk_packed_jumbo_from_gen dpdk_killed_leaves_nothing
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
   guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate)
 # guest_migrate runs both QEMUs under bookworm-backports' QEMU 10 (QEMU_NEW): under 7.2 the
@@ -1197,6 +1221,13 @@ ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk
 # where QEMU 10 passed the same 5 of 5, same pvnet build (a guest kernel fault at a kernel text
 # address, "output.0:id N is not a head!"; docs/operations.md).
 # MIGRATE_QEMU=qemu-system-x86_64 runs it under 7.2.
+
+# Chains from DPDK's transmit path: two segments, three of mixed sizes, and a random number
+# of segments per packet (testpmd's txsplit rand) over 64+594+1514 bytes; with indirect
+# descriptors negotiated these come as indirect tables (packed: the header entry flagged WRITE).
+CHAIN_PHASES="set txpkts 64,64|set txpkts 14,50,1450|set txpkts 64,594,1514;set txsplit rand"
+# 9000-byte frames into testpmd's 2 KiB mbufs: mergeable receive buffers, each frame over 5.
+JUMBO_RX="--max-pkt-len=9600 --enable-scatter"
 
 # qemu_ok NAME BIN: BIN runs as a QEMU, else case NAME fails saying where the newer one comes from.
 qemu_ok() {
@@ -1227,6 +1258,10 @@ for c in "${CASES[@]}"; do
     dpdk_workers)         MQ_MOVES=6 dpdk_multiqueue "$c" --workers 2 --rebalance false ;;
     dpdk_packed_txonly_to_sink)  dpdk_case "$c" sink txonly 1 ",packed_vq=1" ;;
     dpdk_packed_rxonly_from_gen) dpdk_case "$c" gen rxonly 1 ",packed_vq=1" ;;
+    dpdk_chains_to_sink)  TP_PHASES="$CHAIN_PHASES" dpdk_case "$c" sink txonly ;;
+    dpdk_packed_chains_to_sink) TP_PHASES="$CHAIN_PHASES" dpdk_case "$c" sink txonly 1 ",packed_vq=1" ;;
+    dpdk_jumbo_from_gen)  GEN_LEN=9000 TP_ARGS="$JUMBO_RX" dpdk_case "$c" gen rxonly 1 ",mrg_rxbuf=1" ;;
+    dpdk_packed_jumbo_from_gen) GEN_LEN=9000 TP_ARGS="$JUMBO_RX" dpdk_case "$c" gen rxonly 1 ",packed_vq=1,mrg_rxbuf=1" ;;
     dpdk_killed_leaves_nothing) dpdk_killed_leaves_nothing "$c" ;;
     dpdk_vhost_to_pvnet_packed)  dpdk_vhost_packed_case "$c" rx ;;
     pvnet_packed_to_dpdk_vhost)  dpdk_vhost_packed_case "$c" tx ;;
