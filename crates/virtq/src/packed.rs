@@ -286,7 +286,8 @@ fn need_event_packed(off_wrap: u16, new: u16, old: u16, wrap: bool, size: u16) -
     need_event(off, new, old)
 }
 
-/// Most descriptors `available()` walks when whole chains are found (a batch's worth).
+/// The window `available()` walks, in descriptors, widened a window at a time until it holds
+/// as many whole chains (a batch's worth) or the ring ends.
 pub const SCAN: u16 = 64;
 
 /// The device side of one packed virtqueue.
@@ -431,8 +432,7 @@ impl<M: Translate> DeviceQueue<M> {
         });
         // A chain whose tail is not available yet is not counted (a driver makes the head
         // available last; one that does not is caught when the chain is parsed). A chain
-        // longer than the window is still counted once it is whole: past the window the walk
-        // goes on one slot at a time until a chain ends.
+        // longer than the window is still counted once it is whole: the window widens.
         let size = self.size;
         // The last walk's chains still ahead, at most one per slot still ahead: a driver that
         // rewrote a counted chain longer before it was taken left fewer slots than chains
@@ -445,10 +445,13 @@ impl<M: Translate> DeviceQueue<M> {
         let mut limit = size.min(SCAN).max(descs);
         loop {
             if descs == limit {
-                if chains > 0 || limit == size {
+                // A window's worth of chains, or the whole ring, is enough. Chains of several
+                // descriptors (a driver without indirect tables) widen it a window at a time:
+                // a batch of them is as many packets as a batch of single ones.
+                if chains >= SCAN || limit == size {
                     break;
                 }
-                limit += 1;
+                limit = size.min(limit + SCAN);
             }
             // To the ring's end or the limit, with one pattern of AVAIL/USED bits (it flips
             // where the ring wraps): one load, one compare and one count per slot.

@@ -857,17 +857,48 @@ fn available_counts_chains_past_the_window_and_across_the_wrap() {
         assert_eq!(dev.available(), Ok(0));
     }
     // The ring has wrapped (600 slots over 256). A chain of SCAN + 6 descriptors, then a
-    // single one: the long chain counts once it is whole, alone; the next look finds the
-    // single one.
+    // single one: the window widens past the long chain and counts both.
     let long: Vec<Buf> = (0..SCAN + 6).map(buf).collect();
     drv.add_chain(&long).expect("room");
     drv.add_one(buf(0)).expect("room");
     drv.publish();
-    assert_eq!(dev.available(), Ok(1), "the long chain, whole");
+    assert_eq!(
+        dev.available(),
+        Ok(2),
+        "the long chain, whole, and the single one"
+    );
     let c = dev.pop().expect("valid").expect("chain");
     assert_eq!(c.readable, 16 * u32::from(SCAN + 6));
-    assert_eq!(dev.pop(), Ok(None));
-    assert_eq!(dev.available(), Ok(1), "then the single one");
+    dev.push_used(c.head, 0);
+    let c = dev.pop().expect("valid").expect("chain");
+    assert_eq!(c.readable, 16);
+    dev.push_used(c.head, 0);
+    dev.publish();
+    drv.used_available().expect("used");
+    while drv.pop_used().expect("pop").is_some() {}
+    // Chains of 3 descriptors (a driver without indirect tables): one look counts as many
+    // chains as a window of single ones, across the wrap, not SCAN / 3.
+    for lap in 0..4u16 {
+        for k in 0..SCAN {
+            let chain: Vec<Buf> = (0..3).map(|j| buf(3 * k + j)).collect();
+            drv.add_chain(&chain).expect("room");
+        }
+        drv.publish();
+        assert_eq!(
+            dev.available(),
+            Ok(SCAN),
+            "lap {lap}: a window's worth of chains"
+        );
+        for _ in 0..SCAN {
+            let c = dev.pop().expect("valid").expect("chain");
+            assert_eq!(c.readable, 48);
+            dev.push_used(c.head, 0);
+        }
+        dev.publish();
+        drv.used_available().expect("used");
+        while drv.pop_used().expect("pop").is_some() {}
+        assert_eq!(dev.available(), Ok(0));
+    }
 }
 
 /// DPDK's virtio PMD on the packed ring (`virtqueue_enqueue_xmit_packed`, 22.11), as it sends
