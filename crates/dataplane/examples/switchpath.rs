@@ -12,6 +12,12 @@
 //!   with 2 queue pairs (each frame steered to a ring by its flow hash);
 //! * `switch_vhost_packed`, `switch_gen_vhost_packed`: `switch_vhost` and `switch_gen_vhost`
 //!   with the frontends' rings in the packed format;
+//! * `chain{2,3,8}_sink`, `chain{2,3,8}_sink_packed`: a frontend into a sink port through the
+//!   learning switch, each packet a chain of 2, 3 or 8 descriptors (the header's 12 bytes,
+//!   then 64-byte segments of the frame), split and packed: what a chain costs beyond its
+//!   first descriptor; `ind{2,3,8}_sink[_packed]`: the same chains as indirect tables, as
+//!   DPDK's virtio PMD and Linux's virtio_net send them when INDIRECT_DESC is negotiated
+//!   (the packed tables' header entry flagged WRITE, as DPDK leaves it);
 //! * `switch_trunk_vhost`: `switch_vhost` with A and B on two shards (`--workers 2`): A's
 //!   shard copies the frame into the trunk ring, B's shard copies it out into B (both rounds
 //!   counted, run one after the other in this one thread): what crossing workers costs.
@@ -26,6 +32,7 @@ use pvnet_dataplane::port::sink::{Counting, SinkPort};
 use pvnet_dataplane::port::trunk::{link, TrunkPort, TRUNK_RING_BYTES};
 use pvnet_dataplane::port::vhost::{VhostConfig, VhostPort};
 use pvnet_dataplane::port::AnyPort;
+use pvnet_dataplane::stats::PortStats;
 use pvnet_dataplane::switch::{Fabric, Router, SwitchConfig, Wire};
 use pvnet_net::features::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
 use pvnet_vhost::backend::StartedQueue;
@@ -43,6 +50,8 @@ const BUF: u32 = 2048;
 struct Fe {
     txm: MockQueue,
     tx: DriverQueue,
+    /// The transmit ring's next descriptor slot (packed: where the driver writes next).
+    slot: u16,
     rxm: MockQueue,
     rx: DriverQueue,
     mac: [u8; 6],
@@ -108,6 +117,7 @@ fn fe_in(id: u32, last: u8, format: Format) -> (Fe, AnyPort) {
         Fe {
             txm,
             tx,
+            slot: 0,
             rxm,
             rx,
             mac,
@@ -136,6 +146,79 @@ impl Fe {
         self.tx.publish();
         self.tx.used_available().expect("used");
         while self.tx.pop_used().expect("pop").is_some() {}
+    }
+
+    /// Offers a batch of frames to `dst` as chains of `ndesc` descriptors: the header, then
+    /// `ndesc - 1` segments of 64 bytes (outside the counted functions). With `indirect`, each
+    /// chain is an indirect table in its slot's buffer (from byte 1024; the header and data
+    /// from byte 0), the ring descriptor flagged INDIRECT by hand after the publish.
+    fn offer_chains(&mut self, dst: [u8; 6], ndesc: u16, indirect: bool) {
+        let data = 64 * u32::from(ndesc - 1);
+        let mut b = vec![0u8; (12 + data) as usize];
+        b[12..18].copy_from_slice(&dst);
+        b[18..24].copy_from_slice(&self.mac);
+        let packed = self.tx.format() == Format::Packed;
+        let mut flagged = Vec::new();
+        for _ in 0..BATCH {
+            let id = self.tx.next_free().expect("free");
+            let at = self.txm.buf(id);
+            self.txm.poke(at, &b);
+            // header, then the segments, each 64 bytes further (within this slot's buffer)
+            let bufs: Vec<Buf> = (0..ndesc)
+                .map(|k| Buf {
+                    addr: if k == 0 {
+                        at
+                    } else {
+                        at + 12 + 64 * u64::from(k - 1)
+                    },
+                    len: if k == 0 { 12 } else { 64 },
+                    write: false,
+                })
+                .collect();
+            if indirect {
+                let table = at + 1024;
+                let mut t = Vec::new();
+                for (k, d) in (0u16..).zip(&bufs) {
+                    let last = k + 1 == ndesc;
+                    t.extend_from_slice(&d.addr.to_le_bytes());
+                    t.extend_from_slice(&d.len.to_le_bytes());
+                    if packed {
+                        // id, flags: DPDK's header entry keeps WRITE (2) from its set-up
+                        t.extend_from_slice(&k.to_le_bytes());
+                        t.extend_from_slice(&(if k == 0 { 2u16 } else { 0 }).to_le_bytes());
+                    } else {
+                        // flags: NEXT (1) but the last; next: the following entry
+                        t.extend_from_slice(&u16::from(!last).to_le_bytes());
+                        t.extend_from_slice(&(k + 1).to_le_bytes());
+                    }
+                }
+                self.txm.poke(table, &t);
+                let slot = self.slot;
+                self.tx
+                    .add_one(Buf {
+                        addr: table,
+                        len: 16 * u32::from(ndesc),
+                        write: false,
+                    })
+                    .expect("add");
+                flagged.push(if packed { slot } else { id });
+                self.slot = (self.slot + 1) % 256;
+            } else {
+                self.tx.add_chain(&bufs).expect("add");
+                self.slot = (self.slot + ndesc) % 256;
+            }
+        }
+        self.tx.publish();
+        // INDIRECT (4) into the flags the driver published (split: bytes 12-13 of the
+        // descriptor; packed: 14-15)
+        let off = if packed { 14 } else { 12 };
+        for d in flagged {
+            let at = self.txm.addrs.desc + 16 * u64::from(d) + off;
+            let mut f = [0u8; 2];
+            self.txm.peek(at, &mut f);
+            self.txm
+                .poke(at, &(u16::from_le_bytes(f) | 4).to_le_bytes());
+        }
     }
 
     /// Takes what arrived and posts the buffers again.
@@ -198,8 +281,57 @@ counted!(
     switch_gen_vhost_mq = 7,
     switch_vhost_sink = 5,
     switch_vhost_packed = 8,
-    switch_gen_vhost_packed = 9
+    switch_gen_vhost_packed = 9,
+    chain2_sink = 10,
+    chain3_sink = 11,
+    chain8_sink = 12,
+    chain2_sink_packed = 13,
+    chain3_sink_packed = 14,
+    chain8_sink_packed = 15,
+    ind2_sink = 16,
+    ind3_sink = 17,
+    ind8_sink = 18,
+    ind2_sink_packed = 19,
+    ind3_sink_packed = 20,
+    ind8_sink_packed = 21
 );
+
+type Counted = fn(&mut Fabric, &mut [AnyPort], Instant) -> usize;
+
+/// A frontend in `format` into a sink port through the learning switch, each packet a chain
+/// of `ndesc` descriptors (an indirect table if `indirect`), `rounds` batches counted by `f`.
+fn chains_to_sink(format: Format, ndesc: u16, indirect: bool, rounds: u64, f: Counted) -> usize {
+    let (mut a, pa) = fe_in(0, 1, format);
+    let took = Arc::<PortStats>::default();
+    let sink = AnyPort::Sink(SinkPort::new(6, took.clone(), Counting::Own, 2048));
+    let mut ports = vec![pa, sink];
+    let mut fab = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    let now = Instant::now();
+    let mut total = 0;
+    for _ in 0..rounds {
+        a.offer_chains([2, 0, 0, 0, 0, 9], ndesc, indirect);
+        // Rounds until every chain is taken (a port that takes fewer a round pays for more
+        // rounds); one that stops taking them (its queue stopped) ends the path.
+        for k in 0.. {
+            total += f(&mut fab, &mut ports, now);
+            a.drain();
+            if a.tx.in_flight() == 0 {
+                break;
+            }
+            if k == 16 {
+                eprintln!("{format:?} chains of {ndesc} (indirect {indirect}): not taken; skipped");
+                return total;
+            }
+        }
+    }
+    let sunk = took.tx_packets.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        sunk,
+        rounds * u64::from(BATCH),
+        "{format:?} {ndesc} {indirect}"
+    );
+    total
+}
 
 /// 64-byte frames to `dst`, as fast as they may go, one flow.
 fn gen_spec(dst: [u8; 6]) -> GenSpec {
@@ -369,6 +501,25 @@ fn main() {
     for _ in 0..rounds {
         total += switch_gen_vhost_packed(&mut f, &mut ports, now);
         b.drain();
+    }
+
+    // Chains of 2, 3 and 8 descriptors into a sink, direct and as indirect tables.
+    let paths: [(Format, u16, bool, Counted); 12] = [
+        (Format::Split, 2, false, chain2_sink),
+        (Format::Split, 3, false, chain3_sink),
+        (Format::Split, 8, false, chain8_sink),
+        (Format::Packed, 2, false, chain2_sink_packed),
+        (Format::Packed, 3, false, chain3_sink_packed),
+        (Format::Packed, 8, false, chain8_sink_packed),
+        (Format::Split, 2, true, ind2_sink),
+        (Format::Split, 3, true, ind3_sink),
+        (Format::Split, 8, true, ind8_sink),
+        (Format::Packed, 2, true, ind2_sink_packed),
+        (Format::Packed, 3, true, ind3_sink_packed),
+        (Format::Packed, 8, true, ind8_sink_packed),
+    ];
+    for (format, ndesc, indirect, f) in paths {
+        total += chains_to_sink(format, ndesc, indirect, rounds, f);
     }
 
     // A gen port spreading 64 flows into a frontend with 2 queue pairs.
