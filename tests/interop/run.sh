@@ -133,7 +133,8 @@ mkdir -p "$WORK"; rm -rf "$D"; mkdir -p "$D"
 for old in "$WORK"/interop.*; do
   [ -d "$old" ] && [ "$old" != "$D" ] && ! kill -0 "${old##*.}" 2>/dev/null && rm -rf "$old"
 done
-ln -sfn "$D" "$WORK/interop"
+# $WORK/interop: the latest run's (a directory there is an older run.sh's own: left alone)
+if [ -L "$WORK/interop" ] || [ ! -e "$WORK/interop" ]; then ln -sfn "$D" "$WORK/interop"; fi
 env_ok=1
 if ! timeout 1800 "$PVNET_ROOT/scripts/peers/setup.sh" > "$D/setup.log" 2>&1; then
   tail -5 "$D/setup.log" | sed 's/^/  setup: /'
