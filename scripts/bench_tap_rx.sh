@@ -17,7 +17,9 @@
 # over the drain comes from /proc/<pid>/task/*/schedstat (nanoseconds), its packets from `pvnet
 # ctl`: switch CPU ns per packet, the tap's syscalls per packet, and the share read in place
 # (rx_direct / rx_packets). BURSTS bursts per run; runs alternate between the two settings,
-# the order reversed every round; medians.
+# the order reversed every round; medians. The switch, its tap, the tap's address and the
+# sender run in a network namespace of this run's (scripts/peers/lib.sh netns_new), never in
+# the machine's own; the frontend attaches through the vhost-user socket from outside.
 #
 # Usage: scripts/bench_tap_rx.sh      Env: ROUNDS=3 BURSTS=10 PKTS=32768 PAYLOAD=22
 #        IO=uring (the tap's io; IO=syscall: one read per packet, never in place)
@@ -32,12 +34,11 @@ build_pvnet
 B="$WORK/taprx"; rm -rf "$B"; mkdir -p "$B"
 cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
 RES="$B/results.txt"; : > "$RES"
-ip link show "$TAP" >/dev/null 2>&1 && die "$TAP exists already (another run?)"
 SW_PID=; FE_PID=
 cleanup() {
   [ -n "$FE_PID" ] && stop_pid "$FE_PID"
   [ -n "$SW_PID" ] && stop_pid "$SW_PID" INT
-  ip link del "$TAP" 2>/dev/null || true
+  netns_cleanup
   return 0
 }
 trap cleanup EXIT
@@ -86,34 +87,34 @@ print(c.get(sys.argv[1], 0))' "$1"
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {printf "%d", s}'; }   # every thread
-tx_dropped() { cat "/sys/class/net/$TAP/statistics/tx_dropped"; }
+tx_dropped() { ip netns exec "$NS" cat "/sys/class/net/$TAP/statistics/tx_dropped"; }
 
 run_one() {   # run_one DIRECT ROUND
   local direct="$1" round="$2" tag="d$1-$2" c2c sw b
   wait_quiet; c2c=$(c2c_ns)
   rm -f "$B/vu.sock"
-  timeout -k 5 120 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" --policy notify --rx-policy notify \
+  netns_new taprx   # a fresh one per run: the tap and its queue as new
+  timeout -k 5 120 ip netns exec "$NS" "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" --policy notify --rx-policy notify \
     --port "vhost-user:name=vm,socket=$B/vu.sock" --port "tap:name=host,ifname=$TAP,io=$IO,direct=$direct" \
     > "$B/$tag.sw.json" 2> "$B/$tag.sw.log" &
   SW_PID=$!
   wait_for 10 test -S "$B/vu.sock" || die "pvnet switch did not start ($B/$tag.sw.log)"
-  sw=$(child_pid "$SW_PID")
-  sysctl -qw "net.ipv6.conf.$TAP.disable_ipv6=1" || true
-  ip link set dev "$TAP" txqueuelen $((PKTS * 2))
-  ip addr add "$NET.1/24" dev "$TAP"
-  ip neigh replace "$NET.2" lladdr 02:00:00:00:79:02 dev "$TAP"
+  sw=$(child_pid "$SW_PID")   # (ip netns exec execs the switch)
+  ip -n "$NS" link set dev "$TAP" txqueuelen $((PKTS * 2))
+  ip -n "$NS" addr add "$NET.1/24" dev "$TAP"
+  ip -n "$NS" neigh replace "$NET.2" lladdr 02:00:00:00:79:02 dev "$TAP"
   timeout -k 5 100 "$PVNET_BIN" frontend --socket "$B/vu.sock" --role drop --cpu 0 --poll busy \
     --guest-tso --secs 90 --idle-timeout 90 > "$B/$tag.fe.json" 2> "$B/$tag.fe.log" &
   FE_PID=$!
   wait_for 10 grep -q '"ready"' "$B/$tag.fe.json" || die "pvnet frontend did not connect ($B/$tag.fe.log)"
-  taskset -c 0 python3 "$B/send.py" "$NET.2" "$PAYLOAD" 1000 > /dev/null   # warm-up: learn, size
+  ip netns exec "$NS" taskset -c 0 python3 "$B/send.py" "$NET.2" "$PAYLOAD" 1000 > /dev/null   # warm-up: learn, size
   sleep 0.3
   local cpu=0 pk=0 sc=0 dr=0 c0 p0 s0 d0 x0
   x0=$(tx_dropped)
   for b in $(seq "$BURSTS"); do
     p0=$(ctl_port rx_packets)   # (the control thread stops with the rest)
     kill -STOP "$sw"
-    taskset -c 0 python3 "$B/send.py" "$NET.2" "$PAYLOAD" "$PKTS" > /dev/null
+    ip netns exec "$NS" taskset -c 0 python3 "$B/send.py" "$NET.2" "$PAYLOAD" "$PKTS" > /dev/null
     c0=$(cpu_ns "$sw")
     kill -CONT "$sw"
     sleep 0.3
@@ -124,7 +125,7 @@ run_one() {   # run_one DIRECT ROUND
   local drops=$(( $(tx_dropped) - x0 ))
   stop_pid "$FE_PID" INT; wait "$FE_PID" 2>/dev/null; FE_PID=
   stop_pid "$SW_PID" INT; wait "$SW_PID" 2>/dev/null; SW_PID=
-  ip link del "$TAP" 2>/dev/null || true
+  netns_del "$NS"
   python3 - "$direct" "$round" "$c2c" "$cpu" "$pk" "$sc" "$dr" "$drops" "$BURSTS" "$PKTS" <<'PY' | tee -a "$RES"
 import sys
 d, rnd, c2c, cpu, pk, sc, dr, drops, bursts, pkts = sys.argv[1:]

@@ -22,6 +22,13 @@ for c in rustfmt clippy; do
   rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >/dev/null 2>&1 || true
 done
 
+# The machine's own network: every test that moves traffic does so in network namespaces it
+# makes (named $PVNET_NS_PREFIX-..., the cargo tests in anonymous ones); nothing may be
+# configured in the root namespace. Its addresses, routes and links now, compared at the end.
+export PVNET_NS_PREFIX="pvnet-t$$"
+net_before=$(mktemp)
+bash -c 'source scripts/peers/lib.sh && root_net_state' > "$net_before"
+
 passed=0; failed=0; failures=()
 step() { # step NAME CMD...: runs a step that is one test of its own
   local name="$1"; shift
@@ -62,6 +69,12 @@ step "fuzz targets, ${FUZZ_SECS}s each" fuzz/run.sh "$FUZZ_SECS"
 
 # --- the main job on its default, briefly: counts must add up ---------------------------------
 step "pvnet bench smoke (counts add up)" ./target/release/pvnet bench --secs 0.5 --json
+
+# --- nothing of the suite's left, the root namespace as it was ----------------------------------
+# shellcheck disable=SC2016  # $1 is the inner shell's
+step "root network namespace unchanged, no namespace of the suite left" \
+  bash -c 'source scripts/peers/lib.sh && root_net_check "$1"' _ "$net_before"
+rm -f "$net_before"
 
 echo
 ((${#failures[@]})) && printf 'FAILED: %s\n' "${failures[@]}"

@@ -71,25 +71,26 @@ echo "# pvnet=$PVNET_REV binary=$(date -u +'%F %T') rounds=$ROUNDS dur=$DUR smp=
 SOCK="$B/vu.sock"; TCK=$(getconf CLK_TCK); NCPU=$(nproc)
 VEC=""; case "$ACC" in *tcg*) VEC=",vectors=0" ;; esac   # see docs/interop.md (QEMU 7.2 + TCG + vhost-user)
 
-PV_TPID=; Q_TPID=; TAP_MADE=
+PV_TPID=; Q_TPID=
 cleanup() {
   [ -n "${SUMMARY_TMP:-}" ] && rm -rf "$SUMMARY_TMP"
   [ -n "$Q_TPID" ] && stop_pid "$Q_TPID"
   [ -n "$PV_TPID" ] && stop_pid "$PV_TPID"
   [ -n "${SOCK:-}" ] && rm -f "$SOCK"
-  [ -n "$TAP_MADE" ] && ip link del "$TAP" 2>/dev/null
+  netns_cleanup   # the tap goes with its namespace
   return 0
 }
 trap cleanup EXIT
 trap 'exit 130' INT; trap 'exit 143' TERM   # so that cleanup runs
 
 # ---- the tap: host side 10.77.0.1/24, carries only this guest's frames -----------------------
-if ip link show "$TAP" >/dev/null 2>&1; then die "$TAP exists already (another run?); not touching it"; fi
-if ip route | grep -q "^$TAP_NET.0/24"; then die "$TAP_NET.0/24 is in use on this machine"; fi
-ip tuntap add dev "$TAP" mode tap; TAP_MADE=1
-sysctl -qw "net.ipv6.conf.$TAP.disable_ipv6=1" || true   # the host sends nothing to the guest
-ip addr add "$TAP_NET.1/24" dev "$TAP"; ip link set "$TAP" up
-tap_rx() { cat "/sys/class/net/$TAP/statistics/rx_packets"; }
+# In a network namespace of this run's (scripts/peers/lib.sh netns_new; IPv6 off there: the host
+# sends nothing to the guest), never the machine's own: QEMU's tap backend runs in it (it
+# opens the tap by name), the pvnet runs need none (vhost-user).
+netns_new guestpol; HNS=$NS
+ip -n "$HNS" tuntap add dev "$TAP" mode tap
+ip -n "$HNS" addr add "$TAP_NET.1/24" dev "$TAP"; ip -n "$HNS" link set "$TAP" up
+tap_rx() { ip netns exec "$HNS" cat "/sys/class/net/$TAP/statistics/rx_packets"; }
 
 # ---- guest images ----------------------------------------------------------------------------
 guest_script() {   # guest_script BURST
@@ -138,7 +139,7 @@ run_one() {   # run_one CFG BURST ROUND ATTEMPT
              if [[ "$txmode" == *:split ]]; then txmode="${txmode%:split}"; split=1; fi ;;
     *) die "unknown configuration $cfg" ;;
   esac
-  local busy c2c_a c2c_b glog="$B/$tag.console" t0 netargs
+  local busy c2c_a c2c_b glog="$B/$tag.console" t0 netargs nsx=()
   wait_quiet; busy=$BUSY; c2c_a=$(c2c_ns)
   t0=$(date +%s%N)
   PV_PID=
@@ -157,10 +158,11 @@ run_one() {   # run_one CFG BURST ROUND ATTEMPT
     netargs=(-object "memory-backend-memfd,id=mem,size=512M,share=on" -numa "node,memdev=mem"
              -netdev "tap,id=n0,ifname=$TAP,script=no,downscript=no,vhost=off"
              -device "virtio-net-pci,netdev=n0,mac=$GMAC,tx=$txmode$VEC")
+    nsx=(ip netns exec "$HNS")   # (execs taskset, which execs QEMU: Q_PID stays QEMU's)
   fi
   local rx0; rx0=$(tap_rx)
   # shellcheck disable=SC2086  # $ACC is a list of arguments
-  timeout -k 5 $((DUR + 80)) taskset -c 0 qemu-system-x86_64 $ACC -name pvb,debug-threads=on -m 512 -smp "$QEMU_SMP" -nodefaults -no-user-config \
+  timeout -k 5 $((DUR + 80)) "${nsx[@]}" taskset -c 0 qemu-system-x86_64 $ACC -name pvb,debug-threads=on -m 512 -smp "$QEMU_SMP" -nodefaults -no-user-config \
     -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$initrd" \
     -append "console=ttyS0 quiet panic=-1 pvg.timeout=$((DUR + 60))" "${netargs[@]}" \
     < /dev/null > "$glog" 2>&1 &

@@ -17,6 +17,10 @@
 # iperf3 -P N (the [SUM] line), and N sockperf ping-pong clients at once against one server
 # (transactions/s summed; p50/p99 the median over the clients). 100 clients need
 # GUEST_MEM=1536 (MiB; ~5 MB each).
+# The host side lives in a network namespace of this run's (scripts/peers/lib.sh netns_new),
+# never in the machine's own: the taps, 10.78.0.1, iperf3 -s and sockperf sr; pvnet switch runs
+# in it (its tap is made there), and so does QEMU when its own tap backend is measured (QEMU
+# opens the tap by name in its namespace); with pvnet, QEMU attaches through the socket.
 # Host side: iperf3 -s and sockperf sr, both on CPU1. Pinning: QEMU on CPU0 (-smp 1,maxcpus=2);
 # pvnet's worker on CPU1; for QEMU's backend, QEMU's main-loop thread (where its tx bottom
 # half / timer and the tap I/O run) is moved to CPU1 after boot, so each backend has the
@@ -65,19 +69,18 @@ B="$WORK/guesttap"; rm -rf "$B"; mkdir -p "$B"
 cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
 RES="$B/results.txt"; : > "$RES"
 ACC=$(guest_accel); VEC=""; case "$ACC" in *tcg*) VEC=",vectors=0" ;; esac
-for t in $PVTAP $QTAP; do ip link show "$t" >/dev/null 2>&1 && die "$t exists already (another run?)"; done
-ip route | grep -q "^$NET.0/24" && die "$NET.0/24 is in use on this machine"
 
 SW_PID=; Q_PID=; SRV_PIDS=()
 cleanup() {
   if [ -n "$Q_PID" ]; then stop_pid "$Q_PID"; fi
   if [ -n "$SW_PID" ]; then stop_pid "$SW_PID" INT; fi
   local p; for p in "${SRV_PIDS[@]}"; do stop_pid "$p"; done
-  ip link del "$QTAP" 2>/dev/null || true; ip link del "$PVTAP" 2>/dev/null || true
+  netns_cleanup   # the taps go with the namespace
   return 0
 }
 trap cleanup EXIT
 trap 'exit 130' INT; trap 'exit 143' TERM
+netns_new guesttap; HNS=$NS
 
 cat > "$B/run.sh" <<EOF
 ip link set eth0 up; ip addr add $NET.2/24 dev eth0
@@ -114,9 +117,9 @@ make_initrd "$B/run.sh" "$B/initrd.gz"
 napi0_init "$B/init.napi0"; make_initrd "$B/run.sh" "$B/initrd-napi0.gz" "$B/init.napi0"
 
 host_servers() {
-  timeout -k 2 300 taskset -c 1 iperf3 -s -B "$NET.1" > "$B/iperf3s.log" 2>&1 &
+  timeout -k 2 300 ip netns exec "$HNS" taskset -c 1 iperf3 -s -B "$NET.1" > "$B/iperf3s.log" 2>&1 &
   SRV_PIDS+=($!)
-  timeout -k 2 300 taskset -c 1 sockperf sr -i "$NET.1" -p 11111 > "$B/sockperf.log" 2>&1 &
+  timeout -k 2 300 ip netns exec "$HNS" taskset -c 1 sockperf sr -i "$NET.1" -p 11111 > "$B/sockperf.log" 2>&1 &
   SRV_PIDS+=($!)
 }
 stop_servers() { local p; for p in "${SRV_PIDS[@]}"; do stop_pid "$p"; done; SRV_PIDS=(); }
@@ -124,7 +127,7 @@ stop_servers() { local p; for p in "${SRV_PIDS[@]}"; do stop_pid "$p"; done; SRV
 run_one() {   # run_one CFG[+napi0] ROUND
   local cfg="$1" round="$2" tag="${1//[@=]/_}-$2" glog c2c_a c2c_b netdev dev initrd="$B/initrd.gz" vo=""
   glog="$B/$tag.console.log"
-  local gappend="" qextra=() viommu=""
+  local gappend="" qextra=() viommu="" gns=""
   if [[ "$cfg" == *+viommu:* ]]; then viommu="${cfg##*+viommu:}"; cfg="${cfg%+viommu:*}"
     case "$viommu" in strict) gappend="intel_iommu=on iommu.strict=1" ;; lazy) gappend="intel_iommu=on iommu.strict=0" ;;
       pt) gappend="intel_iommu=on iommu=pt" ;;
@@ -142,20 +145,19 @@ run_one() {   # run_one CFG[+napi0] ROUND
     local pol=adaptive dly=150 rest
     if [[ "$cfg" == pvnet:* ]]; then rest="${cfg#pvnet:}"; pol="${rest%%:*}"; [[ "$rest" == *:* ]] && dly="${rest#*:}"; fi
     rm -f "$B/vu.sock"
-    timeout -k 5 300 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" --policy "$pol" --tx-call-delay "$dly" \
+    timeout -k 5 300 ip netns exec "$HNS" "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" --policy "$pol" --tx-call-delay "$dly" \
       --port "vhost-user:name=vm,socket=$B/vu.sock$vo" --port "tap:name=host,ifname=$PVTAP$to" \
       > "$B/$tag.pvnet.json" 2> "$B/$tag.pvnet.log" &
     SW_PID=$!
     wait_for 10 test -S "$B/vu.sock" || die "pvnet switch did not start ($B/$tag.pvnet.log)"
-    sysctl -qw "net.ipv6.conf.$PVTAP.disable_ipv6=1" || true
-    ip addr add "$NET.1/24" dev "$PVTAP"
+    ip -n "$HNS" addr add "$NET.1/24" dev "$PVTAP"
     netdev="-chardev socket,id=c0,path=$B/vu.sock -netdev vhost-user,id=n0,chardev=c0"
     dev="virtio-net-pci,netdev=n0,mac=$GMAC$VEC"
     [ -n "$viommu" ] && dev+=",disable-legacy=on,iommu_platform=on,ats=on"
   else
-    ip tuntap add dev "$QTAP" mode tap
-    sysctl -qw "net.ipv6.conf.$QTAP.disable_ipv6=1" || true
-    ip addr add "$NET.1/24" dev "$QTAP"; ip link set "$QTAP" up
+    ip -n "$HNS" tuntap add dev "$QTAP" mode tap
+    ip -n "$HNS" addr add "$NET.1/24" dev "$QTAP"; ip -n "$HNS" link set "$QTAP" up
+    gns=$HNS   # QEMU opens its tap in the namespace it runs in
     netdev="-netdev tap,id=n0,ifname=$QTAP,script=no,downscript=no,vhost=off"
     # cfg bh|timer[:intx]: :intx = legacy INTx interrupts (vectors=0) like the vhost-user
     # runs must use under TCG, to separate the interrupt mechanism from the backend.
@@ -164,7 +166,7 @@ run_one() {   # run_one CFG[+napi0] ROUND
   fi
   host_servers
   # shellcheck disable=SC2086  # $netdev is a list of arguments
-  guest_start 200 "$initrd" "$glog" "pvg.timeout=150 ipv6.disable=1 $gappend" "$dev" $netdev "${qextra[@]}"
+  GUEST_NS=$gns guest_start 200 "$initrd" "$glog" "pvg.timeout=150 ipv6.disable=1 $gappend" "$dev" $netdev "${qextra[@]}"
   Q_PID=$GUEST_PID
   if [[ "$cfg" != pvnet* ]]; then
     wait_for 60 grep -q PVG-READY "$glog" && split_qemu "$(child_pid "$Q_PID")" > "$B/$tag.affinity"
@@ -172,7 +174,7 @@ run_one() {   # run_one CFG[+napi0] ROUND
   wait_pid "$Q_PID" 200 || log "$tag: qemu exit status $?"; Q_PID=
   stop_servers
   if [[ "$cfg" == pvnet* ]]; then stop_pid "$SW_PID" INT; wait "$SW_PID" 2>/dev/null; SW_PID=
-  else ip link del "$QTAP"; fi
+  else ip -n "$HNS" link del "$QTAP"; fi
   c2c_b=$(c2c_ns)
   tr -d '\r' < "$glog" > "$glog.txt"
   local kc=""

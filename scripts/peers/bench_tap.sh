@@ -7,36 +7,39 @@
 # accepted per second, B's reads per second, syscalls per packet on each side
 # (`read`/`writev`/`io_uring_enter`) and CPU ns per packet of each process, from `pvnet ctl`
 # counters and /proc sampled over the measured window. IO="syscall uring" interleaved.
+# The taps, veths, bridges and both switches live in a network namespace of this run's
+# (scripts/peers/lib.sh netns_new), never in the machine's own.
 #
 # Usage: scripts/peers/bench_tap.sh     Env: ROUNDS=3 DUR=5 (measured s) WARM=1
 #        IO="syscall uring" DEVS="tap af-packet"
 #        DOC=docs/egress.md (table written between the bench:tap markers; DOC= to skip)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/peers/lib.sh
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-5}"; WARM="${WARM:-1}"; IO="${IO:-syscall uring}"; DEVS="${DEVS:-tap af-packet}"
 DOC="${DOC-docs/egress.md}"
 [ "$(id -u)" = 0 ] || { echo "needs root (taps, veths, a bridge)" >&2; exit 1; }
 cargo build -q --release -p pvnet
 BIN=target/release/pvnet
 W=$(mktemp -d); BR=pvbbr; XBR=pvxbr   # one bridge per kind: nothing floods across
+apid=; bpid=
 cleanup() {
-  pkill -f "$W/ctl" 2>/dev/null || true
-  ip link del "$BR" 2>/dev/null || true; ip link del "$XBR" 2>/dev/null || true
-  ip link del pvx0 2>/dev/null || true; ip link del pvx1 2>/dev/null || true
+  stop_pid "$apid"; stop_pid "$bpid"
+  netns_cleanup   # the bridges, veths and taps go with it
   rm -rf "$W"
 }
 trap cleanup EXIT
-ip link del "$BR" 2>/dev/null || true
-ip link add "$BR" type bridge stp_state 0
-ip link set "$BR" up
+trap 'exit 130' INT; trap 'exit 143' TERM   # so that cleanup runs
+netns_new benchtap; HNS=$NS
+ipn() { ip -n "$HNS" "$@"; }
+ipn link add "$BR" type bridge stp_state 0
+ipn link set "$BR" up
 if [[ " $DEVS " == *" af-packet "* ]]; then
-  ip link del "$XBR" 2>/dev/null || true
-  ip link add "$XBR" type bridge stp_state 0
-  ip link set "$XBR" up
+  ipn link add "$XBR" type bridge stp_state 0
+  ipn link set "$XBR" up
   for i in 0 1; do
-    ip link del "pvx$i" 2>/dev/null || true
-    ip link add "pvx$i" type veth peer name "pvx${i}p"
-    ip link set "pvx${i}p" master "$XBR"; ip link set "pvx${i}p" up
+    ipn link add "pvx$i" type veth peer name "pvx${i}p"
+    ipn link set "pvx${i}p" master "$XBR"; ipn link set "pvx${i}p" up
   done
 fi
 
@@ -59,16 +62,16 @@ for r in $(seq 1 "$ROUNDS"); do
       tag="$dev-$io-$r"
       if [ "$dev" = tap ]; then pa="tap:name=t,ifname=pvb0,io=$io"; pb="tap:name=t,ifname=pvb1,io=$io"
       else pa="af-packet:name=t,ifname=pvx0,io=$io"; pb="af-packet:name=t,ifname=pvx1,io=$io"; fi
-      "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 \
+      ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 \
         --ctl-socket "$W/ctl.b.$tag" --duration $((DUR + WARM + 3)) > "$W/b.$tag.json" 2> "$W/b.$tag.log" &
       bpid=$!
       for _ in $(seq 50); do [ -S "$W/ctl.b.$tag" ] && break; sleep 0.1; done
-      [ "$dev" = tap ] && ip link set pvb1 master "$BR"
-      "$BIN" switch --port "$pa" --port gen:name=g,delay=0.5 --cpu 0 \
+      [ "$dev" = tap ] && ipn link set pvb1 master "$BR"
+      ip netns exec "$HNS" "$BIN" switch --port "$pa" --port gen:name=g,delay=0.5 --cpu 0 \
         --ctl-socket "$W/ctl.a.$tag" --duration $((DUR + WARM + 2)) > "$W/a.$tag.json" 2> "$W/a.$tag.log" &
       apid=$!
       for _ in $(seq 50); do [ -S "$W/ctl.a.$tag" ] && break; sleep 0.1; done
-      [ "$dev" = tap ] && ip link set pvb0 master "$BR"
+      [ "$dev" = tap ] && ipn link set pvb0 master "$BR"
       sleep "$WARM"; sleep 0.5
       a0=$(counter "$W/ctl.a.$tag" t tx_packets); as0=$(counter "$W/ctl.a.$tag" t syscalls)
       b0=$(counter "$W/ctl.b.$tag" t rx_packets); bs0=$(counter "$W/ctl.b.$tag" t syscalls)
@@ -77,7 +80,7 @@ for r in $(seq 1 "$ROUNDS"); do
       ac1=$(cputicks "$apid"); bc1=$(cputicks "$bpid")
       a1=$(counter "$W/ctl.a.$tag" t tx_packets); as1=$(counter "$W/ctl.a.$tag" t syscalls)
       b1=$(counter "$W/ctl.b.$tag" t rx_packets); bs1=$(counter "$W/ctl.b.$tag" t syscalls)
-      wait "$apid" || true; wait "$bpid" || true
+      wait "$apid" || true; wait "$bpid" || true; apid=; bpid=
       hz=$(getconf CLK_TCK)
       line=$(python3 -c "
 dt=$t1-$t0; a=$a1-$a0; b=$b1-$b0

@@ -153,6 +153,72 @@ print(v)
 PY
 }
 
+# ---- network namespaces: test traffic never touches the machine's own network -----------------
+# Every tap, veth, bridge, address, route and host-side tool (iperf3 -s, ping, sockperf) of a
+# test or benchmark lives in a network namespace made here, never in the root namespace.
+# pvnet switch runs under `ip netns exec NS` when it has a tap or AF_PACKET port (the tap is
+# made in the namespace the switch runs in); QEMU and DPDK need none (vhost-user sockets and
+# the control socket are filesystem paths, reachable from every namespace).
+# Names are $NS_PREFIX-NAME: unique per run (the PID), under PVNET_NS_PREFIX (default
+# "pvnet"), so a suite finds what it left: scripts/test.sh checks that nothing with its
+# prefix is left, and that the root namespace's addresses, routes and links did not change.
+NS_PREFIX="${PVNET_NS_PREFIX:-pvnet}-$$"
+NETNS_MADE=()
+# netns_new NAME : makes network namespace $NS_PREFIX-NAME (deleted first if a run with this
+# PID left it), with lo up and IPv6 off (no router solicitations or MLD reports on the test
+# links: the counters stay exact); sets NS to its name; netns_cleanup deletes it.
+NS=
+netns_new() {
+  NS="$NS_PREFIX-$1"
+  netns_del "$NS"
+  ip netns add "$NS" || die "ip netns add $NS failed"
+  NETNS_MADE+=("$NS")
+  ip -n "$NS" link set lo up || die "lo up in $NS failed"
+  ip netns exec "$NS" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 \
+    || die "disable IPv6 in $NS failed"
+}
+# netns_del NS : stops what still runs in NS (only ours: nothing else knows its name), then
+# deletes it; its taps, veths and bridges go with it (a tap once its last fd is closed).
+netns_del() {
+  local p
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$1" || return 0
+  for p in $(ip netns pids "$1" 2>/dev/null); do stop_pid "$p" KILL; done
+  ip netns del "$1" 2>/dev/null || true
+}
+# netns_cleanup : deletes every namespace this script made (for its EXIT trap).
+netns_cleanup() { local n; for n in "${NETNS_MADE[@]}"; do netns_del "$n"; done; NETNS_MADE=(); }
+# netns_left PREFIX : the namespaces whose name starts with PREFIX (one a line).
+netns_left() { ip netns list 2>/dev/null | awk -v p="$1" 'index($1, p) == 1 {print $1}'; }
+# root_net_state : the root namespace's network configuration, one item a line, stable
+# between two calls when nothing changed: addresses (lifetimes left out), routes of every
+# table (expiry left out), links with their UP flag. scripts/test.sh compares it before and
+# after the suite.
+root_net_state() {
+  ip -o addr show | sed -E 's/\\? +(valid|preferred)_lft [^ ]+//g; s/ +$//' | sed 's/^/addr /'
+  { ip -o -4 route show table all; ip -o -6 route show table all; } | sed -E 's/ expires [^ ]+//; s/ +$//' | sed 's/^/route /'
+  ip -o link show | awk -F': ' '{ split($3, f, ">"); up = (f[1] ~ /[<,]UP(,|$)/) ? "UP" : "down"; print "link " $2 " " up }'
+}
+# root_net_check BEFORE : fails, saying what changed, when the root namespace's state
+# (root_net_state) differs from the file BEFORE, or a namespace named $PVNET_NS_PREFIX-... is
+# left (a suite sets PVNET_NS_PREFIX for everything it runs).
+root_net_check() {
+  local after rc=0 left
+  after=$(mktemp)
+  root_net_state > "$after"
+  if ! diff -q "$1" "$after" > /dev/null; then
+    echo "the root network namespace changed (- before, + after):"
+    diff -U0 "$1" "$after" | grep -E '^[-+][a-z]' | sed 's/^/  /' || true   # (diff's status 1: set -e)
+    rc=1
+  fi
+  rm -f "$after"
+  left=$(netns_left "${PVNET_NS_PREFIX:-pvnet}-")
+  if [ -n "$left" ]; then
+    echo "network namespaces left behind: $(echo "$left" | paste -sd ' ')"
+    rc=1
+  fi
+  return "$rc"
+}
+
 # ---- testpmd ------------------------------------------------------------------------------
 # Both testpmds run interactive (-i) with their prompt fed from a FIFO, so one script is the
 # single timeline: start, show stats, stop, quit. EAL file prefixes keep the two apart.
@@ -184,7 +250,12 @@ testpmd_quit() {
 # hugepage_cleanup PREFIX : removes the hugetlbfs files an EAL with --file-prefix PREFIX left
 # behind (with --single-file-segments the memseg file outlives the process and keeps its
 # pages). Only our own prefixes are passed here, and only after that testpmd has exited.
-hugepage_cleanup() { rm -f /dev/hugepages/"$1"map_* /dev/hugepages/"$1"_* 2>/dev/null || true; }
+# Its runtime directory (/var/run/dpdk/PREFIX) goes too.
+hugepage_cleanup() {
+  rm -f /dev/hugepages/"$1"map_* /dev/hugepages/"$1"_* 2>/dev/null || true
+  [ -n "$1" ] && rm -rf "/var/run/dpdk/$1"
+  return 0
+}
 testpmd_kill_all() { local n; for n in "${!TP_PID[@]}"; do stop_pid "${TP_PID[$n]}" INT; done; }
 
 # tp_last LOG FIELD : last value of a "FIELD: N" counter in a testpmd log (port stats block).
@@ -295,11 +366,14 @@ doc_results() {
 # interrupts and kicks were seen with -smp 1; docs/guest-policies.md).
 # shellcheck disable=SC2034  # read by the scripts that source this file
 GUEST_PID=
+# GUEST_NS: a network namespace to run QEMU in (for its own tap backend, which opens the tap
+# by name; vhost-user needs none). Every wrapper execs the next: GUEST_PID's child is QEMU.
 guest_start() {   # env GUEST_MEM: guest RAM in MiB (512); GUEST_SMP: vCPUs (1, on CPU 0; 2: on both)
   local secs="$1" initrd="$2" glog="$3" append="$4" dev="$5" mem="${GUEST_MEM:-512}" smp="${GUEST_SMP:-1}" cpus=0; shift 5
-  local acc; read -ra acc <<< "$(guest_accel)"
+  local acc nsx=(); read -ra acc <<< "$(guest_accel)"
   [ "$smp" -gt 1 ] && cpus=0,1
-  timeout -k 5 "$secs" taskset -c "$cpus" "$QEMU_BIN" "${acc[@]}" -m "$mem" -smp "$smp",maxcpus=2 -nodefaults \
+  [ -n "${GUEST_NS:-}" ] && nsx=(ip netns exec "$GUEST_NS")
+  timeout -k 5 "$secs" "${nsx[@]}" taskset -c "$cpus" "$QEMU_BIN" "${acc[@]}" -m "$mem" -smp "$smp",maxcpus=2 -nodefaults \
     -no-user-config -display none -serial stdio -no-reboot -kernel "$GUEST_DIR/vmlinux" -initrd "$initrd" \
     -append "console=ttyS0 quiet panic=-1 $append" \
     -object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem \

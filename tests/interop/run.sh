@@ -100,12 +100,24 @@
 # (without /dev/kvm set ACCEL=tcg to accept a TCG-only machine). Guests run under TCG when
 # /dev/kvm is PVM (these machines), one boot per guest case. About 90 s once set up (2 cores).
 #
+# The machine's own network is never touched: the tap cases (guest_tap*, guest_mq*,
+# guest_restart, guest_migrate) each make a network namespace ($NS_PREFIX-it-CASE, the PID in
+# it: scripts/peers/lib.sh netns_new), run `pvnet switch` in it (its tap is made there, with the
+# host's 10.77.0.1/24) and the host's iperf3, ping and HTTP server with `ip netns exec`; the
+# guest and testpmd attach through unix sockets from the root namespace. Namespaces, DPDK file
+# prefixes and the log directory are unique per run (two runs on one machine do not collide),
+# removed at the end of a case and on exit, failure or signal; the last line before the
+# summary checks that nothing of this run is left (`no_leftovers`).
+#
 # Env: PVNET_PEERS_WORK (work dir, default /tmp/pvnet-peers), PVNET_NO_BUILD=1 (use the built
-# target/release/pvnet as is), ACCEL=auto|kvm|tcg, KEEP_LOGS (logs stay in $WORK/interop).
+# target/release/pvnet as is), ACCEL=auto|kvm|tcg, PVNET_NS_PREFIX (namespace name prefix,
+# default pvnet). Logs stay in $WORK/interop.PID ($WORK/interop links to the latest run's).
 source "$(dirname "$0")/../../scripts/peers/lib.sh"
 set +e   # every case reports its own failure
 T_START=$(date +%s)
-D="$WORK/interop"
+D="$WORK/interop.$$"
+# testpmd's EAL file prefixes (hugepage files, /var/run/dpdk/PREFIX): this run's own.
+FE_PREFIX="pvnet_it_$$_fe"; BE_PREFIX="pvnet_it_$$_be"
 passed=0; failed=0; failures=()
 pass() { echo "PASS $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); failures+=("$1"); }
@@ -116,7 +128,8 @@ cleanup() {
   local p
   testpmd_kill_all 2>/dev/null
   for p in "${PIDS[@]}"; do stop_pid "$p"; done
-  hugepage_cleanup pvnet_it_fe
+  hugepage_cleanup "$FE_PREFIX"; hugepage_cleanup "$BE_PREFIX"
+  netns_cleanup
 }
 trap cleanup EXIT
 trap 'exit 130' INT; trap 'exit 143' TERM   # so that cleanup runs
@@ -124,6 +137,12 @@ trap 'exit 130' INT; trap 'exit 143' TERM   # so that cleanup runs
 # ---- set-up -----------------------------------------------------------------------------------
 [ "$(id -u)" = 0 ] || { fail setup "must run as root (apt-get, hugepages, testpmd)"; echo "$passed passed, $failed failed"; exit 1; }
 mkdir -p "$WORK"; rm -rf "$D"; mkdir -p "$D"
+# Earlier runs' logs go once their run is over (a run still going keeps its own).
+for old in "$WORK"/interop.*; do
+  [ -d "$old" ] && [ "$old" != "$D" ] && ! kill -0 "${old##*.}" 2>/dev/null && rm -rf "$old"
+done
+# $WORK/interop: the latest run's (a directory there is an older run.sh's own: left alone)
+if [ -L "$WORK/interop" ] || [ ! -e "$WORK/interop" ]; then ln -sfn "$D" "$WORK/interop"; fi
 env_ok=1
 if ! timeout 1800 "$PVNET_ROOT/scripts/peers/setup.sh" > "$D/setup.log" 2>&1; then
   tail -5 "$D/setup.log" | sed 's/^/  setup: /'
@@ -196,11 +215,14 @@ pvnet_error() { plain_log "$D/$1.pvnet.log" | grep -m1 ' ERROR ' | sed 's/.*ERRO
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f s", b-a}'; }
 
 SW_PID=
-# switch_start TAG ARGS... : pvnet switch with its control socket at $D/TAG.ctl, worker on CPU1.
+# switch_start TAG ARGS... : pvnet switch with its control socket at $D/TAG.ctl, worker on CPU1;
+# in network namespace $HNS when it is set (the tap cases: the tap is made there). `ip netns
+# exec` execs the switch: SW_PID's child is the switch itself.
 switch_start() {
-  local tag="$1"; shift
+  local tag="$1" nsx=(); shift
+  [ -n "${HNS:-}" ] && nsx=(ip netns exec "$HNS")
   rm -f "$D/$tag.ctl"
-  PVNET_LOG="${PVNET_LOG:-info}" timeout -k 5 "${SW_TIMEOUT:-150}" "$PVNET_BIN" switch --cpu 1 --ctl-socket "$D/$tag.ctl" "$@" \
+  PVNET_LOG="${PVNET_LOG:-info}" timeout -k 5 "${SW_TIMEOUT:-150}" "${nsx[@]}" "$PVNET_BIN" switch --cpu 1 --ctl-socket "$D/$tag.ctl" "$@" \
     > "$D/$tag.pvnet.json" 2> "$D/$tag.pvnet.log" &
   SW_PID=$!; PIDS+=("$SW_PID")
   wait_for 10 test -S "$D/$tag.ctl"
@@ -300,10 +322,10 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS [VDEV_OPTIONS]]
   GEN_OPTS="${GEN_LEN:+,frame_len=$GEN_LEN}" fe_start "$tag" "$role" "$qp" "$DUR" \
     || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
   testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
-    --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=$qp,queue_size=256$vopt" \
+    --file-prefix "$FE_PREFIX" --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=$qp,queue_size=256$vopt" \
     -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 "${tp_args[@]}" -i --forward-mode="$fwd"
   if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
-    testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish
+    testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish
     tail -5 "$tplog" | sed 's/^/  testpmd: /'
     fail "$name" "testpmd did not reach its prompt"; return
   fi
@@ -321,7 +343,7 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS [VDEV_OPTIONS]]
   fi
   # frontend first: stop, final port stats, quit (virtio-user sends GET_VRING_BASE and leaves)
   testpmd_quit fe 20; local tprc=$?
-  hugepage_cleanup pvnet_it_fe
+  hugepage_cleanup "$FE_PREFIX"
   fe_finish; local berc=$?
   local tp_tx tp_rx tp_sum pv_rx pv_tx bad peer
   tp_tx=$(tp_last "$tplog" TX-packets); tp_rx=$(tp_last "$tplog" RX-packets)
@@ -368,11 +390,11 @@ dpdk_multiqueue() {
     --port "vhost-user:name=b,socket=$D/$tag.b.sock,queue_pairs=2" \
     && wait_for 5 test -S "$D/$tag.b.sock" || { fail "$name" "pvnet switch did not start"; return; }
   testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
-    --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.a.sock,queues=2,queue_size=256" \
+    --file-prefix "$FE_PREFIX" --no-pci --vdev "net_virtio_user0,path=$D/$tag.a.sock,queues=2,queue_size=256" \
     --vdev "net_virtio_user1,path=$D/$tag.b.sock,queues=2,queue_size=256" \
     -- --nb-cores=1 --rxq=2 --txq=2 --total-num-mbufs=32768 -i --forward-mode=flowgen
   if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
-    testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish; fail "$name" "testpmd did not reach its prompt"; return
+    testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish; fail "$name" "testpmd did not reach its prompt"; return
   fi
   tp fe start
   if [ "${MQ_MOVES:-0}" -gt 0 ]; then
@@ -391,7 +413,7 @@ dpdk_multiqueue() {
   tp fe "set fwd rxonly"; tp fe start; sleep 1; tp fe stop
   tp fe "show port xstats all"
   testpmd_quit fe 20; local tprc=$?
-  hugepage_cleanup pvnet_it_fe
+  hugepage_cleanup "$FE_PREFIX"
   fe_finish; local berc=$?
   local perr; perr=$(pvnet_error "$tag")
   if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
@@ -474,16 +496,16 @@ dpdk_two_frontends() {
   switch_start "$tag" --port "vhost-user:name=fe,socket=$D/$tag.sock" --port "vhost-user:name=pv,socket=$D/$tag.pv.sock" \
     && wait_for 5 test -S "$D/$tag.pv.sock" || { fail "$name" "pvnet switch did not start"; return; }
   testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
-    --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=1,queue_size=256" \
+    --file-prefix "$FE_PREFIX" --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=1,queue_size=256" \
     -- --nb-cores=1 --total-num-mbufs=32768 -i --forward-mode=rxonly
   if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
-    testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish; fail "$name" "testpmd did not reach its prompt"; return
+    testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish; fail "$name" "testpmd did not reach its prompt"; return
   fi
   tp fe start; sleep 0.5
   timeout 30 "$PVNET_BIN" frontend --socket "$D/$tag.pv.sock" --role tx --secs "$DUR" --cpu 0 > "$D/$tag.frontend.json" 2> "$D/$tag.frontend.log"
   local ferc=$?; sleep 0.5
   testpmd_quit fe 20; local tprc=$?
-  hugepage_cleanup pvnet_it_fe
+  hugepage_cleanup "$FE_PREFIX"
   fe_finish; local berc=$?
   local tp_rx f_tx pv_rx pv_drops fe_tx
   tp_rx=$(tp_last "$tplog" RX-packets)
@@ -521,10 +543,10 @@ dpdk_vhost_packed_case() {   # dpdk_vhost_packed_case NAME tx|rx
   [ "$free" -ge 256 ] || { fail "$name" "only $free free 2 MiB hugepages (testpmd needs 256)"; return; }
   rm -f "$D/$tag.sock"
   testpmd_start be "$tplog" 60 -l 0,1 --main-lcore 0 --socket-mem 512 --single-file-segments \
-    --file-prefix pvnet_it_be --no-pci --vdev "net_vhost0,iface=$D/$tag.sock,queues=1" \
+    --file-prefix "$BE_PREFIX" --no-pci --vdev "net_vhost0,iface=$D/$tag.sock,queues=1" \
     -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i --forward-mode="$fwd"
   if ! wait_for 30 grep -q 'testpmd> ' "$tplog" || ! wait_for 10 test -S "$D/$tag.sock"; then
-    testpmd_quit be 5; hugepage_cleanup pvnet_it_be; fail "$name" "testpmd net_vhost did not start"; return
+    testpmd_quit be 5; hugepage_cleanup "$BE_PREFIX"; fail "$name" "testpmd net_vhost did not start"; return
   fi
   tp be start
   local ferc
@@ -542,7 +564,7 @@ dpdk_vhost_packed_case() {   # dpdk_vhost_packed_case NAME tx|rx
     testpmd_quit be 20
   fi
   local tprc=$?
-  hugepage_cleanup pvnet_it_be
+  hugepage_cleanup "$BE_PREFIX"
   local feat f_tx f_rx tp_rx tp_tx
   feat=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["ready"]["features"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
   f_tx=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["final"]["tx_packets"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
@@ -578,17 +600,17 @@ dpdk_killed_leaves_nothing() {
   for ((i = 0; i < kills; i++)); do
     before=$rx
     testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 256 --single-file-segments \
-      --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=1,queue_size=256" \
+      --file-prefix "$FE_PREFIX" --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=1,queue_size=256" \
       -- --nb-cores=1 --total-num-mbufs=16384 --txpkts=64 -i --forward-mode=txonly
     if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
-      testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish; fail "$name" "testpmd did not reach its prompt (kill $i)"; return
+      testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish; fail "$name" "testpmd did not reach its prompt (kill $i)"; return
     fi
     tp fe start
     wait_for 10 fe_moved "$tag" "$before"
     tpid=$(child_pid "${TP_PID[fe]}")
     kill -KILL "$tpid" 2>/dev/null
     exec {TP_FD[fe]}>&-; wait "${TP_PID[fe]}" 2>/dev/null; unset "TP_PID[fe]" "TP_FD[fe]"
-    hugepage_cleanup pvnet_it_fe
+    hugepage_cleanup "$FE_PREFIX"
     wait_for 10 fe_down "$tag"
     rx=$(ctl_port "$tag" fe rx_packets)
     [ "$rx" -gt "$before" ] || { fe_finish; fail "$name" "kill $i: no traffic before the kill"; return; }
@@ -721,8 +743,16 @@ guest_case() {   # guest_case NAME ROLE
 
 # ---- pvnet switch: a Linux guest and the host kernel (tap) ----------------------------------------
 TAPIF=pvit0
-# host_addr : the host's end of the tap: 10.77.0.1, no IPv6 chatter.
-host_addr() { sysctl -qw "net.ipv6.conf.$TAPIF.disable_ipv6=1" || true; ip addr add 10.77.0.1/24 dev "$TAPIF"; }
+# The tap cases' network namespace (empty: the root namespace, for the cases with no tap).
+HNS=
+# host_ns CASE : a fresh namespace for CASE's switch, tap and host-side tools; sets HNS.
+host_ns() { netns_new "it-$1"; HNS=$NS; }
+# host_ns_done : deletes it (the switch has exited: the tap, persistent or not, goes with it).
+host_ns_done() { [ -n "$HNS" ] && netns_del "$HNS"; HNS=; }
+# host_addr : the host's end of the tap, in the namespace: 10.77.0.1 (IPv6 is off there).
+host_addr() { ip -n "$HNS" addr add 10.77.0.1/24 dev "$TAPIF"; }
+# hx CMD... : CMD on the host side of the tap (in the case's namespace).
+hx() { ip netns exec "$HNS" "$@"; }
 guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_ARG...]]]
   local name="$1" dopt="${2:-}" gappend="${3:-}" t0 tag glog acc vec=""
   shift; shift || true; shift || true
@@ -730,12 +760,12 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
   acc=$(guest_accel)
   case "$acc" in *tcg*) vec=",vectors=0" ;; esac
   guest_script tap > "$D/$tag.run.sh"; make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
-  ip link del "$TAPIF" 2>/dev/null || true
+  host_ns "$name"
   switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.sock" --port "tap:name=host,ifname=$TAPIF${TAP_OPTS:-}" \
     || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
   wait_for 5 test -S "$D/$tag.sock" || { fail "$name" "vm port socket missing"; return; }
   host_addr
-  timeout -k 2 120 iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
+  timeout -k 2 120 ip netns exec "$HNS" iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
   local ip3=$!; PIDS+=("$ip3")
   guest_start 120 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=100 ipv6.disable=1 $gappend" \
     "virtio-net-pci,netdev=n0,mac=$GMAC$vec$dopt" -chardev socket,id=c0,path="$D/$tag.sock" \
@@ -743,7 +773,7 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
   local qp=$GUEST_PID; PIDS+=("$qp")
   local hping="no reply"
   if wait_for 60 grep -q GUEST_NET_READY "$glog"; then
-    hping=$(ping -c 3 -W 5 10.77.0.2 | grep -o '[0-9]* received')
+    hping=$(hx ping -c 3 -W 5 10.77.0.2 | grep -o '[0-9]* received')
   fi
   wait_pid "$qp" 130; local qrc=$?
   tr -d '\r' < "$glog" > "$glog.txt"
@@ -751,11 +781,12 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
   local k_rx k_tx s_rx s_tx ok=0
   for _ in 1 2 3 4 5; do
     sleep 1
-    k_tx=$(cat /sys/class/net/$TAPIF/statistics/tx_packets); k_rx=$(cat /sys/class/net/$TAPIF/statistics/rx_packets)
+    k_tx=$(hx cat "/sys/class/net/$TAPIF/statistics/tx_packets"); k_rx=$(hx cat "/sys/class/net/$TAPIF/statistics/rx_packets")
     s_rx=$(ctl_port "$tag" host rx_packets); s_tx=$(ctl_port "$tag" host tx_packets)
     [ "$k_tx" = "$s_rx" ] && [ "$k_rx" = "$s_tx" ] && { ok=1; break; }
   done
   stop_pid "$ip3"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
+  host_ns_done
   local gtx grx v_rx v_tx
   gtx=$(gfield "$glog.txt" tx_packets); grx=$(gfield "$glog.txt" rx_packets)
   v_rx=$(sw_final "$tag" vm rx_packets); v_tx=$(sw_final "$tag" vm tx_packets)
@@ -832,14 +863,14 @@ EOF
   echo 'echo "GUEST_STATS tx_packets=$(cat $S/tx_packets) rx_packets=$(cat $S/rx_packets)"'
   } > "$D/$tag.run.sh"
   INITRD_BINS=/usr/sbin/ethtool make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
-  ip link del "$TAPIF" 2>/dev/null || true
+  host_ns "$name"
   switch_start "$tag" "$@" --port "vhost-user:name=vm,socket=$D/$tag.sock,queue_pairs=2" --port "tap:name=host,ifname=$TAPIF" \
     || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
   wait_for 5 test -S "$D/$tag.sock" || { fail "$name" "vm port socket missing"; return; }
   host_addr
   local ip3a ip3b
-  timeout -k 2 150 iperf3 -s -B 10.77.0.1 -p 5201 > "$D/$tag.iperf3s.log" 2>&1 & ip3a=$!; PIDS+=("$ip3a")
-  timeout -k 2 150 iperf3 -s -B 10.77.0.1 -p 5202 > "$D/$tag.iperf3s2.log" 2>&1 & ip3b=$!; PIDS+=("$ip3b")
+  timeout -k 2 150 ip netns exec "$HNS" iperf3 -s -B 10.77.0.1 -p 5201 > "$D/$tag.iperf3s.log" 2>&1 & ip3a=$!; PIDS+=("$ip3a")
+  timeout -k 2 150 ip netns exec "$HNS" iperf3 -s -B 10.77.0.1 -p 5202 > "$D/$tag.iperf3s2.log" 2>&1 & ip3b=$!; PIDS+=("$ip3b")
   GUEST_SMP=2 guest_start 140 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=120 ipv6.disable=1" \
     "virtio-net-pci,netdev=n0,mac=$GMAC,mq=on$vec" -chardev socket,id=c0,path="$D/$tag.sock" \
     -netdev vhost-user,id=n0,chardev=c0,queues=2
@@ -864,6 +895,7 @@ EOF
     [ "${made:-0}" -ge 5 ] && [ "$made" = "$asked" ] || { fail "$name" "moves: $made made of $asked asked (log: $D/$tag.moves.log)"; return; }
   fi
   stop_pid "$ip3a"; stop_pid "$ip3b"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
+  host_ns_done
   info "$name: features acked: $(acked_features "$D/$tag.pvnet.log" | head -1); guest: $(grep -o 'GUEST_CHANNELS.*' "$glog.txt" | cut -c16-) ($(elapsed "$t0"))"
   local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
   plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
@@ -918,26 +950,26 @@ dpdk_server_restart() {
   rm -f "$sock"
   # server=1: testpmd listens and waits for the backend (pvnet, a client port) to connect.
   testpmd_start fe "$tplog" 90 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
-    --file-prefix pvnet_it_fe --no-pci --vdev "net_virtio_user0,path=$sock,server=1,queues=1,queue_size=256" \
+    --file-prefix "$FE_PREFIX" --no-pci --vdev "net_virtio_user0,path=$sock,server=1,queues=1,queue_size=256" \
     -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i --forward-mode=txonly
   local ports=(--port "vhost-user:name=fe,socket=$sock,client=true" --port "sink:name=sink")
-  wait_for 10 test -S "$sock" || { testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fail "$name" "testpmd did not listen"; return; }
-  switch_start "$name.0" "${ports[@]}" || { testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fail "$name" "pvnet switch did not start"; return; }
+  wait_for 10 test -S "$sock" || { testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fail "$name" "testpmd did not listen"; return; }
+  switch_start "$name.0" "${ports[@]}" || { testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fail "$name" "pvnet switch did not start"; return; }
   if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
-    testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish
+    testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish
     tail -5 "$tplog" | sed 's/^/  testpmd: /'; fail "$name" "testpmd did not reach its prompt"; return
   fi
   tp fe start
-  wait_for 10 fe_moved "$name.0" 0 || { testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish; fail "$name" "no traffic before the restarts"; return; }
+  wait_for 10 fe_moved "$name.0" 0 || { testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish; fail "$name" "no traffic before the restarts"; return; }
   i=0
   for sig in KILL TERM; do
     pid=$(child_pid "$SW_PID"); kill -"$sig" "$pid"; wait "$SW_PID" 2>/dev/null
     i=$((i + 1))
     t_start=$(date +%s.%N)
-    switch_start "$name.$i" "${ports[@]}" || { testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fail "$name" "pvnet switch did not start again after SIG$sig"; return; }
+    switch_start "$name.$i" "${ports[@]}" || { testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fail "$name" "pvnet switch did not start again after SIG$sig"; return; }
     t_up=$(ready_after "$t_start" "$name.$i")
     if ! wait_for 10 fe_moved "$name.$i" 0; then
-      testpmd_quit fe 5; hugepage_cleanup pvnet_it_fe; fe_finish
+      testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish
       fail "$name" "no traffic after the SIG$sig restart"; return
     fi
     resumed=$(awk -v a="$t_start" -v u="$t_up" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b-a-u}')
@@ -945,7 +977,7 @@ dpdk_server_restart() {
     sleep 1
   done
   testpmd_quit fe 20; local tprc=$?
-  hugepage_cleanup pvnet_it_fe
+  hugepage_cleanup "$FE_PREFIX"
   fe_finish; local berc=$?
   tag="$name.$i"
   local pv_rx sink drops=0 r
@@ -987,12 +1019,12 @@ dmesg | grep -iE 'virtio.*(error|fail|timeout)|NETDEV WATCHDOG' | head -3 | sed 
 EOF
   } > "$D/$tag.run.sh"
   make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
-  ip link del "$TAPIF" 2>/dev/null || true
+  host_ns "$name"
   local ports=(--port "vhost-user:name=vm,socket=$sock" --port "tap:name=host,ifname=$TAPIF,persist=true")
   switch_start "$tag.0" "${ports[@]}" || { fail "$name" "pvnet switch did not start (log: $D/$tag.0.pvnet.log)"; return; }
   wait_for 5 test -S "$sock" || { fail "$name" "vm port socket missing"; return; }
   host_addr
-  timeout -k 2 150 iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
+  timeout -k 2 150 ip netns exec "$HNS" iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
   local ip3=$!; PIDS+=("$ip3")
   # reconnect=1: QEMU's chardev connects to pvnet again (every second) when it goes away.
   guest_start 150 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=130 ipv6.disable=1" \
@@ -1013,7 +1045,7 @@ EOF
   wait_pid "$qp" 140; local qrc=$?
   tr -d '\r' < "$glog" > "$glog.txt"
   stop_pid "$ip3"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
-  ip link del "$TAPIF" 2>/dev/null || true
+  host_ns_done
   local gap replies verr resume
   gap=$(gfield "$glog.txt" gap); replies=$(gfield "$glog.txt" replies)
   verr=$(grep -o 'GUEST_VIRTIO_ERRORS [0-9]*' "$glog.txt" | cut -d' ' -f2)
@@ -1055,11 +1087,11 @@ def answer():
 answer(); s.sendall(sys.argv[2].encode() + b"\n"); print(answer().replace("\r", ""))
 PY
 }
-# paced_http FILE PORT BYTES_PER_SEC : serves FILE once over HTTP/1.0 at that rate, on 10.77.0.1,
-# holding back while FILE.hold exists. Run in the background: python replaces the subshell, so
-# that $! is the server itself.
+# paced_http FILE PORT BYTES_PER_SEC : serves FILE once over HTTP/1.0 at that rate, on 10.77.0.1
+# (in the case's namespace), holding back while FILE.hold exists. Run in the background: python
+# replaces the subshell (ip netns exec execs it), so that $! is the server itself.
 paced_http() {
-  exec python3 - "$@" <<'PY'
+  exec ip netns exec "$HNS" python3 - "$@" <<'PY'
 import os, socket, sys, time
 path, port, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 data = open(path, "rb").read()
@@ -1116,13 +1148,13 @@ echo "GUEST_VIRTIO_ERRORS $(dmesg | grep -ciE 'virtio.*(error|fail|timeout)|NETD
 EOF
   } > "$D/$tag.run.sh"
   make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
-  ip link del "$TAPIF" 2>/dev/null || true
+  host_ns "$name"
   rm -f "$D/$tag.src.mon" "$D/$tag.dst.mon"
   switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.src.sock" --port "vhost-user:name=vm2,socket=$D/$tag.dst.sock" \
     --port "tap:name=host,ifname=$TAPIF" || { fail "$name" "pvnet switch did not start"; return; }
   wait_for 5 test -S "$D/$tag.dst.sock" || { fail "$name" "port sockets missing"; return; }
   host_addr
-  ip neigh replace 10.77.0.2 lladdr "$GMAC" dev "$TAPIF" nud permanent
+  ip -n "$HNS" neigh replace 10.77.0.2 lladdr "$GMAC" dev "$TAPIF" nud permanent
   # 16 MiB at 1.5 MB/s: the download spans the migration.
   paced_http "$D/$tag.stream" "$hport" 1500000 > "$D/$tag.http.log" 2>&1 &
   local web=$!; PIDS+=("$web")
@@ -1155,7 +1187,7 @@ EOF
       if [ "$released" = no ] && [ "${sync:-0}" -ge 2 ]; then
         # 200 echo requests the guest (link down) cannot see until the destination: it checks
         # each one's checksum there. Their pages reach it only if pvnet marked them.
-        ping -c 200 -i 0.002 -W 1 -q 10.77.0.2 > "$D/$tag.hping.log" 2>&1 &
+        hx ping -c 200 -i 0.002 -W 1 -q 10.77.0.2 > "$D/$tag.hping.log" 2>&1 &
         rm -f "$D/$tag.stream.hold"; released="at sync ${sync}, $(elapsed "$tm")"
       fi
       case "$status" in completed|failed|cancelled) break ;; esac
@@ -1177,7 +1209,7 @@ EOF
   wait_pid "$dst" 140; local qrc=$?
   tr -d '\r' < "$dst_log" > "$dst_log.txt"
   stop_pid "$web"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
-  ip link del "$TAPIF" 2>/dev/null || true
+  host_ns_done
   local got gap replies logged_src rarp logon
   got=$(grep -o 'GUEST_MD5 [0-9a-f]*' "$dst_log.txt" | cut -d' ' -f2)
   gap=$(gfield "$dst_log.txt" gap); replies=$(gfield "$dst_log.txt" replies)
@@ -1247,6 +1279,7 @@ VIOMMU_QEMU=(-machine q35 -device "intel-iommu,${VIOMMU_IOMMU:-intremap=on,devic
 read -r -a CASES <<< "${INTEROP_CASES:-${ALL_CASES[*]}}"
 
 for c in "${CASES[@]}"; do
+  HNS=
   case "$c" in dpdk_*) ok=$dpdk_ok ;; *) ok=$guest_ok ;; esac
   if [ "$ok" != 1 ]; then fail "$c" "not run: its environment is broken (see above)"; continue; fi
   case "$c" in
@@ -1280,7 +1313,16 @@ for c in "${CASES[@]}"; do
     guest_mq_moves)       GMQ_MOVE_EVERY=0.5 guest_mq "$c" --workers 2 --rebalance false ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]})" ;;
   esac
+  host_ns_done   # a tap case that failed early: its namespace, and what still runs in it, go now
 done
+
+# Nothing of this run may be left: its namespaces (with their taps), a tap in the root
+# namespace, testpmd's hugepage files or runtime directories.
+netns_cleanup
+# shellcheck disable=SC2153  # NS_PREFIX: scripts/peers/lib.sh
+left=$(netns_left "$NS_PREFIX-"; ip -o link show | awk -F': ' -v t="$TAPIF" '$2 == t {print "root-namespace link " t}'
+  ls -d /dev/hugepages/"$FE_PREFIX"* /dev/hugepages/"$BE_PREFIX"* /var/run/dpdk/"$FE_PREFIX" /var/run/dpdk/"$BE_PREFIX" 2>/dev/null)
+if [ -n "$left" ]; then fail no_leftovers "left behind: $(echo "$left" | paste -sd ' ')"; else pass no_leftovers; fi
 
 echo "  logs: $D; wall time $(( $(date +%s) - T_START )) s"
 ((${#failures[@]})) && echo "FAILED: ${failures[*]}"

@@ -70,6 +70,9 @@ RUNTIME (docs/operations.md):
 
 EXAMPLES:
   pvnet switch --port vhost-user:name=vm1,socket=/tmp/vm1.sock --port tap:name=host,ifname=pvtap0
+  (to try it by hand without touching the machine's network, the tap in a namespace:
+   ip netns add pv; ip netns exec pv pvnet switch --port ... --port tap:name=host,ifname=pvtap0
+   ip -n pv addr add 10.0.0.1/24 dev pvtap0; ip netns exec pv ping 10.0.0.2; ip netns del pv)
   pvnet switch --config /etc/pvnet/switch.toml --state /var/lib/pvnet/ports.toml
   pvnet ctl ports            (counters of a running switch; --json for JSON)
 

@@ -183,19 +183,17 @@ fn tap_round_trip(tag: &str, net: u8, io: super::kernel::HostIo) {
     round_trip(super::kernel::HostDev::Tap(tap), tap_mac, net, io);
 }
 
-/// A veth pair: the kernel's end `<name>b` up with 10.213.`net`.1/24 (and the peer address
-/// .2 resolved to the frames' source), `<name>a` left for pvnet; deleted on drop.
+/// A veth pair in the calling thread's private network namespace: the kernel's end `<name>b`
+/// up with 10.213.`net`.1/24 (and the peer address .2 resolved to the frames' source),
+/// `<name>a` left for pvnet; deleted on drop.
 struct Veth(String);
 
 impl Veth {
     fn new(tag: &str, net: u8) -> (Self, [u8; 6]) {
-        use crate::sys::tap::tests::{ip, require_tap_env};
-        require_tap_env();
+        use crate::sys::tap::tests::{ip, private_netns};
+        private_netns();
         let name = format!("pv{tag}{}", std::process::id() % 10000);
         let (a, b) = (format!("{name}a"), format!("{name}b"));
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &a])
-            .status();
         ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
         let v = Veth(a);
         ip(&["addr", "add", &format!("10.213.{net}.1/24"), "dev", &b]);
@@ -209,12 +207,8 @@ impl Veth {
             "dev",
             &b,
         ]);
-        let mac = std::fs::read_to_string(format!("/sys/class/net/{b}/address"))
-            .unwrap_or_else(|e| panic!("{b}: {e}"));
-        let mut m = [0u8; 6];
-        for (x, h) in m.iter_mut().zip(mac.trim().split(':')) {
-            *x = u8::from_str_radix(h, 16).unwrap_or_else(|e| panic!("{mac}: {e}"));
-        }
+        // (not /sys/class/net: sysfs shows the namespace it was mounted in, the machine's)
+        let m = crate::sys::tap::hw_addr(&b).unwrap_or_else(|e| panic!("{e}"));
         (v, m)
     }
 }

@@ -182,18 +182,7 @@ impl Tap {
 
     /// The tap's MAC address (`SIOCGIFHWADDR`): the host side's address on this link.
     pub fn mac(&self) -> io::Result<[u8; 6]> {
-        let sock = inet_socket()?;
-        let mut ifr = ifreq(&self.name)?;
-        // SAFETY: SIOCGIFHWADDR writes a `struct ifreq`; `ifr` is one, exclusively borrowed.
-        unsafe { ioctl(sock.as_raw_fd(), libc::SIOCGIFHWADDR, &mut ifr) }
-            .map_err(|e| context(e, &format!("SIOCGIFHWADDR {}", self.name)))?;
-        // SAFETY: SIOCGIFHWADDR filled in `ifru_hwaddr`; every bit pattern is valid for it.
-        let data = unsafe { ifr.ifr_ifru.ifru_hwaddr.sa_data };
-        let mut mac = [0u8; 6];
-        for (m, c) in mac.iter_mut().zip(data) {
-            *m = c.to_ne_bytes()[0];
-        }
-        Ok(mac)
+        hw_addr(&self.name)
     }
 
     /// Reads one packet: the [`VNET_HDR_LEN`]-byte vnet header, then the Ethernet frame.
@@ -262,6 +251,23 @@ pub fn set_link_up(name: &str, mtu: Option<u32>) -> io::Result<()> {
     // SAFETY: SIOCSIFFLAGS reads a `struct ifreq`; `ifr` is one.
     unsafe { ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut ifr) }
         .map_err(|e| context(e, &format!("SIOCSIFFLAGS {} up", name)))
+}
+
+/// The MAC address of interface `name` in the calling thread's network namespace
+/// (`SIOCGIFHWADDR`).
+pub fn hw_addr(name: &str) -> io::Result<[u8; 6]> {
+    let sock = inet_socket()?;
+    let mut ifr = ifreq(name)?;
+    // SAFETY: SIOCGIFHWADDR writes a `struct ifreq`; `ifr` is one, exclusively borrowed.
+    unsafe { ioctl(sock.as_raw_fd(), libc::SIOCGIFHWADDR, &mut ifr) }
+        .map_err(|e| context(e, &format!("SIOCGIFHWADDR {name}")))?;
+    // SAFETY: SIOCGIFHWADDR filled in `ifru_hwaddr`; every bit pattern is valid for it.
+    let data = unsafe { ifr.ifr_ifru.ifru_hwaddr.sa_data };
+    let mut mac = [0u8; 6];
+    for (m, c) in mac.iter_mut().zip(data) {
+        *m = c.to_ne_bytes()[0];
+    }
+    Ok(mac)
 }
 
 /// One `read` from a non-blocking fd: `Ok(None)` on `EAGAIN`, retried on `EINTR`.
@@ -408,7 +414,7 @@ pub(crate) mod tests {
     const FILL: u8 = 0xa5;
 
     /// Fails, never skips, where taps cannot be made.
-    pub(crate) fn require_tap_env() {
+    fn require_tap_env() {
         // SAFETY: plain syscall, no pointers.
         let euid = unsafe { libc::geteuid() };
         assert_eq!(
@@ -421,6 +427,41 @@ pub(crate) mod tests {
         );
     }
 
+    std::thread_local! {
+        /// Whether this thread already left the machine's network namespace.
+        static PRIVATE_NETNS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Moves the calling thread into a network namespace of its own, with `lo` up, so that
+    /// the taps, veths, addresses and routes a test makes never touch the machine's own
+    /// network (and go away with the test). Every test that makes an interface calls this
+    /// first ([`setup`] does); once per thread, later calls keep the namespace.
+    ///
+    /// The network namespace is a per-thread attribute in Linux: `unshare(CLONE_NEWNET)`
+    /// moves only this thread, and the threads and processes (`ip`) it starts afterwards
+    /// inherit it (clone copies the caller's namespaces). The namespace is freed when its
+    /// last thread and the last fd into it (a tap's, a socket's) are gone. Sockets and
+    /// ioctls by interface name resolve in the namespace of the socket's creator; `/sys` still
+    /// shows the machine's namespace (it is not remounted), so tests ask through ioctls
+    /// ([`super::hw_addr`]) or `ip`, never `/sys/class/net`.
+    pub(crate) fn private_netns() {
+        if PRIVATE_NETNS.with(std::cell::Cell::get) {
+            return;
+        }
+        require_tap_env();
+        // SAFETY: plain syscall, no pointers.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET) for a private network namespace: {}",
+            io::Error::last_os_error()
+        );
+        PRIVATE_NETNS.with(|p| p.set(true));
+        set_link_up("lo", None).unwrap_or_else(|e| panic!("lo up in the private namespace: {e}"));
+    }
+
+    /// Runs `ip ARGS...` in the calling thread's network namespace; panics on failure.
     pub(crate) fn ip(args: &[&str]) {
         let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
             panic!("run `ip {}`: {e} (is iproute2 installed?)", args.join(" "))
@@ -434,9 +475,10 @@ pub(crate) mod tests {
     }
 
     /// A tap named `pvt<tag><pid>`, up, with 10.213.`net`.1/24 and a static neighbour
-    /// 10.213.`net`.2 at [`PEER_MAC`].
+    /// 10.213.`net`.2 at [`PEER_MAC`], in the calling thread's private network namespace
+    /// ([`private_netns`]).
     pub(crate) fn setup(tag: &str, net: u8, offloads: bool) -> Tap {
-        require_tap_env();
+        private_netns();
         let name = format!("pvt{tag}{}", std::process::id() % 10000);
         let tap = open(&name, offloads).unwrap_or_else(|e| panic!("open tap: {e}"));
         assert_eq!(tap.name(), name);
@@ -661,6 +703,55 @@ pub(crate) mod tests {
 
     /// ICMP echo request from 10.213.0.2 to the host through the tap; the kernel's echo reply
     /// comes back through the tap. Proves vnet-header writes and reads end to end.
+    /// The network namespace `/proc/<what>/ns/net` names (`net:[inode]`).
+    fn netns_of(what: &str) -> String {
+        let p = format!("/proc/{what}/ns/net");
+        std::fs::read_link(&p)
+            .unwrap_or_else(|e| panic!("{p}: {e}"))
+            .display()
+            .to_string()
+    }
+
+    /// [`private_netns`] leaves the machine's namespace, and what the test starts afterwards
+    /// (a thread, an `ip` process) is in the test's namespace, not the machine's.
+    #[test]
+    fn private_netns_is_inherited_by_threads_and_children() {
+        let machine = netns_of("thread-self");
+        private_netns();
+        let mine = netns_of("thread-self");
+        assert_ne!(mine, machine, "still in the machine's network namespace");
+        private_netns();
+        assert_eq!(
+            netns_of("thread-self"),
+            mine,
+            "a second call keeps the namespace"
+        );
+        let thread = std::thread::spawn(|| netns_of("thread-self"))
+            .join()
+            .expect("thread");
+        assert_eq!(thread, mine, "a thread the test starts");
+        let out = Command::new("readlink")
+            .arg("/proc/self/ns/net")
+            .output()
+            .expect("run readlink");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            mine,
+            "a process the test starts"
+        );
+        // Only lo, up: no interface of the machine's is here.
+        let out = Command::new("ip")
+            .args(["-o", "link", "show"])
+            .output()
+            .expect("run ip");
+        let links = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(links.lines().count(), 1, "{links}");
+        assert!(
+            links.contains(": lo: <") && links.contains(",UP"),
+            "{links}"
+        );
+    }
+
     #[test]
     fn tap_ping_through_kernel() {
         let tap = setup("png", 0, true);
