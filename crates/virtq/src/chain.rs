@@ -4,7 +4,8 @@
 use crate::error::{Error, Result};
 use crate::mem::Seg;
 use crate::queue::Direction;
-use crate::xlate::{Miss, Perm, Translate};
+use crate::xlate::{Miss, Perm, Translate, Window};
+use std::ptr::NonNull;
 
 /// One parsed, validated descriptor chain. Its segments are in the queue's scratch space
 /// (read them with the queue's `readable` / `writable`) until the next batch starts.
@@ -110,24 +111,103 @@ pub(crate) fn table_entry_writable(dir: Direction, flags_write: bool, ignored: &
     flags_write
 }
 
-/// What a chain parse carries from one descriptor to the next.
+/// What a chain parse carries from one descriptor to the next: built once per chain, its
+/// translation state in registers for the whole walk.
 #[derive(Debug)]
 pub(crate) struct Walk<'a, M: Translate> {
-    pub(crate) mem: &'a M,
-    pub(crate) hint: &'a mut usize,
-    pub(crate) segs: &'a mut Vec<Seg<'static>>,
-    pub(crate) dir: Direction,
+    mem: &'a M,
+    /// The queue's region hint, carried in by [`new`](Self::new); the caller stores it back.
+    pub(crate) hint: usize,
+    /// The last region hit for `perm`, the access the queue's direction makes (the device
+    /// reads, or writes): a descriptor inside it costs two compares and an add (`Window`).
+    win: Window<'a>,
+    perm: Perm,
+    segs: &'a mut Vec<Seg<'static>>,
+    dir: Direction,
     /// Queue size (the bound reported when the segment scratch is full).
-    pub(crate) size: u16,
+    size: u16,
     /// A device-writable descriptor was seen (readable ones may not follow).
-    pub(crate) saw_write: bool,
+    saw_write: bool,
+    /// Indirect-table entries whose write flag was ignored ([`table_entry_writable`]).
+    pub(crate) ignored: u64,
 }
 
-impl<M: Translate> Walk<'_, M> {
+impl<'a, M: Translate> Walk<'a, M> {
+    /// A walk of one chain of a `dir` queue of `size`, its segments appended to `segs`.
+    #[inline(always)]
+    pub(crate) fn new(
+        mem: &'a M,
+        hint: usize,
+        segs: &'a mut Vec<Seg<'static>>,
+        dir: Direction,
+        size: u16,
+    ) -> Self {
+        let perm = if dir == Direction::DeviceWrites {
+            Perm::Write
+        } else {
+            Perm::Read
+        };
+        Self {
+            mem,
+            hint,
+            win: mem.window(hint, perm),
+            perm,
+            segs,
+            dir,
+            size,
+            saw_write: false,
+            ignored: 0,
+        }
+    }
+
+    /// A contiguous range (an indirect table) for reading, through the translator.
+    #[inline]
+    pub(crate) fn table(&mut self, addr: u64, len: u32) -> Result<NonNull<u8>> {
+        self.mem
+            .translate_contig(addr, u64::from(len), Perm::Read, &mut self.hint)
+    }
+
+    /// Validates an indirect table's entry (fields of a local copy) as [`add`](Self::add),
+    /// its write flag taken by [`table_entry_writable`].
+    #[inline(always)]
+    pub(crate) fn add_entry(
+        &mut self,
+        addr: u64,
+        len: u32,
+        flags_write: bool,
+        c: &mut Chain,
+    ) -> Result<()> {
+        let write = table_entry_writable(self.dir, flags_write, &mut self.ignored);
+        self.add(addr, len, write, c)
+    }
+
+    /// `at`'s host pointer and contiguous length for `perm`: the window first.
+    #[inline(always)]
+    fn translate(&mut self, at: u64, perm: Perm) -> Option<(NonNull<u8>, u64)> {
+        if perm == self.perm {
+            if let Some(t) = self.win.get(at) {
+                return Some(t);
+            }
+        }
+        self.translate_miss(at, perm)
+    }
+
+    /// Outside the window: the translator, and for the window's access the window of the
+    /// region it found.
+    #[cold]
+    #[inline(never)]
+    fn translate_miss(&mut self, at: u64, perm: Perm) -> Option<(NonNull<u8>, u64)> {
+        let t = self.mem.translate(at, perm, &mut self.hint).ok()?;
+        if perm == self.perm {
+            self.win = self.mem.window(self.hint, perm);
+        }
+        Some(t)
+    }
+
     /// Validates one descriptor (fields of a local copy: address, length, whether the device
     /// writes it) against the queue's direction and the chain's order, adds its length with
     /// overflow checks, and appends its translated segments (a descriptor may span regions).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn add(&mut self, addr: u64, len: u32, write: bool, c: &mut Chain) -> Result<()> {
         match (self.dir, write) {
             (Direction::DeviceReads, true) => {
@@ -161,7 +241,7 @@ impl<M: Translate> Walk<'_, M> {
         while left > 0 {
             // The miss names the first byte not translated (under an IOTLB, what to ask for:
             // a buffer may cross into a page not granted yet).
-            let Ok((p, contig)) = self.mem.translate(at, perm, self.hint) else {
+            let Some((p, contig)) = self.translate(at, perm) else {
                 return Err(self.mem.miss_error(Miss {
                     addr: at,
                     len: u64::from(left),

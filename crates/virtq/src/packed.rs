@@ -20,7 +20,7 @@
 //! with the first one's flags last (one release store makes the batch visible); notification
 //! arming is arm, fence, re-check. pvnet's device completes chains in the order it popped them.
 
-use crate::chain::{table_entry_writable, Chain, Segs, Walk};
+use crate::chain::{Chain, Segs, Walk};
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{AddrSpace, MemTable, Seg};
@@ -664,7 +664,8 @@ impl<M: Translate> DeviceQueue<M> {
 
     /// Walks one chain from `last_avail`: each descriptor read once, checked available with
     /// the wrap counter of its slot, validated and translated; the buffer id is the last
-    /// descriptor's (2.8.6). Consumes the chain's slots only if it is whole and valid.
+    /// descriptor's (2.8.6). Consumes the chain's slots only if it is whole and valid. One
+    /// [`Walk`] carries the chain's translation state from descriptor to descriptor.
     fn parse(&mut self) -> Result<Chain> {
         let mut c = Chain {
             head: 0,
@@ -674,22 +675,23 @@ impl<M: Translate> DeviceQueue<M> {
             nread: 0,
             nsegs: 0,
         };
+        let (ring, size) = (self.m.ring, self.size);
+        let mut w = Walk::new(&*self.m.mem, self.hint, &mut self.segs.0, self.dir, size);
         let (mut i, mut wrap) = (self.last_avail, self.avail_wrap);
         let mut count = 0u16;
-        let mut saw_write = false;
         loop {
-            let d = self.m.ring.desc(i);
+            let d = ring.desc(i);
             if !is_avail(d.flags, wrap) {
                 return Err(Error::DescNotAvailable { index: i });
             }
             count += 1;
-            if count > self.size {
+            if count > size {
                 return Err(Error::ChainTooLong {
-                    max: u32::from(self.size),
+                    max: u32::from(size),
                 });
             }
             c.head = d.id;
-            i = advance(i, &mut wrap, 1, self.size);
+            i = advance(i, &mut wrap, 1, size);
             if d.flags & DESC_F_INDIRECT != 0 {
                 if !self.indirect {
                     return Err(Error::IndirectNotNegotiated);
@@ -697,93 +699,28 @@ impl<M: Translate> DeviceQueue<M> {
                 if d.flags & DESC_F_NEXT != 0 {
                     return Err(Error::IndirectNested);
                 }
-                self.parse_indirect(&d, &mut c, &mut saw_write)?;
+                parse_indirect(&mut w, &d, &mut c, size)?;
                 break;
             }
-            self.add_desc(
-                d.addr,
-                d.len,
-                d.flags & DESC_F_WRITE != 0,
-                &mut c,
-                &mut saw_write,
-            )?;
+            w.add(d.addr, d.len, d.flags & DESC_F_WRITE != 0, &mut c)?;
             if d.flags & DESC_F_NEXT == 0 {
                 break;
             }
         }
-        if c.head >= self.size {
+        if c.head >= size {
             return Err(Error::DescIndexOutOfRange {
                 index: c.head,
-                size: self.size,
+                size,
             });
         }
+        let (hint, ignored) = (w.hint, w.ignored);
+        self.hint = hint;
+        self.write_ignored += ignored;
         self.ndesc[usize::from(c.head)] = count;
         self.popped.push(count);
         self.last_avail = i;
         self.avail_wrap = wrap;
         Ok(c)
-    }
-
-    /// An indirect table (2.8.7): `len / 16` descriptors used in order, read once each.
-    fn parse_indirect(
-        &mut self,
-        d: &PackedDesc,
-        c: &mut Chain,
-        saw_write: &mut bool,
-    ) -> Result<()> {
-        let len = d.len;
-        if len == 0 || !len.is_multiple_of(16) || len / 16 > u32::from(self.size) {
-            return Err(Error::IndirectBadLen { len });
-        }
-        let table =
-            self.m
-                .mem
-                .translate_contig(d.addr, u64::from(len), Perm::Read, &mut self.hint)?;
-        for k in 0..len / 16 {
-            // SAFETY: k < len/16 and the table of len bytes was validated inside one region;
-            // read_unaligned: the spec does not force the table's alignment.
-            let e: PackedDesc = unsafe {
-                table
-                    .as_ptr()
-                    .add(k as usize * 16)
-                    .cast::<PackedDesc>()
-                    .read_unaligned()
-            };
-            if e.flags & DESC_F_INDIRECT != 0 {
-                return Err(Error::IndirectNested);
-            }
-            let write = table_entry_writable(
-                self.dir,
-                e.flags & DESC_F_WRITE != 0,
-                &mut self.write_ignored,
-            );
-            self.add_desc(e.addr, e.len, write, c, saw_write)?;
-        }
-        Ok(())
-    }
-
-    /// Validates one descriptor (a local copy's fields), the device's to write if `write`, and
-    /// appends its translated segments: the rules every format shares ([`Walk::add`]).
-    #[inline]
-    fn add_desc(
-        &mut self,
-        addr: u64,
-        len: u32,
-        write: bool,
-        c: &mut Chain,
-        saw_write: &mut bool,
-    ) -> Result<()> {
-        let mut w = Walk {
-            mem: &*self.m.mem,
-            hint: &mut self.hint,
-            segs: &mut self.segs.0,
-            dir: self.dir,
-            size: self.size,
-            saw_write: *saw_write,
-        };
-        let r = w.add(addr, len, write, c);
-        *saw_write = w.saw_write;
-        r
     }
 
     /// Records a used entry for buffer `id` (popped in this queue); nothing reaches the ring
@@ -1445,4 +1382,35 @@ impl DriverQueue {
             Armed::Empty
         })
     }
+}
+
+/// A packed ring's indirect table (2.8.7): `len / 16` descriptors used in order, read once
+/// each; of their flags only WRITE counts (the rest are reserved, and ignored).
+fn parse_indirect<M: Translate>(
+    w: &mut Walk<'_, M>,
+    d: &PackedDesc,
+    c: &mut Chain,
+    size: u16,
+) -> Result<()> {
+    let len = d.len;
+    if len == 0 || !len.is_multiple_of(16) || len / 16 > u32::from(size) {
+        return Err(Error::IndirectBadLen { len });
+    }
+    let table = w.table(d.addr, len)?;
+    for k in 0..len / 16 {
+        // SAFETY: k < len/16 and the table of len bytes was validated inside one region;
+        // read_unaligned: the spec does not force the table's alignment.
+        let e: PackedDesc = unsafe {
+            table
+                .as_ptr()
+                .add(k as usize * 16)
+                .cast::<PackedDesc>()
+                .read_unaligned()
+        };
+        if e.flags & DESC_F_INDIRECT != 0 {
+            return Err(Error::IndirectNested);
+        }
+        w.add_entry(e.addr, e.len, e.flags & DESC_F_WRITE != 0, c)?;
+    }
+    Ok(())
 }

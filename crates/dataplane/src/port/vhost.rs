@@ -253,6 +253,10 @@ impl QueueSlot {
             &stats.tx_batches
         };
         bump(batches, u64::from(self.q.unpublished() > 0));
+        let ignored = self.q.take_write_ignored();
+        if ignored != 0 {
+            write_flags_ignored(self.index, stats, ignored);
+        }
         if self.q.logging() && !self.is_tx() {
             // Live migration: the buffers this publish hands back had their pages marked.
             bump(&stats.dirty_logged, u64::from(self.q.unpublished()));
@@ -1568,10 +1572,6 @@ fn ingress(
         // Chains popped before the bad one are still taken below.
         tx.fail(id, stats, e);
     }
-    let ignored = tx.q.take_write_ignored();
-    if ignored != 0 {
-        write_flags_ignored(id, tx.index, stats, ignored);
-    }
     let (taken, bytes, bad) = match &tx.q {
         DeviceQueue::Split(q) => hand_over(q, chains, hdr_len, stats, to),
         DeviceQueue::Packed(q) => hand_over(q, chains, hdr_len, stats, to),
@@ -1593,7 +1593,7 @@ fn ingress(
 /// says so at debug level, the first time and then within the port's log limit.
 #[cold]
 #[inline(never)]
-fn write_flags_ignored(port: PortId, queue: u16, stats: &PortStats, n: u64) {
+fn write_flags_ignored(queue: u16, stats: &PortStats, n: u64) {
     let first = stats
         .write_flags_ignored
         .load(std::sync::atomic::Ordering::Relaxed)
@@ -1601,7 +1601,6 @@ fn write_flags_ignored(port: PortId, queue: u16, stats: &PortStats, n: u64) {
     bump(&stats.write_flags_ignored, n);
     if first || stats.log.allow().is_some() {
         tracing::debug!(
-            port,
             queue,
             n,
             "write flag ignored on indirect descriptors of a transmit ring (tolerated: the device only reads it)"

@@ -16,7 +16,7 @@ use super::{
     store_load_fence, Desc, Direction, Mapped, QueueConfig, AVAIL_F_NO_INTERRUPT, DESC_F_INDIRECT,
     DESC_F_NEXT, DESC_F_WRITE, USED_F_NO_NOTIFY,
 };
-use crate::chain::{table_entry_writable, Chain, Segs, Walk};
+use crate::chain::{Chain, Segs, Walk};
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::{MemTable, Seg};
@@ -382,7 +382,8 @@ impl<M: Translate> DeviceQueue<M> {
         None
     }
 
-    /// The general walk: chained, indirect, region-crossing or invalid descriptors.
+    /// The general walk: chained, indirect, region-crossing or invalid descriptors. One
+    /// [`Walk`] carries the chain's translation state from descriptor to descriptor.
     #[cold]
     fn parse_slow(&mut self, head: u16) -> Result<Chain> {
         let size = self.size;
@@ -397,13 +398,14 @@ impl<M: Translate> DeviceQueue<M> {
             nread: 0,
             nsegs: 0,
         };
+        let ring = self.m.ring;
+        let mut w = Walk::new(&*self.m.mem, self.hint, &mut self.segs.0, self.dir, size);
         // Spec 2.7.5.2: a chain is at most `size` descriptors, indirect ones included.
         let max = u32::from(size);
         let mut count = 0u32;
-        let mut saw_write = false;
         let mut i = head;
         loop {
-            let d = self.m.ring.desc(i);
+            let d = ring.desc(i);
             count += 1;
             if count > max {
                 return Err(Error::ChainTooLong { max });
@@ -415,10 +417,10 @@ impl<M: Translate> DeviceQueue<M> {
                 if d.flags & DESC_F_NEXT != 0 {
                     return Err(Error::IndirectNested);
                 }
-                self.parse_indirect(&d, &mut c, &mut count, &mut saw_write)?;
+                parse_indirect(&mut w, &d, &mut c, &mut count, size)?;
                 break;
             }
-            self.add_desc(&d, d.flags & DESC_F_WRITE != 0, &mut c, &mut saw_write)?;
+            w.add(d.addr, d.len, d.flags & DESC_F_WRITE != 0, &mut c)?;
             if d.flags & DESC_F_NEXT == 0 {
                 break;
             }
@@ -430,91 +432,10 @@ impl<M: Translate> DeviceQueue<M> {
             }
             i = d.next;
         }
+        let (hint, ignored) = (w.hint, w.ignored);
+        self.hint = hint;
+        self.write_ignored += ignored;
         Ok(c)
-    }
-
-    /// Walks an indirect table (2.7.5.3): one region, read once per entry, bounded.
-    fn parse_indirect(
-        &mut self,
-        d: &Desc,
-        c: &mut Chain,
-        count: &mut u32,
-        saw_write: &mut bool,
-    ) -> Result<()> {
-        let len = d.len;
-        if len == 0 || !len.is_multiple_of(16) {
-            return Err(Error::IndirectBadLen { len });
-        }
-        let n = len / 16;
-        if n > u32::from(self.size) {
-            return Err(Error::IndirectBadLen { len });
-        }
-        // The table must be contiguous in host memory: one translation (hint first, then a
-        // binary search), its contiguous length checked.
-        let table =
-            self.m
-                .mem
-                .translate_contig(d.addr, u64::from(len), Perm::Read, &mut self.hint)?;
-        let mut i = 0u32;
-        loop {
-            // SAFETY: i < n and the table of n*16 bytes was validated inside one region;
-            // read_unaligned because the spec does not force the table's alignment.
-            let e: Desc = unsafe {
-                table
-                    .as_ptr()
-                    .add(i as usize * 16)
-                    .cast::<Desc>()
-                    .read_unaligned()
-            };
-            *count += 1;
-            if *count > u32::from(self.size) + 1 {
-                return Err(Error::ChainTooLong {
-                    max: u32::from(self.size),
-                });
-            }
-            if e.flags & DESC_F_INDIRECT != 0 {
-                return Err(Error::IndirectNested);
-            }
-            let write = table_entry_writable(
-                self.dir,
-                e.flags & DESC_F_WRITE != 0,
-                &mut self.write_ignored,
-            );
-            self.add_desc(&e, write, c, saw_write)?;
-            if e.flags & DESC_F_NEXT == 0 {
-                return Ok(());
-            }
-            if u32::from(e.next) >= n {
-                return Err(Error::DescIndexOutOfRange {
-                    index: e.next,
-                    size: u16::try_from(n).unwrap_or(u16::MAX),
-                });
-            }
-            i = u32::from(e.next);
-        }
-    }
-
-    /// Validates one (local copy of a) descriptor, the device's to write if `write`, and appends
-    /// its translated segments: the rules every format shares ([`Walk::add`]).
-    #[inline]
-    fn add_desc(
-        &mut self,
-        d: &Desc,
-        write: bool,
-        c: &mut Chain,
-        saw_write: &mut bool,
-    ) -> Result<()> {
-        let mut w = Walk {
-            mem: &*self.m.mem,
-            hint: &mut self.hint,
-            segs: &mut self.segs.0,
-            dir: self.dir,
-            size: self.size,
-            saw_write: *saw_write,
-        };
-        let r = w.add(d.addr, d.len, write, c);
-        *saw_write = w.saw_write;
-        r
     }
 
     /// Records a used entry for the next unpublished slot. Nothing reaches the ring, let alone
@@ -648,5 +569,58 @@ impl<M: Translate> DeviceQueue<M> {
         } else {
             Armed::Empty
         })
+    }
+}
+
+/// Walks a split ring's indirect table (2.7.5.3): one region, read once per entry, bounded
+/// (`count` goes on from the ring's descriptors).
+fn parse_indirect<M: Translate>(
+    w: &mut Walk<'_, M>,
+    d: &Desc,
+    c: &mut Chain,
+    count: &mut u32,
+    size: u16,
+) -> Result<()> {
+    let len = d.len;
+    if len == 0 || !len.is_multiple_of(16) {
+        return Err(Error::IndirectBadLen { len });
+    }
+    let n = len / 16;
+    if n > u32::from(size) {
+        return Err(Error::IndirectBadLen { len });
+    }
+    // The table must be contiguous in host memory: one translation, its length checked.
+    let table = w.table(d.addr, len)?;
+    let mut i = 0u32;
+    loop {
+        // SAFETY: i < n and the table of n*16 bytes was validated inside one region;
+        // read_unaligned because the spec does not force the table's alignment.
+        let e: Desc = unsafe {
+            table
+                .as_ptr()
+                .add(i as usize * 16)
+                .cast::<Desc>()
+                .read_unaligned()
+        };
+        *count += 1;
+        if *count > u32::from(size) + 1 {
+            return Err(Error::ChainTooLong {
+                max: u32::from(size),
+            });
+        }
+        if e.flags & DESC_F_INDIRECT != 0 {
+            return Err(Error::IndirectNested);
+        }
+        w.add_entry(e.addr, e.len, e.flags & DESC_F_WRITE != 0, c)?;
+        if e.flags & DESC_F_NEXT == 0 {
+            return Ok(());
+        }
+        if u32::from(e.next) >= n {
+            return Err(Error::DescIndexOutOfRange {
+                index: e.next,
+                size: u16::try_from(n).unwrap_or(u16::MAX),
+            });
+        }
+        i = u32::from(e.next);
     }
 }
