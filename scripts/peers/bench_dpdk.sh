@@ -52,6 +52,10 @@
 #        fe_tx_full_pct, of transmit bursts that went out whole: who sets the pace)
 #        TX_FIRST=N (bounce: the frontend starts with N bursts of 32 per port in flight instead
 #        of 1: `start tx_first N`; the standard bounce is 1)
+#        TXPKTS=64,594,1514 (the frontend's packets in segments of these sizes, testpmd
+#        --txpkts: multi-segment chains, v2h; sets SIZES to the label 64+594+1514; a SIZES
+#        entry with '+' means the same) SPLIT=rand (testpmd's set txsplit: a random number of
+#        those segments per packet); the table goes to its own section (bench_dpdk_chains_split or _packed)
 #        PERF=1 (profile the backend over the measured window: $B/<run>.perf.data, cpu-clock;
 #        PERF=fe profiles the frontend instead;
 #        it perturbs the run, so its figures are not comparable)
@@ -64,7 +68,10 @@ ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-6}"; WARM="${WARM:-2}"; DIRS="${DIRS:-v2h h2v
 QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"; OTHER_MAX="${OTHER_MAX:-10}"
 PVNET_ARGS="${PVNET_ARGS:-}"; VU_OPTS="${VU_OPTS:-}"; PERF="${PERF:-}"; BURSTS="${BURSTS:-}"; IMPLS="${IMPLS:-switch dpdk}"; ALT_BIN="${ALT_BIN:-}"
 case " $IMPLS " in *" backend "*|*" altbackend "*) [ "$QUEUES" = 1 ] || die "QUEUES>1: pvnet backend's bench roles have one flow; use IMPLS with switch, alt, dpdk";; esac
+TXPKTS="${TXPKTS:-}"; SPLIT="${SPLIT:-}"
+[ -n "$TXPKTS" ] && SIZES="${TXPKTS//,/+}"
 RING="${RING:-split}"; case "$RING" in split) VU_RING= ;; packed) VU_RING=",packed_vq=1" ;; *) die "RING must be split or packed";; esac
+SECTION=bench_dpdk; [[ "$SIZES" == *+* ]] && SECTION=bench_dpdk_chains_$RING
 case " $IMPLS " in *" alt "*|*" altbackend "*) [ -x "$ALT_BIN" ] || die "IMPLS has alt: ALT_BIN must name a pvnet binary";; esac
 "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 build_pvnet
@@ -103,6 +110,9 @@ machine_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }   # all CP
 run_one() {   # run_one DIR IMPL ROUND SIZE
   local dir="$1" impl="$2" round="$3" size="$4" tag="$1-$2-$3-$4" fe_fwd be_fwd field
   local ports=1 fe_args=("${FE_ARGS[@]}") be_args=("${BE_ARGS[@]}") start=start
+  # a size of segments (64+594+1514): the frontend sends them as one chain, the backends'
+  # own frames (h2v) are their sum
+  local fe_txpkts="${size//+/,}" frame=$((${size//+/ + }))
   case "$dir" in
     v2h) fe_fwd=txonly; be_fwd=rxonly; field=TX ;;
     h2v) fe_fwd=rxonly; be_fwd=txonly; field=RX ;;
@@ -123,12 +133,12 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   if [ "$kind" = backend ]; then
     local role=sink sessions=1; [ "$dir" = h2v ] && role=gen; [ "$dir" = bounce ] && { role=forward; sessions=2; }
     timeout -k 5 $((n + 60)) "$bin" backend --socket "$SOCK" --role "$role" --gen-secs $((n + 30)) \
-      --frame-len "$size" --sessions "$sessions" --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
+      --frame-len "$frame" --sessions "$sessions" --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
     bepid=$(child_pid "$PV_TPID")
   elif [ "$kind" = switch ]; then
-    local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1,frame_len=$size$GEN_FLOWS"
+    local other="sink:name=sink"; [ "$dir" = h2v ] && other="gen:name=gen,delay=1,frame_len=$frame$GEN_FLOWS"
     # VU_OPTS (e.g. ",qdisc=none" or ",dql=false"): this build's vhost-user port options only.
     local vo="$VU_Q"; [ "$bin" = "$PVNET_BIN" ] && vo="$VU_Q$VU_OPTS"
     [ "$dir" = bounce ] && other="vhost-user:name=fe2,socket=$SOCK2$vo"
@@ -138,11 +148,11 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
     wait_for 10 test -S "$SOCK" || die "pvnet switch did not listen ($be_log)"
     bepid=$(child_pid "$PV_TPID")
   else
-    testpmd_start be "$be_log" $((n + 60)) "${be_args[@]}" -- "${APP_ARGS[@]}" --txpkts="$size" --forward-mode="$be_fwd"
+    testpmd_start be "$be_log" $((n + 60)) "${be_args[@]}" -- "${APP_ARGS[@]}" --txpkts="$frame" --forward-mode="$be_fwd"
     wait_for 30 test -S "$SOCK" || die "testpmd net_vhost did not create $SOCK ($be_log)"
     bepid=$(child_pid "${TP_PID[be]}")
   fi
-  testpmd_start fe "$fe_log" $((n + 60)) "${fe_args[@]}" -- "${APP_ARGS[@]}" --txpkts="$size" --forward-mode="$fe_fwd"
+  testpmd_start fe "$fe_log" $((n + 60)) "${fe_args[@]}" -- "${APP_ARGS[@]}" --txpkts="$fe_txpkts" --forward-mode="$fe_fwd"
   wait_for 30 grep -q 'testpmd> ' "$fe_log" || die "virtio-user testpmd did not start ($fe_log)"
   fepid=$(child_pid "${TP_PID[fe]}")
   if [ "$kind" = dpdk ]; then
@@ -151,6 +161,7 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   fi
   sleep 0.5
   [ -n "$BURSTS" ] && tp fe "set record-burst-stats on"
+  [ -n "$SPLIT" ] && tp fe "set txsplit $SPLIT"
   tp fe "$start"
   : > "$B/$tag.ticks"
   local k
@@ -280,7 +291,7 @@ med = lambda xs: st.median(xs) if xs else float("nan")
 out = ["| direction | bytes | pvnet | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |",
        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 impls = [i for i in ("switch", "alt", "backend", "altbackend", "pvnet") if any(x["impl"] == i for x in rows)]
-sizes = sorted({x["size"] for x in rows}, key=int)
+sizes = sorted({x["size"] for x in rows}, key=lambda s: [int(k) for k in s.split("+")])
 for size in sizes:
  for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: backend -> virtio-user rxonly"),
                   ("bounce", "bounce: virtio-user io x2 <-> backend (sum of both ports)")):
@@ -307,9 +318,9 @@ open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY
 
-if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q '<!-- bench_dpdk:begin -->' "$DOC"; then
+if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q "<!-- $SECTION:begin -->" "$DOC"; then
   {
-    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM SIZES=\"$SIZES\" IMPLS=\"$IMPLS\" RING=$RING$([ "$QUEUES" -gt 1 ] && echo " QUEUES=$QUEUES")${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
+    echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`ROUNDS=$ROUNDS DUR=$DUR WARM=$WARM SIZES=\"$SIZES\" IMPLS=\"$IMPLS\" RING=$RING$([ "$QUEUES" -gt 1 ] && echo " QUEUES=$QUEUES")${SPLIT:+ SPLIT=$SPLIT}${PVNET_ARGS:+ PVNET_ARGS=\"$PVNET_ARGS\"} scripts/peers/bench_dpdk.sh\`," \
          "DPDK $(dpkg-query -W -f='${Version}' dpdk-dev), pvnet $(git -C "$PVNET_ROOT" describe --always --dirty 2>/dev/null)," \
          "$(nproc) CPUs, $(uname -r)."
     echo
@@ -318,7 +329,7 @@ if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q '<!-- bench_dpdk:begin -->' "$DOC";
     echo "<details><summary>raw RESULT lines</summary>"
     echo; echo '```'; cat "$RES"; [ -s "$B/noisy.txt" ] && cat "$B/noisy.txt"; echo '```'; echo; echo "</details>"
   } > "$B/section.md"
-  doc_section "$DOC" bench_dpdk "$B/section.md"
+  doc_section "$DOC" "$SECTION" "$B/section.md"
   log "table written to $DOC"
 fi
 log "results: $RES"
