@@ -23,6 +23,8 @@
 //! * `requests`: the requests the rust-vmm `vhost` crate dispatches, answered on that state;
 //! * `run`: one session's thread: the loop that takes the messages the crate does not
 //!   dispatch and hands the rest to the crate;
+//! * `wire`: the one decoder of the messages the crate does not dispatch (header, body size
+//!   before the body is read, fds, body), and the acks to them;
 //! * `listen`: listening and connecting, one thread per session, the session limit.
 
 mod listen;
@@ -31,6 +33,7 @@ mod run;
 mod session;
 #[cfg(test)]
 mod tests;
+mod wire;
 
 pub use listen::{connect_loop, serve, serve_port, Listener};
 pub use run::run_session;

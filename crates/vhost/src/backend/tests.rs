@@ -1,8 +1,9 @@
 //! The session's limits, its own messages (IOTLB, backend channel, migration, early enable)
 //! and the zero-size ring, driven through a socket pair.
 
-use super::run::*;
+use super::run::take_own_message;
 use super::session::*;
+use super::wire::{SEND_RARP, SET_LOG_FD, SET_VRING_ENABLE};
 use super::*;
 use crate::features::{DEVICE_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM};
 use crate::iotlb::{IotlbMsg, Kind, HDR_LEN, HDR_NEED_REPLY, HDR_REPLY, HDR_VERSION};
@@ -470,7 +471,7 @@ fn early_vring_enable_is_recorded_and_acked() {
     front
         .write_all(&msg(SET_VRING_ENABLE, need_reply, &vring_state(1, 1)))
         .unwrap();
-    assert!(take_early_vring_enable(&back, &s).unwrap());
+    assert!(take_own_message(&back, &s).unwrap());
     assert!(s.lock().unwrap().vrings[1].enabled);
     let mut reply = [0u8; 20];
     front.read_exact(&mut reply).unwrap();
@@ -488,7 +489,7 @@ fn other_messages_are_not_consumed() {
     let s = session();
     let get_features = msg(1, HDR_VERSION, &[]);
     front.write_all(&get_features).unwrap();
-    assert!(!take_early_vring_enable(&back, &s).unwrap());
+    assert!(!take_own_message(&back, &s).unwrap());
     let mut b = vec![0u8; get_features.len()];
     (&back).read_exact(&mut b).unwrap();
     assert_eq!(b, get_features);
@@ -496,7 +497,7 @@ fn other_messages_are_not_consumed() {
     s.lock().unwrap().acked = VHOST_USER_F_PROTOCOL_FEATURES;
     let enable = msg(SET_VRING_ENABLE, HDR_VERSION, &vring_state(0, 1));
     front.write_all(&enable).unwrap();
-    assert!(!take_early_vring_enable(&back, &s).unwrap());
+    assert!(!take_own_message(&back, &s).unwrap());
     let mut b = vec![0u8; enable.len()];
     (&back).read_exact(&mut b).unwrap();
     assert_eq!(b, enable);
