@@ -347,51 +347,12 @@ impl Session {
     /// Starts the ring if it has everything it needs (spec: kick received, and enabled when
     /// protocol features were negotiated).
     pub(super) fn maybe_start(&mut self, index: u16) -> VuResult<()> {
-        let proto = self.acked & VHOST_USER_F_PROTOCOL_FEATURES != 0;
-        let event_idx = self.acked & VIRTIO_F_EVENT_IDX != 0;
-        let indirect = self.acked & VIRTIO_F_INDIRECT_DESC != 0;
-        let mergeable = self.acked & VIRTIO_NET_F_MRG_RXBUF != 0;
-        let in_order = self.acked & VIRTIO_F_IN_ORDER != 0;
-        let format = if self.acked & VIRTIO_F_RING_PACKED != 0 {
-            Format::Packed
-        } else {
-            Format::Split
-        };
         let port = self.port;
         let log = self.log.clone();
-        let Some(mem) = self.mem.clone() else {
-            debug!(
-                port,
-                queue = index,
-                "no memory table yet: the ring starts when it arrives"
-            );
+        let Some((mem, cfg)) = self.ready(index)? else {
             return Ok(());
         };
-        let v = self.vring(u32::from(index))?;
-        if v.running || v.kick.is_none() || (proto && !v.enabled) {
-            return Ok(());
-        }
-        let Some(addrs) = v.addrs else { return Ok(()) };
-        if v.num == 0 {
-            debug!(port, queue = index, "size 0: ring left stopped");
-            return Ok(());
-        }
-        let cfg = QueueConfig {
-            format,
-            size: v.num,
-            addrs,
-            space: AddrSpace::User,
-            base: v.base,
-            event_idx,
-            indirect,
-            in_order,
-            direction: if index.is_multiple_of(2) {
-                Direction::DeviceWrites
-            } else {
-                Direction::DeviceReads
-            },
-        };
-        let mut queue = match DeviceQueue::new(mem, &cfg) {
+        let queue = match DeviceQueue::new(mem, &cfg) {
             Ok(q) => q,
             // Under an IOMMU, a ring not granted yet: ask, and start when the grant arrives.
             Err(virtq::Error::TranslationMiss { addr, perm, .. }) => {
@@ -408,9 +369,63 @@ impl Session {
                 return Err(refuse(&log, port, SessionError::Queue { index, source }));
             }
         };
+        self.start(index, queue, &cfg)
+    }
+
+    /// The ring's configuration and the memory it runs over if it has everything it needs to
+    /// start and is not running; `None` if it waits for something.
+    fn ready(&mut self, index: u16) -> VuResult<Option<(Arc<MemTable>, QueueConfig)>> {
+        let proto = self.acked & VHOST_USER_F_PROTOCOL_FEATURES != 0;
+        let format = if self.acked & VIRTIO_F_RING_PACKED != 0 {
+            Format::Packed
+        } else {
+            Format::Split
+        };
+        let acked = self.acked;
+        let port = self.port;
+        let Some(mem) = self.mem.clone() else {
+            debug!(
+                port,
+                queue = index,
+                "no memory table yet: the ring starts when it arrives"
+            );
+            return Ok(None);
+        };
+        let v = self.vring(u32::from(index))?;
+        if v.running || v.kick.is_none() || (proto && !v.enabled) {
+            return Ok(None);
+        }
+        let Some(addrs) = v.addrs else {
+            return Ok(None);
+        };
+        if v.num == 0 {
+            debug!(port, queue = index, "size 0: ring left stopped");
+            return Ok(None);
+        }
+        let cfg = QueueConfig {
+            format,
+            size: v.num,
+            addrs,
+            space: AddrSpace::User,
+            base: v.base,
+            event_idx: acked & VIRTIO_F_EVENT_IDX != 0,
+            indirect: acked & VIRTIO_F_INDIRECT_DESC != 0,
+            in_order: acked & VIRTIO_F_IN_ORDER != 0,
+            direction: if index.is_multiple_of(2) {
+                Direction::DeviceWrites
+            } else {
+                Direction::DeviceReads
+            },
+        };
+        Ok(Some((mem, cfg)))
+    }
+
+    /// Hands the validated ring to the dataplane with copies of its fds.
+    fn start(&mut self, index: u16, mut queue: DeviceQueue, cfg: &QueueConfig) -> VuResult<()> {
+        let port = self.port;
         if let Some((base, used)) = queue.resume_from_used() {
             peer_warn!(
-                log,
+                self.log,
                 port,
                 queue = index,
                 base,
@@ -440,7 +455,7 @@ impl Session {
             queue = index,
             size = cfg.size,
             base = cfg.base,
-            event_idx,
+            event_idx = cfg.event_idx,
             "queue started"
         );
         self.hooks.start_queue(
@@ -451,7 +466,7 @@ impl Session {
                 kick,
                 call,
                 err,
-                mergeable,
+                mergeable: self.acked & VIRTIO_NET_F_MRG_RXBUF != 0,
                 features: self.acked,
                 iotlb: iommu.then_some(channel),
             },
