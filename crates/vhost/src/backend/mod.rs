@@ -3,10 +3,9 @@
 //! The session answers vhost-user messages on its own thread and owns the vring *configuration*
 //! (sizes, addresses, fds, the memory table). When a ring becomes runnable (kick fd received
 //! and, with `VHOST_USER_F_PROTOCOL_FEATURES`, enabled) it builds a validated
-//! [`DeviceQueue`](virtq::queue::DeviceQueue) and hands it to the dataplane through
-//! [`DeviceHooks::start_queue`]; from then on the dataplane thread alone touches the ring.
-//! `GET_VRING_BASE` and disable take the ring back synchronously ([`DeviceHooks::stop_queue`])
-//! and report where it stopped.
+//! [`DeviceQueue`] and hands it to the dataplane through [`DeviceHooks::start_queue`]; from then
+//! on the dataplane thread alone touches the ring. `GET_VRING_BASE` and disable take the ring
+//! back synchronously ([`DeviceHooks::stop_queue`]) and report where it stopped.
 //!
 //! A frontend that disconnects or dies only ends its own session: its queues are stopped, its
 //! port is removed and its memory unmapped once the dataplane lets go of the table.

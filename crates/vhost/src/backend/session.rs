@@ -250,7 +250,7 @@ impl Session {
     /// range is in progress or can start once the frontend hears back.
     ///
     /// Applies `m` to the master map only; the caller publishes once for a run of messages
-    /// ([`take_iotlb_run`]). Returns `None` if nothing changed, else whether anything may
+    /// (`run::take_iotlb_run`). Returns `None` if nothing changed, else whether anything may
     /// have been revoked (the publish must then wait for the queues).
     pub(super) fn iotlb_msg(&mut self, m: IotlbMsg) -> Result<Option<bool>, String> {
         if !self.iommu() {
