@@ -37,7 +37,7 @@ build_pvnet
 B="$WORK/nocopy"; rm -rf "$B"; mkdir -p "$B"
 cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
 RES="$B/results.txt"; : > "$RES"
-SOCK="$B/vu.sock"; BE_PREFIX=pvnet_nocopy_be
+SOCK="$B/vu.sock"; BE_PREFIX=pvnet_nocopy_$$_be
 SENDER_PID=
 cleanup() {
   testpmd_kill_all 2>/dev/null

@@ -81,7 +81,7 @@ cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
 [ -n "$ALT_BIN" ] && { cp "$ALT_BIN" "$B/pvnet-alt"; ALT_BIN="$B/pvnet-alt"; }
 RES="$B/results.txt"; : > "$RES"
 SOCK="$B/vu.sock"; TCK=$(getconf CLK_TCK)
-FE_PREFIX=pvnet_bench_fe; BE_PREFIX=pvnet_bench_be
+FE_PREFIX=pvnet_bench_$$_fe; BE_PREFIX=pvnet_bench_$$_be
 FE_ARGS=(-l "0,1" --main-lcore 1 --socket-mem 512 --single-file-segments --file-prefix "$FE_PREFIX" --no-pci
          --vdev "net_virtio_user0,path=$SOCK,queues=$QUEUES,queue_size=256$VU_RING")
 BE_ARGS=(-l "0,1" --main-lcore 0 --socket-mem 512 --file-prefix "$BE_PREFIX" --no-pci

@@ -41,7 +41,7 @@ else
   cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
   RES="$B/results.txt"; : > "$RES"
 fi
-SOCK="$B/vu.sock"; TCK=$(getconf CLK_TCK); BE_PREFIX=pvnet_grants_be
+SOCK="$B/vu.sock"; TCK=$(getconf CLK_TCK); BE_PREFIX=pvnet_grants_$$_be
 BE_TPID=
 cleanup() {
   testpmd_kill_all 2>/dev/null
