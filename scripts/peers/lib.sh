@@ -263,7 +263,8 @@ tp_last() { grep -o "$2: *[0-9]*" "$1" | tail -1 | awk '{print $NF}'; }
 
 # testpmd's "Accumulated forward statistics" TX/RX-packets after `stop` (the stop summary),
 # added up over every stop in the log (forwarding started again counts afresh).
-tp_summary() { awk -v f="$2-packets:" '/Accumulated forward statistics/{on=1} on{for(i=1;i<NF;i++) if($i==f){n+=$(i+1); on=0; break}} END{print n+0}' "$1"; }
+# (A block's own lines only: the port stats that follow are never taken for its total.)
+tp_summary() { awk -v f="$2-packets:" '/Accumulated forward statistics/{on=1} /NIC statistics for port/{on=0} on{for(i=1;i<NF;i++) if($i==f){n+=$(i+1); on=0; break}} END{print n+0}' "$1"; }
 
 # ---- guest --------------------------------------------------------------------------------
 # The guest image (setup.sh): $GUEST_DIR/vmlinux (PVH ELF), base.cpio.gz (busybox, iperf3,
