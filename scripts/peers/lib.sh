@@ -230,7 +230,9 @@ testpmd_start() {
   local name="$1" logf="$2" secs="$3"; shift 3
   local fifo="$WORK/$name.fifo" fd
   rm -f "$fifo"; mkfifo "$fifo"
-  timeout -s INT -k 5 "$secs" dpdk-testpmd "$@" < "$fifo" > "$logf" 2>&1 &
+  # stdout line-buffered: into a file testpmd's statistics are otherwise written in 4 KiB
+  # blocks, cut mid-line by the prompt's echo of the next command (which bypasses stdio)
+  timeout -s INT -k 5 "$secs" stdbuf -oL dpdk-testpmd "$@" < "$fifo" > "$logf" 2>&1 &
   TP_PID[$name]=$!
   exec {fd}> "$fifo"
   TP_FD[$name]=$fd
