@@ -21,6 +21,7 @@
 //! No syscalls, no threads, no allocation after a queue is built.
 
 pub mod chain;
+pub mod config;
 pub mod dirty;
 pub mod error;
 pub mod event;
@@ -36,9 +37,10 @@ pub mod xlate;
 pub mod mock;
 
 pub use chain::Chain;
+pub use config::Format;
 pub use dirty::DirtyLog;
 pub use error::Error;
 pub use iotlb::{Iotlb, IotlbError};
 pub use mem::{Grant, MemTable, RegionSpec, Seg};
-pub use queue::{DeviceQueue, DriverQueue, Format};
+pub use queue::{DeviceQueue, DriverQueue};
 pub use xlate::{Miss, Perm, Translate};
