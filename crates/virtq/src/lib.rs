@@ -2,8 +2,9 @@
 //! builds on.
 //!
 //! * [`queue::DeviceQueue`] / [`queue::DriverQueue`]: one queue API over the ring formats
-//!   (today the split ring, [`split`]; the packed ring plugs in beside it). The dataplane and
-//!   the vhost-user glue name only these.
+//!   (the split ring, [`split`], and the packed ring, [`packed`], each a layout module with
+//!   `device.rs` and `driver.rs` beside it, over the vocabulary of [`config`]). The dataplane
+//!   and the vhost-user glue name only these.
 //!   - device side: pops batches of available descriptor chains, validating everything the
 //!     driver wrote, writes used entries and publishes them with one release and one index
 //!     store per batch, and makes one notification decision per batch;
