@@ -1,9 +1,9 @@
 //! A parsed, validated descriptor chain, whatever ring format it came from, and the one
 //! validation every format applies to each descriptor of a chain.
 
+use crate::config::Direction;
 use crate::error::{Error, Result};
 use crate::mem::Seg;
-use crate::queue::Direction;
 use crate::xlate::{Miss, Perm, Translate, Window};
 use std::ptr::NonNull;
 

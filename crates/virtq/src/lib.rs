@@ -2,8 +2,9 @@
 //! builds on.
 //!
 //! * [`queue::DeviceQueue`] / [`queue::DriverQueue`]: one queue API over the ring formats
-//!   (today the split ring, [`split`]; the packed ring plugs in beside it). The dataplane and
-//!   the vhost-user glue name only these.
+//!   (the split ring, [`split`], and the packed ring, [`packed`], each a layout module with
+//!   `device.rs` and `driver.rs` beside it, over the vocabulary of [`config`]). The dataplane
+//!   and the vhost-user glue name only these.
 //!   - device side: pops batches of available descriptor chains, validating everything the
 //!     driver wrote, writes used entries and publishes them with one release and one index
 //!     store per batch, and makes one notification decision per batch;
@@ -21,6 +22,7 @@
 //! No syscalls, no threads, no allocation after a queue is built.
 
 pub mod chain;
+pub mod config;
 pub mod dirty;
 pub mod error;
 pub mod event;
@@ -36,9 +38,10 @@ pub mod xlate;
 pub mod mock;
 
 pub use chain::Chain;
+pub use config::Format;
 pub use dirty::DirtyLog;
 pub use error::Error;
 pub use iotlb::{Iotlb, IotlbError};
 pub use mem::{Grant, MemTable, RegionSpec, Seg};
-pub use queue::{DeviceQueue, DriverQueue, Format};
+pub use queue::{DeviceQueue, DriverQueue};
 pub use xlate::{Miss, Perm, Translate};

@@ -17,6 +17,8 @@
 //! borrows what keeps its memory mapped (the queue that parsed it, or a buffer of ours), so a
 //! segment that outlives its memory does not compile.
 
+pub use crate::config::AddrSpace;
+
 use crate::error::{Error, Result};
 use crate::xlate::{Miss, Perm, Translate, Window};
 use std::marker::PhantomData;
@@ -76,15 +78,6 @@ pub struct Grant {
     pub uaddr: u64,
     /// What the device may do there.
     pub perm: Perm,
-}
-
-/// Address space of an address the peer gave us.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AddrSpace {
-    /// Guest physical address (descriptor addresses; IOVA when a vIOMMU is on).
-    Guest,
-    /// The frontend's own virtual address (vhost-user `SET_VRING_ADDR`).
-    User,
 }
 
 /// A sorted, non-overlapping table of mapped regions, owning (optionally) what keeps the

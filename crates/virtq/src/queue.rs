@@ -13,86 +13,20 @@
 //!   one notification decision;
 //! * `arm_notify` is arm, fence, re-check; `disable_notify` is a hint;
 //! * `last_avail` is what `GET_VRING_BASE` returns and `QueueConfig::base` takes back.
+//!
+//! The vocabulary the formats share ([`Format`], [`Direction`], [`RingAddrs`], [`QueueConfig`],
+//! [`Buf`]) lives in [`crate::config`], below the formats; this facade re-exports it, so callers
+//! name it here.
 
 use crate::chain::Chain;
 use crate::error::Result;
 use crate::event::Armed;
-use crate::mem::{AddrSpace, MemTable, Seg};
+use crate::mem::{MemTable, Seg};
 use crate::xlate::Translate;
 use crate::{packed, split};
 use std::sync::Arc;
 
-/// A ring format (virtio 1.x 2.6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Format {
-    /// The split virtqueue (2.7): descriptor table, avail ring, used ring.
-    #[default]
-    Split,
-    /// The packed virtqueue (2.8): one descriptor ring, two event suppression areas.
-    Packed,
-}
-
-impl Format {
-    /// Every format this build implements (the format tests run each).
-    pub const ALL: &'static [Format] = &[Format::Split, Format::Packed];
-
-    /// The base of a queue that starts fresh (vhost-user's encoding: the packed ring carries
-    /// its wrap counter, 1 at start, in bit 15).
-    pub fn fresh_base(self) -> u16 {
-        match self {
-            Format::Split => 0,
-            Format::Packed => 0x8000,
-        }
-    }
-}
-
-/// Which way data moves in a queue's buffers, as the device sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    /// Only device-readable buffers (a transmit queue).
-    DeviceReads,
-    /// Only device-writable buffers (a receive queue).
-    DeviceWrites,
-    /// Readable descriptors followed by writable ones (a control queue).
-    Mixed,
-}
-
-/// The three ring addresses as the peer gave them (split: descriptor table, avail ring,
-/// used ring; packed: descriptor ring, driver event area, device event area).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RingAddrs {
-    /// Descriptor table.
-    pub desc: u64,
-    /// Driver (available) ring.
-    pub avail: u64,
-    /// Device (used) ring.
-    pub used: u64,
-}
-
-/// Everything needed to start a queue, in either role.
-#[derive(Debug, Clone, Copy)]
-pub struct QueueConfig {
-    /// The ring format.
-    pub format: Format,
-    /// Number of descriptors: a power of two, 1..=32768.
-    pub size: u16,
-    /// Ring addresses.
-    pub addrs: RingAddrs,
-    /// The space `addrs` are in (vhost-user uses the frontend's user addresses).
-    pub space: AddrSpace,
-    /// First avail index to consume (vhost-user `SET_VRING_BASE`; packed: the slot in bits
-    /// 0-14 and the wrap counter in bit 15, see [`Format::fresh_base`]).
-    pub base: u16,
-    /// `VIRTIO_F_EVENT_IDX` negotiated.
-    pub event_idx: bool,
-    /// `VIRTIO_F_INDIRECT_DESC` negotiated.
-    pub indirect: bool,
-    /// `VIRTIO_F_IN_ORDER` negotiated: the device may return a batch of buffers with one
-    /// used entry (the packed ring does so on queues the device only reads).
-    pub in_order: bool,
-    /// Expected buffer direction.
-    pub direction: Direction,
-}
+pub use crate::config::{Buf, Direction, Format, QueueConfig, RingAddrs};
 
 /// Forwards a method to the queue of whatever format it is.
 macro_rules! dispatch {
@@ -476,5 +410,3 @@ impl DriverQueue {
         dispatch!(self, q => q.arm_used_notify())
     }
 }
-
-pub use split::Buf;

@@ -2,9 +2,8 @@
 //! came from (and redone when it revokes), the StoreLoad fence of arm / re-check, and the
 //! driver's free-id list.
 
+use crate::config::{AddrSpace, QueueConfig, RingAddrs};
 use crate::error::Result;
-use crate::mem::AddrSpace;
-use crate::queue::{QueueConfig, RingAddrs};
 use crate::xlate::Translate;
 use std::sync::Arc;
 
@@ -107,12 +106,12 @@ impl<M: Translate, R: Layout> Mapped<M, R> {
 #[inline(always)]
 pub(crate) fn translate_buffer<M: Translate>(
     mem: &M,
-    dir: crate::queue::Direction,
+    dir: crate::config::Direction,
     write: bool,
     addr: u64,
     hint: &mut usize,
 ) -> Option<(std::ptr::NonNull<u8>, u64)> {
-    use crate::queue::Direction;
+    use crate::config::Direction;
     use crate::xlate::Perm;
     match write {
         false if dir != Direction::DeviceWrites => mem.translate(addr, Perm::Read, hint).ok(),

@@ -16,8 +16,8 @@
 //! hit): never a linear scan. Ring translations are done once and redone when
 //! [`Translate::generation`] moves (an invalidation), checked once per batch.
 
+use crate::config::AddrSpace;
 use crate::error::Error;
-use crate::mem::AddrSpace;
 use std::ptr::NonNull;
 
 /// What an access needs from the memory behind an address.

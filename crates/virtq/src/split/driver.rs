@@ -7,23 +7,13 @@ use super::{
     store_load_fence, Desc, Mapped, QueueConfig, AVAIL_F_NO_INTERRUPT, DESC_F_NEXT, DESC_F_WRITE,
     USED_F_NO_NOTIFY,
 };
+use crate::config::Buf;
 use crate::error::{Error, Result};
 use crate::event::{need_event, Armed};
 use crate::mem::MemTable;
 use crate::ring::IdFifo;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// One buffer of a chain the driver adds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Buf {
-    /// Guest address.
-    pub addr: u64,
-    /// Length.
-    pub len: u32,
-    /// The device writes it.
-    pub write: bool,
-}
 
 const NONE: u16 = u16::MAX;
 

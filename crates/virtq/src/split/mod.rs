@@ -11,12 +11,12 @@ mod device;
 mod driver;
 
 pub use device::DeviceQueue;
-pub use driver::{Buf, DriverQueue};
+pub use driver::DriverQueue;
 
-pub use crate::queue::{Direction, QueueConfig, RingAddrs};
+pub use crate::config::{Buf, Direction, QueueConfig, RingAddrs, MAX_QUEUE_SIZE};
 
+use crate::config::AddrSpace;
 use crate::error::{Error, Result};
-use crate::mem::AddrSpace;
 use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU16;
@@ -31,8 +31,6 @@ pub const DESC_F_INDIRECT: u16 = 4;
 pub const AVAIL_F_NO_INTERRUPT: u16 = 1;
 /// Device to driver: do not kick me (ignored with EVENT_IDX).
 pub const USED_F_NO_NOTIFY: u16 = 1;
-/// Largest split queue size (2.7: "Queue Size ... maximum 32768").
-pub const MAX_QUEUE_SIZE: u16 = 32768;
 
 /// A split-ring descriptor, exactly as laid out in shared memory (little-endian; x86 and
 /// aarch64 hosts only, which is what vhost-user runs on).
