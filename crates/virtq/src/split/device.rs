@@ -53,7 +53,8 @@ pub struct DeviceQueue<M: Translate = MemTable> {
     /// Segments of the current batch.
     segs: Segs,
     /// Indirect-table entries whose write flag was ignored on a queue the device only reads
-    /// ([`table_entry_writable`]), since the last [`take_write_ignored`](Self::take_write_ignored).
+    /// (the chain module's `table_entry_writable`), since the last
+    /// [`take_write_ignored`](Self::take_write_ignored).
     write_ignored: u64,
 }
 
@@ -481,7 +482,8 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// Indirect-table entries whose write flag was ignored, this queue being one the device
-    /// only reads, since the last call (DPDK's packed transmit tables: [`table_entry_writable`]).
+    /// only reads, since the last call (DPDK's packed transmit tables: the chain module's
+    /// `table_entry_writable`).
     #[inline]
     pub fn take_write_ignored(&mut self) -> u64 {
         std::mem::take(&mut self.write_ignored)
