@@ -87,6 +87,7 @@ impl QueueSlot {
     /// A translation is missing: ask the frontend (once, then every [`IOTLB_MISS_RETRY`]),
     /// and wait; the queue consumed nothing and is polled again. Past [`IOTLB_MISS_BOUND`]
     /// without an answer, or without an IOMMU to ask, the miss is an error that stops it.
+    /// `now` is passed in (the caller reads the clock; tests pass their own times).
     #[cold]
     pub(super) fn wait_for_grant(
         &mut self,
@@ -94,8 +95,8 @@ impl QueueSlot {
         stats: &PortStats,
         addr: u64,
         perm: virtq::Perm,
+        now: Instant,
     ) -> Result<(), virtq::Error> {
-        let now = Instant::now();
         let unanswered = virtq::Error::IotlbMissUnanswered {
             addr,
             waited_ms: IOTLB_MISS_BOUND.as_millis().try_into().unwrap_or(u32::MAX),

@@ -39,6 +39,9 @@ mod slot;
 mod steer;
 mod tx;
 
+#[cfg(test)]
+mod tests;
+
 pub use iotlb_wait::IOTLB_MISS_BOUND;
 pub use pair::QueuePair;
 pub use rx::{deliver, header_for, Delivered, RxBatch};

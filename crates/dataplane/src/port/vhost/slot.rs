@@ -9,6 +9,7 @@ use crate::stats::{bump, PortStats};
 use pvnet_vhost::backend::StartedQueue;
 use pvnet_vhost::eventfd::Notifier;
 use std::sync::Arc;
+use std::time::Instant;
 use virtq::DeviceQueue;
 
 /// A running ring and its notifiers.
@@ -78,7 +79,7 @@ impl QueueSlot {
     pub fn fail(&mut self, port: PortId, stats: &PortStats, e: virtq::Error) {
         let e = match e {
             virtq::Error::TranslationMiss { addr, perm, .. } => {
-                match self.wait_for_grant(port, stats, addr, perm) {
+                match self.wait_for_grant(port, stats, addr, perm, Instant::now()) {
                     Ok(()) => return,
                     Err(e) => e,
                 }
