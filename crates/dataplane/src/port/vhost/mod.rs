@@ -18,14 +18,14 @@
 //! vhost-user the frontend keeps that queue and enables or disables the rings
 //! (`SET_VRING_ENABLE`): the steering follows the rings that run.
 //!
-//! The files, one concern each: [`slot`] a running ring, its notifiers and its call
-//! coalescing; [`iotlb_wait`] the wait for a missing translation and the park of a ring whose
-//! own memory was invalidated; [`tx`] the frontend's transmit ring into the switch; [`rx`]
-//! delivery into its receive ring; [`steer`] the choice of a receive ring by flow; [`drain`]
-//! the egress queue into the receive rings; [`lend`] direct receive (a kernel port reads
-//! into the frontend's buffers); [`hairpin`] the frontend's packets straight back to it;
-//! [`pair`] a queue pair; [`control`] what the shard calls to start, stop and reconfigure
-//! rings; [`port`] the [`Port`](crate::port::Port) implementation.
+//! The files, one concern each: `slot.rs` a running ring, its notifiers and its call
+//! coalescing; `iotlb_wait.rs` the wait for a missing translation and the park of a ring whose
+//! own memory was invalidated; `tx.rs` the frontend's transmit ring into the switch; `rx.rs`
+//! delivery into its receive ring; `steer.rs` the choice of a receive ring by flow; `drain.rs`
+//! the egress queue into the receive rings; `lend.rs` direct receive (a kernel port reads
+//! into the frontend's buffers); `hairpin.rs` the frontend's packets straight back to it;
+//! `pair.rs` a queue pair; `control.rs` what the shard calls to start, stop and reconfigure
+//! rings; `port.rs` the [`Port`](crate::port::Port) implementation.
 
 mod control;
 mod drain;
