@@ -267,17 +267,18 @@ fn a_flow_keeps_its_ring_and_runs_follow_the_rings() {
 fn a_steered_burst_delivers_each_flow_on_one_pair() {
     let (mut fe, mut port) = steered(4);
     let t0 = Instant::now();
-    let mut bufs: Vec<Vec<u8>> = (0..32u16).map(|k| udp(2000 + k % 8)).collect();
+    let mut bufs: Vec<Vec<u8>> = (0..28u16).map(|k| udp(2000 + k % 7)).collect();
     let segs: Vec<[Seg<'_>; 1]> = bufs.iter_mut().map(|b| [Seg::from_mut(b)]).collect();
     let pkts: Vec<Pkt<'_>> = segs.iter().map(|s| pkt(s, 0)).collect();
-    for round in 0..3u32 {
+    for round in 0..2u32 {
         let now = t0 + round * MS;
         assert!(port.tx_begin(now, pkts.len()));
         let (n, out) = port.tx_burst(&pkts);
         port.tx_commit();
         assert_eq!((n, out), (pkts.len(), TxOut::Sent));
     }
-    // Every flow's 12 packets (4 a round, 3 rounds) arrived on one pair, none elsewhere.
+    // Every flow's 8 packets (4 a round, 2 rounds) arrived on one pair, none elsewhere (7 flows:
+    // a flow's packets do not fall on one ring by their place in the burst alone).
     let mut pair_of = std::collections::BTreeMap::new();
     let mut total = 0;
     for k in 0..4 {
@@ -287,13 +288,13 @@ fn a_steered_burst_delivers_each_flow_on_one_pair() {
             total += 1;
         }
     }
-    assert_eq!(total, 3 * pkts.len());
-    assert_eq!(pair_of.len(), 8);
+    assert_eq!(total, 2 * pkts.len());
+    assert_eq!(pair_of.len(), 7);
     let pairs: std::collections::BTreeSet<usize> = pair_of.values().copied().collect();
     assert!(
         pairs.len() > 1,
-        "8 flows, all on one pair of 4: {pair_of:?}"
+        "7 flows, all on one pair of 4: {pair_of:?}"
     );
     let sent: u64 = fe.pair_stats.iter().map(|s| get(&s.tx_packets)).sum();
-    assert_eq!(sent, 3 * pkts.len() as u64);
+    assert_eq!(sent, 2 * pkts.len() as u64);
 }
