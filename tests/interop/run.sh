@@ -823,7 +823,12 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
   grep -q 'GUEST_PING 3 packets received' "$glog.txt" || { fail "$name" "guest->host ping failed"; return; }
   local t
   for t in tcp_g2h tcp_h2g udp_g2h udp_h2g; do
-    grep -q "GUEST_IPERF_RC $t 0" "$glog.txt" || { fail "$name" "iperf3 $t failed (console: $glog)"; return; }
+    if ! grep -q "GUEST_IPERF_RC $t 0" "$glog.txt"; then
+      # what the guest's iperf3 and the host's server said (the logs go with the next run)
+      grep -E "GUEST_IPERF_(RC|ERR|RETRY) $t" "$glog.txt" | sed "s/^/  $name: guest: /"
+      tail -4 "$D/$tag.iperf3s.log" | sed "s/^/  $name: host server: /"
+      fail "$name" "iperf3 $t failed (console: $glog)"; return
+    fi
     grep -q "GUEST_IPERF_RETRY $t" "$glog.txt" && info "$name: iperf3 $t ran twice: its control connection broke as it started: $(grep "GUEST_IPERF_RETRY $t" "$glog.txt" | tail -1 | cut -d' ' -f3-)"
   done
   [ "$ok" = 1 ] || { fail "$name" "tap counters differ: kernel tx=$k_tx rx=$k_rx, pvnet host rx=$s_rx tx=$s_tx"; return; }
