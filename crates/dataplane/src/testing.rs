@@ -301,6 +301,24 @@ pub fn frame(dst: [u8; 6], src: [u8; 6], n: u8, len: usize) -> Vec<u8> {
     f
 }
 
+/// A UDP/IPv4 frame of `len` bytes (at least the 38 of its headers' fields set here) from
+/// 10.0.0.1:`sport` to 10.0.0.2:9,
+/// behind a zeroed virtio-net header of `hdr` bytes: one flow per source port (the flow hash
+/// reads these fields).
+pub fn udp_frame(hdr: usize, sport: u16, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; hdr + len];
+    let f = &mut b[hdr..];
+    f[..12].copy_from_slice(&[2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2]);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    f[14] = 0x45;
+    f[23] = 17;
+    f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+    f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+    f[34..36].copy_from_slice(&sport.to_be_bytes());
+    f[36..38].copy_from_slice(&9u16.to_be_bytes());
+    b
+}
+
 /// A station address.
 pub fn mac(last: u8) -> [u8; 6] {
     [2, 0, 0, 0, 0, last]

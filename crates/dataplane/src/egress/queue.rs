@@ -671,17 +671,9 @@ mod tests {
     /// A UDP/IPv4 frame of `len` bytes (12-byte header in front) from source port `sport`,
     /// carrying `tag` in its last 4 bytes.
     fn frame(sport: u16, len: usize, tag: u32) -> Vec<u8> {
-        let mut b = vec![0u8; 12 + len];
-        let f = &mut b[12..];
-        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-        f[14] = 0x45;
-        f[23] = 17;
-        f[26..30].copy_from_slice(&[10, 0, 0, 1]);
-        f[30..34].copy_from_slice(&[10, 0, 0, 2]);
-        f[34..36].copy_from_slice(&sport.to_be_bytes());
-        f[36..38].copy_from_slice(&9u16.to_be_bytes());
-        let n = f.len();
-        f[n - 4..].copy_from_slice(&tag.to_le_bytes());
+        let mut b = crate::testing::udp_frame(12, sport, len);
+        let n = b.len();
+        b[n - 4..].copy_from_slice(&tag.to_le_bytes());
         b
     }
 

@@ -164,20 +164,8 @@ fn a_parked_ring_is_asked_for_then_stopped_past_the_bound() {
     assert!(!s.check_lost(0, &stats, t0 + 2 * IOTLB_MISS_BOUND));
 }
 
-/// A UDP/IPv4 frame of 64 bytes from source port `sport`, behind a 12-byte header.
 fn udp(sport: u16) -> Vec<u8> {
-    let mut b = vec![0u8; HDR_LEN as usize + 64];
-    let f = &mut b[HDR_LEN as usize..];
-    f[..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
-    f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
-    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-    f[14] = 0x45;
-    f[23] = 17;
-    f[26..30].copy_from_slice(&[10, 0, 0, 1]);
-    f[30..34].copy_from_slice(&[10, 0, 0, 2]);
-    f[34..36].copy_from_slice(&sport.to_be_bytes());
-    f[36..38].copy_from_slice(&9u16.to_be_bytes());
-    b
+    crate::testing::udp_frame(HDR_LEN as usize, sport, 64)
 }
 
 fn pkt<'a>(segs: &'a [Seg<'a>], hash: u32) -> Pkt<'a> {
