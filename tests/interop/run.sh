@@ -334,8 +334,7 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS [VDEV_OPTIONS]]
     for phase in "${phases[@]}"; do
       IFS=';' read -r -a cmds <<< "$phase"
       for c in "${cmds[@]}"; do tp fe "$c"; done
-      # the stop's statistics printed whole before the next command is echoed into them
-      tp fe start; sleep "$DUR"; tp fe stop; sleep 1
+      tp fe start; sleep "$DUR"; tp fe stop
     done
   else
     tp fe start

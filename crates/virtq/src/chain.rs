@@ -103,7 +103,7 @@ impl std::ops::DerefMut for Segs {
 /// The entry is translated for reading, so an IOTLB grant must still allow the read.
 /// Descriptors in the ring itself keep the strict check: every driver seen writes them right.
 #[inline]
-pub(crate) fn table_entry_writable(dir: Direction, flags_write: bool, ignored: &mut u64) -> bool {
+fn table_entry_writable(dir: Direction, flags_write: bool, ignored: &mut u64) -> bool {
     if flags_write && dir == Direction::DeviceReads {
         *ignored += 1;
         return false;

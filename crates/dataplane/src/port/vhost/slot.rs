@@ -162,7 +162,7 @@ impl QueueSlot {
 /// says so at debug level, the first time and then within the port's log limit.
 #[cold]
 #[inline(never)]
-pub(super) fn write_flags_ignored(queue: u16, stats: &PortStats, n: u64) {
+fn write_flags_ignored(queue: u16, stats: &PortStats, n: u64) {
     let first = stats
         .write_flags_ignored
         .load(std::sync::atomic::Ordering::Relaxed)
