@@ -55,6 +55,11 @@ struct Fe {
     rxm: MockQueue,
     rx: DriverQueue,
     mac: [u8; 6],
+    /// Bytes per transmitted packet (the header's 12 and the frame).
+    len: u32,
+    /// Whether the driver reads the header of each packet it receives, as a real one does
+    /// (the coherence count; the instruction count leaves the driver's side out anyway).
+    touch: bool,
 }
 
 /// The vhost port settings every harness frontend's port runs with (always polled).
@@ -121,6 +126,8 @@ fn fe_in(id: u32, last: u8, format: Format) -> (Fe, AnyPort) {
             rxm,
             rx,
             mac,
+            len: PKT,
+            touch: false,
         },
         AnyPort::Vhost(port),
     )
@@ -129,7 +136,7 @@ fn fe_in(id: u32, last: u8, format: Format) -> (Fe, AnyPort) {
 impl Fe {
     /// Offers a batch of frames to `dst` (outside the counted functions).
     fn offer(&mut self, dst: [u8; 6]) {
-        let mut b = [0u8; PKT as usize];
+        let mut b = vec![0u8; self.len as usize];
         b[12..18].copy_from_slice(&dst);
         b[18..24].copy_from_slice(&self.mac);
         for _ in 0..BATCH {
@@ -138,7 +145,7 @@ impl Fe {
             self.tx
                 .add_one(Buf {
                     addr: self.txm.buf(id),
-                    len: PKT,
+                    len: self.len,
                     write: false,
                 })
                 .expect("add");
@@ -225,6 +232,11 @@ impl Fe {
     fn drain(&mut self) {
         self.rx.used_available().expect("used");
         while let Some((id, _)) = self.rx.pop_used().expect("pop") {
+            if self.touch {
+                let mut hdr = [0u8; 12];
+                self.rxm.peek(self.rxm.buf(id), &mut hdr);
+                black_box(hdr);
+            }
             self.rx
                 .add_one(Buf {
                     addr: self.rxm.buf(id),
@@ -336,7 +348,7 @@ fn chains_to_sink(format: Format, ndesc: u16, indirect: bool, rounds: u64, f: Co
 /// 64-byte frames to `dst`, as fast as they may go, one flow.
 fn gen_spec(dst: [u8; 6]) -> GenSpec {
     GenSpec {
-        frame_len: 64,
+        frame_len: PKT as usize - 12,
         rate: 0,
         duration: None,
         delay: Duration::ZERO,
@@ -428,6 +440,11 @@ fn trunks() -> (AnyPort, AnyPort) {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("coherence") {
+        coherence(&args[2..]);
+        return;
+    }
     let packets: u64 = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
@@ -559,4 +576,94 @@ fn main() {
         b.drain();
     }
     println!("{packets} packets per path, {} moved", black_box(total));
+}
+
+/// `switchpath coherence <path> <split|packed> <frame bytes> <packets>`: one path, for the
+/// coherence count (`scripts/coherence.sh` runs it under valgrind's lackey). The paths:
+/// `v2h` (a frontend into a sink port), `h2v` (a gen port into a frontend), `bounce` (frontend
+/// A to frontend B through the learning switch) and `wire` (the same through a fixed wire),
+/// the learning switch in the first three as `pvnet switch` runs them beside DPDK. Every
+/// hand-over between the two sides is marked ([`virtq::trace`]); so are the counted window,
+/// after two laps of the rings (the lines are warm), and the rings' host addresses, printed
+/// for the analyser, with the markers' and the window's packets.
+fn coherence(args: &[String]) {
+    use virtq::trace::{mark, Mark};
+    let usage =
+        "usage: switchpath coherence <v2h|h2v|bounce|wire> <split|packed> <frame bytes> <packets>";
+    let [path, format, frame, packets] = args else {
+        panic!("{usage}");
+    };
+    let format = match format.as_str() {
+        "split" => Format::Split,
+        "packed" => Format::Packed,
+        _ => panic!("{usage}"),
+    };
+    let frame: u32 = frame.parse().expect(usage);
+    let rounds = packets.parse::<u64>().expect(usage) / u64::from(BATCH);
+    let now = Instant::now();
+    let (at, stride) = virtq::trace::marks();
+    println!("marks {at:#x} {stride}");
+    let dst = [2, 0, 0, 0, 0, 9];
+    let (mut fes, mut ports, mut fab) = match path.as_str() {
+        "v2h" => {
+            let (a, pa) = fe_in(0, 1, format);
+            let sink = AnyPort::Sink(SinkPort::new(6, Arc::default(), Counting::Own, 2048));
+            let fab = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+            (vec![a], vec![pa, sink], fab)
+        }
+        "h2v" => {
+            let (b, pb) = fe_in(1, 2, format);
+            let spec = GenSpec {
+                frame_len: frame as usize,
+                ..gen_spec(b.mac)
+            };
+            let gen = AnyPort::Gen(GenPort::new(5, Arc::default(), spec, Counting::Own));
+            let fab = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+            (vec![b], vec![pb, gen], fab)
+        }
+        "bounce" => {
+            let (a, b, ports, fab) = learned_pair(format, now);
+            (vec![a, b], ports, fab)
+        }
+        "wire" => {
+            let (a, pa) = fe_in(0, 1, format);
+            let (b, pb) = fe_in(1, 2, format);
+            let fab = Fabric::new(Router::Fixed(vec![(0, Wire::To(1))]), BATCH);
+            (vec![a, b], vec![pa, pb], fab)
+        }
+        _ => panic!("{usage}"),
+    };
+    for (k, fe) in fes.iter_mut().enumerate() {
+        fe.len = frame + 12;
+        fe.touch = true;
+        for (ring, m) in [("tx", &fe.txm), ("rx", &fe.rxm)] {
+            println!(
+                "queue fe{k}.{ring} {format:?} {:#x} {:#x} {:#x} {:#x} {} {} {:#x}",
+                m.host(m.addrs.desc),
+                m.host(m.addrs.avail),
+                m.host(m.addrs.used),
+                m.host(m.bufs),
+                m.buf_size,
+                m.size,
+                m.host(m.bufs) + usize::from(m.size) * m.buf_size as usize,
+            );
+        }
+    }
+    let warm = 2 * 256 / u64::from(BATCH);
+    let to = if fes.len() == 2 { fes[1].mac } else { dst };
+    mark(Mark::Driver);
+    for round in 0..warm + rounds {
+        if round == warm {
+            mark(Mark::Begin);
+        }
+        if path != "h2v" {
+            fes[0].offer(to);
+        }
+        mark(Mark::Device);
+        black_box(fab.round(&mut ports, now));
+        mark(Mark::Driver);
+        fes.last_mut().expect("a frontend").drain();
+    }
+    mark(Mark::End);
+    println!("packets {}", rounds * u64::from(BATCH));
 }

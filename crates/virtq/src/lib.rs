@@ -32,6 +32,7 @@ pub mod packed;
 pub mod queue;
 mod ring;
 pub mod split;
+pub mod trace;
 pub mod xlate;
 
 #[cfg(any(test, feature = "mock"))]

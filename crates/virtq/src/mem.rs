@@ -608,9 +608,12 @@ impl Prefetch {
     /// Prefetches with intent to write (for reading where the CPU cannot).
     #[inline]
     pub fn write() -> Self {
-        #[cfg(target_arch = "x86_64")]
+        // The coherence count records the intent (its build issues no prefetch instruction).
+        #[cfg(feature = "coherence")]
+        let exclusive = true;
+        #[cfg(all(target_arch = "x86_64", not(feature = "coherence")))]
         let exclusive = has_prefetchw();
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(not(any(target_arch = "x86_64", feature = "coherence")))]
         let exclusive = false;
         Self { exclusive }
     }
@@ -624,7 +627,9 @@ impl Prefetch {
     /// `len` bytes at `p`, line by line.
     #[inline(always)]
     pub fn range(self, p: NonNull<u8>, len: u32) {
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(feature = "coherence")]
+        self.traced(p, len);
+        #[cfg(all(target_arch = "x86_64", not(feature = "coherence")))]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             let mut off = 0usize;
@@ -644,13 +649,37 @@ impl Prefetch {
                 off += 64;
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(not(any(target_arch = "x86_64", feature = "coherence")))]
         let _ = (p, len, self.exclusive);
     }
 }
 
+#[cfg(feature = "coherence")]
+impl Prefetch {
+    /// The coherence count's view of a prefetch, in place of the instruction (valgrind drops
+    /// it): a marked one-byte load of each line, tagged with the intent the code asked for.
+    #[inline(never)]
+    fn traced(self, p: NonNull<u8>, len: u32) {
+        use crate::trace::{mark, Mark};
+        mark(if self.exclusive {
+            Mark::PrefetchWrite
+        } else {
+            Mark::Prefetch
+        });
+        let mut off = 0usize;
+        while off < len as usize {
+            // SAFETY: the coherence build prefetches only lines inside segments it translated
+            // (a prefetch past them would not fault, this load could): the callers hint
+            // ranges of segments or of ring memory they hold.
+            unsafe { std::ptr::read_volatile(p.as_ptr().wrapping_add(off)) };
+            off += 64;
+        }
+        mark(Mark::PrefetchEnd);
+    }
+}
+
 /// Whether the CPU has `PREFETCHW` (cpuid `prfchw`), detected once.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(feature = "coherence")))]
 #[inline]
 fn has_prefetchw() -> bool {
     use std::sync::atomic::{AtomicU8, Ordering};

@@ -163,6 +163,16 @@ impl MockQueue {
         Ok((drv, dev))
     }
 
+    /// The host address of guest address `gpa` inside the region (for tools that read a
+    /// trace of host addresses, e.g. the coherence count).
+    pub fn host(&self, gpa: u64) -> usize {
+        let p = self
+            .mem
+            .translate_range(AddrSpace::Guest, gpa, 1, Perm::Read)
+            .expect("inside region");
+        p.as_ptr() as usize
+    }
+
     /// Raw write into the region (for tests that corrupt rings like a hostile peer would).
     pub fn poke(&self, gpa: u64, bytes: &[u8]) {
         let p = self
