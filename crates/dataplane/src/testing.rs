@@ -2,9 +2,10 @@
 //! and a receiver that records what a port hands it.
 
 use crate::egress::{EgressConfig, HoldPolicy};
+use crate::pkt::{Pkt, PortId};
 use crate::poll::{Policy, WakeCost};
 use crate::port::vhost::{VhostConfig, VhostPort};
-use crate::port::{AnyPort, Ingress, Pkt, PortId};
+use crate::port::{AnyPort, Ingress};
 use crate::stats::PortStats;
 use pvnet_net::features::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
 use pvnet_net::{hdr_len, VnetHdr};

@@ -7,7 +7,8 @@
 //! [`crate::poll::plan`]; this file only does the I/O around them.
 
 use super::{GenConfig, HostPort, Registry, Role, WorkerConfig};
-use crate::egress::{EgressConfig, HoldPolicy};
+use crate::egress::{EgressConfig, HoldPolicy, HOLD};
+use crate::pkt::PortId;
 use crate::poll::plan::{call_bound, Plan, Settle};
 use crate::poll::{Clock, Policy, WakeCost};
 use crate::port::gen::{GenPort, GenSpec};
@@ -15,9 +16,9 @@ use crate::port::kernel::KernelPort;
 use crate::port::sink::{Counting, SinkPort};
 use crate::port::trunk::{self, TrunkPort};
 use crate::port::vhost::{VhostConfig, VhostPort};
-use crate::port::{AnyPort, Port, PortId};
+use crate::port::{AnyPort, Port};
 use crate::stats::PortStats;
-use crate::switch::{Fabric, MacEntry, Router, Wire, HOLD};
+use crate::switch::{Fabric, MacEntry, Router, Wire};
 use crate::sys::{pin_current_thread, Epoll, Timer};
 use pvnet_vhost::backend::StartedQueue;
 use pvnet_vhost::eventfd::Notifier;

@@ -3,8 +3,8 @@
 
 use super::{QueuePair, QueueSlot, RxBatch, VhostConfig, VhostPort, MAX_STEER};
 use crate::egress::{Egress, EgressConfig};
+use crate::pkt::PortId;
 use crate::poll::{Policy, Poller};
-use crate::port::PortId;
 use crate::stats::{bump, DropReason, PortStats};
 use pvnet_net::{hdr_len, HDR_LEN};
 use pvnet_vhost::backend::StartedQueue;

@@ -3,9 +3,10 @@
 use super::steer::Run;
 use super::tx::ingress;
 use super::{QueuePair, QueueSlot, VhostPort};
+use crate::pkt::{Caps, Pkt, PortId, TxOut, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::Policy;
-use crate::port::{Caps, Ingress, Pkt, Port, PortId, TxOut, RX_OFFLOADS};
+use crate::port::{Ingress, Port, RX_OFFLOADS};
 use crate::stats::{bump, PortStats};
 use std::time::Instant;
 use virtq::event::Armed;
@@ -101,8 +102,8 @@ impl Port for VhostPort {
     fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
         if self.nsteer > 1 {
             // Each packet into its own ring's queue.
-            for chunk in pkts.chunks(crate::port::MAX_BURST) {
-                let mut runs = [Run::EMPTY; crate::port::MAX_BURST];
+            for chunk in pkts.chunks(MAX_BURST) {
+                let mut runs = [Run::EMPTY; MAX_BURST];
                 let n = self.steer_runs(chunk, &mut runs);
                 for r in &runs[..n] {
                     self.tx_qp = usize::from(r.ring);

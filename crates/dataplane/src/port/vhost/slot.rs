@@ -2,9 +2,9 @@
 //! entries and the call decision (a transmit-completion call may be held back).
 
 use super::iotlb_wait::{LostRing, Waiting};
+use crate::pkt::PortId;
 use crate::poll::plan::Calls;
 use crate::poll::{Policy, Poller, WakeCost};
-use crate::port::PortId;
 use crate::stats::{bump, PortStats};
 use pvnet_vhost::backend::StartedQueue;
 use pvnet_vhost::eventfd::Notifier;
