@@ -20,6 +20,7 @@ use crate::port::{AnyPort, Port};
 use crate::stats::PortStats;
 use crate::switch::{Fabric, MacEntry, Router, Wire};
 use crate::sys::{pin_current_thread, Epoll, Timer};
+use pvnet_net::QueueIndex;
 use pvnet_vhost::backend::StartedQueue;
 use pvnet_vhost::eventfd::Notifier;
 use std::os::fd::AsRawFd;
@@ -373,8 +374,8 @@ impl Shard {
 
     fn stop_queues(&mut self, id: PortId) {
         let pairs = self.vhost(id).map_or(0, |p| p.pairs());
-        for index in 0..2 * pairs {
-            self.stop_queue(id, index);
+        for q in QueueIndex::all(pairs) {
+            self.stop_queue(id, q.0);
         }
     }
 
@@ -405,7 +406,7 @@ impl Shard {
                     if let Some(fd) = q.kick.as_ref().map(AsRawFd::as_raw_fd) {
                         self.epoll.add(fd, token(id, q.index));
                     }
-                    let pair = usize::from(q.index / 2);
+                    let pair = QueueIndex(q.index).pair();
                     let new_pair = self
                         .vhost(id)
                         .is_some_and(|p| usize::from(p.pairs()) <= pair);
@@ -421,7 +422,7 @@ impl Shard {
                     }
                 }
                 Cmd::Stop(id, index, reply) => {
-                    if index % 2 == 1 {
+                    if QueueIndex(index).is_tx() {
                         self.drain(id, now);
                     }
                     let _ = reply.send(self.stop_queue(id, index));

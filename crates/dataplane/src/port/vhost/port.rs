@@ -8,6 +8,7 @@ use crate::poll::plan::Settle;
 use crate::poll::Policy;
 use crate::port::{Ingress, Port, RX_OFFLOADS};
 use crate::stats::{bump, PortStats};
+use pvnet_net::QueueIndex;
 use std::time::Instant;
 use virtq::event::Armed;
 
@@ -195,14 +196,11 @@ impl Port for VhostPort {
     }
 
     fn event(&mut self, token: u16) {
-        let Some(qp) = self
-            .qps
-            .get_mut(usize::from(token / 2))
-            .and_then(Option::as_mut)
-        else {
+        let q = QueueIndex(token);
+        let Some(qp) = self.qps.get_mut(q.pair()).and_then(Option::as_mut) else {
             return;
         };
-        let slot = if token.is_multiple_of(2) {
+        let slot = if q.is_rx() {
             qp.rx.as_ref()
         } else {
             qp.tx.as_ref()
