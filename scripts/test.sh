@@ -2,7 +2,7 @@
 # The whole test suite, as CI runs it (.ci/run calls exactly this). On a fresh Debian machine
 # it installs what it needs first. Ends with one summary line: "N passed, N failed".
 #
-#   scripts/test.sh            # everything: fmt, clippy, unit/property/integration/e2e tests, fuzz
+#   scripts/test.sh            # everything: static checks, unit/property/integration/e2e tests, fuzz
 #   FUZZ_SECS=5 scripts/test.sh   # shorter fuzz runs (default 20 s per target)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,7 @@ step() { # step NAME CMD...: runs a step that is one test of its own
 # --- static checks ---------------------------------------------------------------------------
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --features virtq/mock -q -- -D warnings
+step "no import circle between a crate's modules" python3 scripts/check_imports.py
 
 # --- cargo tests: unit, property, concurrency, malformed-ring, end-to-end, hostile frontend ----
 log "cargo test (release: the end-to-end and stress tests move real traffic)"

@@ -19,10 +19,10 @@
 //! and `bulk.csv` (config, dequeue mode, ns per packet) for the plots.
 
 use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
-use pvnet_dataplane::egress::{EgressConfig, HoldPolicy};
+use pvnet_dataplane::egress::{EgressConfig, HoldPolicy, HOLD};
 use pvnet_dataplane::port::AnyPort;
 use pvnet_dataplane::stats::{DropReason, PortStats};
-use pvnet_dataplane::switch::{Fabric, Router, SwitchConfig, HOLD};
+use pvnet_dataplane::switch::{Fabric, Router, SwitchConfig};
 use pvnet_dataplane::testing::{frame, mac, MockFe, MODERN};
 use pvnet_net::VnetHdr;
 use std::sync::atomic::Ordering;

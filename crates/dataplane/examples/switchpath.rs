@@ -35,6 +35,7 @@ use pvnet_dataplane::port::AnyPort;
 use pvnet_dataplane::stats::PortStats;
 use pvnet_dataplane::switch::{Fabric, Router, SwitchConfig, Wire};
 use pvnet_net::features::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
+use pvnet_net::QueueIndex;
 use pvnet_vhost::backend::StartedQueue;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -384,7 +385,7 @@ fn fe_mq(id: u32, pairs: u16) -> (FeMq, AnyPort) {
     for k in 0..pairs {
         let (rxm, rx, rxd) = posted_rx(Format::Split);
         port.start(StartedQueue {
-            index: 2 * k,
+            index: QueueIndex::rx(k).0,
             queue: rxd,
             kick: None,
             call: None,

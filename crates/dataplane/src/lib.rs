@@ -1,6 +1,9 @@
 //! The dataplane: shards (threads) own ports and run the poll loop over them; the switch
 //! moves packets between ports; the control plane only hands it queues.
 //!
+//! * [`pkt`]: the vocabulary every layer shares: a packet ([`pkt::Pkt`]), what became of one
+//!   offered to a port, what a port takes, a port's id, the burst sizes.
+//! * [`flow`]: the flow hash (egress queue classification, receive-ring steering).
 //! * [`port`]: everything packets enter and leave through, behind one `Port` interface
 //!   (vhost-user, tap, sink, gen).
 //! * [`switch`]: one ingress loop over every port; learned or fixed routes; offload fitting.
@@ -12,10 +15,15 @@
 //! * [`sys`]: the operating system (epoll, timerfd, eventfd, pinning, the tap device).
 //! * [`frame`]: the benchmark frame format (sequence numbers and the end marker).
 //!
-//! Module dependencies run one way: `sys` <- `poll` <- `port` <- `switch` <- `worker`.
+//! Module dependencies run one way, each naming only modules before it (at the bottom, in
+//! any order: `sys`, `stats`, `frame`, `flow`; then `pkt`, `poll`):
+//! `pkt`, `poll` <- `egress` <- `port` <- `switch` <- `worker` (`scripts/check_imports.py`
+//! fails on a circle).
 
 pub mod egress;
+pub mod flow;
 pub mod frame;
+pub mod pkt;
 pub mod poll;
 pub mod port;
 pub mod stats;

@@ -2,12 +2,13 @@
 //! and a receiver that records what a port hands it.
 
 use crate::egress::{EgressConfig, HoldPolicy};
+use crate::pkt::{Pkt, PortId};
 use crate::poll::{Policy, WakeCost};
 use crate::port::vhost::{VhostConfig, VhostPort};
-use crate::port::{AnyPort, Ingress, Pkt, PortId};
+use crate::port::{AnyPort, Ingress};
 use crate::stats::PortStats;
 use pvnet_net::features::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
-use pvnet_net::{hdr_len, VnetHdr};
+use pvnet_net::{hdr_len, QueueIndex, VnetHdr};
 use pvnet_vhost::backend::StartedQueue;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -106,9 +107,9 @@ impl MockFe {
             let (rx, rxd) = rxm
                 .pair_in(Format::Split, Direction::DeviceWrites, false)
                 .expect("rx ring");
-            for (index, queue) in [(2 * k + 1, txd), (2 * k, rxd)] {
+            for (q, queue) in [(QueueIndex::tx(k), txd), (QueueIndex::rx(k), rxd)] {
                 port.start(StartedQueue {
-                    index,
+                    index: q.0,
                     queue,
                     kick: None,
                     call: None,

@@ -3,7 +3,8 @@
 //!
 //! * [`hdr`]: `virtio_net_hdr` / `virtio_net_hdr_v1` and [`hdr::hdr_len`];
 //! * [`offload`]: checksum completion and segmentation (TSO, USO) in software;
-//! * [`features`]: the virtio-net feature bits.
+//! * [`features`]: the virtio-net feature bits;
+//! * [`queue`]: which queue index is which pair's receive or transmit queue.
 //!
 //! Pure: no syscalls, no unsafe code, nothing panics on input from a peer.
 
@@ -12,5 +13,7 @@
 pub mod features;
 pub mod hdr;
 pub mod offload;
+pub mod queue;
 
 pub use hdr::{hdr_len, VnetHdr, HDR_LEN, HDR_LEN_LEGACY, NUM_BUFFERS_OFF};
+pub use queue::QueueIndex;

@@ -1,6 +1,7 @@
 //! The vocabulary every ring format shares: the format, the direction of a queue's buffers,
 //! the ring addresses and the address space they are in, the configuration a queue starts
-//! from, a buffer the driver adds, and the largest queue size.
+//! from, a buffer the driver adds, the largest queue size, and what an access needs of the
+//! memory it touches ([`Perm`]: the translation seam and the errors both name it).
 //!
 //! The bottom of the crate: this module imports none of the crate's other modules; the
 //! formats ([`crate::split`], [`crate::packed`]) and the facade over them ([`crate::queue`])
@@ -101,3 +102,36 @@ pub struct Buf {
 /// Largest queue size, of either format (2.7: "Queue Size ... maximum 32768"; the packed
 /// ring takes the same bound).
 pub const MAX_QUEUE_SIZE: u16 = 32768;
+
+/// What an access needs from the memory behind an address.
+///
+/// The values are the vhost IOTLB's access bits (`VHOST_ACCESS_RO` 1, `_WO` 2, `_RW` 3), so a
+/// check is one AND and one compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Perm {
+    /// The device reads (a transmit buffer, a descriptor table, the avail ring).
+    Read = 1,
+    /// The device writes (a receive buffer).
+    Write = 2,
+    /// Both (the used ring, whose flags the device writes and whose event it reads).
+    ReadWrite = 3,
+}
+
+impl Perm {
+    /// Whether a grant of `self` allows an access needing `need`.
+    #[inline]
+    pub fn allows(self, need: Perm) -> bool {
+        self as u8 & need as u8 == need as u8
+    }
+
+    /// From the vhost IOTLB's access bits; `None` for 0 (no access) or unknown bits.
+    pub fn from_bits(bits: u8) -> Option<Perm> {
+        match bits {
+            1 => Some(Perm::Read),
+            2 => Some(Perm::Write),
+            3 => Some(Perm::ReadWrite),
+            _ => None,
+        }
+    }
+}

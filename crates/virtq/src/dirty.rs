@@ -10,7 +10,6 @@
 //! data is written: the frontend clears a bit and then copies the page, so a write it has not
 //! copied is always marked after it lands.
 
-use crate::mem::Seg;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -141,19 +140,6 @@ impl DirtyLog {
             let n = end.min(s.end) - p;
             self.mark_gpa(s.gpa + (p - s.start) as u64, n as u64);
             p += n;
-        }
-    }
-
-    /// Marks the first `len` bytes of `segs` (a receive chain the device filled).
-    pub fn mark_segs(&self, segs: &[Seg<'_>], len: u32) {
-        let mut left = len;
-        for s in segs {
-            if left == 0 {
-                break;
-            }
-            let n = left.min(s.len());
-            self.mark_host(s.as_ptr(), n as usize);
-            left -= n;
         }
     }
 

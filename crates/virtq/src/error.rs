@@ -75,7 +75,7 @@ pub enum Error {
     TranslationMiss {
         addr: u64,
         len: u64,
-        perm: crate::xlate::Perm,
+        perm: crate::config::Perm,
     },
     /// The peer granted the range, but not for this access (a write into a read-only grant):
     /// refused, never retried.
@@ -83,7 +83,7 @@ pub enum Error {
     AccessDenied {
         addr: u64,
         len: u64,
-        perm: crate::xlate::Perm,
+        perm: crate::config::Perm,
     },
     /// A queue waited for a translation the peer never granted (an IOTLB miss unanswered).
     #[error("no translation for {addr:#x} after {waited_ms} ms: the peer did not answer the miss")]

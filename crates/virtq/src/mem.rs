@@ -19,6 +19,7 @@
 
 pub use crate::config::AddrSpace;
 
+use crate::dirty::DirtyLog;
 use crate::error::{Error, Result};
 use crate::xlate::{Miss, Perm, Translate, Window};
 use std::marker::PhantomData;
@@ -90,7 +91,7 @@ pub struct MemTable {
     /// looked up in `regions`; a miss may be granted later.
     granted: bool,
     /// Live migration: where the pages written through this table are marked.
-    dirty: Option<std::sync::Arc<crate::dirty::DirtyLog>>,
+    dirty: Option<std::sync::Arc<DirtyLog>>,
     owner: Box<dyn std::any::Any + Send + Sync>,
 }
 
@@ -240,10 +241,7 @@ impl MemTable {
 
     /// `this` with writes marked in `log` (live migration): the same translations (the new
     /// table keeps `this` alive). Without a log, `this` itself is the table.
-    pub fn with_log(
-        this: &std::sync::Arc<MemTable>,
-        log: std::sync::Arc<crate::dirty::DirtyLog>,
-    ) -> Self {
+    pub fn with_log(this: &std::sync::Arc<MemTable>, log: std::sync::Arc<DirtyLog>) -> Self {
         Self {
             regions: this.regions.clone(),
             by_uaddr: this.by_uaddr.clone(),
@@ -320,7 +318,7 @@ impl MemTable {
 /// miss is an address outside every region, a violation of the peer's.
 impl Translate for MemTable {
     #[inline]
-    fn dirty_log(&self) -> Option<&crate::dirty::DirtyLog> {
+    fn dirty_log(&self) -> Option<&DirtyLog> {
         self.dirty.as_deref()
     }
 
@@ -809,4 +807,21 @@ pub fn write_segs(segs: &[Seg<'_>], mut off: u32, src: &[u8]) -> usize {
         }
     }
     done
+}
+
+/// The dirty log's marks by segment, here beside [`Seg`] so that `dirty` names nothing of the
+/// crate's (it sits below `mem`: the memory table holds the log).
+impl DirtyLog {
+    /// Marks the first `len` bytes of `segs` (a receive chain the device filled).
+    pub fn mark_segs(&self, segs: &[Seg<'_>], len: u32) {
+        let mut left = len;
+        for s in segs {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(s.len());
+            self.mark_host(s.as_ptr(), n as usize);
+            left -= n;
+        }
+    }
 }

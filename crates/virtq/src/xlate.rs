@@ -17,41 +17,9 @@
 //! [`Translate::generation`] moves (an invalidation), checked once per batch.
 
 use crate::config::AddrSpace;
+pub use crate::config::Perm;
 use crate::error::Error;
 use std::ptr::NonNull;
-
-/// What an access needs from the memory behind an address.
-///
-/// The values are the vhost IOTLB's access bits (`VHOST_ACCESS_RO` 1, `_WO` 2, `_RW` 3), so a
-/// check is one AND and one compare.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Perm {
-    /// The device reads (a transmit buffer, a descriptor table, the avail ring).
-    Read = 1,
-    /// The device writes (a receive buffer).
-    Write = 2,
-    /// Both (the used ring, whose flags the device writes and whose event it reads).
-    ReadWrite = 3,
-}
-
-impl Perm {
-    /// Whether a grant of `self` allows an access needing `need`.
-    #[inline]
-    pub fn allows(self, need: Perm) -> bool {
-        self as u8 & need as u8 == need as u8
-    }
-
-    /// From the vhost IOTLB's access bits; `None` for 0 (no access) or unknown bits.
-    pub fn from_bits(bits: u8) -> Option<Perm> {
-        match bits {
-            1 => Some(Perm::Read),
-            2 => Some(Perm::Write),
-            3 => Some(Perm::ReadWrite),
-            _ => None,
-        }
-    }
-}
 
 /// One region's addresses for one kind of access, held in registers by a loop that
 /// translates a run of buffers (most of which fall where the one before did): the peer's

@@ -27,7 +27,7 @@
 pub mod dql;
 pub mod queue;
 
-use crate::port::Pkt;
+use crate::pkt::Pkt;
 use crate::stats::DropReason;
 use dql::Dql;
 use queue::{Queue, QueueConfig, QueueCounts};
@@ -80,6 +80,10 @@ pub fn dql_floor(batch: usize) -> u32 {
         .max(DQL_MIN_BUFFERS)
 }
 
+/// Longest a unicast packet waits for its receiver's buffers before it is dropped: a switch
+/// port's hold ([`HoldPolicy::Bounded`]), with or without a queue.
+pub const HOLD: Duration = Duration::from_millis(2);
+
 /// Longest the queue may fail to send anything while packets wait; then they are dropped
 /// (`no_buffer`) and their memory freed (a receiver that stopped taking packets).
 pub const STALL: Duration = Duration::from_secs(1);
@@ -112,7 +116,7 @@ impl EgressConfig {
     /// A switch port's default: fq_codel with DQL, bulk dequeue.
     pub fn switch_default() -> Self {
         Self {
-            hold: HoldPolicy::Bounded(Duration::from_millis(2)),
+            hold: HoldPolicy::Bounded(HOLD),
             queue: Some(QueueConfig::default()),
             dql: true,
             bulk: true,

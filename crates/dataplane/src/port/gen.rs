@@ -5,9 +5,10 @@
 //! It starts when something can receive its frames (after `delay`), and its frames wait for
 //! buffers as long as it takes: nothing is in flight yet, so waiting loses nothing.
 
-use super::{Caps, Ingress, Pkt, PortId, TxOut, MAX_BURST};
-use crate::egress::queue::flow_hash;
+use super::Ingress;
+use crate::flow::flow_hash;
 use crate::frame;
+use crate::pkt::{Caps, Pkt, PortId, TxOut, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
 use crate::port::sink::Counting;

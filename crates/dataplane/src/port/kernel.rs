@@ -21,9 +21,9 @@
 //! read at most every [`TAP_LOOK`] (each look is a syscall); right after every sleep it is
 //! read at once. `syscalls` counts every `read`, `writev` and `io_uring_enter`.
 
-use super::vhost::MAX_MERGE;
-use super::{offer_each, read_head, Caps, Ingress, Pkt, PortId, TxOut, MACS, RX_OFFLOADS};
+use super::{offer_each, Ingress, RX_OFFLOADS};
 use crate::egress::{Egress, HoldPolicy};
+use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_MERGE};
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
 use crate::stats::{bump, DropReason, PortStats};
@@ -694,7 +694,7 @@ impl KernelPort {
         // place.
         while done < max && !u.ready.is_empty() {
             let mut segs: [Seg<'_>; RX_BUFS] = std::array::from_fn(|_| Seg::from_mut(&mut []));
-            let mut pkts = [super::EMPTY; RX_BUFS];
+            let mut pkts = [EMPTY; RX_BUFS];
             let mut n = 0;
             let mut invalid = false;
             {

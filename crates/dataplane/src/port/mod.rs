@@ -25,108 +25,13 @@ pub mod sink;
 pub mod trunk;
 pub mod vhost;
 
+use crate::pkt::{Caps, Pkt, PortId, TxOut};
 use crate::poll::plan::Settle;
 use crate::stats::{bump, DropReason, PortStats};
-use pvnet_net::{VnetHdr, HDR_LEN, HDR_LEN_LEGACY};
+use pvnet_net::VnetHdr;
 use std::time::Instant;
 use virtq::event::Armed;
 use virtq::Seg;
-
-pub use pvnet_vhost::backend::PortId;
-
-/// Bytes of the Ethernet addresses (destination, source) read with the header to switch.
-pub const MACS: u32 = 12;
-
-/// One packet on its way through: its bytes wherever they are, the virtio-net header first.
-#[derive(Debug, Clone, Copy)]
-pub struct Pkt<'a> {
-    /// The bytes: header, then the Ethernet frame.
-    pub segs: &'a [Seg<'a>],
-    /// Total length, header included.
-    pub len: u32,
-    /// Length of the header in front (10 or 12: see [`pvnet_net::hdr_len`]).
-    pub hdr_len: u32,
-    /// The header, decoded once by the port it came from.
-    pub hdr: VnetHdr,
-    /// Destination and source Ethernet addresses, read once with the header.
-    pub macs: [u8; 12],
-    /// The flow hash's high 32 bits ([`crate::egress::queue::flow_hash_head`]) when the
-    /// source knows it without reading the frame (a generator, per flow: as a NIC's RSS hash
-    /// or a socket's `sk_txhash` in Linux); 0 when it does not, and the steering computes it.
-    pub hash: u32,
-}
-
-impl Pkt<'_> {
-    /// The Ethernet frame's length.
-    #[inline]
-    pub fn frame_len(&self) -> u32 {
-        self.len - self.hdr_len
-    }
-
-    /// Whether the header carries offload metadata (a checksum to complete, a GSO packet).
-    #[inline]
-    pub fn has_offload(&self) -> bool {
-        self.hdr.flags != 0 || self.hdr.gso_type != VnetHdr::GSO_NONE
-    }
-}
-
-/// Reads the header and the addresses behind it from a packet's first bytes: one fixed-size
-/// copy when the first segment holds them (nearly always). `None` if the packet is shorter.
-#[inline]
-pub fn read_head(segs: &[Seg<'_>], hdr_len: u32) -> Option<(VnetHdr, [u8; 12])> {
-    if hdr_len == HDR_LEN {
-        head::<{ HDR_LEN as usize }, { HDR_LEN as usize + MACS as usize }>(segs)
-    } else {
-        head::<{ HDR_LEN_LEGACY as usize }, { HDR_LEN_LEGACY as usize + MACS as usize }>(segs)
-    }
-}
-
-/// [`read_head`] for an `H`-byte header (`N` = `H` + 12): constant sizes, so every copy is
-/// inlined rather than a `memcpy` call.
-#[inline(always)]
-fn head<const H: usize, const N: usize>(segs: &[Seg<'_>]) -> Option<(VnetHdr, [u8; 12])> {
-    let h: [u8; N] = match segs.first().and_then(|s| s.read_array::<N>(0)) {
-        Some(a) => a,
-        None => {
-            let mut h = [0u8; N];
-            if !head_split::<H, N>(segs, &mut h) && virtq::mem::read_segs(segs, 0, &mut h) < N {
-                return None;
-            }
-            h
-        }
-    };
-    let mut v1 = [0u8; VnetHdr::LEN];
-    v1[..H].copy_from_slice(&h[..H]);
-    let hdr = VnetHdr::parse(&v1)?;
-    let mut macs = [0u8; 12];
-    macs.copy_from_slice(&h[H..]);
-    Some((hdr, macs))
-}
-
-/// [`head`]'s bytes when the first segment does not hold them all, for the common case: the
-/// header alone in the first segment and the frame from the second, the way DPDK's virtio
-/// PMD and Linux's virtio_net chain a packet (two fixed-size reads instead of a gather).
-/// False if the chain is not so.
-#[inline(always)]
-fn head_split<const H: usize, const N: usize>(segs: &[Seg<'_>], h: &mut [u8; N]) -> bool {
-    let (Some(s0), Some(s1)) = (segs.first(), segs.get(1)) else {
-        return false;
-    };
-    if !u32::try_from(H).is_ok_and(|len| s0.len() == len) {
-        return false;
-    }
-    match (s0.read_array::<H>(0), s1.read_array::<{ MACS as usize }>(0)) {
-        (Some(a), Some(m)) => {
-            h[..H].copy_from_slice(&a);
-            h[H..].copy_from_slice(&m);
-            true
-        }
-        _ => false,
-    }
-}
-
-/// Most packets in one burst: what a source hands over at once (its stack holds them).
-pub const MAX_BURST: usize = 64;
 
 /// What receives a port's packets: the switch.
 pub trait Ingress {
@@ -164,35 +69,6 @@ pub trait Ingress {
     fn direct_close(&mut self, _stats: &PortStats) {}
 }
 
-/// The state of a packet slot before a source fills it.
-pub const EMPTY: Pkt<'static> = Pkt {
-    segs: &[],
-    len: 0,
-    hdr_len: HDR_LEN,
-    hdr: VnetHdr {
-        flags: 0,
-        gso_type: 0,
-        hdr_len: 0,
-        gso_size: 0,
-        csum_start: 0,
-        csum_offset: 0,
-        num_buffers: 0,
-    },
-    macs: [0; 12],
-    hash: 0,
-};
-
-/// What became of one packet offered to a port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TxOut {
-    /// Taken (and counted by the port).
-    Sent,
-    /// No room now (see [`crate::egress`] for what happens next).
-    NoRoom,
-    /// Refused for good, for this reason (counted at the sender).
-    Dropped(DropReason),
-}
-
 /// Every receive offload a virtio-net driver can take (`VIRTIO_NET_F_GUEST_*`): what a port
 /// that takes metadata as it is (the kernel, a sink) says it takes.
 pub const RX_OFFLOADS: u64 = pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM
@@ -211,16 +87,6 @@ pub fn offer_each(pkts: &[Pkt<'_>], mut take: impl FnMut(&Pkt<'_>) -> TxOut) -> 
         }
     }
     (pkts.len(), TxOut::Sent)
-}
-
-/// What a port can take, so the switch can fit packets to it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Caps {
-    /// Takes packets at all (a generator does not).
-    pub receives: bool,
-    /// Receive offloads it negotiated (`VIRTIO_NET_F_GUEST_*`): a packet whose metadata it
-    /// cannot take is completed or segmented in software first.
-    pub offloads: u64,
 }
 
 /// A port, whatever it is. See the module docs for the contract.

@@ -2,8 +2,9 @@
 //! (`crate::frame`). The one consumer behind `pvnet switch`'s sink ports and `pvnet backend
 //! --role sink`.
 
-use super::{Caps, Ingress, Pkt, PortId, TxOut, RX_OFFLOADS};
+use super::{Ingress, RX_OFFLOADS};
 use crate::frame::{self, SeqCheck};
+use crate::pkt::{Caps, Pkt, PortId, TxOut};
 use crate::poll::plan::Settle;
 use crate::stats::{bump, PortStats};
 use std::sync::atomic::Ordering;

@@ -4,9 +4,10 @@
 use super::gen::{GenPort, GenSpec};
 use super::kernel::KernelPort;
 use super::sink::{Counting, SinkPort};
-use super::{AnyPort, Pkt, Port, TxOut};
+use super::{AnyPort, Port};
 use crate::egress::HoldPolicy;
 use crate::frame;
+use crate::pkt::{Pkt, TxOut};
 use crate::poll::plan::{Plan, Settle};
 use crate::stats::PortStats;
 use crate::testing::{frame, get, mac, Collect, MockFe, MODERN};
@@ -342,30 +343,4 @@ fn a_kick_counts_once_whatever_the_frontend_wrote() {
     theirs.signal().expect("signal");
     port.event(1);
     assert_eq!(get(&stats.kicks), 2, "a wake-up is a kick");
-}
-
-/// `read_head` over a chain whose header sits alone in its segment (how DPDK and Linux chain a
-/// packet: two fixed-size reads), over one whose first segment ends inside the addresses
-/// (gathered), and over one too short to hold them.
-#[test]
-fn read_head_takes_the_addresses_from_the_segment_after_the_header() {
-    let macs: [u8; 12] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
-    let mut hdr = [0u8; HDR_LEN as usize];
-    let mut f = [0u8; 64];
-    f[..12].copy_from_slice(&macs);
-    let segs = [Seg::from_mut(&mut hdr), Seg::from_mut(&mut f)];
-    let (_, got) = super::read_head(&segs, HDR_LEN).expect("header, then the frame");
-    assert_eq!(got, macs);
-    // The first segment holds the header and 2 bytes of the addresses: gathered across.
-    let mut a = [0u8; HDR_LEN as usize + 2];
-    a[HDR_LEN as usize..].copy_from_slice(&macs[..2]);
-    let mut b = [0u8; 64];
-    b[..10].copy_from_slice(&macs[2..]);
-    let segs = [Seg::from_mut(&mut a), Seg::from_mut(&mut b)];
-    assert_eq!(super::read_head(&segs, HDR_LEN).map(|h| h.1), Some(macs));
-    // A header and 11 bytes: not a frame.
-    let mut hdr = [0u8; HDR_LEN as usize];
-    let mut short = [0u8; 11];
-    let segs = [Seg::from_mut(&mut hdr), Seg::from_mut(&mut short)];
-    assert!(super::read_head(&segs, HDR_LEN).is_none());
 }

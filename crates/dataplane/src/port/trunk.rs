@@ -22,8 +22,9 @@
 //! published while it sleeps (its `asleep` flag against the published tail: a sequentially
 //! consistent store then load on each side, so at least one side sees the other).
 
-use super::{offer_each, Caps, Ingress, Pkt, PortId, TxOut, MAX_BURST, RX_OFFLOADS};
-use crate::egress::{Egress, HoldPolicy};
+use super::{offer_each, Ingress, RX_OFFLOADS};
+use crate::egress::{Egress, HoldPolicy, HOLD};
+use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::{Policy, Poller, WakeCost};
 use crate::stats::{bump, PortStats};
@@ -229,7 +230,7 @@ impl TrunkPort {
             peer_asleep,
             poll: Poller::new(Policy::Adaptive, wake),
             worked: false,
-            egress: Egress::new(HoldPolicy::Bounded(crate::switch::HOLD)),
+            egress: Egress::new(HoldPolicy::Bounded(HOLD)),
         }
     }
 
@@ -307,12 +308,11 @@ impl super::Port for TrunkPort {
                 head = at;
                 break;
             }
-            let mut pkts = [super::EMPTY; MAX_BURST];
+            let mut pkts = [EMPTY; MAX_BURST];
             let mut good = 0;
             for k in 0..n {
                 let (len, hdr_len) = lens[k];
-                let Some((hdr, macs)) = super::read_head(std::slice::from_ref(&segs[k]), hdr_len)
-                else {
+                let Some((hdr, macs)) = read_head(std::slice::from_ref(&segs[k]), hdr_len) else {
                     break;
                 };
                 pkts[k] = Pkt {

@@ -2,7 +2,7 @@
 //! [`MacTable::PROBE`] slots; a full probe run replaces its oldest entry. No allocation after
 //! construction; aging is checked on lookup (an aged entry is a miss, and its slot is reused).
 
-use crate::port::PortId;
+use crate::pkt::PortId;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy)]

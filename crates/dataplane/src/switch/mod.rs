@@ -19,7 +19,8 @@
 pub mod mac;
 
 use crate::egress::{Backpressure, Offer};
-use crate::port::{AnyPort, Ingress, Pkt, Port, PortId, TxOut};
+use crate::pkt::{Pkt, PortId, TxOut};
+use crate::port::{AnyPort, Ingress, Port};
 use crate::stats::{bump, DropReason, PortStats};
 use mac::MacTable;
 use pvnet_net::features::{
@@ -34,8 +35,6 @@ use virtq::Seg;
 
 pub use mac::MacEntry;
 
-/// Longest a unicast packet waits for its receiver's buffers before it is dropped.
-pub const HOLD: Duration = Duration::from_millis(2);
 /// Segments one sender's GSO packets may be cut into per round: software segmentation is
 /// the only work whose size the sender picks (`gso_size`), so it is budgeted, and a sender
 /// past its budget waits for the next round while every other port has its turn. At least

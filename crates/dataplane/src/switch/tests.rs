@@ -3,7 +3,7 @@
 //! the counters.
 
 use super::*;
-use crate::egress::HoldPolicy;
+use crate::egress::{HoldPolicy, HOLD};
 use crate::testing::{frame, get, mac, MockFe, MODERN};
 use pvnet_net::features::VIRTIO_NET_F_GUEST_TSO6;
 use std::time::Duration;

@@ -33,7 +33,7 @@
 //! with the fewest ports, then the lowest index (so ports connected while all is idle are
 //! dealt round-robin).
 
-use crate::port::PortId;
+use crate::pkt::PortId;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

@@ -20,9 +20,9 @@
 pub mod balance;
 pub mod shard;
 
+use crate::pkt::PortId;
 use crate::poll::Policy;
 use crate::port::gen::GenSpec;
-use crate::port::PortId;
 use crate::stats::{PortSnapshot, PortStats};
 use crate::switch::{MacEntry, SwitchConfig};
 use balance::{Balancer, Decision, PortLoad, RebalanceConfig, Sample};

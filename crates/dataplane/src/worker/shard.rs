@@ -7,7 +7,8 @@
 //! [`crate::poll::plan`]; this file only does the I/O around them.
 
 use super::{GenConfig, HostPort, Registry, Role, WorkerConfig};
-use crate::egress::{EgressConfig, HoldPolicy};
+use crate::egress::{EgressConfig, HoldPolicy, HOLD};
+use crate::pkt::PortId;
 use crate::poll::plan::{call_bound, Plan, Settle};
 use crate::poll::{Clock, Policy, WakeCost};
 use crate::port::gen::{GenPort, GenSpec};
@@ -15,10 +16,11 @@ use crate::port::kernel::KernelPort;
 use crate::port::sink::{Counting, SinkPort};
 use crate::port::trunk::{self, TrunkPort};
 use crate::port::vhost::{VhostConfig, VhostPort};
-use crate::port::{AnyPort, Port, PortId};
+use crate::port::{AnyPort, Port};
 use crate::stats::PortStats;
-use crate::switch::{Fabric, MacEntry, Router, Wire, HOLD};
+use crate::switch::{Fabric, MacEntry, Router, Wire};
 use crate::sys::{pin_current_thread, Epoll, Timer};
+use pvnet_net::QueueIndex;
 use pvnet_vhost::backend::StartedQueue;
 use pvnet_vhost::eventfd::Notifier;
 use std::os::fd::AsRawFd;
@@ -372,8 +374,8 @@ impl Shard {
 
     fn stop_queues(&mut self, id: PortId) {
         let pairs = self.vhost(id).map_or(0, |p| p.pairs());
-        for index in 0..2 * pairs {
-            self.stop_queue(id, index);
+        for q in QueueIndex::all(pairs) {
+            self.stop_queue(id, q.0);
         }
     }
 
@@ -404,7 +406,7 @@ impl Shard {
                     if let Some(fd) = q.kick.as_ref().map(AsRawFd::as_raw_fd) {
                         self.epoll.add(fd, token(id, q.index));
                     }
-                    let pair = usize::from(q.index / 2);
+                    let pair = QueueIndex(q.index).pair();
                     let new_pair = self
                         .vhost(id)
                         .is_some_and(|p| usize::from(p.pairs()) <= pair);
@@ -420,7 +422,7 @@ impl Shard {
                     }
                 }
                 Cmd::Stop(id, index, reply) => {
-                    if index % 2 == 1 {
+                    if QueueIndex(index).is_tx() {
                         self.drain(id, now);
                     }
                     let _ = reply.send(self.stop_queue(id, index));

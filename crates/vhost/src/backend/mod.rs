@@ -51,7 +51,7 @@ pub type PortId = u32;
 /// A queue ready to run, handed to the dataplane.
 #[derive(Debug)]
 pub struct StartedQueue {
-    /// vhost-user queue index (even: receive, odd: transmit).
+    /// vhost-user queue index (even: receive, odd: transmit: [`pvnet_net::QueueIndex`]).
     pub index: u16,
     /// The validated ring.
     pub queue: DeviceQueue,

@@ -12,6 +12,7 @@ use crate::iotlb::{BackendChannel, IotlbMsg, Kind};
 use crate::mmap::{map_regions, PeerRegion};
 use crate::peer_warn;
 use crate::ratelimit::PeerLog;
+use pvnet_net::QueueIndex;
 use std::fs::File;
 use std::sync::Arc;
 use tracing::{debug, info};
@@ -181,7 +182,7 @@ impl Session {
         hooks: Arc<dyn DeviceHooks>,
         log: Arc<PeerLog>,
     ) -> Self {
-        let n = usize::from(cfg.queue_pairs) * 2;
+        let n = QueueIndex::count(cfg.queue_pairs);
         Self {
             port,
             cfg,

@@ -3,10 +3,10 @@
 
 use super::{QueuePair, QueueSlot, RxBatch, VhostConfig, VhostPort, MAX_STEER};
 use crate::egress::{Egress, EgressConfig};
+use crate::pkt::PortId;
 use crate::poll::{Policy, Poller};
-use crate::port::PortId;
 use crate::stats::{bump, DropReason, PortStats};
-use pvnet_net::{hdr_len, HDR_LEN};
+use pvnet_net::{hdr_len, QueueIndex, HDR_LEN};
 use pvnet_vhost::backend::StartedQueue;
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,7 +47,7 @@ impl VhostPort {
 
     /// Installs a started queue (its pair's counters were added first: `add_pairs`).
     pub fn start(&mut self, q: StartedQueue) {
-        let pair = usize::from(q.index / 2);
+        let pair = QueueIndex(q.index).pair();
         if pair >= self.qps.len() {
             tracing::warn!(
                 port = self.id,
@@ -59,7 +59,7 @@ impl VhostPort {
         self.features = q.features;
         self.hdr_len = hdr_len(q.features);
         self.mergeable = q.mergeable;
-        let (policy, is_rx) = if q.index.is_multiple_of(2) {
+        let (policy, is_rx) = if QueueIndex(q.index).is_rx() {
             (self.cfg.rx_policy, true)
         } else {
             (self.cfg.tx_policy, false)
@@ -124,8 +124,9 @@ impl VhostPort {
     /// Takes a queue back; returns its next avail index (what `GET_VRING_BASE` answers) and
     /// its kick fd's number (to leave the epoll set).
     pub fn stop(&mut self, index: u16) -> Option<(u16, Option<i32>)> {
-        let qp = self.qps.get_mut(usize::from(index / 2))?.as_mut()?;
-        let slot = if index.is_multiple_of(2) {
+        let q = QueueIndex(index);
+        let qp = self.qps.get_mut(q.pair())?.as_mut()?;
+        let slot = if q.is_rx() {
             qp.out.open = false;
             // What waited for this ring has nowhere to go now.
             qp.empty_egress(DropReason::PortDown);

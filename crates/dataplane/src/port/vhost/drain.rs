@@ -2,7 +2,7 @@
 
 use super::rx::{RxSide, RxState};
 use super::{QueuePair, QueueSlot, VhostPort};
-use crate::port::{Pkt, PortId, TxOut};
+use crate::pkt::{Pkt, PortId, TxOut};
 use crate::stats::{bump, DropReason, PortStats};
 use std::time::Instant;
 

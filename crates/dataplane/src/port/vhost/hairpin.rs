@@ -4,7 +4,8 @@
 use super::rx::RxSide;
 use super::tx::ingress;
 use super::{QueuePair, QueueSlot, VhostPort};
-use crate::port::{Ingress, Pkt, TxOut};
+use crate::pkt::{Pkt, TxOut};
+use crate::port::Ingress;
 use crate::stats::{bump, DropReason, PortStats};
 use std::time::Instant;
 

@@ -3,7 +3,7 @@
 //! running ring whose own memory was invalidated, parked until a grant covers it again.
 
 use super::QueueSlot;
-use crate::port::PortId;
+use crate::pkt::PortId;
 use crate::stats::{bump, PortStats};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

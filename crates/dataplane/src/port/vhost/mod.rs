@@ -48,16 +48,14 @@ pub use rx::{deliver, header_for, Delivered, RxBatch};
 pub use slot::QueueSlot;
 
 use crate::egress::{Egress, EgressConfig};
+use crate::pkt::PortId;
 use crate::poll::plan::Settle;
 use crate::poll::{Policy, WakeCost};
-use crate::port::PortId;
 use crate::stats::PortStats;
 use iotlb_wait::IOTLB_MISS_GAP;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Most receive chains one packet may span (64 KiB over the smallest sane buffers).
-pub const MAX_MERGE: usize = 64;
 /// Most receive rings the flow hash spreads a port's packets over (pairs past it still send
 /// and are sent to only if an earlier one stops).
 pub const MAX_STEER: usize = 64;

@@ -4,7 +4,7 @@
 use super::rx::{RxBatch, RxState};
 use super::QueueSlot;
 use crate::egress::{Egress, EgressConfig};
-use crate::port::PortId;
+use crate::pkt::PortId;
 use crate::stats::{bump, DropReason, PortStats};
 use std::sync::Arc;
 use std::time::Instant;
@@ -70,7 +70,7 @@ impl QueuePair {
 
     /// Opens the receive batch (once per source batch) with `want` chains: what the sender's
     /// burst holds. A packet that needs more (merged buffers) makes the batch look once more
-    /// for up to [`MAX_MERGE`]. False if the ring is not running or just failed.
+    /// for up to [`MAX_MERGE`](crate::pkt::MAX_MERGE). False if the ring is not running or just failed.
     pub(super) fn open(&mut self, id: PortId, want: usize, now: Instant) -> bool {
         let Some(rx) = QueueSlot::usable(&mut self.rx) else {
             return false;

@@ -3,10 +3,12 @@
 use super::steer::Run;
 use super::tx::ingress;
 use super::{QueuePair, QueueSlot, VhostPort};
+use crate::pkt::{Caps, Pkt, PortId, TxOut, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::Policy;
-use crate::port::{Caps, Ingress, Pkt, Port, PortId, TxOut, RX_OFFLOADS};
+use crate::port::{Ingress, Port, RX_OFFLOADS};
 use crate::stats::{bump, PortStats};
+use pvnet_net::QueueIndex;
 use std::time::Instant;
 use virtq::event::Armed;
 
@@ -101,8 +103,8 @@ impl Port for VhostPort {
     fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
         if self.nsteer > 1 {
             // Each packet into its own ring's queue.
-            for chunk in pkts.chunks(crate::port::MAX_BURST) {
-                let mut runs = [Run::EMPTY; crate::port::MAX_BURST];
+            for chunk in pkts.chunks(MAX_BURST) {
+                let mut runs = [Run::EMPTY; MAX_BURST];
                 let n = self.steer_runs(chunk, &mut runs);
                 for r in &runs[..n] {
                     self.tx_qp = usize::from(r.ring);
@@ -194,14 +196,11 @@ impl Port for VhostPort {
     }
 
     fn event(&mut self, token: u16) {
-        let Some(qp) = self
-            .qps
-            .get_mut(usize::from(token / 2))
-            .and_then(Option::as_mut)
-        else {
+        let q = QueueIndex(token);
+        let Some(qp) = self.qps.get_mut(q.pair()).and_then(Option::as_mut) else {
             return;
         };
-        let slot = if token.is_multiple_of(2) {
+        let slot = if q.is_rx() {
             qp.rx.as_ref()
         } else {
             qp.tx.as_ref()

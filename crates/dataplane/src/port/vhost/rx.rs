@@ -2,9 +2,10 @@
 //! copied into the next (merged across several with `VIRTIO_NET_F_MRG_RXBUF`), a header
 //! written for this frontend when the packet's cannot pass as it is.
 
-use super::{QueuePair, QueueSlot, VhostPort, MAX_MERGE};
+use super::{QueuePair, QueueSlot, VhostPort};
 use crate::egress::Egress;
-use crate::port::{offer_each, Pkt, PortId, TxOut};
+use crate::pkt::{Pkt, PortId, TxOut, MAX_MERGE};
+use crate::port::offer_each;
 use crate::stats::{bump, DropReason, PortStats};
 use pvnet_net::{VnetHdr, HDR_LEN, NUM_BUFFERS_OFF};
 use std::time::Instant;

@@ -2,10 +2,11 @@
 //! entries and the call decision (a transmit-completion call may be held back).
 
 use super::iotlb_wait::{LostRing, Waiting};
+use crate::pkt::PortId;
 use crate::poll::plan::Calls;
 use crate::poll::{Policy, Poller, WakeCost};
-use crate::port::PortId;
 use crate::stats::{bump, PortStats};
+use pvnet_net::QueueIndex;
 use pvnet_vhost::backend::StartedQueue;
 use pvnet_vhost::eventfd::Notifier;
 use std::sync::Arc;
@@ -70,7 +71,7 @@ impl QueueSlot {
     /// Whether it is the frontend's transmit ring (the device reads it).
     #[inline]
     pub(super) fn is_tx(&self) -> bool {
-        self.index % 2 == 1
+        QueueIndex(self.index).is_tx()
     }
 
     /// Stops the queue for a violation: logged, counted, reported on the err fd. The process

@@ -3,7 +3,7 @@
 
 use super::drain::count_queue;
 use super::{QueuePair, VhostPort, MAX_STEER};
-use crate::port::{Pkt, TxOut};
+use crate::pkt::{Pkt, TxOut, MAX_BURST};
 use std::time::Instant;
 
 impl VhostPort {
@@ -39,7 +39,7 @@ impl VhostPort {
     /// The high 32 bits of a packet's flow hash, from its bytes (its source did not say).
     #[inline]
     pub(super) fn hash_of(p: &Pkt<'_>) -> u64 {
-        use crate::egress::queue::{flow_hash_head, flow_hash_l2, hashes_l3};
+        use crate::flow::{flow_hash_head, flow_hash_l2, hashes_l3};
         let first = p.segs.first();
         // A frame without IP hashes its addresses, which the packet carries already: only
         // its EtherType is read.
@@ -62,15 +62,11 @@ impl VhostPort {
         h >> 32
     }
 
-    /// The runs of consecutive packets (at most [`MAX_BURST`](crate::port::MAX_BURST)) that go to one
-    /// ring, in order, found in one pass (one hash each, or the one the packet carries): into
-    /// `runs`, how many returned.
-    pub(super) fn steer_runs(
-        &self,
-        pkts: &[Pkt<'_>],
-        runs: &mut [Run; crate::port::MAX_BURST],
-    ) -> usize {
-        let pkts = pkts.get(..crate::port::MAX_BURST).unwrap_or(pkts);
+    /// The runs of consecutive packets (at most [`MAX_BURST`]) that go to one ring, in order,
+    /// found in one pass (one hash each, or the one the packet carries): into `runs`, how many
+    /// returned.
+    pub(super) fn steer_runs(&self, pkts: &[Pkt<'_>], runs: &mut [Run; MAX_BURST]) -> usize {
+        let pkts = pkts.get(..MAX_BURST).unwrap_or(pkts);
         let (mut n, mut ring, mut start) = (0, u16::MAX, 0);
         for (i, p) in pkts.iter().enumerate() {
             let r = self.steer[self.slot_of(p)];
@@ -98,8 +94,8 @@ impl VhostPort {
     pub(super) fn tx_steered(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
         let (id, now) = (self.id, self.tx_now);
         let mut done = 0;
-        for chunk in pkts.chunks(crate::port::MAX_BURST) {
-            let mut runs = [Run::EMPTY; crate::port::MAX_BURST];
+        for chunk in pkts.chunks(MAX_BURST) {
+            let mut runs = [Run::EMPTY; MAX_BURST];
             let n = self.steer_runs(chunk, &mut runs);
             let runs = &runs[..n];
             // How many each pair gets, counted by runs (a flow's packets come in runs: a
@@ -142,7 +138,7 @@ impl VhostPort {
     }
 }
 
-/// Packets `start..end` of a burst (of at most [`MAX_BURST`](crate::port::MAX_BURST)), all for
+/// Packets `start..end` of a burst (of at most [`MAX_BURST`]), all for
 /// receive ring `ring`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Run {

@@ -235,7 +235,7 @@ fn a_flow_keeps_its_ring_and_runs_follow_the_rings() {
     assert!(used.len() > 1, "16 flows on one ring of 4: {ring_of:?}");
     // The runs cover the burst in order, each packet on its flow's ring, and a run ends
     // only where the ring changes.
-    let mut runs = [super::steer::Run::EMPTY; crate::port::MAX_BURST];
+    let mut runs = [super::steer::Run::EMPTY; crate::pkt::MAX_BURST];
     let n = v.steer_runs(&pkts, &mut runs);
     let mut next = 0;
     for (j, r) in runs[..n].iter().enumerate() {
@@ -248,7 +248,7 @@ fn a_flow_keeps_its_ring_and_runs_follow_the_rings() {
             assert_ne!(runs[j - 1].ring, r.ring);
         }
     }
-    assert_eq!(next, pkts.len().min(crate::port::MAX_BURST));
+    assert_eq!(next, pkts.len().min(crate::pkt::MAX_BURST));
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! handed over in bursts that borrow the frontend's buffers, used entries published once.
 
 use super::QueueSlot;
-use crate::port::{read_head, Ingress, Pkt, PortId, MACS};
+use crate::pkt::{read_head, Pkt, PortId, EMPTY, MACS, MAX_BURST};
+use crate::port::Ingress;
 use crate::stats::{bump, DropReason, PortStats};
 use virtq::mem::Prefetch;
 use virtq::queue::FormatQueue;
@@ -78,7 +79,7 @@ pub(super) fn hand_over(
 ) -> (usize, u64, u64) {
     let (mut bytes, mut bad) = (0u64, 0u64);
     let mut taken = 0;
-    let mut pkts = [crate::port::EMPTY; crate::port::MAX_BURST];
+    let mut pkts = [EMPTY; MAX_BURST];
     while taken < chains.len() {
         // Gather a burst: valid packets up to the next short one (or the burst's room).
         let mut n = 0;

@@ -1,0 +1,179 @@
+//! The vocabulary every layer of the dataplane shares: a packet on its way through ([`Pkt`]),
+//! what became of one offered to a port ([`TxOut`]), what a port takes ([`Caps`]), a port's
+//! id, and the sizes of a burst. It names nothing above it (only `stats`' drop reasons), so
+//! `egress`, `port`, `switch` and `worker` all build on it.
+
+use crate::stats::DropReason;
+use pvnet_net::{VnetHdr, HDR_LEN, HDR_LEN_LEGACY};
+use virtq::Seg;
+
+/// A port's id: unique in the process, the same number the vhost-user backend gives the
+/// frontend's connection (`pvnet_vhost::backend::PortId`).
+pub type PortId = u32;
+
+/// Most packets in one burst: what a source hands over at once (its stack holds them).
+pub const MAX_BURST: usize = 64;
+
+/// Most receive chains one packet may span (64 KiB over the smallest sane buffers).
+pub const MAX_MERGE: usize = 64;
+
+/// Bytes of the Ethernet addresses (destination, source) read with the header to switch.
+pub const MACS: u32 = 12;
+
+/// One packet on its way through: its bytes wherever they are, the virtio-net header first.
+#[derive(Debug, Clone, Copy)]
+pub struct Pkt<'a> {
+    /// The bytes: header, then the Ethernet frame.
+    pub segs: &'a [Seg<'a>],
+    /// Total length, header included.
+    pub len: u32,
+    /// Length of the header in front (10 or 12: see [`pvnet_net::hdr_len`]).
+    pub hdr_len: u32,
+    /// The header, decoded once by the port it came from.
+    pub hdr: VnetHdr,
+    /// Destination and source Ethernet addresses, read once with the header.
+    pub macs: [u8; 12],
+    /// The flow hash's high 32 bits ([`crate::flow::flow_hash_head`]) when the
+    /// source knows it without reading the frame (a generator, per flow: as a NIC's RSS hash
+    /// or a socket's `sk_txhash` in Linux); 0 when it does not, and the steering computes it.
+    pub hash: u32,
+}
+
+impl Pkt<'_> {
+    /// The Ethernet frame's length.
+    #[inline]
+    pub fn frame_len(&self) -> u32 {
+        self.len - self.hdr_len
+    }
+
+    /// Whether the header carries offload metadata (a checksum to complete, a GSO packet).
+    #[inline]
+    pub fn has_offload(&self) -> bool {
+        self.hdr.flags != 0 || self.hdr.gso_type != VnetHdr::GSO_NONE
+    }
+}
+
+/// The state of a packet slot before a source fills it.
+pub const EMPTY: Pkt<'static> = Pkt {
+    segs: &[],
+    len: 0,
+    hdr_len: HDR_LEN,
+    hdr: VnetHdr {
+        flags: 0,
+        gso_type: 0,
+        hdr_len: 0,
+        gso_size: 0,
+        csum_start: 0,
+        csum_offset: 0,
+        num_buffers: 0,
+    },
+    macs: [0; 12],
+    hash: 0,
+};
+
+/// Reads the header and the addresses behind it from a packet's first bytes: one fixed-size
+/// copy when the first segment holds them (nearly always). `None` if the packet is shorter.
+#[inline]
+pub fn read_head(segs: &[Seg<'_>], hdr_len: u32) -> Option<(VnetHdr, [u8; 12])> {
+    if hdr_len == HDR_LEN {
+        head::<{ HDR_LEN as usize }, { HDR_LEN as usize + MACS as usize }>(segs)
+    } else {
+        head::<{ HDR_LEN_LEGACY as usize }, { HDR_LEN_LEGACY as usize + MACS as usize }>(segs)
+    }
+}
+
+/// [`read_head`] for an `H`-byte header (`N` = `H` + 12): constant sizes, so every copy is
+/// inlined rather than a `memcpy` call.
+#[inline(always)]
+fn head<const H: usize, const N: usize>(segs: &[Seg<'_>]) -> Option<(VnetHdr, [u8; 12])> {
+    let h: [u8; N] = match segs.first().and_then(|s| s.read_array::<N>(0)) {
+        Some(a) => a,
+        None => {
+            let mut h = [0u8; N];
+            if !head_split::<H, N>(segs, &mut h) && virtq::mem::read_segs(segs, 0, &mut h) < N {
+                return None;
+            }
+            h
+        }
+    };
+    let mut v1 = [0u8; VnetHdr::LEN];
+    v1[..H].copy_from_slice(&h[..H]);
+    let hdr = VnetHdr::parse(&v1)?;
+    let mut macs = [0u8; 12];
+    macs.copy_from_slice(&h[H..]);
+    Some((hdr, macs))
+}
+
+/// [`head`]'s bytes when the first segment does not hold them all, for the common case: the
+/// header alone in the first segment and the frame from the second, the way DPDK's virtio
+/// PMD and Linux's virtio_net chain a packet (two fixed-size reads instead of a gather).
+/// False if the chain is not so.
+#[inline(always)]
+fn head_split<const H: usize, const N: usize>(segs: &[Seg<'_>], h: &mut [u8; N]) -> bool {
+    let (Some(s0), Some(s1)) = (segs.first(), segs.get(1)) else {
+        return false;
+    };
+    if !u32::try_from(H).is_ok_and(|len| s0.len() == len) {
+        return false;
+    }
+    match (s0.read_array::<H>(0), s1.read_array::<{ MACS as usize }>(0)) {
+        (Some(a), Some(m)) => {
+            h[..H].copy_from_slice(&a);
+            h[H..].copy_from_slice(&m);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// What became of one packet offered to a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxOut {
+    /// Taken (and counted by the port).
+    Sent,
+    /// No room now (see [`crate::egress`] for what happens next).
+    NoRoom,
+    /// Refused for good, for this reason (counted at the sender).
+    Dropped(DropReason),
+}
+
+/// What a port can take, so the switch can fit packets to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Caps {
+    /// Takes packets at all (a generator does not).
+    pub receives: bool,
+    /// Receive offloads it negotiated (`VIRTIO_NET_F_GUEST_*`): a packet whose metadata it
+    /// cannot take is completed or segmented in software first.
+    pub offloads: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `read_head` over a chain whose header sits alone in its segment (how DPDK and Linux chain a
+    /// packet: two fixed-size reads), over one whose first segment ends inside the addresses
+    /// (gathered), and over one too short to hold them.
+    #[test]
+    fn read_head_takes_the_addresses_from_the_segment_after_the_header() {
+        let macs: [u8; 12] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+        let mut hdr = [0u8; HDR_LEN as usize];
+        let mut f = [0u8; 64];
+        f[..12].copy_from_slice(&macs);
+        let segs = [Seg::from_mut(&mut hdr), Seg::from_mut(&mut f)];
+        let (_, got) = read_head(&segs, HDR_LEN).expect("header, then the frame");
+        assert_eq!(got, macs);
+        // The first segment holds the header and 2 bytes of the addresses: gathered across.
+        let mut a = [0u8; HDR_LEN as usize + 2];
+        a[HDR_LEN as usize..].copy_from_slice(&macs[..2]);
+        let mut b = [0u8; 64];
+        b[..10].copy_from_slice(&macs[2..]);
+        let segs = [Seg::from_mut(&mut a), Seg::from_mut(&mut b)];
+        assert_eq!(read_head(&segs, HDR_LEN).map(|h| h.1), Some(macs));
+        // A header and 11 bytes: not a frame.
+        let mut hdr = [0u8; HDR_LEN as usize];
+        let mut short = [0u8; 11];
+        let segs = [Seg::from_mut(&mut hdr), Seg::from_mut(&mut short)];
+        assert!(read_head(&segs, HDR_LEN).is_none());
+    }
+}
