@@ -622,6 +622,18 @@ impl Prefetch {
         self.range(s.ptr, s.len.min(lines * 64));
     }
 
+    /// The `lines` cache lines from the one holding the segment's byte `skip`, as far as the
+    /// segment's first `skip + 64 * lines` bytes reach (a receive buffer's frame after its
+    /// header). Not clamped to the segment: a hint past its end costs nothing and never
+    /// faults (in the coherence build, whose hints are loads, callers keep it inside the
+    /// mapping: a buffer is followed by the rest of its region).
+    #[inline(always)]
+    pub fn seg_from(self, s: &Seg<'_>, skip: u32, lines: u32) {
+        // SAFETY: a non-null pointer plus a small offset inside one mapping is not null.
+        let p = unsafe { NonNull::new_unchecked(s.ptr.as_ptr().wrapping_add(skip as usize)) };
+        self.range(p, lines * 64);
+    }
+
     /// `len` bytes at `p`, line by line.
     #[inline(always)]
     pub fn range(self, p: NonNull<u8>, len: u32) {
@@ -664,14 +676,17 @@ impl Prefetch {
         } else {
             Mark::Prefetch
         });
-        let mut off = 0usize;
+        // The bytes are summed and the sum kept: valgrind's translator drops a load whose
+        // value is never used, and the trace would lose all but the last line.
+        let (mut off, mut sum) = (0usize, 0u8);
         while off < len as usize {
             // SAFETY: the coherence build prefetches only lines inside segments it translated
             // (a prefetch past them would not fault, this load could): the callers hint
             // ranges of segments or of ring memory they hold.
-            unsafe { std::ptr::read_volatile(p.as_ptr().wrapping_add(off)) };
+            sum ^= unsafe { std::ptr::read_volatile(p.as_ptr().wrapping_add(off)) };
             off += 64;
         }
+        std::hint::black_box(sum);
         mark(Mark::PrefetchEnd);
     }
 }

@@ -155,6 +155,12 @@ impl<M: Translate> DeviceQueue<M> {
             });
         }
         self.avail_idx = idx;
+        if n > 0 {
+            // The used entries this batch will write, asked for owned now: the frontend read
+            // them last lap, and their transfers overlap the batch's work instead of stalling
+            // the publish's fence one after the other.
+            self.m.ring.prefetch_used(self.used_idx, n);
+        }
         Ok(n)
     }
 
@@ -229,6 +235,8 @@ impl<M: Translate> DeviceQueue<M> {
         max: usize,
         mut each: impl FnMut(&[Seg<'_>]),
     ) -> Result<usize> {
+        let want = usize::from(self.avail_idx.wrapping_sub(self.last_avail)).min(max);
+        self.prefetch_descs(want);
         let mut n = 0;
         while n < max && self.avail_idx != self.last_avail {
             n += if self.dir == Direction::DeviceWrites {
@@ -259,6 +267,33 @@ impl<M: Translate> DeviceQueue<M> {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Requests the descriptor lines of the next `n` chains' heads before the first is read:
+    /// the parse depends on each in turn, their transfers need not. Drivers hand out heads
+    /// in order (a free list that is a ring), so when the first and the last head are `n - 1`
+    /// apart the run is one range, asked for line by line; otherwise each head's line.
+    #[inline]
+    fn prefetch_descs(&self, n: usize) {
+        let ring = self.m.ring;
+        let Ok(k) = u16::try_from(n) else { return };
+        if k < 2 {
+            return;
+        }
+        let first = ring.avail_entry(self.last_avail);
+        let last = ring.avail_entry(self.last_avail.wrapping_add(k - 1));
+        if last >= first && last - first == k - 1 && last < self.size {
+            ring.prefetch_descs(first, k);
+            return;
+        }
+        let mut line = u16::MAX;
+        for j in 0..k {
+            let head = ring.avail_entry(self.last_avail.wrapping_add(j));
+            if head < self.size && head >> 2 != line {
+                line = head >> 2;
+                ring.prefetch_descs(head, 1);
+            }
+        }
     }
 
     /// The run of simple chains from the next avail entry, up to `max` (and the batch's end

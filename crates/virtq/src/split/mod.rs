@@ -17,6 +17,7 @@ pub use crate::config::{Buf, Direction, QueueConfig, RingAddrs, MAX_QUEUE_SIZE};
 
 use crate::config::AddrSpace;
 use crate::error::{Error, Result};
+use crate::mem::Prefetch;
 use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU16;
@@ -159,6 +160,30 @@ impl Ring {
         self.atomic(self.used, 4 + 8 * usize::from(self.size))
     }
 
+    /// Starts loading, for writing, the lines of `n` used entries from slot `used`.
+    #[inline]
+    pub(crate) fn prefetch_used(&self, used: u16, n: u16) {
+        let size = u32::from(self.size);
+        let n = u32::from(n).min(size);
+        let at = u32::from(used & self.mask());
+        let k = n.min(size - at);
+        let pf = Prefetch::write();
+        for (at, k) in [(at, k), (0, n - k)] {
+            // SAFETY: slots at..at+k lie inside the validated used ring (at + k <= size).
+            pf.range(unsafe { self.used.add(4 + 8 * at as usize) }, 8 * k);
+        }
+    }
+
+    /// Starts loading descriptors `i..i + n` (inside the table: `i + n <= size`).
+    #[inline(always)]
+    pub(crate) fn prefetch_descs(&self, i: u16, n: u16) {
+        debug_assert!(u32::from(i) + u32::from(n) <= u32::from(self.size));
+        // SAFETY: i < size (callers check): the first descriptor lies inside the table, and
+        // the range ends inside it.
+        let p = unsafe { self.desc.add(usize::from(i)) };
+        Prefetch::read().range(p.cast::<u8>(), 16 * u32::from(n));
+    }
+
     /// Reads one avail ring entry (the slot is masked into range).
     #[inline]
     pub(crate) fn avail_entry(&self, idx: u16) -> u16 {
@@ -174,16 +199,19 @@ impl Ring {
         }
     }
 
+    /// Writes one avail ring entry, unless it holds `head` already: a driver that hands out
+    /// heads in ring order finds the same head in the same slot lap after lap, and a line it
+    /// does not write stays shared with the device, which then reads it without a transfer
+    /// (DPDK's virtio PMD does the same, `vq_update_avail_ring`).
     #[inline]
     pub(crate) fn set_avail_entry(&self, idx: u16, head: u16) {
         let slot = usize::from(idx & self.mask());
         // SAFETY: as in `avail_entry`; the driver owns unpublished slots.
         unsafe {
-            self.avail
-                .as_ptr()
-                .add(4 + 2 * slot)
-                .cast::<u16>()
-                .write_volatile(head)
+            let p = self.avail.as_ptr().add(4 + 2 * slot).cast::<u16>();
+            if p.read_volatile() != head {
+                p.write_volatile(head);
+            }
         }
     }
 

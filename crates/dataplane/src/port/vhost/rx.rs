@@ -66,10 +66,14 @@ impl RxBatch {
         self.logging = rx.q.logging();
         let avail = rx.q.available()?;
         let max = max.min(cap(avail));
+        // The lines the frame goes to are asked for owned, from the one holding the byte
+        // after the header. The header's own line, when it is another one, is left as it is:
+        // the copy reads it and writes it only if it differs (`copy_unless_equal`), so a
+        // frontend that gives the header a line of its own (DPDK's) keeps its copy.
         let pf = Prefetch::write();
         match rx.q.pop_batch(&mut self.chains, max, |segs| {
             if let Some(s) = segs.first() {
-                pf.seg(s, 2);
+                pf.seg_from(s, HDR_LEN, 2);
             }
         }) {
             // A translation missing (IOTLB) after some chains: the batch is those, and the
@@ -232,16 +236,36 @@ pub(super) fn take_plain(
         let Some(first) = segs.first().filter(|s| s.len() >= hdr_len) else {
             break;
         };
-        let n = copy_segs(p.segs, 0, segs, 0, p.len);
-        if hdr_len == HDR_LEN {
-            first.write_array(NUM_BUFFERS_OFF, 1u16.to_le_bytes());
-        }
+        let n = if hdr_len == HDR_LEN {
+            copy_unless_equal(p, first, segs)
+        } else {
+            copy_segs(p.segs, 0, segs, 0, p.len)
+        };
         q.push_used(c.head, n);
         bytes += u64::from(p.frame_len());
         k += 1;
     }
     b.next += k;
     (k, bytes)
+}
+
+/// The 12-byte header of a packet with no offload metadata, as a receiver gets it: all zero
+/// but `num_buffers`, 1.
+const PLAIN_HDR: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+
+/// Copies packet `p`, which carries no offload metadata, into `segs` (`first` their first
+/// piece, holding the header): the frame, and the header [`PLAIN_HDR`] only where the buffer
+/// does not hold it already. A frontend that gives the header a line of its own (DPDK's
+/// virtio PMD posts buffers so that it ends where the frame's first line starts) reads it and
+/// never writes it, so its line stays shared in both caches: unwritten, it changes owner
+/// neither here nor when the frontend reads it (DPDK vhost's `ASSIGN_UNLESS_EQUAL` on
+/// `num_buffers`). Returns the bytes the packet took.
+#[inline(always)]
+fn copy_unless_equal(p: &Pkt<'_>, first: &Seg<'_>, segs: &[Seg<'_>]) -> u32 {
+    if first.read_array::<12>(0) != Some(PLAIN_HDR) {
+        first.write_array(0, PLAIN_HDR);
+    }
+    HDR_LEN + copy_segs(p.segs, HDR_LEN, segs, HDR_LEN, p.len - HDR_LEN)
 }
 
 /// The header a receiver with `features` and a `len`-byte header is given for a packet that
