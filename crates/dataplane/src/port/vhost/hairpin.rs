@@ -12,7 +12,7 @@ use std::time::Instant;
 impl VhostPort {
     /// Sends what the frontend transmits straight back to it (request/response benchmarks):
     /// the same one-copy path as any delivery, within one pair. Returns the packets taken.
-    pub fn hairpin(&mut self, max: usize, now: Instant) -> usize {
+    pub(super) fn hairpin_pairs(&mut self, max: usize, now: Instant) -> usize {
         let (id, features, hdr_len) = (self.id, self.features, self.hdr_len);
         let mut work = 0;
         for qp in self.qps.iter_mut().flatten() {
