@@ -307,6 +307,10 @@ impl super::Port for KernelPort {
         Some(&mut self.egress)
     }
 
+    fn backlogged(&self) -> bool {
+        self.egress.backlogged()
+    }
+
     fn kind(&self) -> &'static str {
         match self.dev {
             HostDev::Tap(_) => "tap",

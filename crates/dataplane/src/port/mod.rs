@@ -26,9 +26,9 @@ pub mod trunk;
 pub mod vhost;
 
 use crate::egress::Egress;
-use crate::pkt::{Caps, Pkt, PortId, TxOut};
+use crate::pkt::{Caps, Pkt, PortId, TxOut, MAX_BURST};
 use crate::poll::plan::Settle;
-use crate::stats::{bump, DropReason, PortStats};
+use crate::stats::PortStats;
 use pvnet_net::VnetHdr;
 use std::time::Instant;
 use virtq::event::Armed;
@@ -180,17 +180,29 @@ pub trait Port {
     /// every one is queued or dropped and counted by the port. A port without a queue drops
     /// them (`queue_limit`).
     fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
-        bump(
-            &self.tx_stats().drops[DropReason::QueueLimit as usize],
-            pkts.len() as u64,
+        // Without an egress, every packet is dropped as over the limit.
+        let (c, backlog) = self.egress().map_or_else(
+            || {
+                let drop_limit = pkts.len() as u64;
+                let c = crate::egress::queue::QueueCounts {
+                    drop_limit,
+                    ..Default::default()
+                };
+                (c, None)
+            },
+            |e| (e.enqueue(pkts, now), e.queue_len()),
         );
-        let _ = now;
+        crate::egress::drain::count_enqueued(self.tx_stats(), &c, backlog);
     }
     /// Sends what waits in its egress queue, as one batch (as many as the device queue's
-    /// limit allows, or one): returns the packets sent.
+    /// limit allows, or one) through its own transmit calls ([`crate::egress::drain`]):
+    /// returns the packets sent.
     fn drain(&mut self, now: Instant) -> usize {
-        let _ = now;
-        0
+        if self.backlogged() {
+            crate::egress::drain::drain(&mut Tx(self), MAX_BURST, now)
+        } else {
+            0
+        }
     }
 
     /// After a round: what its queues want (poll on, may sleep armed, wake by a deadline).
@@ -201,6 +213,30 @@ pub trait Port {
     fn disarm(&mut self, slept: bool);
     /// An fd of the port's fired (a kick, a readable tap): `token` is the one it registered.
     fn event(&mut self, token: u16);
+}
+
+/// A port's transmit calls as the egress drain's [`Sender`](crate::egress::drain::Sender).
+struct Tx<'a, P: ?Sized>(&'a mut P);
+
+impl<P: Port + ?Sized> crate::egress::drain::Sender for Tx<'_, P> {
+    fn id(&self) -> PortId {
+        self.0.id()
+    }
+    fn begin(&mut self, now: Instant, hint: usize) -> bool {
+        self.0.tx_begin(now, hint)
+    }
+    fn send(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
+        self.0.tx_burst(pkts)
+    }
+    fn commit(&mut self) {
+        self.0.tx_commit();
+    }
+    fn egress(&mut self) -> Option<&mut Egress> {
+        self.0.egress()
+    }
+    fn stats(&self) -> &PortStats {
+        self.0.tx_stats()
+    }
 }
 
 /// Every port kind, dispatched statically.

@@ -268,6 +268,10 @@ impl super::Port for TrunkPort {
         Some(&mut self.egress)
     }
 
+    fn backlogged(&self) -> bool {
+        self.egress.backlogged()
+    }
+
     /// Hands out published records, in order, in bursts; gives back the space of those
     /// taken once each burst is committed. (Out of line: kept out of the other ports'
     /// dispatch, which it would otherwise outgrow.)

@@ -18,6 +18,7 @@
 
 pub mod mac;
 
+use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
 use crate::pkt::{Pkt, PortId, TxOut};
 use crate::port::{AnyPort, Ingress, Lease, Port};
@@ -497,19 +498,15 @@ impl Cx<'_, '_> {
             return (n, Out::Sent);
         }
 
-        let out = match out {
-            TxOut::Sent => Out::Sent,
-            TxOut::Dropped(r) => Out::Dropped(r),
-            TxOut::NoRoom => match port.egress().map(|e| e.no_room(offer, now)) {
-                Some(Backpressure::Wait) => Out::Wait,
-                Some(Backpressure::Queue) => {
-                    // The rest of the run waits in the receiver's queue; the sender is free.
-                    port.enqueue(&run[n..], now);
-                    return (run.len(), Out::Sent);
-                }
-                Some(Backpressure::Drop(r)) => Out::Dropped(r),
-                None => Out::Dropped(DropReason::NoBuffer),
-            },
+        let out = match backpressure(out, port.egress(), offer, now) {
+            None => Out::Sent,
+            Some(Backpressure::Wait) => Out::Wait,
+            Some(Backpressure::Queue) => {
+                // The rest of the run waits in the receiver's queue; the sender is free.
+                port.enqueue(&run[n..], now);
+                return (run.len(), Out::Sent);
+            }
+            Some(Backpressure::Drop(r)) => Out::Dropped(r),
         };
         (n, out)
     }
@@ -524,7 +521,7 @@ fn put_one(port: &mut AnyPort, p: &Pkt<'_>, offer: Offer, now: Instant) -> TxOut
             TxOut::NoRoom => {}
             o => return o,
         }
-        if port.egress().map(|e| e.no_room(offer, now)) != Some(Backpressure::Queue) {
+        if backpressure(TxOut::NoRoom, port.egress(), offer, now) != Some(Backpressure::Queue) {
             return TxOut::NoRoom;
         }
     }
