@@ -22,7 +22,7 @@
 //! read at once. `syscalls` counts every `read`, `writev` and `io_uring_enter`.
 
 use super::{offer_each, Ingress, Lease, RX_OFFLOADS};
-use crate::egress::{Egress, HoldPolicy};
+use crate::egress::{Egress, EgressConfig, HoldPolicy};
 use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_MERGE};
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
@@ -40,6 +40,10 @@ use virtq::Seg;
 /// How often a tap is read while the shard polls other rings and the tap had nothing last
 /// time (each look is a `read` syscall).
 pub const TAP_LOOK: Duration = Duration::from_micros(20);
+
+/// How long a packet waits in its sender for the kernel: not at all (the kernel never makes
+/// a writer wait; a packet it has no room for is queued, with a queue, or dropped).
+const KERNEL_HOLD: HoldPolicy = HoldPolicy::Bounded(Duration::ZERO);
 
 /// Most iovecs of one write (a packet in more pieces goes through the staging buffer).
 const MAX_IOV: usize = 64;
@@ -84,6 +88,15 @@ impl HostDev {
         match self {
             HostDev::Tap(t) => std::os::fd::AsRawFd::as_raw_fd(t),
             HostDev::Packet(p) => std::os::fd::AsRawFd::as_raw_fd(p),
+        }
+    }
+
+    /// Bounds the bytes of the port's writes the kernel holds (see [`Tap::set_sndbuf`],
+    /// [`PacketSock::set_sndbuf`]): the device queue in front of an egress queue.
+    pub fn set_sndbuf(&self, bytes: u32) -> std::io::Result<()> {
+        match self {
+            HostDev::Tap(t) => t.set_sndbuf(bytes),
+            HostDev::Packet(p) => p.set_sndbuf(bytes),
         }
     }
 
@@ -240,10 +253,29 @@ impl KernelPort {
             pending: 0,
             look: true,
             last_look: None,
-            // The kernel never makes a writer wait: nothing is held for a tap.
-            egress: Egress::new(HoldPolicy::Bounded(Duration::ZERO)),
+            egress: Egress::new(KERNEL_HOLD),
             direct,
         }
+    }
+
+    /// New egress settings: a queue (`qdisc`, `limit`, `bulk`), or none. What waited in the
+    /// old queue is dropped, counted as `reconfigured`. The kernel's own buffer (the socket's
+    /// send buffer) is the device queue: there is no completion to learn a limit from, so
+    /// `dql` is off and nothing is held in a sender (a packet that finds the kernel full is
+    /// queued here, or dropped).
+    pub fn set_egress(&mut self, e: EgressConfig) {
+        let n = self.egress.purge();
+        bump(&self.stats.drops[DropReason::Reconfigured as usize], n);
+        self.stats
+            .backlog
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        let e = EgressConfig {
+            hold: KERNEL_HOLD,
+            dql: false,
+            ..e
+        };
+        self.egress = Egress::with(e, crate::egress::DQL_MIN_BUFFERS);
+        tracing::info!(port = self.id, egress = ?e, "egress settings changed");
     }
 
     /// The kernel end's fd, to wait on it.
@@ -397,9 +429,12 @@ impl super::Port for KernelPort {
         true
     }
 
-    /// Batched: each packet queued as a write, submitted at commit. Else one `writev` each.
+    /// Batched: each packet queued as a write, submitted at commit. Else, and with an egress
+    /// queue, one `writev` each: a write the kernel has no room for must be known while the
+    /// packet can still wait in the queue (a batch's refusals are known only at the commit,
+    /// after its senders let go of their packets).
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
-        if self.uring.is_some() {
+        if self.uring.is_some() && !self.egress.has_queue() {
             offer_each(pkts, |p| self.queue_write(p))
         } else {
             offer_each(pkts, |p| self.write(p))
@@ -413,9 +448,11 @@ impl super::Port for KernelPort {
 
     /// `Poll` while it drains or holds a packet; else it may sleep: epoll waits on its fd
     /// (level-triggered).
+    /// Also `Poll` while packets wait in its egress queue: nothing signals room in the kernel.
     fn idle(&mut self, _now: Instant, settle: &mut Settle) {
         let ready = self.uring.as_ref().is_some_and(|u| !u.ready.is_empty());
-        if self.look || self.pending > 0 || ready {
+        self.egress.new_round();
+        if self.look || self.pending > 0 || ready || self.egress.backlogged() {
             settle.idle(Idle::Poll);
         }
     }
@@ -469,11 +506,13 @@ impl KernelPort {
         bump(&self.stats.syscalls, 1);
         match self.dev.send_iovecs(&iov[..n]) {
             Ok(Some(_)) => {
+                self.egress.sent();
                 bump(&self.stats.tx_packets, 1);
                 bump(&self.stats.tx_bytes, u64::from(pkt.frame_len()));
                 TxOut::Sent
             }
-            Ok(None) => TxOut::Dropped(DropReason::NoBuffer),
+            // The kernel's buffer is full: its egress decides (queue it, or drop it).
+            Ok(None) => TxOut::NoRoom,
             Err(e) => {
                 tracing::debug!(port = self.id, "write refused: {e}");
                 TxOut::Dropped(refusal(e.raw_os_error().unwrap_or(libc::EINVAL)))
