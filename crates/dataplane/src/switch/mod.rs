@@ -786,4 +786,6 @@ impl Cx<'_, '_> {
 }
 
 #[cfg(test)]
+mod kernel_egress_tests;
+#[cfg(test)]
 mod tests;
