@@ -52,6 +52,7 @@ pub fn backpressure(
 
 /// Copies `pkts` into `egress`'s queue at `now` (each queued or dropped), counted on `stats`
 /// with the backlog gauge.
+#[inline(never)]
 pub fn enqueue(egress: &mut Egress, stats: &PortStats, pkts: &[Pkt<'_>], now: Instant) {
     let c = egress.enqueue(pkts, now);
     count_enqueued(stats, &c, egress.queue_len());
@@ -69,7 +70,8 @@ pub fn count_enqueued(stats: &PortStats, c: &QueueCounts, backlog: Option<u32>) 
 /// `batch` packets (one commit: one publish and one call, or one burst of writes), or, with
 /// bulk dequeue off, one packet per batch, as a driver without `xmit_more` would. Returns the
 /// packets sent. A queue that sends nothing for [`STALL`](super::STALL) while packets wait is
-/// emptied (`no_buffer`).
+/// emptied (`no_buffer`). Out of line: it runs only while packets wait.
+#[inline(never)]
 pub fn drain(tx: &mut impl Sender, batch: usize, now: Instant) -> usize {
     let Some(e) = tx.egress() else {
         return 0;

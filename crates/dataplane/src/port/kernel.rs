@@ -359,6 +359,8 @@ impl super::Port for KernelPort {
         }
     }
 
+    /// Out of line, as a trunk's: a syscall's work, kept out of the other ports' dispatch.
+    #[inline(never)]
     fn rx_burst(&mut self, max: usize, now: Instant, to: &mut impl Ingress) -> usize {
         if self.uring.is_some() {
             return self.rx_burst_uring(max, now, to);

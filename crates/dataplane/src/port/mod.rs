@@ -178,7 +178,8 @@ pub trait Port {
     }
     /// Copies `pkts` into its egress queue at `now` (they found no room, or others wait);
     /// every one is queued or dropped and counted by the port. A port without a queue drops
-    /// them (`queue_limit`).
+    /// them (`queue_limit`). Out of line: only when packets wait.
+    #[inline(never)]
     fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
         // Without an egress, every packet is dropped as over the limit.
         let (c, backlog) = self.egress().map_or_else(
