@@ -145,6 +145,13 @@ pub struct Caps {
     /// Receive offloads it negotiated (`VIRTIO_NET_F_GUEST_*`): a packet whose metadata it
     /// cannot take is completed or segmented in software first.
     pub offloads: u64,
+    /// Its packets cost nothing while they wait for a full receiver (a generator's next
+    /// frames are not made yet): they wait in it, however long, rather than in a queue (the
+    /// egress's `Offer::Patient`).
+    pub patient: bool,
+    /// It can send what it receives straight back out of itself (the port's `hairpin`, the
+    /// fixed wiring's `Wire::Hairpin`).
+    pub hairpin: bool,
 }
 
 #[cfg(test)]

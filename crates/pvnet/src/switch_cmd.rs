@@ -52,10 +52,21 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       persist=true: the interface outlives pvnet (TUNSETPERSIST), with its addresses and
       routes, so that a restarted pvnet attaches to it again and the host sees no change
       (deleting the port with `pvnet ctl port del` removes it).
+      [,qdisc=none|fq_codel|fifo][,bulk=true][,limit=1024][,sndbuf=BYTES]: an egress queue
+      as for vhost-user (default none: a packet the kernel has no room for is dropped,
+      no_buffer). The device queue beneath it is the kernel's send buffer for the port's
+      writes (sndbuf bytes: TUNSETSNDBUF, as QEMU's sndbuf=): a write past it finds no room
+      and waits in the queue. A tap's is unbounded unless set (the kernel takes every
+      write), so a tap's queue needs sndbuf. With a queue, writes are one syscall each (the
+      kernel's answer is needed before the sender lets go of the packet); no dql (the
+      kernel reports no completions).
   af-packet:name=wire,ifname=veth0[,io=uring][,direct=true]
       an existing interface (a veth, a NIC) through an AF_PACKET socket with the same
       12-byte virtio-net header (Linux 6.5+), promiscuous; frames the host itself sends out
       of it are ignored. Offloads pass through as for the tap.
+      [,qdisc=none|fq_codel|fifo][,bulk=true][,limit=1024][,sndbuf=BYTES]: as for the tap
+      (sndbuf: SO_SNDBUF, default net.core.wmem_default; the kernel's queue fills when the
+      interface's qdisc holds packets, e.g. under a rate limit).
   sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
   gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC][,flows=1]
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),
@@ -228,6 +239,19 @@ pub(crate) enum PortConfig {
         /// The interface outlives pvnet (TUNSETPERSIST): its addresses survive a restart.
         #[serde(default)]
         persist: bool,
+        /// Egress queue scheduler: none (a packet the kernel has no room for is dropped),
+        /// fq_codel or fifo.
+        #[serde(default = "no_qdisc")]
+        qdisc: String,
+        /// Drain the egress queue in bulk (false: one packet per dequeue).
+        #[serde(default = "yes")]
+        bulk: bool,
+        /// Most packets in the egress queue.
+        #[serde(default = "qlimit")]
+        limit: u32,
+        /// The kernel's send buffer for the port's writes, in bytes (default: the kernel's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sndbuf: Option<u32>,
     },
     AfPacket {
         name: String,
@@ -238,6 +262,19 @@ pub(crate) enum PortConfig {
         /// Read straight into the receive buffers of the frontend packets go to (uring).
         #[serde(default = "yes")]
         direct: bool,
+        /// Egress queue scheduler: none (a packet the kernel has no room for is dropped),
+        /// fq_codel or fifo.
+        #[serde(default = "no_qdisc")]
+        qdisc: String,
+        /// Drain the egress queue in bulk (false: one packet per dequeue).
+        #[serde(default = "yes")]
+        bulk: bool,
+        /// Most packets in the egress queue.
+        #[serde(default = "qlimit")]
+        limit: u32,
+        /// The kernel's send buffer for the port's writes, in bytes (default: the kernel's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sndbuf: Option<u32>,
     },
     Sink {
         name: String,
@@ -283,6 +320,9 @@ fn uring() -> String {
 fn fq_codel() -> String {
     "fq_codel".into()
 }
+fn no_qdisc() -> String {
+    "none".into()
+}
 fn qlimit() -> u32 {
     1024
 }
@@ -300,6 +340,34 @@ pub(crate) fn port_policy(p: &PortConfig) -> Result<Option<Policy>> {
     s.parse()
         .map(Some)
         .map_err(|e| usage(format!("port {name}: policy: {e}")))
+}
+
+/// A tap's or `AF_PACKET` port's egress settings from its `qdisc`, `bulk` and `limit` keys
+/// (no `dql`: the kernel reports no completions), and its `sndbuf`; None for another kind.
+pub(crate) fn kernel_egress(p: &PortConfig) -> Result<Option<(EgressConfig, Option<u32>)>> {
+    let (PortConfig::Tap {
+        name,
+        qdisc,
+        bulk,
+        limit,
+        sndbuf,
+        ..
+    }
+    | PortConfig::AfPacket {
+        name,
+        qdisc,
+        bulk,
+        limit,
+        sndbuf,
+        ..
+    }) = p
+    else {
+        return Ok(None);
+    };
+    Ok(Some((
+        egress_of(name, qdisc, false, *bulk, *limit)?,
+        *sndbuf,
+    )))
 }
 
 /// A vhost-user port's egress settings from its `qdisc`, `dql`, `bulk` and `limit` keys.
@@ -425,6 +493,7 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
         }
         PortConfig::Tap { name, io, .. } | PortConfig::AfPacket { name, io, .. } => {
             host_io(name, io)?;
+            kernel_egress(p)?;
         }
         PortConfig::Gen {
             name,
@@ -810,6 +879,21 @@ mod tests {
             } => egress_of(&name, &qdisc, dql, bulk, limit),
             _ => unreachable!(),
         };
+        let k = |spec: &str| kernel_egress(&parse_port_spec(spec)?).map(Option::unwrap);
+        let (tap, sndbuf) =
+            k("tap:name=h,ifname=t0,qdisc=fq_codel,limit=256,sndbuf=65536").unwrap();
+        let q = tap.queue.expect("a queue");
+        assert_eq!(
+            (q.qdisc, q.limit, tap.dql, sndbuf),
+            (Qdisc::FqCodel, 256, false, Some(65536))
+        );
+        let (none, sndbuf) = k("af-packet:name=w,ifname=v0").unwrap();
+        assert_eq!((none.queue, sndbuf), (None, None), "no queue unless asked");
+        assert!(k("af-packet:name=w,ifname=v0,qdisc=red").is_err());
+        assert!(
+            k("tap:name=h,dql=true").is_err(),
+            "no dql key on a kernel port"
+        );
         let fifo = e("vhost-user:name=a,socket=/s,qdisc=fifo,dql=false,bulk=false").unwrap();
         assert_eq!(fifo.queue.map(|q| q.qdisc), Some(Qdisc::Fifo));
         assert!(!fifo.dql && !fifo.bulk);

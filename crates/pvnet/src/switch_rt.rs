@@ -11,8 +11,8 @@
 use crate::ctl::{self, PortInfo, Reply};
 use crate::error::{io, usage, Result};
 use crate::switch_cmd::{
-    check_port, counters, egress_of, host_io, io_name, parse_mac, port_policy, spec_value,
-    FileConfig, PortConfig,
+    check_port, counters, egress_of, host_io, io_name, kernel_egress, parse_mac, port_policy,
+    spec_value, FileConfig, PortConfig,
 };
 use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::poll::Policy;
@@ -168,6 +168,17 @@ impl Runtime {
         self.lock().ports.len()
     }
 
+    /// A kernel port's egress settings, its send buffer set on `dev` first.
+    fn kernel_egress(p: &PortConfig, dev: &HostDev) -> Result<EgressConfig> {
+        let (egress, sndbuf) = kernel_egress(p)?
+            .ok_or_else(|| usage(format!("port {}: not a kernel port", p.name())))?;
+        if let Some(b) = sndbuf {
+            dev.set_sndbuf(b)
+                .map_err(io(format!("port {}: sndbuf", p.name())))?;
+        }
+        Ok(egress)
+    }
+
     /// Starts port `id` as `cfg` says; returns what keeps it running and its description.
     fn start(&self, id: PortId, p: &PortConfig) -> Result<(Running, String)> {
         let name = p.name().to_string();
@@ -233,12 +244,17 @@ impl Runtime {
                 };
                 let ifn = tap.name().to_string();
                 info!(port = %name, ifname = %ifn, offloads = *offloads, persist = *persist, "tap ready");
-                self.dp
-                    .add_host(id, HostPort::Kernel(HostDev::Tap(tap), tap_io, *direct));
+                let dev = HostDev::Tap(tap);
+                let egress = Self::kernel_egress(p, &dev)?;
+                self.dp.add_host(id, HostPort::Kernel(dev, tap_io, *direct));
+                if egress.queue.is_some() {
+                    self.dp.set_egress(id, egress);
+                }
                 let detail = format!(
-                    "{ifn}, {}{}",
+                    "{ifn}, {}{}, egress {}",
                     io_name(tap_io, *direct),
-                    if *persist { ", persistent" } else { "" }
+                    if *persist { ", persistent" } else { "" },
+                    egress_text(&egress)
                 );
                 Ok((Running::Host { persist: keep }, detail))
             }
@@ -251,11 +267,19 @@ impl Runtime {
                 let pio = host_io(&name, pio)?;
                 let sock = pvnet_dataplane::sys::packet::open(ifname).map_err(at(&"AF_PACKET"))?;
                 info!(port = %name, ifname = %ifname, "AF_PACKET socket bound");
-                self.dp
-                    .add_host(id, HostPort::Kernel(HostDev::Packet(sock), pio, *direct));
+                let dev = HostDev::Packet(sock);
+                let egress = Self::kernel_egress(p, &dev)?;
+                self.dp.add_host(id, HostPort::Kernel(dev, pio, *direct));
+                if egress.queue.is_some() {
+                    self.dp.set_egress(id, egress);
+                }
                 Ok((
                     Running::Host { persist: None },
-                    format!("{ifname}, {}", io_name(pio, *direct)),
+                    format!(
+                        "{ifname}, {}, egress {}",
+                        io_name(pio, *direct),
+                        egress_text(&egress)
+                    ),
                 ))
             }
             PortConfig::Sink { .. } => {

@@ -25,6 +25,7 @@
 //! completion DQL learns from, in buffers.
 
 pub mod dql;
+pub mod drain;
 pub mod queue;
 
 use crate::pkt::Pkt;
@@ -210,6 +211,12 @@ impl Egress {
         } else {
             Backpressure::Drop(DropReason::NoBuffer)
         }
+    }
+
+    /// Whether it keeps a queue.
+    #[inline]
+    pub fn has_queue(&self) -> bool {
+        self.has_queue
     }
 
     /// Packets wait in the queue: new ones must queue behind them.

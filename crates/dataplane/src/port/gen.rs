@@ -200,6 +200,8 @@ impl super::Port for GenPort {
         Caps {
             receives: false,
             offloads: 0,
+            patient: true,
+            hairpin: false,
         }
     }
 

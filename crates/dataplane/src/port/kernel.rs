@@ -21,8 +21,8 @@
 //! read at most every [`TAP_LOOK`] (each look is a syscall); right after every sleep it is
 //! read at once. `syscalls` counts every `read`, `writev` and `io_uring_enter`.
 
-use super::{offer_each, Ingress, RX_OFFLOADS};
-use crate::egress::{Egress, HoldPolicy};
+use super::{offer_each, Ingress, Lease, RX_OFFLOADS};
+use crate::egress::{Egress, EgressConfig, HoldPolicy};
 use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_MERGE};
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
@@ -40,6 +40,10 @@ use virtq::Seg;
 /// How often a tap is read while the shard polls other rings and the tap had nothing last
 /// time (each look is a `read` syscall).
 pub const TAP_LOOK: Duration = Duration::from_micros(20);
+
+/// How long a packet waits in its sender for the kernel: not at all (the kernel never makes
+/// a writer wait; a packet it has no room for is queued, with a queue, or dropped).
+const KERNEL_HOLD: HoldPolicy = HoldPolicy::Bounded(Duration::ZERO);
 
 /// Most iovecs of one write (a packet in more pieces goes through the staging buffer).
 const MAX_IOV: usize = 64;
@@ -84,6 +88,15 @@ impl HostDev {
         match self {
             HostDev::Tap(t) => std::os::fd::AsRawFd::as_raw_fd(t),
             HostDev::Packet(p) => std::os::fd::AsRawFd::as_raw_fd(p),
+        }
+    }
+
+    /// Bounds the bytes of the port's writes the kernel holds (see [`Tap::set_sndbuf`],
+    /// [`PacketSock::set_sndbuf`]): the device queue in front of an egress queue.
+    pub fn set_sndbuf(&self, bytes: u32) -> std::io::Result<()> {
+        match self {
+            HostDev::Tap(t) => t.set_sndbuf(bytes),
+            HostDev::Packet(p) => p.set_sndbuf(bytes),
         }
     }
 
@@ -240,20 +253,34 @@ impl KernelPort {
             pending: 0,
             look: true,
             last_look: None,
-            // The kernel never makes a writer wait: nothing is held for a tap.
-            egress: Egress::new(HoldPolicy::Bounded(Duration::ZERO)),
+            egress: Egress::new(KERNEL_HOLD),
             direct,
         }
+    }
+
+    /// New egress settings: a queue (`qdisc`, `limit`, `bulk`), or none. What waited in the
+    /// old queue is dropped, counted as `reconfigured`. The kernel's own buffer (the socket's
+    /// send buffer) is the device queue: there is no completion to learn a limit from, so
+    /// `dql` is off and nothing is held in a sender (a packet that finds the kernel full is
+    /// queued here, or dropped).
+    pub fn set_egress(&mut self, e: EgressConfig) {
+        let n = self.egress.purge();
+        bump(&self.stats.drops[DropReason::Reconfigured as usize], n);
+        self.stats
+            .backlog
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        let e = EgressConfig {
+            hold: KERNEL_HOLD,
+            dql: false,
+            ..e
+        };
+        self.egress = Egress::with(e, crate::egress::DQL_MIN_BUFFERS);
+        tracing::info!(port = self.id, egress = ?e, "egress settings changed");
     }
 
     /// The kernel end's fd, to wait on it.
     pub fn fd(&self) -> i32 {
         self.dev.fd()
-    }
-
-    /// Its egress state.
-    pub fn egress(&mut self) -> &mut Egress {
-        &mut self.egress
     }
 
     /// Whether it reads straight into a frontend's receive buffers when it can.
@@ -308,6 +335,14 @@ impl super::Port for KernelPort {
         &self.stats
     }
 
+    fn egress(&mut self) -> Option<&mut Egress> {
+        Some(&mut self.egress)
+    }
+
+    fn backlogged(&self) -> bool {
+        self.egress.backlogged()
+    }
+
     fn kind(&self) -> &'static str {
         match self.dev {
             HostDev::Tap(_) => "tap",
@@ -320,9 +355,12 @@ impl super::Port for KernelPort {
         Caps {
             receives: true,
             offloads: RX_OFFLOADS,
+            ..Caps::default()
         }
     }
 
+    /// Out of line, as a trunk's: a syscall's work, kept out of the other ports' dispatch.
+    #[inline(never)]
     fn rx_burst(&mut self, max: usize, now: Instant, to: &mut impl Ingress) -> usize {
         if self.uring.is_some() {
             return self.rx_burst_uring(max, now, to);
@@ -393,9 +431,12 @@ impl super::Port for KernelPort {
         true
     }
 
-    /// Batched: each packet queued as a write, submitted at commit. Else one `writev` each.
+    /// Batched: each packet queued as a write, submitted at commit. Else, and with an egress
+    /// queue, one `writev` each: a write the kernel has no room for must be known while the
+    /// packet can still wait in the queue (a batch's refusals are known only at the commit,
+    /// after its senders let go of their packets).
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
-        if self.uring.is_some() {
+        if self.uring.is_some() && !self.egress.has_queue() {
             offer_each(pkts, |p| self.queue_write(p))
         } else {
             offer_each(pkts, |p| self.write(p))
@@ -409,9 +450,11 @@ impl super::Port for KernelPort {
 
     /// `Poll` while it drains or holds a packet; else it may sleep: epoll waits on its fd
     /// (level-triggered).
+    /// Also `Poll` while packets wait in its egress queue: nothing signals room in the kernel.
     fn idle(&mut self, _now: Instant, settle: &mut Settle) {
         let ready = self.uring.as_ref().is_some_and(|u| !u.ready.is_empty());
-        if self.look || self.pending > 0 || ready {
+        self.egress.new_round();
+        if self.look || self.pending > 0 || ready || self.egress.backlogged() {
             settle.idle(Idle::Poll);
         }
     }
@@ -465,11 +508,13 @@ impl KernelPort {
         bump(&self.stats.syscalls, 1);
         match self.dev.send_iovecs(&iov[..n]) {
             Ok(Some(_)) => {
+                self.egress.sent();
                 bump(&self.stats.tx_packets, 1);
                 bump(&self.stats.tx_bytes, u64::from(pkt.frame_len()));
                 TxOut::Sent
             }
-            Ok(None) => TxOut::Dropped(DropReason::NoBuffer),
+            // The kernel's buffer is full: its egress decides (queue it, or drop it).
+            Ok(None) => TxOut::NoRoom,
             Err(e) => {
                 tracing::debug!(port = self.id, "write refused: {e}");
                 TxOut::Dropped(refusal(e.raw_os_error().unwrap_or(libc::EINVAL)))
@@ -587,8 +632,7 @@ impl KernelPort {
     /// [`Port::rx_burst`](super::Port::rx_burst) on the batched path: packets read earlier
     /// first; when none are left, one submission of reads.
     fn rx_burst_uring(&mut self, max: usize, now: Instant, to: &mut impl Ingress) -> usize {
-        let fd = self.fd();
-        let Some(u) = self.uring.as_mut() else {
+        let Some(u) = self.uring.as_ref() else {
             return 0;
         };
         let mut drained = false;
@@ -601,164 +645,218 @@ impl KernelPort {
             {
                 return 0;
             }
-            let k = u.reads.min(max.max(1)).min(RX_BUFS);
-            let lent = if self.direct {
-                to.direct_open(if u.large { MAX_MERGE } else { k })
-            } else {
-                0
-            };
-            // Chains per read: one for small packets; for large ones a single read over all.
-            let per = if u.large { lent.min(MAX_MERGE) } else { 1 };
-            let k = match lent {
-                0 => k,
-                _ if u.large => 1,
-                _ => k.min(lent),
-            };
-            if per > 1 {
-                // A packet within the first chain of a large read makes the next look small.
-                u.first = to.direct_chain(0).iter().map(Seg::len).sum();
-            }
-            for i in 0..k {
-                let buf = u.rx[i * RECV_BUF_LEN..].as_mut_ptr();
-                let len = u32::try_from(RECV_BUF_LEN).unwrap_or(u32::MAX);
-                let queued = if lent > 0 {
-                    let iov = if u.large {
-                        &mut u.riov[..LARGE_IOV]
-                    } else {
-                        &mut u.riov[i * LEND_IOV..(i + 1) * LEND_IOV]
-                    };
-                    let segs = (i * per..(i + 1) * per).flat_map(|c| to.direct_chain(c));
-                    let (n, inchain) = lend_iovecs(segs, buf, iov);
-                    u.lent[i] = inchain;
-                    // SAFETY: the iovecs point into the lent chains of read `i` (the
-                    // frontend's memory, mapped while the shard holds the ring, which it does
-                    // for this whole call; the chains are popped for this batch, so neither
-                    // the frontend nor another sender writes them) and into buffer `i` of
-                    // `u.rx`, as below.
-                    unsafe { u.batch.readv(fd, &iov[..n], i as u64) }
-                } else {
-                    // SAFETY: buffer `i` is `RECV_BUF_LEN` bytes of `u.rx`, untouched until
-                    // the `complete` below returns (no packet is ready, so none points into
-                    // it).
-                    unsafe { u.batch.read(fd, buf, len, i as u64) }
-                };
-                if !queued {
-                    break;
+            match self.look_uring(max, to) {
+                Ok((n, gone)) => {
+                    done += n;
+                    drained |= gone;
                 }
-            }
-            let mut res = [0i32; RX_BUFS];
-            match u.batch.complete(|tag, r| {
-                if let Some(x) = res.get_mut(usize::try_from(tag).unwrap_or(usize::MAX)) {
-                    *x = r;
-                }
-            }) {
-                Ok(calls) => bump(&self.stats.syscalls, u64::from(calls)),
                 Err(e) => {
                     tracing::warn!(
                         port = self.id,
                         "io_uring submit failed ({e}): one syscall per packet from now on"
                     );
-                    if lent > 0 {
-                        to.direct_close(&self.stats);
-                    }
                     self.uring = None;
                     return 0;
                 }
             }
-            if lent > 0 {
-                let (n, gone) = direct_frames(u, &res[..k], per, to, &self.stats, self.id);
-                done += n;
-                drained |= gone;
-                u.reads = ((n + u.ready.len()) * 2).clamp(1, RX_BUFS);
-            }
-            for (i, &r) in res.iter().enumerate().take(k).filter(|_| lent == 0) {
-                match usize::try_from(r) {
-                    Ok(n) => u.ready.push_back((i, n)),
-                    Err(_) => {
-                        drained = true;
-                        if r != -libc::EAGAIN {
-                            tracing::warn!(
-                                port = self.id,
-                                "tap read: {}",
-                                std::io::Error::from_raw_os_error(-r)
-                            );
-                        }
-                    }
-                }
-            }
-            if lent == 0 {
-                u.reads = (u.ready.len() * 2).clamp(1, RX_BUFS);
-            }
         }
-        // Hand out what was read, in bursts of valid packets; a short one is dropped in its
-        // place.
-        while done < max && !u.ready.is_empty() {
-            let mut segs: [Seg<'_>; RX_BUFS] = std::array::from_fn(|_| Seg::from_mut(&mut []));
-            let mut pkts = [EMPTY; RX_BUFS];
-            let mut n = 0;
-            let mut invalid = false;
-            {
-                let mut rest: &mut [u8] = &mut u.rx;
-                let mut at = 0;
-                for &(i, len) in u.ready.iter().take(max - done) {
-                    // Buffers are handed out in increasing order within one read batch.
-                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(i * RECV_BUF_LEN - at);
-                    let (buf, tail) = tail.split_at_mut(RECV_BUF_LEN);
-                    rest = tail;
-                    at = (i + 1) * RECV_BUF_LEN;
-                    let l = u32::try_from(len).unwrap_or(0);
-                    let head = if l >= HDR_LEN + MACS {
-                        read_head(&[Seg::from_mut(&mut buf[..len])], HDR_LEN)
-                    } else {
-                        None
-                    };
-                    let Some((hdr, macs)) = head else {
-                        invalid = true;
-                        break;
-                    };
-                    segs[n] = Seg::from_mut(&mut buf[..len]);
-                    pkts[n] = Pkt {
-                        segs: &[],
-                        len: l,
-                        hdr_len: HDR_LEN,
-                        hdr,
-                        macs,
-                        hash: 0,
-                    };
-                    n += 1;
-                }
-            }
-            for (p, s) in pkts.iter_mut().zip(segs.iter()).take(n) {
-                p.segs = std::slice::from_ref(s);
-            }
-            let taken = if n > 0 {
-                to.burst(&pkts[..n], &self.stats)
-            } else {
-                0
-            };
-            let bytes: u64 = pkts[..taken]
-                .iter()
-                .map(|p| u64::from(p.len - HDR_LEN))
-                .sum();
-            bump(&self.stats.rx_packets, taken as u64);
-            bump(&self.stats.rx_bytes, bytes);
-            u.ready.drain(..taken);
-            done += taken;
-            if taken < n {
-                break;
-            }
-            if invalid && n == 0 {
-                // The short one heads the queue now: dropped in its place.
-                u.ready.pop_front();
-                bump(&self.stats.drops[DropReason::Invalid as usize], 1);
-                bump(&self.stats.rx_packets, 1);
-                done += 1;
-            }
-        }
+        let Some(u) = self.uring.as_mut() else {
+            return done;
+        };
+        done += hand_out(u, max.saturating_sub(done), to, &self.stats);
         self.look = !drained && u.ready.is_empty();
         self.last_look = Some(now);
         done
     }
+
+    /// One look of the batched path: a submission of reads, straight into the receive
+    /// buffers the switch lends when it does (direct receive), else into the port's own.
+    /// Returns the packets completed in place and whether the kernel had no more.
+    fn look_uring(&mut self, max: usize, to: &mut impl Ingress) -> std::io::Result<(usize, bool)> {
+        let (fd, id, direct) = (self.fd(), self.id, self.direct);
+        let Some(u) = self.uring.as_deref_mut() else {
+            return Ok((0, false));
+        };
+        let k = u.reads.min(max.max(1)).min(RX_BUFS);
+        let lease = if direct {
+            to.lend(if u.large { MAX_MERGE } else { k })
+        } else {
+            None
+        };
+        match lease {
+            Some(lease) => direct_look(u, fd, k, lease, &self.stats, id),
+            None => plain_look(u, fd, k, &self.stats, id).map(|gone| (0, gone)),
+        }
+    }
+}
+
+/// Submits up to `k` reads into the port's own buffers and waits for them; what they read
+/// waits in `ready`. Returns whether the kernel had no more.
+fn plain_look(
+    u: &mut Uring,
+    fd: i32,
+    k: usize,
+    stats: &PortStats,
+    id: PortId,
+) -> std::io::Result<bool> {
+    for i in 0..k {
+        let buf = u.rx[i * RECV_BUF_LEN..].as_mut_ptr();
+        let len = u32::try_from(RECV_BUF_LEN).unwrap_or(u32::MAX);
+        // SAFETY: buffer `i` is `RECV_BUF_LEN` bytes of `u.rx`, untouched until the
+        // `complete` below returns (no packet is ready, so none points into it).
+        if !unsafe { u.batch.read(fd, buf, len, i as u64) } {
+            break;
+        }
+    }
+    let res = complete_reads(u, stats)?;
+    let mut drained = false;
+    for (i, &r) in res.iter().enumerate().take(k) {
+        match usize::try_from(r) {
+            Ok(n) => u.ready.push_back((i, n)),
+            Err(_) => {
+                drained = true;
+                if r != -libc::EAGAIN {
+                    let e = std::io::Error::from_raw_os_error(-r);
+                    tracing::warn!(port = id, "tap read: {e}");
+                }
+            }
+        }
+    }
+    u.reads = (u.ready.len() * 2).clamp(1, RX_BUFS);
+    Ok(drained)
+}
+
+/// Submits up to `k` reads into the chains of `lease` (one chain per read for small packets,
+/// for large ones a single read over as many as a packet may take), each with the port's own
+/// buffer behind for what does not fit, and waits for them; then [`direct_frames`]. Returns
+/// the packets completed in place and whether the kernel had no more. The lease is closed
+/// either way.
+fn direct_look(
+    u: &mut Uring,
+    fd: i32,
+    k: usize,
+    lease: impl Lease,
+    stats: &PortStats,
+    id: PortId,
+) -> std::io::Result<(usize, bool)> {
+    let lent = lease.chains();
+    let per = if u.large { lent.min(MAX_MERGE) } else { 1 };
+    let k = if u.large { 1 } else { k.min(lent) };
+    if per > 1 {
+        // A packet within the first chain of a large read makes the next look small.
+        u.first = lease.chain(0).iter().map(Seg::len).sum();
+    }
+    for i in 0..k {
+        let buf = u.rx[i * RECV_BUF_LEN..].as_mut_ptr();
+        let iov = if u.large {
+            &mut u.riov[..LARGE_IOV]
+        } else {
+            &mut u.riov[i * LEND_IOV..(i + 1) * LEND_IOV]
+        };
+        let segs = (i * per..(i + 1) * per).flat_map(|c| lease.chain(c));
+        let (n, inchain) = lend_iovecs(segs, buf, iov);
+        u.lent[i] = inchain;
+        // SAFETY: the iovecs point into the lent chains of read `i` (the receiver's memory,
+        // mapped while the shard holds its ring, which it does for this whole call; the
+        // chains are popped for this batch, so neither the frontend nor another sender
+        // writes them) and into buffer `i` of `u.rx`, untouched until the `complete` below
+        // returns (no packet is ready, so none points into it).
+        if !unsafe { u.batch.readv(fd, &iov[..n], i as u64) } {
+            break;
+        }
+    }
+    let res = match complete_reads(u, stats) {
+        Ok(res) => res,
+        Err(e) => {
+            lease.close(stats);
+            return Err(e);
+        }
+    };
+    let (n, gone) = direct_frames(u, &res[..k], per, lease, stats, id);
+    u.reads = ((n + u.ready.len()) * 2).clamp(1, RX_BUFS);
+    Ok((n, gone))
+}
+
+/// Submits the queued reads and waits for them: each one's result, by its buffer's index.
+fn complete_reads(u: &mut Uring, stats: &PortStats) -> std::io::Result<[i32; RX_BUFS]> {
+    let mut res = [0i32; RX_BUFS];
+    let calls = u.batch.complete(|tag, r| {
+        if let Some(x) = res.get_mut(usize::try_from(tag).unwrap_or(usize::MAX)) {
+            *x = r;
+        }
+    })?;
+    bump(&stats.syscalls, u64::from(calls));
+    Ok(res)
+}
+
+/// Hands out up to `max` of the packets read (`u.ready`), in bursts of valid packets; a short
+/// one is dropped in its place. Returns the packets taken.
+fn hand_out(u: &mut Uring, max: usize, to: &mut impl Ingress, stats: &PortStats) -> usize {
+    let mut done = 0;
+    while done < max && !u.ready.is_empty() {
+        let mut segs: [Seg<'_>; RX_BUFS] = std::array::from_fn(|_| Seg::from_mut(&mut []));
+        let mut pkts = [EMPTY; RX_BUFS];
+        let mut n = 0;
+        let mut invalid = false;
+        {
+            let mut rest: &mut [u8] = &mut u.rx;
+            let mut at = 0;
+            for &(i, len) in u.ready.iter().take(max - done) {
+                // Buffers are handed out in increasing order within one read batch.
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(i * RECV_BUF_LEN - at);
+                let (buf, tail) = tail.split_at_mut(RECV_BUF_LEN);
+                rest = tail;
+                at = (i + 1) * RECV_BUF_LEN;
+                let l = u32::try_from(len).unwrap_or(0);
+                let head = if l >= HDR_LEN + MACS {
+                    read_head(&[Seg::from_mut(&mut buf[..len])], HDR_LEN)
+                } else {
+                    None
+                };
+                let Some((hdr, macs)) = head else {
+                    invalid = true;
+                    break;
+                };
+                segs[n] = Seg::from_mut(&mut buf[..len]);
+                pkts[n] = Pkt {
+                    segs: &[],
+                    len: l,
+                    hdr_len: HDR_LEN,
+                    hdr,
+                    macs,
+                    hash: 0,
+                };
+                n += 1;
+            }
+        }
+        for (p, s) in pkts.iter_mut().zip(segs.iter()).take(n) {
+            p.segs = std::slice::from_ref(s);
+        }
+        let taken = if n > 0 {
+            to.burst(&pkts[..n], stats)
+        } else {
+            0
+        };
+        let bytes: u64 = pkts[..taken]
+            .iter()
+            .map(|p| u64::from(p.len - HDR_LEN))
+            .sum();
+        bump(&stats.rx_packets, taken as u64);
+        bump(&stats.rx_bytes, bytes);
+        u.ready.drain(..taken);
+        done += taken;
+        if taken < n {
+            break;
+        }
+        if invalid && n == 0 {
+            // The short one heads the queue now: dropped in its place.
+            u.ready.pop_front();
+            bump(&stats.drops[DropReason::Invalid as usize], 1);
+            bump(&stats.rx_packets, 1);
+            done += 1;
+        }
+    }
+    done
 }
 
 /// The iovecs of one direct read into `iov`: the lent chains' segments, in order (as many
@@ -804,7 +902,7 @@ fn direct_frames(
     u: &mut Uring,
     res: &[i32],
     per: usize,
-    to: &mut impl Ingress,
+    mut lease: impl Lease,
     stats: &PortStats,
     id: PortId,
 ) -> (usize, bool) {
@@ -831,9 +929,9 @@ fn direct_frames(
         }
         if in_place && len <= u.lent[i] && len >= HDR_LEN + MACS {
             // Completed packets are gone from the front: this one's chain is the next.
-            let head = read_head(to.direct_chain(0), HDR_LEN);
+            let head = read_head(lease.chain(0), HDR_LEN);
             if let Some((hdr, macs)) = head {
-                if to.direct_take(len, &hdr, &macs) {
+                if lease.take(len, &hdr, &macs) {
                     direct += 1;
                     bytes += u64::from(len - HDR_LEN);
                     continue;
@@ -849,7 +947,7 @@ fn direct_frames(
         let mut at = 0;
         let mut c = i * per - direct;
         while at < inchain {
-            let chain = to.direct_chain(c);
+            let chain = lease.chain(c);
             if chain.is_empty() {
                 break;
             }
@@ -858,7 +956,7 @@ fn direct_frames(
         }
         u.ready.push_back((i, n));
     }
-    to.direct_close(stats);
+    lease.close(stats);
     bump(&stats.rx_packets, direct as u64);
     bump(&stats.rx_bytes, bytes);
     bump(&stats.rx_direct, direct as u64);

@@ -25,9 +25,10 @@ pub mod sink;
 pub mod trunk;
 pub mod vhost;
 
-use crate::pkt::{Caps, Pkt, PortId, TxOut};
+use crate::egress::Egress;
+use crate::pkt::{Caps, Pkt, PortId, TxOut, MAX_BURST};
 use crate::poll::plan::Settle;
-use crate::stats::{bump, DropReason, PortStats};
+use crate::stats::PortStats;
 use pvnet_net::VnetHdr;
 use std::time::Instant;
 use virtq::event::Armed;
@@ -44,29 +45,51 @@ pub trait Ingress {
     /// Whether anything could take a packet from this port now (a generator starts only then).
     fn has_receiver(&self) -> bool;
 
-    /// Direct receive (technique 3, docs/no-copy.md), for a kernel port: opens the receive
-    /// batch of the port this sender's packets are expected to go to, if that port can take
-    /// packets written straight into its buffers, for about `want` of them. Returns how many
-    /// chains it lends (0: none, read into the port's own buffers as usual). The lent
-    /// chains are completed in order ([`direct_take`](Self::direct_take)) and the batch
-    /// closed ([`direct_close`](Self::direct_close)) before anything else goes through.
-    fn direct_open(&mut self, _want: usize) -> usize {
-        0
+    /// Direct receive (technique 3, docs/no-copy.md), for a sender whose device can write
+    /// packets into memory it is given (a kernel port's reads): lends it the transmit
+    /// buffers of the port its packets are expected to go to, about `want` of them, if that
+    /// port lends ([`Port::lend`]). `None`: read into the sender's own buffers as usual. The
+    /// lease is closed ([`Lease::close`]) before anything else goes through.
+    fn lend(&mut self, want: usize) -> Option<impl Lease> {
+        let _ = want;
+        None::<NoLease>
     }
-    /// The writable segments of the `k`-th lent chain not completed yet.
-    fn direct_chain(&self, _k: usize) -> &[Seg<'_>] {
-        &[]
-    }
-    /// The next lent chain holds a packet the kernel wrote (`len` bytes, header included,
+}
+
+/// Receive buffers lent to a sender's device (see [`Ingress::lend`]): their chains, in
+/// order, each filled by the device before the next.
+pub trait Lease {
+    /// Chains lent.
+    fn chains(&self) -> usize;
+    /// The writable segments of the `k`-th lent chain not completed yet (none past them).
+    fn chain(&self, k: usize) -> &[Seg<'_>];
+    /// The next lent chains hold a packet the device wrote (`len` bytes, header included,
     /// decoded as `hdr` and `macs`): routes it, learning its source, and completes it in
     /// place if it goes to the lending port as it is. False: nothing was done; the packet,
-    /// and every one read after it, takes the usual path (copied out of the chain first).
-    fn direct_take(&mut self, _len: u32, _hdr: &VnetHdr, _macs: &[u8; 12]) -> bool {
-        false
-    }
+    /// and every one read after it, takes the usual path (copied out of the chains first).
+    fn take(&mut self, len: u32, hdr: &VnetHdr, macs: &[u8; 12]) -> bool;
     /// Commits what was completed in place (one publish, one call decision) and gives the
-    /// chains not completed back to the ring.
-    fn direct_close(&mut self, _stats: &PortStats) {}
+    /// chains not completed back.
+    fn close(self, stats: &PortStats);
+}
+
+/// The lease of a receiver that never lends.
+#[derive(Debug)]
+pub enum NoLease {}
+
+impl Lease for NoLease {
+    fn chains(&self) -> usize {
+        match *self {}
+    }
+    fn chain(&self, _k: usize) -> &[Seg<'_>] {
+        match *self {}
+    }
+    fn take(&mut self, _len: u32, _hdr: &VnetHdr, _macs: &[u8; 12]) -> bool {
+        match *self {}
+    }
+    fn close(self, _stats: &PortStats) {
+        match self {}
+    }
 }
 
 /// Every receive offload a virtio-net driver can take (`VIRTIO_NET_F_GUEST_*`): what a port
@@ -114,25 +137,73 @@ pub trait Port {
     /// Commits the batch: one publish and call decision, one burst of writes.
     fn tx_commit(&mut self);
 
+    /// Sends up to `max` of the packets it receives straight back out of itself, within
+    /// the port (request/response benchmarks; only a port whose [`Caps::hairpin`] says so).
+    /// Returns the packets taken.
+    fn hairpin(&mut self, max: usize, now: Instant) -> usize {
+        let _ = (max, now);
+        0
+    }
+
+    /// Lends about `want` of its transmit buffers for a sender's device to write packets
+    /// straight into (direct receive, docs/no-copy.md), opening its transmit batch at `now`
+    /// as [`tx_begin`](Self::tx_begin) does (it is committed with the rest). `None`: it does
+    /// not lend now, and nothing was opened; else how many chains it lends (maybe none).
+    fn lend(&mut self, now: Instant, want: usize) -> Option<usize> {
+        let _ = (now, want);
+        None
+    }
+    /// The writable segments of the `k`-th lent chain not filled yet (none past them). They
+    /// stay the port's buffers, popped for this batch.
+    fn lent(&self, k: usize) -> &[Seg<'_>] {
+        let _ = k;
+        &[]
+    }
+    /// Completes the next lent chains in place: they hold a packet of `len` bytes (header
+    /// included) that the device wrote across them in order. False, nothing consumed, if they
+    /// cannot take it.
+    fn fill_lent(&mut self, len: u32) -> bool {
+        let _ = len;
+        false
+    }
+
+    /// Its transmit side's backpressure state (what becomes of a packet it has no room for),
+    /// if it keeps one.
+    fn egress(&mut self) -> Option<&mut Egress> {
+        None
+    }
     /// Packets wait in its egress queue (new ones must queue behind them).
     fn backlogged(&self) -> bool {
         false
     }
     /// Copies `pkts` into its egress queue at `now` (they found no room, or others wait);
     /// every one is queued or dropped and counted by the port. A port without a queue drops
-    /// them (`queue_limit`).
+    /// them (`queue_limit`). Out of line: only when packets wait.
+    #[inline(never)]
     fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
-        bump(
-            &self.tx_stats().drops[DropReason::QueueLimit as usize],
-            pkts.len() as u64,
+        // Without an egress, every packet is dropped as over the limit.
+        let (c, backlog) = self.egress().map_or_else(
+            || {
+                let drop_limit = pkts.len() as u64;
+                let c = crate::egress::queue::QueueCounts {
+                    drop_limit,
+                    ..Default::default()
+                };
+                (c, None)
+            },
+            |e| (e.enqueue(pkts, now), e.queue_len()),
         );
-        let _ = now;
+        crate::egress::drain::count_enqueued(self.tx_stats(), &c, backlog);
     }
     /// Sends what waits in its egress queue, as one batch (as many as the device queue's
-    /// limit allows, or one): returns the packets sent.
+    /// limit allows, or one) through its own transmit calls ([`crate::egress::drain`]):
+    /// returns the packets sent.
     fn drain(&mut self, now: Instant) -> usize {
-        let _ = now;
-        0
+        if self.backlogged() {
+            crate::egress::drain::drain(&mut Tx(self), MAX_BURST, now)
+        } else {
+            0
+        }
     }
 
     /// After a round: what its queues want (poll on, may sleep armed, wake by a deadline).
@@ -143,6 +214,30 @@ pub trait Port {
     fn disarm(&mut self, slept: bool);
     /// An fd of the port's fired (a kick, a readable tap): `token` is the one it registered.
     fn event(&mut self, token: u16);
+}
+
+/// A port's transmit calls as the egress drain's [`Sender`](crate::egress::drain::Sender).
+struct Tx<'a, P: ?Sized>(&'a mut P);
+
+impl<P: Port + ?Sized> crate::egress::drain::Sender for Tx<'_, P> {
+    fn id(&self) -> PortId {
+        self.0.id()
+    }
+    fn begin(&mut self, now: Instant, hint: usize) -> bool {
+        self.0.tx_begin(now, hint)
+    }
+    fn send(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
+        self.0.tx_burst(pkts)
+    }
+    fn commit(&mut self) {
+        self.0.tx_commit();
+    }
+    fn egress(&mut self) -> Option<&mut Egress> {
+        self.0.egress()
+    }
+    fn stats(&self) -> &PortStats {
+        self.0.tx_stats()
+    }
 }
 
 /// Every port kind, dispatched statically.
@@ -209,11 +304,28 @@ impl Port for AnyPort {
         each!(self, p => p.tx_commit())
     }
     #[inline]
+    fn lend(&mut self, now: Instant, want: usize) -> Option<usize> {
+        each!(self, p => p.lend(now, want))
+    }
+    #[inline]
+    fn lent(&self, k: usize) -> &[Seg<'_>] {
+        each!(self, p => p.lent(k))
+    }
+    #[inline]
+    fn fill_lent(&mut self, len: u32) -> bool {
+        each!(self, p => p.fill_lent(len))
+    }
+    #[inline]
+    fn hairpin(&mut self, max: usize, now: Instant) -> usize {
+        each!(self, p => p.hairpin(max, now))
+    }
+    #[inline]
+    fn egress(&mut self) -> Option<&mut Egress> {
+        each!(self, p => p.egress())
+    }
+    #[inline]
     fn backlogged(&self) -> bool {
-        match self {
-            AnyPort::Vhost(v) => v.backlogged(),
-            _ => false,
-        }
+        each!(self, p => p.backlogged())
     }
     #[inline]
     fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) {
@@ -221,10 +333,7 @@ impl Port for AnyPort {
     }
     #[inline]
     fn drain(&mut self, now: Instant) -> usize {
-        match self {
-            AnyPort::Vhost(v) => v.drain(now),
-            _ => 0,
-        }
+        each!(self, p => p.drain(now))
     }
     #[inline]
     fn idle(&mut self, now: Instant, settle: &mut Settle) {
@@ -255,16 +364,6 @@ impl AnyPort {
     pub fn as_vhost(&mut self) -> Option<&mut vhost::VhostPort> {
         match self {
             AnyPort::Vhost(v) => Some(v),
-            _ => None,
-        }
-    }
-
-    /// The egress queue state, for ports that have one (vhost-user, tap).
-    pub fn egress(&mut self) -> Option<&mut crate::egress::Egress> {
-        match self {
-            AnyPort::Vhost(v) => Some(v.egress()),
-            AnyPort::Kernel(t) => Some(t.egress()),
-            AnyPort::Trunk(t) => Some(t.egress()),
             _ => None,
         }
     }

@@ -65,6 +65,7 @@ impl super::Port for SinkPort {
         Caps {
             receives: true,
             offloads: RX_OFFLOADS,
+            ..Caps::default()
         }
     }
 

@@ -234,11 +234,6 @@ impl TrunkPort {
         }
     }
 
-    /// The egress state (hold or drop when the ring is full).
-    pub fn egress(&mut self) -> &mut Egress {
-        &mut self.egress
-    }
-
     /// Whether the other shard published packets not handed out yet.
     #[inline]
     pub fn pending(&self) -> bool {
@@ -261,11 +256,20 @@ impl super::Port for TrunkPort {
         Caps {
             receives: true,
             offloads: RX_OFFLOADS,
+            ..Caps::default()
         }
     }
 
     fn tx_stats(&self) -> &PortStats {
         &self.stats
+    }
+
+    fn egress(&mut self) -> Option<&mut Egress> {
+        Some(&mut self.egress)
+    }
+
+    fn backlogged(&self) -> bool {
+        self.egress.backlogged()
     }
 
     /// Hands out published records, in order, in bursts; gives back the space of those

@@ -18,9 +18,10 @@
 
 pub mod mac;
 
+use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
 use crate::pkt::{Pkt, PortId, TxOut};
-use crate::port::{AnyPort, Ingress, Port};
+use crate::port::{AnyPort, Ingress, Lease, Port};
 use crate::stats::{bump, DropReason, PortStats};
 use mac::MacTable;
 use pvnet_net::features::{
@@ -277,9 +278,9 @@ impl Fabric {
         };
         let sid = src.id();
         let fixed = match self.router.wire(sid) {
-            Some(Wire::Hairpin) => {
-                return src.as_vhost().map_or(0, |v| v.hairpin(self.batch, now));
-            }
+            Some(Wire::Hairpin) if src.caps().hairpin => return src.hairpin(self.batch, now),
+            // A port that cannot send its packets back: they have nowhere to go.
+            Some(Wire::Hairpin) => Some(Route::Drop(DropReason::PortDown)),
             Some(Wire::To(dst)) => Some(
                 index_of(before, after, dst)
                     .map_or(Route::Drop(DropReason::PortDown), |j| Route::One(j, false)),
@@ -289,7 +290,7 @@ impl Fabric {
             }
             None => None,
         };
-        let offer = if matches!(src, AnyPort::Gen(_)) {
+        let offer = if src.caps().patient {
             Offer::Patient
         } else {
             Offer::Unicast
@@ -307,7 +308,6 @@ impl Fabric {
             flooded: 0,
             hint: 1,
             segs_left: SEG_BUDGET,
-            direct: None,
         };
         let batch = cx.f.batch;
         src.rx_burst(batch, now, &mut cx)
@@ -377,8 +377,6 @@ struct Cx<'a, 'p> {
     hint: usize,
     /// Segments this sender's packets may still be cut into this round ([`SEG_BUDGET`]).
     segs_left: usize,
-    /// The port lending its receive chains to the sender's reads (direct receive).
-    direct: Option<usize>,
 }
 
 impl Cx<'_, '_> {
@@ -500,19 +498,15 @@ impl Cx<'_, '_> {
             return (n, Out::Sent);
         }
 
-        let out = match out {
-            TxOut::Sent => Out::Sent,
-            TxOut::Dropped(r) => Out::Dropped(r),
-            TxOut::NoRoom => match port.egress().map(|e| e.no_room(offer, now)) {
-                Some(Backpressure::Wait) => Out::Wait,
-                Some(Backpressure::Queue) => {
-                    // The rest of the run waits in the receiver's queue; the sender is free.
-                    port.enqueue(&run[n..], now);
-                    return (run.len(), Out::Sent);
-                }
-                Some(Backpressure::Drop(r)) => Out::Dropped(r),
-                None => Out::Dropped(DropReason::NoBuffer),
-            },
+        let out = match backpressure(out, port.egress(), offer, now) {
+            None => Out::Sent,
+            Some(Backpressure::Wait) => Out::Wait,
+            Some(Backpressure::Queue) => {
+                // The rest of the run waits in the receiver's queue; the sender is free.
+                port.enqueue(&run[n..], now);
+                return (run.len(), Out::Sent);
+            }
+            Some(Backpressure::Drop(r)) => Out::Dropped(r),
         };
         (n, out)
     }
@@ -527,7 +521,7 @@ fn put_one(port: &mut AnyPort, p: &Pkt<'_>, offer: Offer, now: Instant) -> TxOut
             TxOut::NoRoom => {}
             o => return o,
         }
-        if port.egress().map(|e| e.no_room(offer, now)) != Some(Backpressure::Queue) {
+        if backpressure(TxOut::NoRoom, port.egress(), offer, now) != Some(Backpressure::Queue) {
             return TxOut::NoRoom;
         }
     }
@@ -689,80 +683,70 @@ impl Ingress for Cx<'_, '_> {
         }
     }
 
-    /// Lends the receive chains of the port every packet of the sender goes to: its fixed
+    /// Lends the transmit buffers of the port every packet of the sender goes to: its fixed
     /// route, or under learning the only other port that receives. Never a guess among
     /// several: the kernel writes a packet into the lending frontend's memory before the
     /// switch has read where it goes, so a frontend lends only where it would be sent the
     /// packet anyway. (Under learning, a packet addressed to a station on the sender's own
     /// side is then dropped as `filtered` after it sat in that buffer, unseen by the
     /// frontend unless it reads buffers it has not been given back: as with vhost-net, where
-    /// everything the tap carries goes to the guest.) Only a vhost-user port lends, with
-    /// 12-byte headers and nothing waiting in its queue.
-    fn direct_open(&mut self, want: usize) -> usize {
+    /// everything the tap carries goes to the guest.) Whether and what the port lends is its
+    /// own ([`Port::lend`]).
+    fn lend(&mut self, want: usize) -> Option<impl Lease> {
         let j = match self.fixed {
-            Some(Route::One(j, _)) => Some(j),
-            Some(_) => None,
-            None => self.expected(),
-        };
-        let Some(j) = j else {
-            return 0;
+            Some(Route::One(j, _)) => j,
+            Some(_) => return None,
+            None => self.expected()?,
         };
         let now = self.now;
-        let Some(AnyPort::Vhost(v)) = self.others.get(j) else {
-            return 0;
-        };
-        if !v.lends() {
-            return 0;
-        }
+        let n = self.others.get(j)?.lend(now, want)?;
         if !self.f.touched.contains(&j) {
-            if !v.tx_begin(now, want) {
-                return 0;
-            }
             self.f.touched.push(j);
         }
-        self.direct = Some(j);
-        v.lent()
+        (n > 0).then_some(Lent { cx: self, j, n })
+    }
+}
+
+/// The transmit buffers of port `j`, lent to the sender's reads for one look.
+struct Lent<'c, 'a, 'p> {
+    cx: &'c mut Cx<'a, 'p>,
+    j: usize,
+    n: usize,
+}
+
+impl Lease for Lent<'_, '_, '_> {
+    fn chains(&self) -> usize {
+        self.n
     }
 
-    fn direct_chain(&self, k: usize) -> &[Seg<'_>] {
-        match self.direct.and_then(|j| self.others.get_ref(j)) {
-            Some(AnyPort::Vhost(v)) => v.lent_chain(k),
-            _ => &[],
-        }
+    fn chain(&self, k: usize) -> &[Seg<'_>] {
+        self.cx.others.get_ref(self.j).map_or(&[], |p| p.lent(k))
     }
 
     /// In place when the route is the lending port and the header can pass as it is (no
     /// metadata, or metadata it negotiated: no software checksum or segmentation to do).
-    fn direct_take(&mut self, len: u32, hdr: &VnetHdr, macs: &[u8; 12]) -> bool {
-        let Some(j) = self.direct else {
+    fn take(&mut self, len: u32, hdr: &VnetHdr, macs: &[u8; 12]) -> bool {
+        let Route::One(k, flooded) = self.cx.route_of(macs) else {
             return false;
         };
-        let route = self.route_of(macs);
-        let Route::One(k, flooded) = route else {
+        let Some(port) = self.cx.others.get(self.j).filter(|_| k == self.j) else {
             return false;
         };
-        let Some(AnyPort::Vhost(v)) = self.others.get(j) else {
-            return false;
-        };
-        if k != j {
-            return false;
-        }
         if hdr.flags != 0 || hdr.gso_type != VnetHdr::GSO_NONE {
-            let offloads = v.caps().offloads;
+            let offloads = port.caps().offloads;
             if offloads & VIRTIO_NET_F_GUEST_CSUM == 0 || fit(hdr, offloads) != Fit::Pass {
                 return false;
             }
         }
-        if !v.take_in_place(len) {
+        if !port.fill_lent(len) {
             return false;
         }
-        self.flooded += u64::from(flooded);
+        self.cx.flooded += u64::from(flooded);
         true
     }
 
-    fn direct_close(&mut self, stats: &PortStats) {
-        self.direct = None;
-        self.commit(stats);
+    fn close(self, stats: &PortStats) {
+        self.cx.commit(stats);
     }
 }
 
@@ -801,5 +785,7 @@ impl Cx<'_, '_> {
     }
 }
 
+#[cfg(test)]
+mod kernel_egress_tests;
 #[cfg(test)]
 mod tests;

@@ -121,6 +121,29 @@ pub fn open(name: &str) -> io::Result<PacketSock> {
 }
 
 impl PacketSock {
+    /// Bounds the bytes of its writes the kernel holds and has not sent yet (`SO_SNDBUF`;
+    /// the kernel doubles it for its bookkeeping): past it a write finds no room (`EAGAIN`)
+    /// and the port's egress decides. `net.core.wmem_default` by default.
+    pub fn set_sndbuf(&self, bytes: u32) -> io::Result<()> {
+        let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        let len = libc::socklen_t::try_from(size_of_val(&v)).unwrap_or(0);
+        // SAFETY: `v` is a live int for the call; the kernel only reads it.
+        let r = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                std::ptr::from_ref(&v).cast(),
+                len,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("SO_SNDBUF {bytes}: {e}")));
+        }
+        Ok(())
+    }
+
     /// The interface it is bound to.
     pub fn name(&self) -> &str {
         &self.name

@@ -122,6 +122,22 @@ pub fn open(name: &str, offloads: bool) -> io::Result<Tap> {
 }
 
 impl Tap {
+    /// Bounds the bytes of this tap's writes the kernel holds and has not consumed yet
+    /// (`TUNSETSNDBUF`, as QEMU's `sndbuf=`): past it a write finds no room (`EAGAIN`) and
+    /// the port's egress decides. Unbounded by default (a write always goes in).
+    pub fn set_sndbuf(&self, bytes: u32) -> io::Result<()> {
+        let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: TUNSETSNDBUF reads one int through the pointer, live for the call.
+        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::TUNSETSNDBUF, &v) };
+        if rc < 0 {
+            return Err(context(
+                io::Error::last_os_error(),
+                &format!("TUNSETSNDBUF {} {bytes}", self.name),
+            ));
+        }
+        Ok(())
+    }
+
     /// The interface name the kernel gave the tap.
     pub fn name(&self) -> &str {
         &self.name

@@ -339,7 +339,10 @@ impl Shard {
         info!(port = id, kind = h.kind_name(), "host port added");
         let port = match h {
             HostPort::Kernel(dev, io, direct) => {
-                let p = KernelPort::new(id, stats, dev, io, direct);
+                let mut p = KernelPort::new(id, stats, dev, io, direct);
+                if let Some(&e) = self.egress.get(&id) {
+                    p.set_egress(e);
+                }
                 self.epoll.add(p.fd(), token(id, HOST_QUEUE));
                 AnyPort::Kernel(p)
             }
@@ -449,8 +452,10 @@ impl Shard {
                 Cmd::Egress(id, e) => {
                     self.egress.insert(id, e);
                     let cfg = self.vhost_config(id).egress;
-                    if let Some(p) = self.vhost(id) {
-                        p.set_egress(cfg);
+                    match self.index_of(id).map(|i| &mut self.ports[i]) {
+                        Some(AnyPort::Vhost(p)) => p.set_egress(cfg),
+                        Some(AnyPort::Kernel(p)) => p.set_egress(e),
+                        _ => {}
                     }
                 }
                 Cmd::Policy(id, policy) => {

@@ -4,6 +4,8 @@
 use super::rx::RxSide;
 use super::tx::ingress;
 use super::{QueuePair, QueueSlot, VhostPort};
+use crate::egress::drain::{backpressure, enqueue};
+use crate::egress::{Backpressure, Offer};
 use crate::pkt::{Pkt, TxOut};
 use crate::port::Ingress;
 use crate::stats::{bump, DropReason, PortStats};
@@ -12,7 +14,7 @@ use std::time::Instant;
 impl VhostPort {
     /// Sends what the frontend transmits straight back to it (request/response benchmarks):
     /// the same one-copy path as any delivery, within one pair. Returns the packets taken.
-    pub fn hairpin(&mut self, max: usize, now: Instant) -> usize {
+    pub(super) fn hairpin_pairs(&mut self, max: usize, now: Instant) -> usize {
         let (id, features, hdr_len) = (self.id, self.features, self.hdr_len);
         let mut work = 0;
         for qp in self.qps.iter_mut().flatten() {
@@ -72,16 +74,16 @@ impl Ingress for Hairpin<'_> {
             if k == pkts.len() {
                 break;
             }
-            let r = match why {
-                TxOut::Sent => continue,
-                TxOut::NoRoom => match s.st.egress.no_room(crate::egress::Offer::Unicast, self.now)
-                {
-                    crate::egress::Backpressure::Wait => break,
-                    // A hairpin's egress holds no queue (bench roles): drop as no room.
-                    crate::egress::Backpressure::Queue => DropReason::NoBuffer,
-                    crate::egress::Backpressure::Drop(r) => r,
-                },
-                TxOut::Dropped(r) => r,
+            let r = match backpressure(why, Some(&mut s.st.egress), Offer::Unicast, self.now) {
+                None => continue,
+                Some(Backpressure::Wait) => break,
+                Some(Backpressure::Queue) => {
+                    // The rest waits in the pair's own queue (drained next round).
+                    enqueue(&mut s.st.egress, s.stats, &pkts[k..], self.now);
+                    k = pkts.len();
+                    break;
+                }
+                Some(Backpressure::Drop(r)) => r,
             };
             bump(&stats.drops[r as usize], 1);
             k += 1;

@@ -5,6 +5,7 @@ use super::rx::{deliver, Delivered, RxSide};
 use super::{QueuePair, VhostPort};
 use crate::port::Port;
 use pvnet_net::HDR_LEN;
+use std::time::Instant;
 use virtq::Seg;
 
 impl VhostPort {
@@ -13,14 +14,22 @@ impl VhostPort {
     /// waits in its egress queue (what waits goes first), and one receive ring runs (with
     /// more, the ring depends on the packet's flow, known only once the kernel wrote it:
     /// lending one ring's buffers would put every flow on it).
-    pub fn lends(&self) -> bool {
+    fn lends(&self) -> bool {
         self.hdr_len == HDR_LEN
             && !Port::backlogged(self)
             && self.qps.iter().flatten().filter(|qp| qp.rx_runs()).count() <= 1
     }
 
+    /// [`Port::lend`]: when it lends, its receive batch opened as for a transmit batch.
+    pub(super) fn lend_rx(&mut self, now: Instant, want: usize) -> Option<usize> {
+        if !self.lends() || !Port::tx_begin(self, now, want) {
+            return None;
+        }
+        Some(self.lent_count())
+    }
+
     /// The open receive batch's chains not filled yet (0 when none is open).
-    pub fn lent(&self) -> usize {
+    fn lent_count(&self) -> usize {
         match self.qps.get(self.tx_qp).and_then(Option::as_ref) {
             Some(qp) if qp.out.open && qp.rx_runs() => qp.out.rxb.remaining(),
             _ => 0,
@@ -31,7 +40,7 @@ impl VhostPort {
     /// batch). They stay the frontend's buffers, popped for this batch: a kernel port reads
     /// into them and then completes each with [`take_in_place`](Self::take_in_place), in
     /// order; the rest go back to the ring at the commit.
-    pub fn lent_chain(&self, k: usize) -> &[Seg<'_>] {
+    pub(super) fn lent_chain(&self, k: usize) -> &[Seg<'_>] {
         let Some(QueuePair {
             rx: Some(rx), out, ..
         }) = self.qps.get(self.tx_qp).and_then(Option::as_ref)
@@ -48,7 +57,7 @@ impl VhostPort {
     /// included) that the kernel wrote across them in order, each filled before the next.
     /// The caller knows it lies within the chains it lent that read. False, nothing consumed,
     /// if the chains cannot take it (more than a packet may merge, the ring stopped).
-    pub fn take_in_place(&mut self, len: u32) -> bool {
+    pub(super) fn take_in_place(&mut self, len: u32) -> bool {
         let frame_len = len.saturating_sub(self.hdr_len);
         self.rx_side()
             .is_some_and(|mut side| side.in_place(len, frame_len))

@@ -105,7 +105,7 @@ pub struct VhostPort {
 impl VhostPort {
     /// The egress state of the pair the last packets offered went to (the steered one), or
     /// of the first running pair (pair 0 before any runs).
-    pub fn egress(&mut self) -> &mut Egress {
+    pub(super) fn egress_of_tx(&mut self) -> &mut Egress {
         let k = if self
             .qps
             .get(self.tx_qp)

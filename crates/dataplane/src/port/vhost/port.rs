@@ -3,6 +3,7 @@
 use super::steer::Run;
 use super::tx::ingress;
 use super::{QueuePair, QueueSlot, VhostPort};
+use crate::egress::Egress;
 use crate::pkt::{Caps, Pkt, PortId, TxOut, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::Policy;
@@ -11,6 +12,7 @@ use crate::stats::{bump, PortStats};
 use pvnet_net::QueueIndex;
 use std::time::Instant;
 use virtq::event::Armed;
+use virtq::Seg;
 
 impl Port for VhostPort {
     fn id(&self) -> PortId {
@@ -33,7 +35,32 @@ impl Port for VhostPort {
         Caps {
             receives,
             offloads: self.features & RX_OFFLOADS,
+            patient: false,
+            hairpin: true,
         }
+    }
+
+    /// Lends its receive batch's chains when its header is the kernel's 12 bytes, nothing
+    /// waits in its egress queue and one receive ring runs ([`VhostPort::lend_rx`]).
+    fn lend(&mut self, now: Instant, want: usize) -> Option<usize> {
+        self.lend_rx(now, want)
+    }
+    fn lent(&self, k: usize) -> &[Seg<'_>] {
+        self.lent_chain(k)
+    }
+    fn fill_lent(&mut self, len: u32) -> bool {
+        self.take_in_place(len)
+    }
+
+    /// Each pair's transmit ring into its own receive ring ([`VhostPort::hairpin_pairs`]).
+    fn hairpin(&mut self, max: usize, now: Instant) -> usize {
+        self.hairpin_pairs(max, now)
+    }
+
+    /// The egress of the pair the last packets offered went to (the steered one), or of the
+    /// first running pair (pair 0 before any runs).
+    fn egress(&mut self) -> Option<&mut Egress> {
+        Some(self.egress_of_tx())
     }
 
     #[inline]

@@ -1,7 +1,6 @@
 //! Steering across queue pairs: a packet's receive ring chosen by its flow hash (one flow,
 //! one ring, in order), as a multiqueue NIC's RSS would.
 
-use super::drain::count_queue;
 use super::{QueuePair, VhostPort, MAX_STEER};
 use crate::pkt::{Pkt, TxOut, MAX_BURST};
 use std::time::Instant;
@@ -128,13 +127,7 @@ impl VhostPort {
         let Some(qp) = self.qps.get_mut(self.tx_qp).and_then(Option::as_mut) else {
             return;
         };
-        let c = qp.out.egress.enqueue(pkts, now);
-        count_queue(&qp.stats, &c, 0);
-        if let Some(q) = qp.out.egress.queue_len() {
-            qp.stats
-                .backlog
-                .store(u64::from(q), std::sync::atomic::Ordering::Relaxed);
-        }
+        crate::egress::drain::enqueue(&mut qp.out.egress, &qp.stats, pkts, now);
     }
 }
 
