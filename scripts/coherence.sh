@@ -24,10 +24,10 @@ command -v valgrind >/dev/null || { apt-get update -q >/dev/null && DEBIAN_FRONT
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 [ -n "${JSON:-}" ] && : >"$JSON"
 
-build() { # dir -> path of the harness built with the coherence feature (own target dir)
+build() { # dir: the harness built with the coherence feature (own target dir), or exit
   (cd "$1" && CARGO_TARGET_DIR="$1/target/coherence" \
-    cargo build -q --release -p pvnet-dataplane --example switchpath --features coherence) >&2
-  echo "$1/target/coherence/release/examples/switchpath"
+    cargo build -q --release -p pvnet-dataplane --example switchpath --features coherence) >&2 ||
+    { echo "coherence.sh: building the harness in $1 failed" >&2; exit 1; }
 }
 
 row() { # label bin path ring size
@@ -54,8 +54,10 @@ EOF
 
 echo "| build | path | ring | bytes | device read | device RFO | device upgrade | device lines/pkt | of them prefetched | prefetch distance (instr, median) | driver lines/pkt | both |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
-bins=("this=$(build "$PWD")")
-[ -n "${ALT:-}" ] && bins+=("alt=$(build "$(cd "$ALT" && pwd)")")
+build "$PWD"; bins=("this=$PWD/target/coherence/release/examples/switchpath")
+if [ -n "${ALT:-}" ]; then
+  alt="$(cd "$ALT" && pwd)"; build "$alt"; bins+=("alt=$alt/target/coherence/release/examples/switchpath")
+fi
 for path in $PATHS; do
   for ring in $RINGS; do
     for size in $SIZES; do

@@ -149,8 +149,14 @@ impl Fe {
         for _ in 0..BATCH {
             let id = self.tx.next_free().expect("free");
             let at = self.txm.buf(id) + u64::from(self.hdr_at);
-            // The header (all zero) written once: the region starts zeroed.
+            // The header (all zero) written once, the region starting zeroed: afterwards
+            // only compared (read), as the PMD's `ASSIGN_UNLESS_EQUAL` does.
             let from = if self.hdr_at > 0 { 12 } else { 0 };
+            if from > 0 {
+                let mut hdr = [0u8; 12];
+                self.txm.peek(at, &mut hdr);
+                black_box(hdr);
+            }
             self.txm.poke(at + from as u64, &b[from..]);
             self.tx
                 .add_one(Buf {

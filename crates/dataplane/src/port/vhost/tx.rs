@@ -41,10 +41,16 @@ pub(super) fn ingress(
     // for a transfer. Measured against DPDK testpmd's io bounce: 1.67x (packed, fast
     // core-to-core state), 1.57x (slow), split 1.21x; frontend-to-backend rates unchanged
     // (docs/interop.md).
+    //
+    // From the line holding the frame's first byte: the header's own line, when the frontend
+    // gives it one (DPDK's PMD puts it alone at the end of the line before the frame, and
+    // compares before it writes, so in steady state it never does), stays shared in both
+    // caches and is read here without a transfer. Owned here, it would be taken from the
+    // frontend at each of its compares and back at each of pvnet's reads (docs/coherence.md).
     let pf = Prefetch::write();
     if let Err(e) = tx.q.pop_batch(chains, max, |segs| {
         if let Some(s) = segs.first() {
-            pf.seg(s, 2);
+            pf.seg_from(s, hdr_len, 2);
         }
     }) {
         // Chains popped before the bad one are still taken below.
