@@ -46,9 +46,6 @@ pub struct DeviceQueue<M: Translate = MemTable> {
     /// each slot is walked once, however many batches it waits.
     frontier: (u16, bool),
     seen_chains: u16,
-    /// Slots the last walk that found any found newly available: as many lines are
-    /// requested once the next walk sees its first slot available.
-    last_walk: u16,
     /// Next used slot, and the wrap counter there.
     used_idx: u16,
     used_wrap: bool,
@@ -97,7 +94,6 @@ impl<M: Translate> DeviceQueue<M> {
             pending: 0,
             frontier: (idx, wrap),
             seen_chains: 0,
-            last_walk: 0,
             used_idx: idx,
             used_wrap: wrap,
             shadow: Vec::with_capacity(usize::from(cfg.size)),
@@ -182,16 +178,6 @@ impl<M: Translate> DeviceQueue<M> {
         let mut i = advance(self.last_avail, &mut wrap, descs, size);
         let mut want = avail_bits(wrap);
         let mut limit = size.min(SCAN).max(descs);
-        // Once the next slot is seen available, the lines of a walk like the last busy one
-        // start coming, owned, together rather than one after the other as the walk reaches
-        // them (the device writes each back used). A ring found idle asks for none: the lines
-        // would be taken from a driver about to write them.
-        if self.last_walk > 0
-            && self.m.ring.flags(i).load(Ordering::Relaxed) & (DESC_F_AVAIL | DESC_F_USED) == want
-        {
-            self.m.ring.prefetch_slots(i, self.last_walk);
-        }
-        let walked = descs;
         loop {
             if descs == limit {
                 // A window's worth of chains, or the whole ring, is enough. Chains of several
@@ -218,9 +204,6 @@ impl<M: Translate> DeviceQueue<M> {
             }
         }
         self.frontier = (i, want == avail_bits(true));
-        if descs > walked {
-            self.last_walk = descs - walked;
-        }
         self.seen_chains = chains;
         self.pending = chains;
         Ok(chains)

@@ -31,7 +31,6 @@ pub use driver::DriverQueue;
 use crate::config::{AddrSpace, RingAddrs, MAX_QUEUE_SIZE};
 use crate::error::{Error, Result};
 use crate::event::need_event;
-use crate::mem::Prefetch;
 use crate::ring::Layout;
 use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;
@@ -180,21 +179,6 @@ impl Ring {
         // Both sides access it atomically only; the reference lives as long as `&self`, and
         // the mapping outlives the ring (see `Mapped`).
         unsafe { AtomicU16::from_ptr(self.desc.as_ptr().add(usize::from(i)).cast::<u16>().add(7)) }
-    }
-
-    /// Starts loading, for writing, the lines of `n` slots from `i` (wrapping at the ring's
-    /// end): the device reads each descriptor and later writes it back used, so the line is
-    /// asked for once, owned, instead of read shared and upgraded on the write.
-    #[inline]
-    fn prefetch_slots(&self, i: u16, n: u16) {
-        let size = u32::from(self.size);
-        let (i, n) = (u32::from(i), u32::from(n).min(size));
-        let k = n.min(size - i);
-        let pf = Prefetch::write();
-        for (at, k) in [(i, k), (0, n - k)] {
-            // SAFETY: slots at..at+k lie inside the validated ring (at + k <= size).
-            pf.range(unsafe { self.desc.add(at as usize) }.cast::<u8>(), 16 * k);
-        }
     }
 
     /// Walks up to `n` slots from `i` (all before the ring's end) while their AVAIL/USED bits

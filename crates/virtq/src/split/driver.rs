@@ -212,14 +212,21 @@ impl DriverQueue {
         if self.last_used == self.used_cache {
             return Ok(None);
         }
-        let (id32, len) = self.m.ring.used_entry(self.last_used);
+        let id32 = self.m.ring.used_id(self.last_used);
         let id = u16::try_from(id32).map_err(|_| Error::UsedIdInvalid { id: id32 })?;
         let slot = self
             .cap
             .get_mut(usize::from(id))
             .ok_or(Error::UsedIdInvalid { id: id32 })?;
         let cap = slot.ok_or(Error::UsedIdInvalid { id: id32 })?;
-        let len = crate::ring::used_len(id, len, cap)?;
+        // A buffer the device only read has no length to report: the entry's length is not
+        // read (DPDK's PMD reads only the id on transmit), so a used-ring line whose last
+        // length belongs to the next batch is not pulled over twice a lap.
+        let len = if cap == 0 {
+            0
+        } else {
+            crate::ring::used_len(id, self.m.ring.used_entry(self.last_used).1, cap)?
+        };
         *slot = None;
         self.last_used = self.last_used.wrapping_add(1);
         self.in_flight -= 1;
