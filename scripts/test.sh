@@ -40,6 +40,8 @@ step() { # step NAME CMD...: runs a step that is one test of its own
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --features virtq/mock -q -- -D warnings
 step "no import circle between a crate's modules" python3 scripts/check_imports.py
+step "the coherence count's model and trace reader" python3 scripts/test_coherence.py
+step "the coherence harness builds (its prefetches traced)" cargo build -q --release -p pvnet-dataplane --example switchpath --features coherence --target-dir target/coherence
 
 # --- cargo tests: unit, property, concurrency, malformed-ring, end-to-end, hostile frontend ----
 log "cargo test (release: the end-to-end and stress tests move real traffic)"
