@@ -83,6 +83,24 @@ def frame_lines(frame):
     return (frame + LINE - 1) // LINE
 
 
+def dev_flush_used_split(s, ids):
+    """The device's end of a split burst, both directions: the shadow used entries copied
+    out (flush_shadow_used_ring_split vn:278, rte_memcpy vn:269), used->idx added (vn:300),
+    then the call check (vhost_vring_call_split)."""
+    m = s.m
+    for i, d in enumerate(ids):
+        u = (s.last_used + i) % RING
+        m.wr(DEV, S_USED + 4 + 8 * u, 8, 'used_ent')
+        s.used_ring[u] = d
+    s.last_used += B
+    m.rd(DEV, S_USED + 2, 2, 'used_idx'); m.wr(DEV, S_USED + 2, 2, 'used_idx')  # vn:300
+    s.used_idx += B
+    if s.eidx:
+        m.rd(DEV, S_AVAIL + 4 + 2 * RING, 2, 'event')     # vh:881 used_event
+    else:
+        m.rd(DEV, S_AVAIL + 0, 2, 'event')                # vh:892 avail->flags
+
+
 # ---------------- split ring, v2h (TX queue) ------------------------------
 class SplitTx:
     def __init__(s, m, frame, drv_writes_lines, lazy, event_idx):
@@ -169,18 +187,7 @@ class SplitTx:
         for a in deferred:
             m.rd(DEV, a, 1, 'data')                            # do_data_copy_dequeue vn:2943
         s.last_avail += B
-        # vn:278 flush_shadow_used_ring_split (rte_memcpy of 32 elems)
-        for i, d in enumerate(ids):
-            u = (s.last_used + i) % RING
-            m.wr(DEV, S_USED + 4 + 8 * u, 8, 'used_ent')
-            s.used_ring[u] = d
-        s.last_used += B
-        m.rd(DEV, S_USED + 2, 2, 'used_idx'); m.wr(DEV, S_USED + 2, 2, 'used_idx')  # vn:300
-        s.used_idx += B
-        if s.eidx:
-            m.rd(DEV, S_AVAIL + 4 + 2 * RING, 2, 'event')     # vh:881 used_event
-        else:
-            m.rd(DEV, S_AVAIL + 0, 2, 'event')                # vh:892 avail->flags
+        dev_flush_used_split(s, ids)
 
     def drv_reclaim(s):
         if not s.lazy:
@@ -246,17 +253,7 @@ class SplitRx:
         for a in deferred:
             m.wr(DEV, a, 1, 'data')                            # do_data_copy_enqueue vn:1373
         s.last_avail += B
-        for i, d in enumerate(ids):                            # vn:269
-            u = (s.last_used + i) % RING
-            m.wr(DEV, S_USED + 4 + 8 * u, 8, 'used_ent')
-            s.used_ring[u] = d
-        s.last_used += B
-        m.rd(DEV, S_USED + 2, 2, 'used_idx'); m.wr(DEV, S_USED + 2, 2, 'used_idx')  # vn:300
-        s.used_idx += B
-        if s.eidx:
-            m.rd(DEV, S_AVAIL + 4 + 2 * RING, 2, 'event')
-        else:
-            m.rd(DEV, S_AVAIL + 0, 2, 'event')
+        dev_flush_used_split(s, ids)
 
     def drv(s):                               # rx:1376 virtio_recv_mergeable_pkts
         m = s.m

@@ -219,13 +219,12 @@ impl DriverQueue {
             .get_mut(usize::from(id))
             .ok_or(Error::UsedIdInvalid { id: id32 })?;
         let cap = slot.ok_or(Error::UsedIdInvalid { id: id32 })?;
-        // A buffer the device only read has no length to report: the entry's length is not
-        // read (DPDK's PMD reads only the id on transmit), so a used-ring line whose last
-        // length belongs to the next batch is not pulled over twice a lap.
+        // A buffer the device only read has no length to report, and its entry's length is
+        // not read (`Ring::used_len`; DPDK's PMD reads only the id on transmit).
         let len = if cap == 0 {
             0
         } else {
-            crate::ring::used_len(id, self.m.ring.used_entry(self.last_used).1, cap)?
+            crate::ring::used_len(id, self.m.ring.used_len(self.last_used), cap)?
         };
         *slot = None;
         self.last_used = self.last_used.wrapping_add(1);

@@ -163,14 +163,13 @@ impl Ring {
     /// Starts loading, for writing, the lines of `n` used entries from slot `used`.
     #[inline]
     pub(crate) fn prefetch_used(&self, used: u16, n: u16) {
-        let size = u32::from(self.size);
-        let n = u32::from(n).min(size);
-        let at = u32::from(used & self.mask());
-        let k = n.min(size - at);
+        let n = n.min(self.size);
+        let at = used & self.mask();
+        let k = n.min(self.size - at);
         let pf = Prefetch::write();
+        // To the ring's end, then from its start: slots at..at+k lie inside the used ring.
         for (at, k) in [(at, k), (0, n - k)] {
-            // SAFETY: slots at..at+k lie inside the validated used ring (at + k <= size).
-            pf.range(unsafe { self.used.add(4 + 8 * at as usize) }, 8 * k);
+            pf.range(self.used_slot(at).cast(), 8 * u32::from(k));
         }
     }
 
@@ -231,45 +230,36 @@ impl Ring {
         unsafe { self.desc.as_ptr().add(usize::from(i)).write_volatile(d) }
     }
 
-    /// Reads one used entry (id, len), once.
-    #[inline]
-    pub(crate) fn used_entry(&self, idx: u16) -> (u32, u32) {
+    /// The used ring's entry `idx` (the slot masked into range): its id, then its length.
+    #[inline(always)]
+    fn used_slot(&self, idx: u16) -> NonNull<u32> {
         let slot = usize::from(idx & self.mask());
         // SAFETY: slot < size: the 8 bytes at 4 + 8*slot are inside the validated used ring,
-        // 4-byte aligned. One 8-byte volatile read, then split.
-        let v = unsafe {
-            self.used
-                .as_ptr()
-                .add(4 + 8 * slot)
-                .cast::<[u32; 2]>()
-                .read_volatile()
-        };
-        (v[0], v[1])
+        // 4-byte aligned (checked in `new`).
+        unsafe { self.used.add(4 + 8 * slot).cast() }
     }
 
-    /// Reads one used entry's id alone, once (its length in the other half is left unread:
-    /// the line that holds it may be the next batch's).
+    /// Reads one used entry's id, once.
     #[inline]
     pub(crate) fn used_id(&self, idx: u16) -> u32 {
-        let slot = usize::from(idx & self.mask());
-        // SAFETY: as in `used_entry`: the 4 bytes at 4 + 8*slot are inside the used ring.
-        unsafe {
-            self.used
-                .as_ptr()
-                .add(4 + 8 * slot)
-                .cast::<u32>()
-                .read_volatile()
-        }
+        // SAFETY: the entry lies inside the used ring (`used_slot`).
+        unsafe { self.used_slot(idx).read_volatile() }
+    }
+
+    /// Reads one used entry's length, once. Read only when there is one to read: a driver
+    /// that reads the length of a buffer the device only read pulls over, twice a lap, the
+    /// line whose last length belongs to the next batch.
+    #[inline]
+    pub(crate) fn used_len(&self, idx: u16) -> u32 {
+        // SAFETY: as in `used_id`; the length is the entry's second word.
+        unsafe { self.used_slot(idx).add(1).read_volatile() }
     }
 
     #[inline]
     pub(crate) fn set_used_entry(&self, idx: u16, id: u32, len: u32) {
-        let slot = usize::from(idx & self.mask());
-        // SAFETY: as in `used_entry`; the device owns unpublished used slots.
+        // SAFETY: as in `used_id`; the device owns unpublished used slots.
         unsafe {
-            self.used
-                .as_ptr()
-                .add(4 + 8 * slot)
+            self.used_slot(idx)
                 .cast::<[u32; 2]>()
                 .write_volatile([id, len])
         }

@@ -33,20 +33,16 @@ pub(super) fn ingress(
         }
     }
     chains.clear();
-    // The first lines of each chain, fetched for writing although pvnet only reads them: a
-    // frontend that recycles its buffers (DPDK's mempool, a guest's page pool) soon posts a
-    // transmitted buffer for receive, and pvnet then writes its header line. Owned from here,
-    // that write finds the line in this core's cache; fetched for reading, the line stays
-    // shared, or dirty in the frontend's cache from its transmit header, and the write waits
-    // for a transfer. Measured against DPDK testpmd's io bounce: 1.67x (packed, fast
-    // core-to-core state), 1.57x (slow), split 1.21x; frontend-to-backend rates unchanged
-    // (docs/interop.md).
-    //
-    // From the line holding the frame's first byte: the header's own line, when the frontend
-    // gives it one (DPDK's PMD puts it alone at the end of the line before the frame, and
-    // compares before it writes, so in steady state it never does), stays shared in both
-    // caches and is read here without a transfer. Owned here, it would be taken from the
-    // frontend at each of its compares and back at each of pvnet's reads (docs/coherence.md).
+    // Each chain's first lines, from the one holding the frame's first byte, fetched for
+    // writing although pvnet only reads them: a frontend that recycles its buffers (DPDK's
+    // mempool, a guest's page pool) soon posts a transmitted buffer for receive, and pvnet
+    // then writes the frame there; owned from here, the write finds the line in this core's
+    // cache (docs/interop.md has the bounce measured both ways). The header's own line, when
+    // the frontend gives it one (DPDK's PMD puts it alone at the end of the line before the
+    // frame and compares before it writes, so in steady state it never does), is not asked
+    // for: shared in both caches, it is read here without a transfer, where owned it would be
+    // taken from the frontend at each of its compares and back at each of pvnet's reads
+    // (docs/coherence.md).
     let pf = Prefetch::write();
     if let Err(e) = tx.q.pop_batch(chains, max, |segs| {
         if let Some(s) = segs.first() {
