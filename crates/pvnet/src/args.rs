@@ -107,7 +107,7 @@ impl Default for TrafficArgs {
 /// frontends).
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct RingArgs {
-    /// Descriptors per queue (a power of two). Default 256.
+    /// Descriptors per queue (a power of two).
     #[arg(long, default_value_t = RingArgs::QUEUE_SIZE)]
     pub queue_size: u16,
     /// Ask for the packed virtqueue (VIRTIO_F_RING_PACKED, virtio 1.1) instead of the split
