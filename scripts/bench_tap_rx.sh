@@ -18,14 +18,14 @@
 # ctl`: switch CPU ns per packet, the tap's syscalls per packet, and the share read in place
 # (rx_direct / rx_packets). BURSTS bursts per run; runs alternate between the two settings,
 # the order reversed every round; medians. The switch, its tap, the tap's address and the
-# sender run in a network namespace of this run's (scripts/peers/lib.sh netns_new), never in
+# sender run in a network namespace of this run's (scripts/lib/common.sh netns_new), never in
 # the machine's own; the frontend attaches through the vhost-user socket from outside.
 #
 # Usage: scripts/bench_tap_rx.sh      Env: ROUNDS=3 BURSTS=10 PKTS=32768 PAYLOAD=22
 #        IO=uring (the tap's io; IO=syscall: one read per packet, never in place)
 #        DOC=docs/no-copy.md (DOC= to skip)
 # Wall time: ~15 s per run: ~2 min with the defaults.
-source "$(dirname "$0")/peers/lib.sh"
+source "$(dirname "$0")/lib/common.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; BURSTS="${BURSTS:-10}"; PKTS="${PKTS:-32768}"; PAYLOAD="${PAYLOAD:-22}"; IO="${IO:-uring}"
 DOC="${DOC-$PVNET_ROOT/docs/no-copy.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"

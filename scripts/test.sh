@@ -27,7 +27,7 @@ done
 # configured in the root namespace. Its addresses, routes and links now, compared at the end.
 export PVNET_NS_PREFIX="pvnet-t$$"
 net_before=$(mktemp)
-bash -c 'source scripts/peers/lib.sh && root_net_state' > "$net_before"
+bash -c 'source scripts/lib/common.sh && root_net_state' > "$net_before"
 
 passed=0; failed=0; failures=()
 step() { # step NAME CMD...: runs a step that is one test of its own
@@ -76,7 +76,7 @@ step "pvnet bench smoke (counts add up)" ./target/release/pvnet bench --secs 0.5
 # --- nothing of the suite's left, the root namespace as it was ----------------------------------
 # shellcheck disable=SC2016  # $1 is the inner shell's
 step "root network namespace unchanged, no namespace of the suite left" \
-  bash -c 'source scripts/peers/lib.sh && root_net_check "$1"' _ "$net_before"
+  bash -c 'source scripts/lib/common.sh && root_net_check "$1"' _ "$net_before"
 rm -f "$net_before"
 
 echo

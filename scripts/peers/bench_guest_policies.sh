@@ -38,7 +38,7 @@
 #        TAPS="bh timer" SPLIT=1 NAPI0=1 TAP=pvbtap0 TAP_NET=10.77.0 (host .1/24)
 #        QUIET_PCT=15 QUIET_WAIT=60 OTHER_MAX=10 DOC=docs/guest-policies.md (DOC= to skip)
 # Wall time: ~15 s per run; with the defaults 2 x 2 x 10 runs: ~10 min.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/common.sh"
 need_root
 T_START=$(date +%s)
 ROUNDS="${ROUNDS:-2}"; DUR="${DUR:-5}"; BURSTS="${BURSTS:-1 32}"
@@ -57,7 +57,7 @@ ACC=$(guest_accel)
 if [ -n "${RESULTS:-}" ]; then   # summary and table only, from an earlier run's results.txt
   RES="$RESULTS"; B=$(mktemp -d); SUMMARY_TMP="$B"; SOCK=""; WALL="(earlier run)"
 else
-"$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
+"$PEERS_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 if [ ! -s "$GUEST_DIR/vmlinux" ] || [ ! -s "$GUEST_DIR/base.cpio.gz" ]; then die "no guest image in $GUEST_DIR"; fi
 # Build only when there is no binary (someone else rebuilds target/), then take a private copy so
 # that a rebuild during the run cannot swap it.
@@ -84,7 +84,7 @@ trap cleanup EXIT
 trap 'exit 130' INT; trap 'exit 143' TERM   # so that cleanup runs
 
 # ---- the tap: host side 10.77.0.1/24, carries only this guest's frames -----------------------
-# In a network namespace of this run's (scripts/peers/lib.sh netns_new; IPv6 off there: the host
+# In a network namespace of this run's (scripts/lib/common.sh netns_new; IPv6 off there: the host
 # sends nothing to the guest), never the machine's own: QEMU's tap backend runs in it (it
 # opens the tap by name), the pvnet runs need none (vhost-user).
 netns_new guestpol; HNS=$NS

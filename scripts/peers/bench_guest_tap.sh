@@ -17,7 +17,7 @@
 # iperf3 -P N (the [SUM] line), and N sockperf ping-pong clients at once against one server
 # (transactions/s summed; p50/p99 the median over the clients). 100 clients need
 # GUEST_MEM=1536 (MiB; ~5 MB each).
-# The host side lives in a network namespace of this run's (scripts/peers/lib.sh netns_new),
+# The host side lives in a network namespace of this run's (scripts/lib/common.sh netns_new),
 # never in the machine's own: the taps, 10.78.0.1, iperf3 -s and sockperf sr; pvnet switch runs
 # in it (its tap is made there), and so does QEMU when its own tap backend is measured (QEMU
 # opens the tap by name in its namespace); with pvnet, QEMU attaches through the socket.
@@ -56,13 +56,13 @@
 #        DOC=docs/guest-tap.md (table written between the bench markers; DOC= to skip)
 #        SECTION=bench_guest_tap (the markers' name, for a second table in one DOC)
 # Wall time: ~45 s per run: ~8 min with the defaults.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/common.sh"
 need_root
 ROUNDS="${ROUNDS:-2}"; DUR="${DUR:-4}"; FLOWS="${FLOWS:-1}"; TESTS="${TESTS:-tcp_g2h tcp_h2g udp_g2h udp_h2g rr}"; CFGS="${CFGS:-pvnet bh timer bh:intx timer:intx}"
 DOC="${DOC-$PVNET_ROOT/docs/guest-tap.md}"
 QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
 NET=10.78.0; PVTAP=pvgt0; QTAP=qgt0; GMAC=02:00:00:00:00:02
-"$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
+"$PEERS_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 [ -s "$GUEST_DIR/vmlinux" ] && [ -s "$GUEST_DIR/base.cpio.gz" ] || die "no guest image in $GUEST_DIR"
 build_pvnet
 B="$WORK/guesttap"; rm -rf "$B"; mkdir -p "$B"

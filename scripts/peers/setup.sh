@@ -17,7 +17,7 @@
 # hugepages, QEMU/DPDK/kernel versions, c2c latency.
 #
 # Env: PVNET_PEERS_WORK (work dir), HUGEPAGES (2 MiB pages, 1024), REBUILD_GUEST=1, ACCEL.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/common.sh"
 need_root
 mkdir -p "$WORK"
 

@@ -102,7 +102,7 @@
 #
 # The machine's own network is never touched: the tap cases (guest_tap*, guest_mq*,
 # guest_restart, guest_migrate) each make a network namespace ($NS_PREFIX-it-CASE, the PID in
-# it: scripts/peers/lib.sh netns_new), run `pvnet switch` in it (its tap is made there, with the
+# it: scripts/lib/common.sh netns_new), run `pvnet switch` in it (its tap is made there, with the
 # host's 10.77.0.1/24) and the host's iperf3, ping and HTTP server with `ip netns exec`; the
 # guest and testpmd attach through unix sockets from the root namespace. Namespaces, DPDK file
 # prefixes and the log directory are unique per run (two runs on one machine do not collide),
@@ -112,7 +112,7 @@
 # Env: PVNET_PEERS_WORK (work dir, default /tmp/pvnet-peers), PVNET_NO_BUILD=1 (use the built
 # target/release/pvnet as is), ACCEL=auto|kvm|tcg, PVNET_NS_PREFIX (namespace name prefix,
 # default pvnet). Logs stay in $WORK/interop.PID ($WORK/interop links to the latest run's).
-source "$(dirname "$0")/../../scripts/peers/lib.sh"
+source "$(dirname "$0")/../../scripts/lib/common.sh"
 set +e   # every case reports its own failure
 T_START=$(date +%s)
 D="$WORK/interop.$$"
@@ -1324,7 +1324,7 @@ done
 # Nothing of this run may be left: its namespaces (with their taps), a tap in the root
 # namespace, testpmd's hugepage files or runtime directories.
 netns_cleanup
-# shellcheck disable=SC2153  # NS_PREFIX: scripts/peers/lib.sh
+# shellcheck disable=SC2153  # NS_PREFIX: scripts/lib/common.sh
 left=$(netns_left "$NS_PREFIX-"; ip -o link show | awk -F': ' -v t="$TAPIF" '$2 == t {print "root-namespace link " t}'
   ls -d /dev/hugepages/"$FE_PREFIX"* /dev/hugepages/"$BE_PREFIX"* /var/run/dpdk/"$FE_PREFIX" /var/run/dpdk/"$BE_PREFIX" 2>/dev/null)
 if [ -n "$left" ]; then fail no_leftovers "left behind: $(echo "$left" | paste -sd ' ')"; else pass no_leftovers; fi
