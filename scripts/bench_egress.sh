@@ -23,5 +23,5 @@ printf '%s\n' "$out"
 stamp="$(date -u +%Y-%m-%d) ($(nproc) CPUs, $(git rev-parse --short HEAD))"
 tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
 printf '_Run %s, `scripts/bench_egress.sh`_\n\n%s\n' "$stamp" "$out" > "$tmp"
-python3 scripts/lib/docs.py between "$DOC" "<!-- bench:egress -->" "<!-- /bench:egress -->" "$tmp"
+python3 scripts/lib/docsection.py between "$DOC" "<!-- bench:egress -->" "<!-- /bench:egress -->" "$tmp"
 echo "written to $DOC"

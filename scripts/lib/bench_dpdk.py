@@ -14,7 +14,7 @@
         state; written to OUT and printed
 """
 
-import json
+import math
 import re
 import statistics
 import sys
@@ -143,8 +143,10 @@ def med(xs):
 def summary(rows):
     """The table's lines: ratios pvnet/DPDK per direction and c2c state."""
     out = [
-        "| direction | bytes | pvnet | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK"
-        " | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |",
+        (
+            "| direction | bytes | pvnet | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK"
+            " | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     impls = [i for i in ("switch", "alt", "backend", "altbackend", "pvnet") if any(x["impl"] == i for x in rows)]
@@ -178,13 +180,13 @@ def summary_row(rows, dr, name, size, impl, st):
             pairs.append("%.2f" % (x["mpps"] / y[0]["mpps"]))
 
     def r(a, b):
-        return "%.2f" % (a / b) if p and q and b == b and b > 0 else "-"
+        return "%.2f" % (a / b) if p and q and not math.isnan(b) and b > 0 else "-"
 
     def f(v):
-        return "%.2f" % v if v == v else "-"
+        return "%.2f" % v if not math.isnan(v) else "-"
 
     def g(v):
-        return "%.1f" % v if v == v else "-"
+        return "%.1f" % v if not math.isnan(v) else "-"
 
     return "| %s | %s | %s | %s | %d/%d | %s | %s | **%s** | %s | %s | %s | %s |" % (
         name, size, impl, st, len(p), len(q), f(pm), f(qm), r(pm, qm), g(pn), g(qn), r(pn, qn), " ".join(pairs) or "-",

@@ -102,8 +102,8 @@ def bulk_summary(rows, send, recv):
         "Core-to-core latency over the runs: %.0f-%.0f ns. Offered %.2f Mpps, taken %.2f Mpps; medians of %d runs each."
         % (c2c[0], c2c[-1], send, recv, len(rows.rows) // 4),
         "",
-        "| egress of b | dequeue | delivered Mpps | switch busy ns per delivered packet | delivered from the queue"
-        " | packets per dequeue | publishes per packet | dropped (queue limit) | counts add up | bulk vs one |",
+        ("| egress of b | dequeue | delivered Mpps | switch busy ns per delivered packet | delivered from the queue"
+        " | packets per dequeue | publishes per packet | dropped (queue limit) | counts add up | bulk vs one |"),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for q, name in (("qdisc=fifo", "fifo"), ("qdisc=fq_codel,dql=true", "fq_codel + DQL")):
@@ -140,8 +140,8 @@ def latency_summary(rows, send, recv):
         " one request in flight; medians of %d runs each."
         % (c2c[0], c2c[-1], send, recv, len(rows.rows) // len(LATENCY_CFGS)),
         "",
-        "| egress of b | RR p50 us | RR p99 us | RR p99 vs fifo | transactions/s | requests lost | delivered to b, Mpps"
-        " | vs fifo | DQL limit (buffers) |",
+        ("| egress of b | RR p50 us | RR p99 us | RR p99 vs fifo | transactions/s | requests lost | delivered to b, Mpps"
+        " | vs fifo | DQL limit (buffers) |"),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for c, name in LATENCY_CFGS.items():

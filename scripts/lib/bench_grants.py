@@ -11,11 +11,12 @@
 """
 
 import collections
+import math
 import re
 import statistics
 import sys
 
-import docs
+import docsection
 from pvnet_report import finals
 
 NAN = float("nan")
@@ -73,8 +74,10 @@ def summary(rows, dur):
 
     modes = [m for m in ["off", "per-packet", "pool"] if any(k[2] == m for k in by)]
     out = [
-        "| mode | pvnet TX Mpps | pvnet RX Mpps | DPDK TX Mpps | DPDK RX Mpps | pvnet/DPDK TX | pvnet/DPDK RX"
-        " | pvnet backend ns/pkt TX / RX | IOTLB msgs/pkt |",
+        (
+            "| mode | pvnet TX Mpps | pvnet RX Mpps | DPDK TX Mpps | DPDK RX Mpps | pvnet/DPDK TX | pvnet/DPDK RX"
+            " | pvnet backend ns/pkt TX / RX | IOTLB msgs/pkt |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for m in modes:
@@ -89,7 +92,7 @@ def summary(rows, dur):
     for impl in ["pvnet", "dpdk"]:
         for d in ["tx", "rx"]:
             off, pool, pp = (med((d, impl, m), "mpps") for m in ["off", "pool", "per-packet"])
-            if off == off and pool == pool and pp == pp and pp > 0 and off > 0:
+            if not any(map(math.isnan, (off, pool, pp))) and pp > 0 and off > 0:
                 ratio.append("| %s | %s | %.2fx | %.1fx |" % (impl, d.upper(), pool / off, pool / pp))
     out += ["", "| backend | direction | pool / off | pool / per-packet |", "|---|---|---|---|"]
     out.extend(ratio)
@@ -116,7 +119,7 @@ def main(argv):
             except FileNotFoundError:
                 text = ""
             with open(doc, "w") as f:
-                f.write(docs.between(text, "<!-- bench_grants begin -->", "<!-- bench_grants end -->", table, True))
+                f.write(docsection.between(text, "<!-- bench_grants begin -->", "<!-- bench_grants end -->", table, True))
             print("written to", doc)
     else:
         sys.exit("bench_grants.py: unknown command %s" % cmd)

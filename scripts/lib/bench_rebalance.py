@@ -40,8 +40,8 @@ def summary(rows, rounds, secs, environ):
         "Command: `%sROUNDS=%s SECS=%s scripts/bench_rebalance.sh` (written by the script)."
         % (env + " " if env else "", rounds, secs),
         "",
-        "| round | rebalance | c2c ns | Mpps, 2nd half | Mpps, whole run | switch CPU ns/frame | balancer moves (undone)"
-        " | pause per move, us |",
+        ("| round | rebalance | c2c ns | Mpps, 2nd half | Mpps, whole run | switch CPU ns/frame | balancer moves (undone)"
+        " | pause per move, us |"),
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -10,6 +10,7 @@
 """
 
 import glob
+import math
 import os
 import re
 import statistics
@@ -37,7 +38,7 @@ def med(xs):
 
 
 def f2(v):
-    return "%.2f" % v if v == v else "-"
+    return "%.2f" % v if not math.isnan(v) else "-"
 
 
 def parse(lines):
@@ -58,8 +59,8 @@ def mq_table(res, flows):
         "### Queue pairs: 1 and 2, pvnet switch and DPDK net_vhost (64 B, Mpps the frontend counted; h2v: the gen"
         " port's %s flows with 1 pair as with 2)" % flows,
         "",
-        "| direction | c2c state | pvnet 1 pair | pvnet 2 pairs | **2 pairs / 1 pair** | DPDK 2 queues"
-        " | **pvnet / DPDK, 2 queues** | least-loaded queue's share (pvnet, DPDK) | runs |",
+        ("| direction | c2c state | pvnet 1 pair | pvnet 2 pairs | **2 pairs / 1 pair** | DPDK 2 queues"
+        " | **pvnet / DPDK, 2 queues** | least-loaded queue's share (pvnet, DPDK) | runs |"),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for d in ("v2h", "h2v"):
@@ -88,8 +89,8 @@ def coalesce_table(co):
         "### CPU follows the load: the adaptive policy against coalescing (one port, `pvnet backend --role sink`,"
         " %s-entry rings)" % co[0]["qsize"],
         "",
-        "| offered | policy | frames/s | worker CPU % | of its saturated CPU (same policy) | CPU ns/frame"
-        " | c2c ns before/after |",
+        ("| offered | policy | frames/s | worker CPU % | of its saturated CPU (same policy) | CPU ns/frame"
+        " | c2c ns before/after |"),
         "|---|---|---|---|---|---|---|",
     ]
     sats = {r["policy"]: float(r["cpu_pct"]) for r in co if r["rate"] == "0"}

@@ -35,14 +35,16 @@ def table(lines):
         return statistics.median(float(r[k]) for r in rows[key])
 
     out = [
-        "| port | io | pvnet -> kernel Mpps (writes) | syscalls/pkt | CPU ns/pkt (writer, kernel work included)"
-        " | kernel -> pvnet Mpps (reads) | syscalls/pkt | CPU ns/pkt (reader) | runs |",
+        (
+            "| port | io | pvnet -> kernel Mpps (writes) | syscalls/pkt | CPU ns/pkt (writer, kernel work included)"
+            " | kernel -> pvnet Mpps (reads) | syscalls/pkt | CPU ns/pkt (reader) | runs |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for key in rows:
+    for key, rs in rows.items():
         out.append("| %s | %s | %.3f | %.3f | %.0f | %.3f | %.3f | %.0f | %d |" % (
             key[0], key[1], med(key, "write_mpps"), med(key, "write_syscalls_per_pkt"), med(key, "write_cpu_ns_per_pkt"),
-            med(key, "read_mpps"), med(key, "read_syscalls_per_pkt"), med(key, "read_cpu_ns_per_pkt"), len(rows[key]),
+            med(key, "read_mpps"), med(key, "read_syscalls_per_pkt"), med(key, "read_cpu_ns_per_pkt"), len(rs),
         ))  # fmt: skip
     out.append("")
     for dev in dict.fromkeys(k[0] for k in rows):

@@ -327,7 +327,7 @@ split_qemu() {
 }
 # doc_section DOC NAME FILE : replaces what stands between `<!-- NAME:begin -->` and
 # `<!-- NAME:end -->` in DOC with FILE's text (the markers are appended if DOC lacks them).
-doc_section() { python3 "$PYLIB/docs.py" section "$1" "$2" "$3"; }
+doc_section() { python3 "$PYLIB/docsection.py" section "$1" "$2" "$3"; }
 # doc_results DOC NAME COMMAND SUMMARY RAW : DOC's NAME section becomes "Measured <date> with
 # `COMMAND`, pvnet <revision>.", the SUMMARY file, and the RAW file (RESULT lines) folded.
 doc_results() {

@@ -90,5 +90,5 @@ printf '%s\n' "$table"
 [ -z "$DOC" ] && exit 0
 stamp="$(date -u +%Y-%m-%d) ($(nproc) CPUs, $(git rev-parse --short HEAD)), \`ROUNDS=$ROUNDS DUR=$DUR scripts/peers/bench_tap.sh\`"
 printf '_Run %s_\n\n%s\n' "$stamp" "$table" > "$W/table"
-python3 "$PYLIB/docs.py" between "$DOC" "<!-- bench:tap -->" "<!-- /bench:tap -->" "$W/table"
+python3 "$PYLIB/docsection.py" between "$DOC" "<!-- bench:tap -->" "<!-- /bench:tap -->" "$W/table"
 echo "written to $DOC"

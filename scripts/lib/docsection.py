@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Writing a benchmark's table into its document, between two markers.
 
-    docs.py section DOC NAME FILE
+    docsection.py section DOC NAME FILE
         what stands between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in DOC becomes
         FILE's text (the markers are appended when DOC lacks them)
-    docs.py between DOC BEGIN END FILE [--append]
+    docsection.py between DOC BEGIN END FILE [--append]
         what stands between the markers BEGIN and END becomes FILE's text, stripped, on lines
         of its own; without the markers: an error, or with --append the markers and the text
         appended to DOC (created when missing)
@@ -53,7 +53,7 @@ def main(argv):
         text = _read(doc) if os.path.exists(doc) or not append else ""
         _write(doc, between(text, begin, end, _read(body), append))
     else:
-        sys.exit("docs.py: unknown command %s" % argv[0])
+        sys.exit("docsection.py: unknown command %s" % argv[0])
 
 
 if __name__ == "__main__":
