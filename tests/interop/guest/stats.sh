@@ -1,0 +1,2 @@
+# The end of guest_script's programs: eth0's counters.
+echo "GUEST_STATS tx_packets=$(cat $S/tx_packets) rx_packets=$(cat $S/rx_packets) tx_dropped=$(cat $S/tx_dropped) rx_dropped=$(cat $S/rx_dropped)"
