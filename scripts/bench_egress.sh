@@ -22,6 +22,7 @@ printf '%s\n' "$out"
 [ -z "$DOC" ] && exit 0
 stamp="$(date -u +%Y-%m-%d) ($(nproc) CPUs, $(git rev-parse --short HEAD))"
 tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
+# shellcheck disable=SC2016  # backticks: Markdown
 printf '_Run %s, `scripts/bench_egress.sh`_\n\n%s\n' "$stamp" "$out" > "$tmp"
 python3 scripts/lib/docsection.py between "$DOC" "<!-- bench:egress -->" "<!-- /bench:egress -->" "$tmp"
 echo "written to $DOC"

@@ -1,3 +1,4 @@
+# shellcheck shell=sh disable=SC2034,SC2086,SC2154  # fragments of one /run.sh (busybox sh): S, N set in probe.sh
 # guest_script gen: receive what pvnet's generator sends.
 # wait until frames stop arriving (the generator ends with its end marker)
 last=-1; same=0; i=0

@@ -1,3 +1,4 @@
+# shellcheck shell=sh disable=SC2034,SC2086,SC2154  # fragments of one /run.sh (busybox sh): S, N set in probe.sh
 # guest_migrate (after guest_script tap-setup and CHURN=N): a download and a ping across a
 # live migration.
 # A receive window of 4 MiB from the start, then the link down while the host migrates the

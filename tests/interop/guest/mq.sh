@@ -1,3 +1,4 @@
+# shellcheck shell=sh disable=SC2034,SC2086,SC2154  # fragments of one /run.sh (busybox sh): S, N set in probe.sh
 # guest_mq (after guest_script tap-setup): both queue pairs, iperf3 from each vCPU and back,
 # the per-queue counters.
 S=/sys/class/net/eth0/statistics

@@ -1,3 +1,4 @@
+# shellcheck shell=sh disable=SC2034,SC2086,SC2154  # fragments of one /run.sh (busybox sh): S, N set in probe.sh
 # The guest's /run.sh starts with this (tests/interop/run.sh guest_script): the driver and
 # features the guest sees, eth0 up, its carrier.
 S=/sys/class/net/eth0/statistics; N=/sys/class/net/eth0

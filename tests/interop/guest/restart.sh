@@ -1,3 +1,4 @@
+# shellcheck shell=sh disable=SC2034,SC2086,SC2154  # fragments of one /run.sh (busybox sh): S, N set in probe.sh
 # guest_restart (after guest_script tap-setup): ping the host every 0.1 s while pvnet is
 # killed and started again, then iperf3.
 echo "GUEST_PING_START"

@@ -1,3 +1,4 @@
+# shellcheck shell=sh disable=SC2034,SC2086,SC2154  # fragments of one /run.sh (busybox sh): S, N set in probe.sh
 # guest_script tap: through pvnet switch to the host's tap (10.77.0.1).
 # through pvnet switch to the host's tap (10.77.0.1): ping both ways, TCP and UDP both ways
 ip addr add 10.77.0.2/24 dev eth0
