@@ -4,13 +4,13 @@ import checks
 
 
 def test_feature_names():
-    assert checks.decode("0x1300000000", checks.FEATURES) == "0x1300000000 = VERSION_1 ACCESS_PLATFORM IN_ORDER"
+    assert checks.decode("0xb00000000", checks.FEATURES) == "0xb00000000 = VERSION_1 ACCESS_PLATFORM IN_ORDER"
     assert checks.decode("0x40000", checks.PROTOCOL) == "0x40000 = bit18"
 
 
 def test_bits_are_read_bit_zero_first(capsys):
     checks.main(["bits", "0100000000000000000000000000000010"])
-    assert capsys.readouterr().out == "0x200000002\n"
+    assert capsys.readouterr().out == "0x100000002\n"
 
 
 TESTPMD = """
