@@ -24,7 +24,7 @@ for i in $(seq 1 "$N"); do
   pids+=($!)
 done
 sleep 4
-up=$("$B" ctl --socket "$D/ctl" ports --json | python3 -c 'import json,sys; print(sum(p["state"] == "up" for p in json.load(sys.stdin)["ports"]))')
+up=$("$B" ctl --socket "$D/ctl" ports --json | python3 "$ROOT/scripts/lib/pvnet_report.py" ctl-up)
 t0=$(awk '{print $14 + $15}' "/proc/$sw/stat"); s0=$(date +%s.%N)
 sleep "$W"
 t1=$(awk '{print $14 + $15}' "/proc/$sw/stat"); s1=$(date +%s.%N)
