@@ -9,7 +9,7 @@
 # buffers back, and what it has not taken stays in its RECV_RING-entry ring. So b's ring is
 # full, a backlog stands in b's egress queue (its limit, 1024, holds the excess until it
 # drops at the tail) and every round the switch drains as many as b has given back. Both
-# frontends are paced in bursts and sleep between them (`--paced-bursts`), so they share CPU0
+# frontends are paced in bursts and sleep between them (`--paced-batches`), so they share CPU0
 # without taking it from each other. The switch's cost is what it spent in rounds that moved
 # packets (`pvnet ctl`'s busy_secs: polling empty rings and sleeping excluded) over the
 # packets it delivered to b, over a window of DUR seconds after a warm-up: taking a's
@@ -62,12 +62,12 @@ start_runs() {
   # --announce: the switch learns the receiver's address, so the sender's frames (and the
   # requests) go to it alone.
   timeout -k 5 60 "$PVNET_BIN" frontend --socket "$B/b.sock" --role "$role" --announce --cpu 0 --rate "$RECV_PPS" \
-    --paced-bursts --burst "$RECV_BURST" --queue-size "$RECV_RING" --secs $((WARM + DUR + 2)) --idle-timeout 10 \
+    --paced-batches --batch "$RECV_BURST" --queue-size "$RECV_RING" --secs $((WARM + DUR + 2)) --idle-timeout 10 \
     > "$B/$tag.rx.json" 2> "$B/$tag.rx.log" &
   RX=$!; PIDS+=("$RX")
   wait_for 10 grep -q '"ready"' "$B/$tag.rx.json" || die "receiver did not connect ($B/$tag.rx.log)"
   timeout -k 5 60 "$PVNET_BIN" frontend --socket "$B/a.sock" --role tx --cpu 0 --rate "$SEND_PPS" \
-    --paced-bursts --burst 256 --queue-size 1024 --secs $((WARM + DUR + 3)) \
+    --paced-batches --batch 256 --queue-size 1024 --secs $((WARM + DUR + 3)) \
     > "$B/$tag.tx.json" 2> "$B/$tag.tx.log" &
   TX=$!; PIDS+=("$TX")
   sleep "$WARM"
@@ -93,9 +93,9 @@ run_lat() {   # run_lat CFG ROUND
   wait_quiet; c2c=$(c2c_ns)
   start_runs "$cfg" "$tag" rr
   sleep 1
-  "$PVNET_BIN" ctl --socket "$B/ctl.sock" --json > "$B/$tag.c0.json" || die "ctl failed ($B/$tag.sw.log)"
+  "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" --json > "$B/$tag.c0.json" || die "ctl failed ($B/$tag.sw.log)"
   sleep $((DUR - 1))
-  "$PVNET_BIN" ctl --socket "$B/ctl.sock" --json > "$B/$tag.c1.json" || die "ctl failed ($B/$tag.sw.log)"
+  "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" --json > "$B/$tag.c1.json" || die "ctl failed ($B/$tag.sw.log)"
   stop_runs "$tag"
   c2c="$c2c/$(c2c_ns)"
   python3 "$PYLIB/bench_egress_paced.py" latency "$cfg" "$round" "$c2c" "$B/$tag.c0.json" "$B/$tag.c1.json" "$B/$tag.rr.json" \
@@ -107,9 +107,9 @@ run_one() {   # run_one CFG ROUND
   tag="$(echo "$cfg" | tr ',=' '_-')-$round"
   wait_quiet; c2c=$(c2c_ns)
   start_runs "$cfg" "$tag"
-  "$PVNET_BIN" ctl --socket "$B/ctl.sock" --json > "$B/$tag.c0.json" || die "ctl failed ($B/$tag.sw.log)"
+  "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" --json > "$B/$tag.c0.json" || die "ctl failed ($B/$tag.sw.log)"
   sleep "$DUR"
-  "$PVNET_BIN" ctl --socket "$B/ctl.sock" --json > "$B/$tag.c1.json" || die "ctl failed ($B/$tag.sw.log)"
+  "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" --json > "$B/$tag.c1.json" || die "ctl failed ($B/$tag.sw.log)"
   stop_runs "$tag"
   c2c="$c2c/$(c2c_ns)"
   python3 "$PYLIB/bench_egress_paced.py" bulk "$cfg" "$round" "$c2c" "$B/$tag.c0.json" "$B/$tag.c1.json" | tee -a "$RES"

@@ -55,7 +55,7 @@ run_one() {
   rm -f "$SOCK"
   if [ "$sender" = pvnet ]; then
     timeout -k 5 $((DUR + 40)) "$PVNET_BIN" backend --socket "$SOCK" --role gen --frame-len "$size" \
-      --gen-secs $((DUR + 20)) --sessions 1 --cpu 1 > "$B/$tag.be.json" 2> "$B/$tag.be.log" &
+      --secs $((DUR + 20)) --sessions 1 --cpu 1 > "$B/$tag.be.json" 2> "$B/$tag.be.log" &
     SENDER_PID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($B/$tag.be.log)"
   else

@@ -36,10 +36,10 @@ run() { # run ROUND REBALANCE
   PVNET_LOG=info "$PV" switch --workers 2 ${SW_CPU:+--cpu "$SW_CPU"} --rebalance "$reb" ${SPARE:+--rebalance-spare "$SPARE"} --ctl-socket "$d/ctl" \
     --port "vhost-user:name=a,socket=$d/a.sock" --port "vhost-user:name=b,socket=$d/b.sock" \
     --port "vhost-user:name=c,socket=$d/c.sock" --port sink:name=s \
-    --duration "$((SECS + 4))" > "$d/switch.json" 2> "$d/switch.log" &
+    --secs "$((SECS + 4))" > "$d/switch.json" 2> "$d/switch.log" &
   sw=$!; PIDS+=("$sw")
   wait_for 10 test -S "$d/ctl" || die "switch did not start ($d/switch.log)"
-  "$PV" ctl --socket "$d/ctl" port move c 0 > "$d/move.txt" || die "move c 0 failed"
+  "$PV" ctl --ctl-socket "$d/ctl" port move c 0 > "$d/move.txt" || die "move c 0 failed"
   t0=$(ticks "$sw")
   for p in a c; do
     "$PV" frontend --socket "$d/$p.sock" --role tx --secs "$SECS" ${FE_CPU:+--cpu "$FE_CPU"} > "$d/fe-$p.json" 2> "$d/fe-$p.log" &

@@ -29,7 +29,7 @@ os.makedirs(a.raw, exist_ok=True)
 rows = []
 for size in (64, 1500):
     for i in range(a.runs):
-        cmd = ["./target/release/pvnet", "bench", "--json", "--size", str(size), "--secs", str(a.secs)]
+        cmd = ["./target/release/pvnet", "bench", "--json", "--frame-len", str(size), "--secs", str(a.secs)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             print(out.stderr, file=sys.stderr)
@@ -50,7 +50,7 @@ lines = [
     "",
     (
         f"Produced by `scripts/bench_report.py --runs {a.runs} --secs {a.secs}` on "
-        f"{datetime.date.today()} (each row: one `pvnet bench --json --size N --secs {a.secs}`; raw JSON in `{a.raw}/`)."
+        f"{datetime.date.today()} (each row: one `pvnet bench --json --frame-len N --secs {a.secs}`; raw JSON in `{a.raw}/`)."
     ),
     "",
     "* **f2b**: pvnet frontend TX -> pvnet backend sink (reads every byte, checks sequence numbers).",

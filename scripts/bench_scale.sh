@@ -15,7 +15,7 @@
 #            frames/s (CPU share against offered load); 64 ports with 4 of them at 10 Kpps
 #            each against 1 of them at 40 Kpps.
 #   workers  `pvnet backend --role sink` with 2 ports each paced at RATE_W (default 1 Mpps),
-#            on 1 worker and on 2 workers (--shards 2, one port each): worker CPU ns per frame.
+#            on 1 worker and on 2 workers (--workers 2, one port each): worker CPU ns per frame.
 #            (On this 2-CPU machine the second worker shares CPU0 with the frontends.)
 #   idle     64 idle ports (scripts/bench_idle_ports.sh).
 #   coalesce the load part's one-port points again, under the adaptive policy and under
@@ -61,7 +61,7 @@ load_point() {
   local sock="$B/$1.sock" i be c2c_a c2c_b
   rm -f "$sock"
   c2c_a=$(c2c)
-  PVNET_LOG=warn timeout $((W + 40)) "$PV" backend --socket "$sock" --role sink --cpu 1 --shards "$shards" \
+  PVNET_LOG=warn timeout $((W + 40)) "$PV" backend --socket "$sock" --role sink --cpu 1 --workers "$shards" \
     --policy "$policy" > "$B/$name.be.json" 2> "$B/$name.be.log" &
   be=$!; PIDS+=("$be")
   wait_for 10 test -S "$sock" || die "$name: backend did not listen"

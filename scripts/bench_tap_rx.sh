@@ -46,7 +46,7 @@ trap 'exit 130' INT; trap 'exit 143' TERM
 
 # ctl_port FIELD : FIELD of the tap port ("host") from `pvnet ctl ports --json`.
 ctl_port() {
-  "$PVNET_BIN" ctl --socket "$B/ctl.sock" ports --json 2>/dev/null | python3 "$PYLIB/pvnet_report.py" ctl-port host "$1" 0
+  "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" ports --json 2>/dev/null | python3 "$PYLIB/pvnet_report.py" ctl-port host "$1" 0
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
@@ -67,7 +67,7 @@ run_one() {   # run_one DIRECT ROUND
   ip -n "$NS" link set dev "$TAP" txqueuelen $((PKTS * 2))
   ip -n "$NS" addr add "$NET.1/24" dev "$TAP"
   ip -n "$NS" neigh replace "$NET.2" lladdr 02:00:00:00:79:02 dev "$TAP"
-  timeout -k 5 100 "$PVNET_BIN" frontend --socket "$B/vu.sock" --role drop --cpu 0 --poll busy \
+  timeout -k 5 100 "$PVNET_BIN" frontend --socket "$B/vu.sock" --role drop --cpu 0 --policy busy \
     --guest-tso --secs 90 --idle-timeout 90 > "$B/$tag.fe.json" 2> "$B/$tag.fe.log" &
   FE_PID=$!
   wait_for 10 grep -q '"ready"' "$B/$tag.fe.json" || die "pvnet frontend did not connect ($B/$tag.fe.log)"

@@ -22,7 +22,7 @@
 # egress queue, a full receiver holds the sender up to 2 ms, then no_buffer; "" for the
 # default fq_codel queue), RX_QUEUE (4096: receive ring of the rx frontend), IDLE_TIMEOUT (5 s:
 # the rx frontend gives up waiting for a lost end marker), FRONTEND_OPTS (extra options of
-# both frontends, e.g. "--poll notify"), PVNET (binary; default: built
+# both frontends, e.g. "--policy notify"), PVNET (binary; default: built
 # with `cargo build --release`), KEEP=1 keeps the temp directory.
 set -euo pipefail
 
@@ -105,7 +105,7 @@ pids+=("$sw")
 for s in "$a" "$b" "$ctl"; do
     wait_for "$s" "$sw" || die "switch did not come up: $(tail -5 "$dir/switch.err")"
 done
-"$PVNET" ctl --socket "$ctl" ports --json >"$dir/ctl_0.json" || die "pvnet ctl failed"
+"$PVNET" ctl --ctl-socket "$ctl" ports --json >"$dir/ctl_0.json" || die "pvnet ctl failed"
 
 per=$((TOTAL / ROUNDS))
 echo "soak: $TOTAL frames of $SIZES B in $ROUNDS rounds through pvnet switch" \
@@ -133,7 +133,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     if ((rxrc != 0)) && ! grep -q '"timed_out":true' "$dir/rx_$r.json"; then
         die "round $r: rx frontend exited $rxrc: $(tail -3 "$dir/rx_$r.err")"
     fi
-    "$PVNET" ctl --socket "$ctl" ports --json >"$dir/ctl_$r.json" || die "pvnet ctl failed"
+    "$PVNET" ctl --ctl-socket "$ctl" ports --json >"$dir/ctl_$r.json" || die "pvnet ctl failed"
     python3 "$root/scripts/lib/soak.py" round "$dir" "$r" "$ROUNDS" "$t0" || die "round $r does not add up"
 done
 t1=$(date +%s.%N)

@@ -132,7 +132,7 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   rm -f "$SOCK" "$SOCK2"
   if [ "$kind" = backend ]; then
     local role=sink sessions=1; [ "$dir" = h2v ] && role=gen; [ "$dir" = bounce ] && { role=forward; sessions=2; }
-    timeout -k 5 $((n + 60)) "$bin" backend --socket "$SOCK" --role "$role" --gen-secs $((n + 30)) \
+    timeout -k 5 $((n + 60)) "$bin" backend --socket "$SOCK" --role "$role" --secs $((n + 30)) \
       --frame-len "$frame" --sessions "$sessions" --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"

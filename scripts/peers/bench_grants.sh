@@ -60,7 +60,7 @@ run_one() {   # run_one DIR IMPL MODE ROUND
   rm -f "$SOCK"
   if [ "$impl" = pvnet ]; then
     role=sink; [ "$dir" = rx ] && role=gen
-    timeout -k 5 $((DUR + 60)) "$PVNET_BIN" backend --socket "$SOCK" --role "$role" --gen-secs $((DUR + 30)) \
+    timeout -k 5 $((DUR + 60)) "$PVNET_BIN" backend --socket "$SOCK" --role "$role" --secs $((DUR + 30)) \
       --frame-len 64 --sessions 1 --cpu 1 > "$B/$tag.be.json" 2> "$be_log" &
     BE_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"

@@ -48,7 +48,7 @@ cputicks() { # pid -> utime+stime (clock ticks)
 }
 
 counter() { # socket port-name counter
-  "$BIN" ctl --socket "$1" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-port "$2" "$3" 0
+  "$BIN" ctl --ctl-socket "$1" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-port "$2" "$3" 0
 }
 
 results=()
@@ -59,12 +59,12 @@ for r in $(seq 1 "$ROUNDS"); do
       if [ "$dev" = tap ]; then pa="tap:name=t,ifname=pvb0,io=$io"; pb="tap:name=t,ifname=pvb1,io=$io"
       else pa="af-packet:name=t,ifname=pvx0,io=$io"; pb="af-packet:name=t,ifname=pvx1,io=$io"; fi
       ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 \
-        --ctl-socket "$W/ctl.b.$tag" --duration $((DUR + WARM + 3)) > "$W/b.$tag.json" 2> "$W/b.$tag.log" &
+        --ctl-socket "$W/ctl.b.$tag" --secs $((DUR + WARM + 3)) > "$W/b.$tag.json" 2> "$W/b.$tag.log" &
       bpid=$!
       for _ in $(seq 50); do [ -S "$W/ctl.b.$tag" ] && break; sleep 0.1; done
       [ "$dev" = tap ] && ipn link set pvb1 master "$BR"
       ip netns exec "$HNS" "$BIN" switch --port "$pa" --port gen:name=g,delay=0.5 --cpu 0 \
-        --ctl-socket "$W/ctl.a.$tag" --duration $((DUR + WARM + 2)) > "$W/a.$tag.json" 2> "$W/a.$tag.log" &
+        --ctl-socket "$W/ctl.a.$tag" --secs $((DUR + WARM + 2)) > "$W/a.$tag.json" 2> "$W/a.$tag.log" &
       apid=$!
       for _ in $(seq 50); do [ -S "$W/ctl.a.$tag" ] && break; sleep 0.1; done
       [ "$dev" = tap ] && ipn link set pvb0 master "$BR"

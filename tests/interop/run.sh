@@ -211,22 +211,22 @@ switch_start() {
 }
 # ctl_port TAG PORT FIELD : a counter of a running switch's port (pvnet ctl --json).
 ctl_port() {
-  "$PVNET_BIN" ctl --socket "$D/$1.ctl" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-port "$2" "$3"
+  "$PVNET_BIN" ctl --ctl-socket "$D/$1.ctl" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-port "$2" "$3"
 }
 # ctl_state TAG PORT : a running switch's port state (up, down).
 ctl_state() {
-  "$PVNET_BIN" ctl --socket "$D/$1.ctl" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-state "$2"
+  "$PVNET_BIN" ctl --ctl-socket "$D/$1.ctl" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-state "$2"
 }
 # ctl_worker TAG PORT : the worker a running switch's port is on.
 ctl_worker() {
-  "$PVNET_BIN" ctl --socket "$D/$1.ctl" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-worker "$2"
+  "$PVNET_BIN" ctl --ctl-socket "$D/$1.ctl" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-worker "$2"
 }
 # move_other TAG PORT : moves a running switch's port to the other of its two workers (pvnet
 # ctl port move), the request ("ASK ...") and the reply appended to $D/TAG.moves.log.
 move_other() {
   local w; w=$(ctl_worker "$1" "$2"); [ "$w" = none ] && return 1
   echo "ASK $2 -> $((1 - w))" >> "$D/$1.moves.log"
-  "$PVNET_BIN" ctl --socket "$D/$1.ctl" port move "$2" "$((1 - w))" >> "$D/$1.moves.log" 2>&1
+  "$PVNET_BIN" ctl --ctl-socket "$D/$1.ctl" port move "$2" "$((1 - w))" >> "$D/$1.moves.log" 2>&1
 }
 # sw_final TAG PORT FIELD : a counter from the switch's final JSON.
 sw_final() { python3 "$PYLIB/pvnet_report.py" port "$D/$1.pvnet.json" "$2" "$3"; }
