@@ -223,6 +223,8 @@ pub struct KernelPort {
     /// Read straight into the receive buffers of the frontend the packets go to, when the
     /// switch expects one (direct receive, batched path only).
     direct: bool,
+    /// The interface's MTU as configured for the port: larger frames are not written.
+    mtu: Option<u16>,
 }
 
 impl KernelPort {
@@ -255,7 +257,15 @@ impl KernelPort {
             last_look: None,
             egress: Egress::new(KERNEL_HOLD),
             direct,
+            mtu: None,
         }
+    }
+
+    /// The MTU the port's interface has (as configured for it): a frame too big for it is
+    /// dropped by the switch and counted (`too_big`), not handed to the kernel to refuse.
+    pub fn with_mtu(mut self, mtu: Option<u16>) -> Self {
+        self.mtu = mtu;
+        self
     }
 
     /// New egress settings: a queue (`qdisc`, `limit`, `bulk`), or none. What waited in the
@@ -348,6 +358,10 @@ impl super::Port for KernelPort {
             HostDev::Tap(_) => "tap",
             HostDev::Packet(_) => "af-packet",
         }
+    }
+
+    fn mtu(&self) -> Option<u16> {
+        self.mtu
     }
 
     fn caps(&self) -> Caps {
