@@ -223,7 +223,9 @@ pub struct KernelPort {
     /// Read straight into the receive buffers of the frontend the packets go to, when the
     /// switch expects one (direct receive, batched path only).
     direct: bool,
-    /// The interface's MTU as configured for the port: larger frames are not written.
+    /// The interface's MTU when the port started (a tap's `mtu=` sets it): a frame too big
+    /// for it is dropped by the switch and counted (`too_big`), not handed to the kernel,
+    /// which would refuse it (`AF_PACKET`) or pass it on oversized (a tap).
     mtu: Option<u16>,
 }
 
@@ -245,6 +247,10 @@ impl KernelPort {
                 }
             },
         };
+        let mtu = crate::sys::tap::link_mtu(dev.name())
+            .map_err(|e| tracing::warn!(port = id, "no MTU check: {e}"))
+            .ok()
+            .and_then(|m| u16::try_from(m).ok());
         Self {
             uring,
             id,
@@ -257,15 +263,8 @@ impl KernelPort {
             last_look: None,
             egress: Egress::new(KERNEL_HOLD),
             direct,
-            mtu: None,
+            mtu,
         }
-    }
-
-    /// The MTU the port's interface has (as configured for it): a frame too big for it is
-    /// dropped by the switch and counted (`too_big`), not handed to the kernel to refuse.
-    pub fn with_mtu(mut self, mtu: Option<u16>) -> Self {
-        self.mtu = mtu;
-        self
     }
 
     /// New egress settings: a queue (`qdisc`, `limit`, `bulk`), or none. What waited in the

@@ -36,7 +36,7 @@ mod wire;
 
 pub use listen::{connect_loop, serve, serve_port, Listener};
 pub use run::run_session;
-pub use session::{Session, SessionError};
+pub use session::{Session, SessionError, MIN_MTU};
 
 use crate::eventfd::Notifier;
 use crate::features::{DEVICE_FEATURES, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MTU};
