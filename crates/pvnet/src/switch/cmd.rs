@@ -14,6 +14,7 @@ use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::switch::SwitchConfig;
 use pvnet_dataplane::worker::{Dataplane, Role, WorkerConfig};
+use pvnet_vhost::backend::MIN_MTU;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -39,6 +40,11 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       [,policy=coalesce:500]: this port's transmit rings are polled by their own policy
       (--policy's values; default: the switch's --policy), e.g. coalesce for a bulk
       guest whose CPU matters more than a few hundred microseconds of latency.
+      [,mtu=9000]: offers VIRTIO_NET_F_MTU and takes the MTU the frontend sets
+      (VHOST_USER_NET_SET_MTU, QEMU's host_mtu=) up to it; without mtu= any the frontend
+      sets. A frame longer than a port's MTU + 18 (Ethernet and one VLAN tag; GSO packets
+      excepted) is not sent to it: dropped, counted too_big at its sender. A tap's or an
+      AF_PACKET interface's MTU is the interface's when the port starts (tap: mtu= sets it).
   tap:name=host,ifname=pvtap0[,offloads=true][,mtu=1500][,io=uring][,direct=true][,persist=false]
       the host kernel, IFF_VNET_HDR: checksum and TSO pass through in both directions.
       io=uring: reads and writes go to the kernel in bursts, one io_uring submission each
@@ -147,6 +153,11 @@ pub struct SwitchArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics: Option<std::net::SocketAddr>,
+    /// The MTU of every vhost-user and tap port that sets none of its own (their `mtu=`),
+    /// e.g. 9000 for jumbo frames end to end. Default: none (a vhost-user port takes the
+    /// frontend's, a tap keeps the kernel's 1500).
+    #[arg(long)]
+    pub mtu: Option<u16>,
     /// Stop after this many seconds (0: run until SIGINT/SIGTERM).
     #[arg(long, default_value_t = 0.0)]
     pub secs: f64,
@@ -160,6 +171,8 @@ struct Config {
     ctl_group: Option<u32>,
     state: Option<PathBuf>,
     metrics: Option<std::net::SocketAddr>,
+    /// The MTU of ports that set none.
+    mtu: Option<u16>,
     ports: Vec<PortConfig>,
     /// The file's `[switch]` table as read (a reload compares against it).
     switch: SwitchTable,
@@ -205,6 +218,11 @@ fn load(a: &SwitchArgs) -> Result<Config> {
         }
     }
     let sw = file.switch.clone();
+    let mtu = a.mtu.or(sw.mtu);
+    if mtu.is_some_and(|m| m < MIN_MTU) {
+        return Err(usage(format!("--mtu must be {MIN_MTU} to 65535")));
+    }
+    let ports: Vec<PortConfig> = ports.into_iter().map(|p| p.with_mtu(mtu)).collect();
     let policy = |flag: Option<Policy>, file: &Option<String>, what: &str| -> Result<Policy> {
         match (flag, file) {
             (Some(p), _) => Ok(p),
@@ -271,6 +289,7 @@ fn load(a: &SwitchArgs) -> Result<Config> {
             .transpose()?,
         state: a.state.clone().or(sw.state.clone()),
         metrics: a.metrics.or(sw.metrics),
+        mtu,
         ports,
         switch: file.switch,
     })
@@ -397,13 +416,14 @@ pub fn run(a: &SwitchArgs) -> Result<()> {
         ctl_group,
         state,
         metrics,
+        mtu,
         ports,
         switch,
     } = load(a)?;
     let dp = Dataplane::start(worker)?;
     dp.keep_control_off_workers();
     let stop = Arc::new(AtomicBool::new(false));
-    let rt = Arc::new(Runtime::new(dp.clone(), state));
+    let rt = Arc::new(Runtime::new(dp.clone(), state).with_mtu(mtu));
     if let Err(e) = add_ports(&rt, &ports) {
         rt.stop_all();
         dp.shutdown();

@@ -7,6 +7,7 @@ use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::port::kernel::HostIo;
 use pvnet_dataplane::port::vhost::MAX_STEER;
+use pvnet_vhost::backend::MIN_MTU;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -28,6 +29,7 @@ pub(crate) struct SwitchTable {
     pub(super) ctl_group: Option<String>,
     pub(super) state: Option<PathBuf>,
     pub(super) metrics: Option<std::net::SocketAddr>,
+    pub(super) mtu: Option<u16>,
 }
 
 /// One `[[port]]` table (or `--port` spec).
@@ -58,6 +60,9 @@ pub(crate) enum PortConfig {
         /// Polling policy of this port's transmit rings (default: the switch's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         policy: Option<String>,
+        /// The MTU offered to the frontend (`VIRTIO_NET_F_MTU`) and the largest it may set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mtu: Option<u16>,
     },
     Tap {
         name: String,
@@ -305,6 +310,18 @@ impl PortConfig {
     }
 }
 
+impl PortConfig {
+    /// The port with the switch-wide MTU where it sets none of its own (vhost-user, tap).
+    pub(crate) fn with_mtu(mut self, switch_mtu: Option<u16>) -> Self {
+        match &mut self {
+            PortConfig::VhostUser { mtu, .. } => *mtu = mtu.or(switch_mtu),
+            PortConfig::Tap { mtu, .. } => *mtu = mtu.or(switch_mtu.map(u32::from)),
+            _ => {}
+        }
+        self
+    }
+}
+
 /// The checks of one port's settings that need no other port.
 pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
     if p.name().is_empty() {
@@ -318,11 +335,17 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
             dql,
             bulk,
             limit,
+            mtu,
             ..
         } => {
             if *queue_pairs == 0 || usize::from(*queue_pairs) > MAX_STEER {
                 return Err(usage(format!(
                     "port {name}: queue_pairs must be 1 to {MAX_STEER}"
+                )));
+            }
+            if mtu.is_some_and(|m| m < MIN_MTU) {
+                return Err(usage(format!(
+                    "port {name}: mtu must be {MIN_MTU} to 65535 (virtio-net's range)"
                 )));
             }
             egress_of(name, qdisc, *dql, *bulk, *limit)?;
@@ -419,6 +442,29 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// `mtu=` on a vhost-user port, checked against virtio-net's range; the switch-wide MTU
+    /// fills in only where a port sets none.
+    #[test]
+    fn a_ports_mtu_and_the_switch_wide_default() {
+        let mtu = |p: &PortConfig| match p {
+            PortConfig::VhostUser { mtu, .. } => mtu.map(u32::from),
+            PortConfig::Tap { mtu, .. } => *mtu,
+            _ => None,
+        };
+        let own = parse_port_spec("vhost-user:name=a,socket=/s,mtu=9000").unwrap();
+        assert_eq!(mtu(&own), Some(9000));
+        assert_eq!(mtu(&own.clone().with_mtu(Some(1500))), Some(9000));
+        let none = parse_port_spec("vhost-user:name=a,socket=/s").unwrap();
+        assert_eq!(mtu(&none.clone().with_mtu(Some(1500))), Some(1500));
+        assert_eq!(mtu(&none.with_mtu(None)), None);
+        let tap = parse_port_spec("tap:name=t").unwrap();
+        assert_eq!(mtu(&tap.with_mtu(Some(9000))), Some(9000));
+        assert!(
+            check_port(&parse_port_spec("vhost-user:name=a,socket=/s,mtu=67").unwrap()).is_err()
+        );
+        assert!(parse_port_spec("vhost-user:name=a,socket=/s,mtu=70000").is_err());
+    }
+
     #[test]
     fn port_specs_parse_into_the_toml_model() {
         assert_eq!(
@@ -434,6 +480,7 @@ mod tests {
                 bulk: true,
                 limit: 1024,
                 policy: None,
+                mtu: None,
             }
         );
         let e = |spec: &str| match parse_port_spec(spec).unwrap() {

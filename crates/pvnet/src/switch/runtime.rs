@@ -77,6 +77,8 @@ pub(crate) struct Runtime {
     started: Instant,
     state: Option<PathBuf>,
     inner: Mutex<Inner>,
+    /// The switch-wide MTU, for ports that set none.
+    mtu: Option<u16>,
 }
 
 /// What a vhost-user port's settings make of it: its egress and its offer (what each new
@@ -90,6 +92,7 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
         dql,
         bulk,
         limit,
+        mtu,
         ..
     } = p
     else {
@@ -97,6 +100,7 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
     };
     let offer = BackendConfig {
         queue_pairs: *queue_pairs,
+        mtu: *mtu,
         features: if *offloads {
             DEVICE_FEATURES | OFFLOAD_FEATURES
         } else {
@@ -156,7 +160,14 @@ impl Runtime {
             started: Instant::now(),
             state,
             inner: Mutex::new(Inner::default()),
+            mtu: None,
         }
+    }
+
+    /// Ports added later that set no MTU get `mtu` (the switch's `--mtu`).
+    pub(crate) fn with_mtu(mut self, mtu: Option<u16>) -> Self {
+        self.mtu = mtu;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -344,6 +355,7 @@ impl Runtime {
 
     /// Adds a port; `Ok(false)` if an identical one is there already (idempotent).
     pub(crate) fn add(&self, p: PortConfig, origin: Origin) -> Result<bool> {
+        let p = p.with_mtu(self.mtu);
         check_port(&p)?;
         let name = p.name().to_string();
         let mut g = self.lock();
