@@ -84,6 +84,10 @@
 #                         moved to the other worker every 0.5 s while the guest boots, runs
 #                         both iperf3 tests and counts (with the tap's worker, then apart);
 #                         every move made, the same exact per-queue counts.
+#   guest_mtu             QEMU host_mtu=9000 against a vm port with mtu=9000 (VIRTIO_NET_F_MTU,
+#                         NET_SET_MTU), the tap at 9100: the guest's MTU is 9000, jumbo pings
+#                         both ways with don't-fragment, TCP both ways; 3 host pings over the
+#                         guest's MTU are counted too_big at the host port, and not seen.
 #   guest_migrate         (under QEMU 10, see ALL_CASES) live migration of the guest between two QEMU processes (the second
 #                         started with -incoming), attached to two ports of one pvnet switch,
 #                         while it downloads 16 MiB from the host through the tap (paced; the
@@ -531,11 +535,11 @@ GMAC=02:00:00:00:00:02   # the address pvnet's generator sends to
 # together from them (the probe first; tap-setup: then the address only, for the cases that
 # add their own program after it).
 GUEST_SRC="$PVNET_ROOT/tests/interop/guest"
-guest_script() {   # guest_script sink|gen|tap|tap-setup -> /run.sh
+guest_script() {   # guest_script sink|gen|tap|mtu|tap-setup -> /run.sh
   cat "$GUEST_SRC/probe.sh"
   case "$1" in
     tap-setup) cat "$GUEST_SRC/addr.sh"; return ;;
-    tap|sink) cat "$GUEST_SRC/$1.sh" ;;
+    tap|sink|mtu) cat "$GUEST_SRC/$1.sh" ;;
     *) cat "$GUEST_SRC/gen.sh" ;;
   esac
   cat "$GUEST_SRC/stats.sh"
@@ -679,6 +683,66 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
     || { fail "$name" "no packet read straight into the guest's buffers (rx_direct=$s_direct of $s_rx)"; return; }
   [ "$gtx" = "$v_rx" ] || { fail "$name" "guest tx_packets $gtx != pvnet vm rx_packets $v_rx"; return; }
   [ "$grx" = "$v_tx" ] || { fail "$name" "guest rx_packets $grx != pvnet vm tx_packets $v_tx"; return; }
+  pass "$name"
+}
+
+# ---- MTU end to end ------------------------------------------------------------------------------
+# QEMU host_mtu=9000 against the switch's vm port (mtu=9000: VIRTIO_NET_F_MTU offered, the
+# guest's driver takes 9000 from QEMU, QEMU tells pvnet with NET_SET_MTU); the tap at 9100. Jumbo
+# pings both ways with don't-fragment (8972 B of payload: 9000-byte IP packets), TCP both ways;
+# then the host sends 3 pings of 9000 B of payload (9028-byte IP packets: over the vm port's
+# MTU, within the tap's): pvnet does not send them to the guest, it counts them too_big at the
+# host port, exactly 3, and the guest sees none of them.
+guest_mtu() {
+  local name="$1" t0 tag glog acc vec=""
+  t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
+  acc=$(guest_accel)
+  case "$acc" in *tcg*) vec=",vectors=0" ;; esac
+  guest_script mtu > "$D/$tag.run.sh"; make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
+  host_ns "$name"
+  switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.sock,mtu=9000" --port "tap:name=host,ifname=$TAPIF,mtu=9100" \
+    || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
+  wait_for 5 test -S "$D/$tag.sock" || { fail "$name" "vm port socket missing"; return; }
+  host_addr
+  timeout -k 2 120 ip netns exec "$HNS" iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
+  local ip3=$!; PIDS+=("$ip3")
+  guest_start 120 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=100 ipv6.disable=1" \
+    "virtio-net-pci,netdev=n0,mac=$GMAC,host_mtu=9000$vec" -chardev socket,id=c0,path="$D/$tag.sock" \
+    -netdev vhost-user,id=n0,chardev=c0
+  local qp=$GUEST_PID; PIDS+=("$qp")
+  local hping="no reply" hbig=""
+  if wait_for 60 grep -q GUEST_NET_READY "$glog"; then
+    hping=$(hx ping -c 3 -W 5 -s 8972 -M do 10.77.0.2 | grep -o '[0-9]* received')
+  fi
+  if wait_for 90 grep -q GUEST_BIG_WAIT "$glog"; then
+    hbig=$(hx ping -c 3 -W 1 -s 9000 -M do 10.77.0.2 2>&1 | grep -o '[0-9]* received')
+  fi
+  wait_pid "$qp" 130; local qrc=$?
+  tr -d '\r' < "$glog" > "$glog.txt"
+  stop_pid "$ip3"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
+  host_ns_done
+  local gmtu big echos0 echos1
+  gmtu=$(grep -o 'GUEST_MTU [0-9]*' "$glog.txt" | cut -d' ' -f2)
+  big=$(sw_final "$tag" host drops_too_big)
+  echos0=$(grep -o 'GUEST_ECHOS_IN [0-9]*' "$glog.txt" | cut -d' ' -f2); echos1=$(grep -o 'GUEST_ECHOS_FINAL [0-9]*' "$glog.txt" | cut -d' ' -f2)
+  info "$name: features acked: $(acked_features "$D/$tag.pvnet.log" | head -1); protocol: $(protocol_features "$D/$tag.pvnet.log")"
+  info "$name: the guest's MTU: $gmtu; pvnet: $(plain_log "$D/$tag.pvnet.log" | grep -o 'NET_SET_MTU[^"]*mtu=[0-9]*' | head -1)"
+  info "$name: jumbo ping host->guest: $hping; guest->host: $(grep -o 'GUEST_PING.*' "$glog.txt" | cut -c12-)"
+  local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
+  info "$name: host pings over the guest's MTU: ${hbig:-none} replied, too_big at pvnet's host port: $big; echo requests the guest saw after its own tests: $echos0 -> $echos1 ($(elapsed "$t0"))"
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
+  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  acked_features "$D/$tag.pvnet.log" | grep -qw MTU || { fail "$name" "VIRTIO_NET_F_MTU not negotiated"; return; }
+  [ "$gmtu" = 9000 ] || { fail "$name" "the guest's MTU is $gmtu, not 9000"; return; }
+  [ "$hping" = "3 received" ] || { fail "$name" "jumbo ping host->guest: $hping"; return; }
+  grep -q 'GUEST_PING 3 packets received' "$glog.txt" || { fail "$name" "jumbo ping guest->host failed"; return; }
+  local t; for t in tcp_g2h tcp_h2g; do
+    grep -q "GUEST_IPERF_RC $t 0" "$glog.txt" || { fail "$name" "iperf3 $t failed (console: $glog)"; return; }
+  done
+  [ "$big" = 3 ] || { fail "$name" "too_big at the host port: $big, not 3"; return; }
+  [ "$echos0" = "$echos1" ] || { fail "$name" "the guest saw echo requests over its MTU ($echos0 -> $echos1)"; return; }
   pass "$name"
 }
 
@@ -976,7 +1040,7 @@ ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_chains_to_sink dpdk_packed_chains_to_sink
   dpdk_jumbo_from_gen dpdk_packed_jumbo_from_gen dpdk_killed_leaves_nothing
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
-  guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate)
+  guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate guest_mtu)
 # guest_migrate runs both QEMUs under bookworm-backports' QEMU 10 (QEMU_NEW): under 7.2 the
 # destination guest failed 3 of 5 runs whose switch-over met live transmit traffic (CHURN=40),
 # where QEMU 10 passed the same 5 of 5, same pvnet build (a guest kernel fault at a kernel text
@@ -1039,6 +1103,7 @@ for c in "${CASES[@]}"; do
     guest_migrate) qemu_ok "$c" "${MIGRATE_QEMU:-$QEMU_NEW}" &&
       QEMU_BIN="${MIGRATE_QEMU:-$QEMU_NEW}" guest_migrate "$c" ;;
     guest_mq)             guest_mq "$c" ;;
+    guest_mtu)            guest_mtu "$c" ;;
     guest_mq_moves)       GMQ_MOVE_EVERY=0.5 guest_mq "$c" --workers 2 --rebalance false ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]})" ;;
   esac

@@ -163,8 +163,14 @@ pub const MTU_OVERHEAD: u32 = 18;
 /// chose, as Linux lets GSO packets through the same check).
 #[inline]
 pub fn fits_mtu(p: &Pkt<'_>, mtu: u16) -> bool {
-    p.frame_len() <= u32::from(mtu) + MTU_OVERHEAD
-        || p.hdr.gso_type & !VnetHdr::GSO_ECN != VnetHdr::GSO_NONE
+    frame_fits_mtu(p.frame_len(), &p.hdr, mtu)
+}
+
+/// [`fits_mtu`] of a frame of `frame_len` bytes behind the header `hdr`.
+#[inline]
+pub fn frame_fits_mtu(frame_len: u32, hdr: &VnetHdr, mtu: u16) -> bool {
+    frame_len <= u32::from(mtu) + MTU_OVERHEAD
+        || hdr.gso_type & !VnetHdr::GSO_ECN != VnetHdr::GSO_NONE
 }
 
 #[cfg(test)]

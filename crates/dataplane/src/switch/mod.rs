@@ -20,7 +20,7 @@ pub mod mac;
 
 use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
-use crate::pkt::{fits_mtu, Pkt, PortId, TxOut};
+use crate::pkt::{fits_mtu, frame_fits_mtu, Pkt, PortId, TxOut};
 use crate::port::{AnyPort, Ingress, Lease, Port};
 use crate::stats::{bump, DropReason, PortStats};
 use mac::MacTable;
@@ -747,8 +747,9 @@ impl Lease for Lent<'_, '_, '_> {
         self.cx.others.get_ref(self.j).map_or(&[], |p| p.lent(k))
     }
 
-    /// In place when the route is the lending port and the header can pass as it is (no
-    /// metadata, or metadata it negotiated: no software checksum or segmentation to do).
+    /// In place when the route is the lending port, the header can pass as it is (no
+    /// metadata, or metadata it negotiated: no software checksum or segmentation to do) and
+    /// the frame fits the port's MTU.
     fn take(&mut self, len: u32, hdr: &VnetHdr, macs: &[u8; 12]) -> bool {
         let Route::One(k, flooded) = self.cx.route_of(macs) else {
             return false;
@@ -761,6 +762,13 @@ impl Lease for Lent<'_, '_, '_> {
             if offloads & VIRTIO_NET_F_GUEST_CSUM == 0 || fit(hdr, offloads) != Fit::Pass {
                 return false;
             }
+        }
+        // Too big for the port: the usual path drops it and counts it.
+        if port
+            .mtu()
+            .is_some_and(|m| !frame_fits_mtu(len.saturating_sub(HDR_LEN), hdr, m))
+        {
+            return false;
         }
         if !port.fill_lent(len) {
             return false;
