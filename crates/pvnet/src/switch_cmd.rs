@@ -67,6 +67,13 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       [,qdisc=none|fq_codel|fifo][,bulk=true][,limit=1024][,sndbuf=BYTES]: as for the tap
       (sndbuf: SO_SNDBUF, default net.core.wmem_default; the kernel's queue fills when the
       interface's qdisc holds packets, e.g. under a rate limit).
+  af-xdp:name=wire,ifname=veth0[,queues=1][,mode=auto|native|generic][,zerocopy=auto|true|false]
+      an existing interface through AF_XDP sockets (one per queue, 0..queues) and an XDP
+      program pvnet loads and attaches (removed with the port, or when pvnet exits; an
+      interface that already has a program is refused). mode=auto: native XDP, else
+      generic; `pvnet ctl ports` says which, and copy or zero-copy. No offloads: checksums
+      and GSO packets sent to it are completed in software (sw_csum, sw_gso). Needs root
+      (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md).
   sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
   gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC][,flows=1]
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),
@@ -276,6 +283,19 @@ pub(crate) enum PortConfig {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sndbuf: Option<u32>,
     },
+    AfXdp {
+        name: String,
+        ifname: String,
+        /// The interface's queues to take (0..queues), one AF_XDP socket each.
+        #[serde(default = "one_queue")]
+        queues: u32,
+        /// XDP mode: auto (native, else generic), native or generic.
+        #[serde(default = "auto")]
+        mode: String,
+        /// Zero-copy: auto (where the driver has it), true or false.
+        #[serde(default = "auto")]
+        zerocopy: String,
+    },
     Sink {
         name: String,
     },
@@ -300,6 +320,39 @@ pub(crate) enum PortConfig {
 
 fn one() -> u16 {
     1
+}
+fn one_queue() -> u32 {
+    1
+}
+fn auto() -> String {
+    "auto".into()
+}
+
+/// An `af-xdp` port's settings as the dataplane takes them.
+pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::sys::xdp::XdpConfig>> {
+    let PortConfig::AfXdp {
+        name,
+        ifname,
+        queues,
+        mode,
+        zerocopy,
+    } = p
+    else {
+        return Ok(None);
+    };
+    if *queues == 0 || *queues > 256 {
+        return Err(usage(format!("port {name}: queues must be 1 to 256")));
+    }
+    Ok(Some(pvnet_dataplane::sys::xdp::XdpConfig {
+        ifname: ifname.clone(),
+        queues: *queues,
+        mode: mode
+            .parse()
+            .map_err(|e| usage(format!("port {name}: {e}")))?,
+        zerocopy: zerocopy
+            .parse()
+            .map_err(|e| usage(format!("port {name}: {e}")))?,
+    }))
 }
 /// A kernel port's `io` key.
 pub(crate) fn host_io(port: &str, s: &str) -> Result<HostIo> {
@@ -424,6 +477,7 @@ impl PortConfig {
             PortConfig::VhostUser { name, .. }
             | PortConfig::Tap { name, .. }
             | PortConfig::AfPacket { name, .. }
+            | PortConfig::AfXdp { name, .. }
             | PortConfig::Sink { name }
             | PortConfig::Gen { name, .. } => name,
         }
@@ -433,6 +487,7 @@ impl PortConfig {
             PortConfig::VhostUser { .. } => "vhost-user",
             PortConfig::Tap { .. } => "tap",
             PortConfig::AfPacket { .. } => "af-packet",
+            PortConfig::AfXdp { .. } => "af-xdp",
             PortConfig::Sink { .. } => "sink",
             PortConfig::Gen { .. } => "gen",
         }
@@ -462,7 +517,8 @@ impl PortConfig {
             PortConfig::Tap {
                 ifname: Some(i), ..
             }
-            | PortConfig::AfPacket { ifname: i, .. } => Some(format!("interface {i}")),
+            | PortConfig::AfPacket { ifname: i, .. }
+            | PortConfig::AfXdp { ifname: i, .. } => Some(format!("interface {i}")),
             _ => None,
         }
     }
@@ -512,6 +568,9 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
             }
             parse_mac(src)?;
             parse_mac(dst)?;
+        }
+        PortConfig::AfXdp { .. } => {
+            xdp_config(p)?;
         }
         PortConfig::Sink { .. } => {}
     }

@@ -282,6 +282,15 @@ impl Runtime {
                     ),
                 ))
             }
+            PortConfig::AfXdp { ifname, .. } => {
+                let cfg = crate::switch_cmd::xdp_config(p)?
+                    .ok_or_else(|| usage(format!("port {name}: not af-xdp")))?;
+                let dev = pvnet_dataplane::sys::xdp::XdpDev::open(&cfg).map_err(at(&"AF_XDP"))?;
+                let detail = dev.describe();
+                info!(port = %name, ifname = %ifname, mode = dev.mode().name(), zerocopy = dev.zerocopy(), "AF_XDP sockets bound");
+                self.dp.add_host(id, HostPort::AfXdp(dev));
+                Ok((Running::Host { persist: None }, detail))
+            }
             PortConfig::Sink { .. } => {
                 self.dp.add_host(id, HostPort::Sink);
                 Ok((Running::Host { persist: None }, String::new()))

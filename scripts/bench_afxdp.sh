@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# scripts/bench_afxdp.sh - the host's frames into `pvnet switch` through an AF_XDP port (native
+# and generic XDP) against an AF_PACKET port (io_uring) and a tap, 64 B and 1500 B, side by side
+# in one run: packets per second the receiving switch takes, and its CPU ns per packet
+# (docs/afxdp.md). A benchmark, not a test: it prints figures and ratios, and fails only when a
+# run breaks.
+#
+# The same traffic source for every receiver: `pvnet switch` A (CPU 0) with a gen port writing
+# into veth pvs0 through its own AF_XDP port (SRC=af-packet: an AF_PACKET port, io_uring);
+# the kernel carries the frames to pvs0's peer pvs0p, where `pvnet switch` B (CPU 1) takes
+# them into a sink port through the port under test:
+#   xdp-native   af-xdp:ifname=pvs0p,mode=native   (the veth driver's XDP hook)
+#   xdp-generic  af-xdp:ifname=pvs0p,mode=generic  (XDP after the socket buffer is built)
+#   af-packet    af-packet:ifname=pvs0p,io=uring
+#   tap          tap pvb1, bridged with pvs0p (the kernel forwards into the tap)
+# Per run: B's rx_packets per second over the measured window, B's CPU time over it (all its
+# threads, /proc/<pid>/task/*/schedstat) per packet, and A's sent packets per second (when B
+# takes less than A sends, the difference was dropped in the kernel). The kernel's own work
+# of delivering a frame (the veth's NAPI, the XDP program, the copy into the UMEM or the
+# socket buffer) runs in softirq on the sender's CPU and is not in B's figure. Runs
+# interleave the receivers, ROUNDS rounds; medians. The veths, the bridge, the tap and both
+# switches live in a network namespace of this run's (scripts/peers/lib.sh netns_new), never
+# in the machine's own.
+#
+# Usage: scripts/bench_afxdp.sh   Env: ROUNDS=3 DUR=5 (measured s) WARM=1 SIZES="64 1500"
+#        CFGS="xdp-native xdp-generic af-packet tap" SRC=af-xdp|af-packet
+#        DOC=docs/afxdp.md (section between the bench:afxdp markers; DOC= to skip)
+# Wall time: ~(DUR + WARM + 4) s per run: ~5 min with the defaults.
+set -euo pipefail
+source "$(dirname "$0")/peers/lib.sh"
+need_root
+ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-5}"; WARM="${WARM:-1}"; SIZES="${SIZES:-64 1500}"
+CFGS="${CFGS:-xdp-native xdp-generic af-packet tap}"; SRC="${SRC:-af-xdp}"
+DOC="${DOC-$PVNET_ROOT/docs/afxdp.md}"
+build_pvnet
+B="$WORK/afxdp"; rm -rf "$B"; mkdir -p "$B"
+cp "$PVNET_BIN" "$B/pvnet"; BIN="$B/pvnet"
+RES="$B/results.txt"; : > "$RES"
+apid=; bpid=
+cleanup() {
+  [ -n "$apid" ] && stop_pid "$apid" INT
+  [ -n "$bpid" ] && stop_pid "$bpid" INT
+  netns_cleanup   # the veths, the bridge and the tap go with it (and any XDP program)
+  return 0
+}
+trap cleanup EXIT
+trap 'exit 130' INT; trap 'exit 143' TERM
+
+netns_new benchxdp; HNS=$NS
+ipn() { ip -n "$HNS" "$@"; }
+ipn link add pvs0 type veth peer name pvs0p
+ipn link add pvbbr type bridge stp_state 0
+ipn link set pvbbr up; ipn link set pvs0 up; ipn link set pvs0p up
+
+# counter SOCKET PORT FIELD : a counter of a port from `pvnet ctl ports --json`.
+counter() {
+  "$BIN" ctl --socket "$1" ports --json 2>/dev/null | python3 -c "
+import json,sys
+d=json.load(sys.stdin)
+p=[p for p in d['ports'] if p['name']=='$2'][0]
+print(p['counters'].get('$3',0))"
+}
+# cpu_ns PID : CPU time of all the process's threads, nanoseconds.
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+wait_sock() { local i; for i in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no control socket $1"; }
+
+case "$SRC" in
+  af-xdp) SRCPORT="af-xdp:name=t,ifname=pvs0,mode=native" ;;
+  af-packet) SRCPORT="af-packet:name=t,ifname=pvs0,io=uring" ;;
+  *) die "SRC: af-xdp or af-packet" ;;
+esac
+
+for r in $(seq 1 "$ROUNDS"); do
+  for size in $SIZES; do
+    for cfg in $CFGS; do
+      tag="$cfg-$size-$r"
+      case "$cfg" in
+        xdp-native) pb="af-xdp:name=t,ifname=pvs0p,mode=native" ;;
+        xdp-generic) pb="af-xdp:name=t,ifname=pvs0p,mode=generic" ;;
+        af-packet) pb="af-packet:name=t,ifname=pvs0p,io=uring" ;;
+        tap) pb="tap:name=t,ifname=pvb1,io=uring" ;;
+        *) die "unknown receiver $cfg" ;;
+      esac
+      if [ "$cfg" = tap ]; then ipn link set pvs0p master pvbbr; else ipn link set pvs0p nomaster; fi
+      ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 \
+        --ctl-socket "$B/ctl.b.$tag" --duration $((DUR + WARM + 3)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
+      bpid=$!
+      wait_sock "$B/ctl.b.$tag"
+      if [ "$cfg" = tap ]; then ipn link set pvb1 master pvbbr; fi
+      ip netns exec "$HNS" "$BIN" switch --port "$SRCPORT" --port "gen:name=g,delay=0.5,frame_len=$size" --cpu 0 \
+        --ctl-socket "$B/ctl.a.$tag" --duration $((DUR + WARM + 2)) > "$B/a.$tag.json" 2> "$B/a.$tag.log" &
+      apid=$!
+      wait_sock "$B/ctl.a.$tag"
+      sleep "$WARM"; sleep 0.5
+      a0=$(counter "$B/ctl.a.$tag" t tx_packets); b0=$(counter "$B/ctl.b.$tag" t rx_packets); c0=$(cpu_ns "$bpid")
+      t0=$(date +%s.%N); sleep "$DUR"; t1=$(date +%s.%N)
+      a1=$(counter "$B/ctl.a.$tag" t tx_packets); b1=$(counter "$B/ctl.b.$tag" t rx_packets); c1=$(cpu_ns "$bpid")
+      wait "$apid" || true; wait "$bpid" || true; apid=; bpid=
+      line=$(python3 -c "
+dt=$t1-$t0; a=$a1-$a0; b=$b1-$b0
+print(f'RESULT cfg=$cfg size=$size round=$r rx_mpps={b/dt/1e6:.3f} cpu_ns_per_pkt={($c1-$c0)/max(b,1):.0f} src_mpps={a/dt/1e6:.3f}')")
+      echo "$line" | tee -a "$RES"
+      [ "$b1" -gt "$b0" ] || { log "no packets received in run $tag: see $B/b.$tag.log"; exit 1; }
+    done
+  done
+done
+
+SUM="$B/summary.md"
+python3 - "$RES" > "$SUM" <<'PY'
+import sys, statistics as st
+rows = {}
+for l in open(sys.argv[1]):
+    kv = dict(x.split('=') for x in l.split()[1:])
+    rows.setdefault((kv['cfg'], kv['size']), []).append(kv)
+med = lambda key, k: st.median(float(r[k]) for r in rows[key])
+print('| receiver | frame | Mpps taken | switch CPU ns/pkt | source Mpps | vs af-packet: Mpps | CPU ns/pkt | runs |')
+print('|---|---|---|---|---|---|---|---|')
+for key in rows:
+    base = (('af-packet', key[1]))
+    if base in rows:
+        rm = '%.2fx' % (med(key, 'rx_mpps') / max(med(base, 'rx_mpps'), 1e-9))
+        rc = '%.2fx' % (med(key, 'cpu_ns_per_pkt') / max(med(base, 'cpu_ns_per_pkt'), 1e-9))
+    else:
+        rm = rc = '-'
+    print('| %s | %s B | %.3f | %.0f | %.3f | %s | %s | %d |' % (key[0], key[1], med(key, 'rx_mpps'),
+          med(key, 'cpu_ns_per_pkt'), med(key, 'src_mpps'), rm, rc, len(rows[key])))
+PY
+cat "$SUM"
+[ -z "$DOC" ] && exit 0
+doc_results "$DOC" "bench:afxdp" "ROUNDS=$ROUNDS DUR=$DUR SRC=$SRC scripts/bench_afxdp.sh" "$SUM" "$RES"
