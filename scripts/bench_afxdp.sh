@@ -24,13 +24,15 @@
 #
 # Usage: scripts/bench_afxdp.sh   Env: ROUNDS=3 DUR=5 (measured s) WARM=1 SIZES="64 1500"
 #        CFGS="xdp-native xdp-generic af-packet tap" SRC=af-xdp|af-packet
+#        POLICY=adaptive (the receiving switch's --policy; busy: it never sleeps, so the
+#        kernel never wakes it)
 #        DOC=docs/afxdp.md (section between the bench:afxdp markers; DOC= to skip)
 # Wall time: ~(DUR + WARM + 4) s per run: ~5 min with the defaults.
 set -euo pipefail
 source "$(dirname "$0")/peers/lib.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-5}"; WARM="${WARM:-1}"; SIZES="${SIZES:-64 1500}"
-CFGS="${CFGS:-xdp-native xdp-generic af-packet tap}"; SRC="${SRC:-af-xdp}"
+CFGS="${CFGS:-xdp-native xdp-generic af-packet tap}"; SRC="${SRC:-af-xdp}"; POLICY="${POLICY:-adaptive}"
 DOC="${DOC-$PVNET_ROOT/docs/afxdp.md}"
 build_pvnet
 B="$WORK/afxdp"; rm -rf "$B"; mkdir -p "$B"
@@ -82,7 +84,7 @@ for r in $(seq 1 "$ROUNDS"); do
         *) die "unknown receiver $cfg" ;;
       esac
       if [ "$cfg" = tap ]; then ipn link set pvs0p master pvbbr; else ipn link set pvs0p nomaster; fi
-      ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 \
+      ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 --policy "$POLICY" \
         --ctl-socket "$B/ctl.b.$tag" --duration $((DUR + WARM + 3)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
       bpid=$!
       wait_sock "$B/ctl.b.$tag"
@@ -127,4 +129,4 @@ for key in rows:
 PY
 cat "$SUM"
 [ -z "$DOC" ] && exit 0
-doc_results "$DOC" "bench:afxdp" "ROUNDS=$ROUNDS DUR=$DUR SRC=$SRC scripts/bench_afxdp.sh" "$SUM" "$RES"
+doc_results "$DOC" "bench:afxdp" "ROUNDS=$ROUNDS DUR=$DUR SRC=$SRC POLICY=$POLICY scripts/bench_afxdp.sh" "$SUM" "$RES"

@@ -235,9 +235,9 @@ impl AfXdpPort {
             let mut addrs = [0u64; MAX_BURST];
             let mut m = 0;
             let mut bad = false;
-            for k in 0..n {
+            for (k, a) in addrs.iter_mut().enumerate().take(n) {
                 let d = x.rx.get(u32::try_from(k).unwrap_or(0));
-                addrs[k] = d.addr;
+                *a = d.addr;
                 match frame_seg(base, size, d) {
                     Some(s) => {
                         let Some((hdr, macs)) = read_head(&[s], HDR_LEN) else {

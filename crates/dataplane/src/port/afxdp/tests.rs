@@ -224,7 +224,7 @@ fn round_trip(tag: &str, net: u8, mode: ModeReq, want: Mode) {
             let sent = sock.send_iovecs(&iov).unwrap_or_else(|e| panic!("{e}"));
             assert!(sent.is_some(), "the kernel took frame {s}");
         }
-        let want = ((burst + 1) * 100) as usize;
+        let want = usize::try_from((burst + 1) * 100).unwrap_or(usize::MAX);
         collect(&mut port, &mut c, |c| c.got.len() >= want);
     }
     let seqs: Vec<u64> = c
