@@ -68,6 +68,20 @@ fn link_show(dev: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Whether `dev` is without an XDP program within 2 s. A dropped link's fd is closed at once,
+/// but a child another test thread is starting holds a copy of every fd from its fork to its
+/// exec (close-on-exec): the link goes when that copy does.
+fn no_program(dev: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while link_show(dev).contains("xdp") {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
 /// The kernel's packet counters of `dev` (`rx_packets`, `tx_packets`), from `/proc/net/dev`
 /// as a child process sees it (in the thread's namespace; the test process's own
 /// `/proc/self/net` is its main thread's).
@@ -246,11 +260,7 @@ fn round_trip(tag: &str, net: u8, mode: ModeReq, want: Mode) {
 
     // The port goes: its program goes with it.
     drop(port);
-    assert!(
-        !link_show(&veth.a).contains("xdp"),
-        "program left: {}",
-        link_show(&veth.a)
-    );
+    assert!(no_program(&veth.a), "program left: {}", link_show(&veth.a));
 }
 
 #[test]
@@ -296,7 +306,7 @@ fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
         );
     }
     drop(first);
-    assert!(!link_show(&veth.a).contains("xdp"));
+    assert!(no_program(&veth.a));
     let e = XdpDev::open(&XdpConfig {
         ifname: veth.a.clone(),
         queues: 1,
@@ -305,10 +315,7 @@ fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
     })
     .expect_err("zero-copy in generic mode");
     assert!(e.to_string().contains("zero-copy"), "{e}");
-    assert!(
-        !link_show(&veth.a).contains("xdp"),
-        "nothing left after a failed open"
-    );
+    assert!(no_program(&veth.a), "nothing left after a failed open");
     let e = XdpDev::open(&XdpConfig {
         ifname: "pvnoifx0".into(),
         queues: 1,
