@@ -14,8 +14,9 @@
 #   af-packet    af-packet:ifname=pvs0p,io=uring
 #   tap          tap pvb1, bridged with pvs0p (the kernel forwards into the tap)
 # Per run: B's rx_packets per second over the measured window, B's CPU time over it (all its
-# threads, /proc/<pid>/task/*/schedstat) per packet, and A's sent packets per second (when B
-# takes less than A sends, the difference was dropped in the kernel). The kernel's own work
+# threads, /proc/<pid>/task/*/schedstat) per packet, the syscalls its port made per packet,
+# and A's sent packets per second and CPU per packet sent (when B takes less than A sends,
+# the difference was dropped in the kernel). The kernel's own work
 # of delivering a frame (the veth's NAPI, the XDP program, the copy into the UMEM or the
 # socket buffer) runs in softirq on the sender's CPU and is not in B's figure. Runs
 # interleave the receivers, ROUNDS rounds; medians. The veths, the bridge, the tap and both
@@ -27,7 +28,7 @@
 #        POLICY=adaptive (the receiving switch's --policy; busy: it never sleeps, so the
 #        kernel never wakes it)
 #        DOC=docs/afxdp.md (section between the bench:afxdp markers; DOC= to skip)
-# Wall time: ~(DUR + WARM + 4) s per run: ~5 min with the defaults.
+# Wall time: ~(DUR + WARM + 3) s per run: ~5 min with the defaults.
 set -euo pipefail
 source "$(dirname "$0")/peers/lib.sh"
 need_root
@@ -54,16 +55,15 @@ ipn link add pvs0 type veth peer name pvs0p
 ipn link add pvbbr type bridge stp_state 0
 ipn link set pvbbr up; ipn link set pvs0 up; ipn link set pvs0p up
 
-# counter SOCKET PORT FIELD : a counter of a port from `pvnet ctl ports --json`.
-counter() {
+# snap SOCKET : "tx_packets rx_packets syscalls" of port t, from one `pvnet ctl ports --json`.
+snap() {
   "$BIN" ctl --socket "$1" ports --json 2>/dev/null | python3 -c "
 import json,sys
-d=json.load(sys.stdin)
-p=[p for p in d['ports'] if p['name']=='$2'][0]
-print(p['counters'].get('$3',0))"
+c=[p for p in json.load(sys.stdin)['ports'] if p['name']=='t'][0]['counters']
+print(c.get('tx_packets',0), c.get('rx_packets',0), c.get('syscalls',0))"
 }
-# cpu_ns PID : CPU time of all the process's threads, nanoseconds.
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+# cpu_ns PID : CPU time of all the process's threads, nanoseconds (0 once it is gone).
+cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
 wait_sock() { local i; for i in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no control socket $1"; }
 
 case "$SRC" in
@@ -85,22 +85,24 @@ for r in $(seq 1 "$ROUNDS"); do
       esac
       if [ "$cfg" = tap ]; then ipn link set pvs0p master pvbbr; else ipn link set pvs0p nomaster; fi
       ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 --policy "$POLICY" \
-        --ctl-socket "$B/ctl.b.$tag" --duration $((DUR + WARM + 3)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
+        --ctl-socket "$B/ctl.b.$tag" --duration $((DUR + WARM + 8)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
       bpid=$!
       wait_sock "$B/ctl.b.$tag"
       if [ "$cfg" = tap ]; then ipn link set pvb1 master pvbbr; fi
       ip netns exec "$HNS" "$BIN" switch --port "$SRCPORT" --port "gen:name=g,delay=0.5,frame_len=$size" --cpu 0 \
-        --ctl-socket "$B/ctl.a.$tag" --duration $((DUR + WARM + 2)) > "$B/a.$tag.json" 2> "$B/a.$tag.log" &
+        --ctl-socket "$B/ctl.a.$tag" --duration $((DUR + WARM + 7)) > "$B/a.$tag.json" 2> "$B/a.$tag.log" &
       apid=$!
       wait_sock "$B/ctl.a.$tag"
       sleep "$WARM"; sleep 0.5
-      a0=$(counter "$B/ctl.a.$tag" t tx_packets); b0=$(counter "$B/ctl.b.$tag" t rx_packets); c0=$(cpu_ns "$bpid")
+      c0=$(cpu_ns "$bpid"); d0=$(cpu_ns "$apid")
+      read -r a0 _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b0 s0 < <(snap "$B/ctl.b.$tag")
       t0=$(date +%s.%N); sleep "$DUR"; t1=$(date +%s.%N)
-      a1=$(counter "$B/ctl.a.$tag" t tx_packets); b1=$(counter "$B/ctl.b.$tag" t rx_packets); c1=$(cpu_ns "$bpid")
-      wait "$apid" || true; wait "$bpid" || true; apid=; bpid=
+      c1=$(cpu_ns "$bpid"); d1=$(cpu_ns "$apid")
+      read -r a1 _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b1 s1 < <(snap "$B/ctl.b.$tag")
+      kill -INT "$apid" "$bpid" 2>/dev/null || true; wait "$apid" || true; wait "$bpid" || true; apid=; bpid=
       line=$(python3 -c "
 dt=$t1-$t0; a=$a1-$a0; b=$b1-$b0
-print(f'RESULT cfg=$cfg size=$size round=$r rx_mpps={b/dt/1e6:.3f} cpu_ns_per_pkt={($c1-$c0)/max(b,1):.0f} src_mpps={a/dt/1e6:.3f}')")
+print(f'RESULT cfg=$cfg size=$size round=$r rx_mpps={b/dt/1e6:.3f} cpu_ns_per_pkt={($c1-$c0)/max(b,1):.0f} syscalls_per_pkt={($s1-$s0)/max(b,1):.3f} src_mpps={a/dt/1e6:.3f} src_cpu_ns_per_pkt={($d1-$d0)/max(a,1):.0f}')")
       echo "$line" | tee -a "$RES"
       [ "$b1" -gt "$b0" ] || { log "no packets received in run $tag: see $B/b.$tag.log"; exit 1; }
     done
@@ -115,8 +117,8 @@ for l in open(sys.argv[1]):
     kv = dict(x.split('=') for x in l.split()[1:])
     rows.setdefault((kv['cfg'], kv['size']), []).append(kv)
 med = lambda key, k: st.median(float(r[k]) for r in rows[key])
-print('| receiver | frame | Mpps taken | switch CPU ns/pkt | source Mpps | vs af-packet: Mpps | CPU ns/pkt | runs |')
-print('|---|---|---|---|---|---|---|---|')
+print('| receiver | frame | Mpps taken | switch CPU ns/pkt | its syscalls/pkt | source Mpps | source CPU ns/pkt | vs af-packet: Mpps | CPU ns/pkt | runs |')
+print('|---|---|---|---|---|---|---|---|---|---|')
 for key in rows:
     base = (('af-packet', key[1]))
     if base in rows:
@@ -124,8 +126,9 @@ for key in rows:
         rc = '%.2fx' % (med(key, 'cpu_ns_per_pkt') / max(med(base, 'cpu_ns_per_pkt'), 1e-9))
     else:
         rm = rc = '-'
-    print('| %s | %s B | %.3f | %.0f | %.3f | %s | %s | %d |' % (key[0], key[1], med(key, 'rx_mpps'),
-          med(key, 'cpu_ns_per_pkt'), med(key, 'src_mpps'), rm, rc, len(rows[key])))
+    print('| %s | %s B | %.3f | %.0f | %.3f | %.3f | %.0f | %s | %s | %d |' % (key[0], key[1],
+          med(key, 'rx_mpps'), med(key, 'cpu_ns_per_pkt'), med(key, 'syscalls_per_pkt'),
+          med(key, 'src_mpps'), med(key, 'src_cpu_ns_per_pkt'), rm, rc, len(rows[key])))
 PY
 cat "$SUM"
 [ -z "$DOC" ] && exit 0

@@ -300,6 +300,27 @@ impl AfXdpPort {
     }
 }
 
+impl Drop for AfXdpPort {
+    /// Logs what the kernel dropped before the port saw it (its rings full or its fill ring
+    /// empty: `XDP_STATISTICS`), which no counter of the port's can show.
+    fn drop(&mut self) {
+        for x in &self.dev.queues {
+            if let Ok(k) = x.kernel_stats() {
+                tracing::info!(
+                    port = self.id,
+                    queue = x.queue,
+                    rx_dropped = k.rx_dropped,
+                    rx_ring_full = k.rx_ring_full,
+                    fill_ring_empty = k.rx_fill_ring_empty_descs,
+                    rx_invalid = k.rx_invalid_descs,
+                    tx_invalid = k.tx_invalid_descs,
+                    "AF_XDP socket closed: the kernel's own counts"
+                );
+            }
+        }
+    }
+}
+
 /// The segment of a received frame with 12 bytes in front of it for the virtio-net header
 /// (written, all zero: no offload metadata), if the descriptor lies within one frame of the
 /// UMEM with that much headroom (the kernel leaves 256 bytes).
