@@ -84,7 +84,7 @@ for r in $(seq 1 "$ROUNDS"); do
         *) die "unknown receiver $cfg" ;;
       esac
       if [ "$cfg" = tap ]; then ipn link set pvs0p master pvbbr; else ipn link set pvs0p nomaster; fi
-      ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 --policy "$POLICY" \
+      NO_COLOR=1 PVNET_LOG=info ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 --policy "$POLICY" \
         --ctl-socket "$B/ctl.b.$tag" --duration $((DUR + WARM + 8)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
       bpid=$!
       wait_sock "$B/ctl.b.$tag"
@@ -99,7 +99,10 @@ for r in $(seq 1 "$ROUNDS"); do
       t0=$(date +%s.%N); sleep "$DUR"; t1=$(date +%s.%N)
       c1=$(cpu_ns "$bpid"); d1=$(cpu_ns "$apid")
       read -r a1 _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b1 s1 < <(snap "$B/ctl.b.$tag")
-      kill -INT "$apid" "$bpid" 2>/dev/null || true; wait "$apid" || true; wait "$bpid" || true; apid=; bpid=
+      # The source first: what it sends while the receiver stops would count as the kernel's drops.
+      kill -INT "$apid" 2>/dev/null || true; wait "$apid" || true; apid=
+      kill -INT "$bpid" 2>/dev/null || true; wait "$bpid" || true; bpid=
+      grep -ho "the kernel's own counts.*" "$B/b.$tag.log" | sed 's/^/  /' || true
       line=$(python3 -c "
 dt=$t1-$t0; a=$a1-$a0; b=$b1-$b0
 print(f'RESULT cfg=$cfg size=$size round=$r rx_mpps={b/dt/1e6:.3f} cpu_ns_per_pkt={($c1-$c0)/max(b,1):.0f} syscalls_per_pkt={($s1-$s0)/max(b,1):.3f} src_mpps={a/dt/1e6:.3f} src_cpu_ns_per_pkt={($d1-$d0)/max(a,1):.0f}')")
