@@ -358,3 +358,73 @@ fn af_xdp_port_survives_its_interface_going_away() {
     assert_eq!(port.rx_burst(64, Instant::now(), &mut c), 0);
     drop(port);
 }
+
+/// `queues=2` on a veth with two queues: a socket bound to each, both polled by the port
+/// (the kernel spreads the flows of the peer's two transmit queues over them).
+#[test]
+fn af_xdp_port_takes_every_queue_it_is_given() {
+    private_netns();
+    let name = format!("pvxq{}", std::process::id() % 10000);
+    let (a, b) = (format!("{name}a"), format!("{name}b"));
+    ip(&[
+        "link",
+        "add",
+        &a,
+        "numtxqueues",
+        "2",
+        "numrxqueues",
+        "2",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &b,
+        "numtxqueues",
+        "2",
+        "numrxqueues",
+        "2",
+    ]);
+    let veth = Veth {
+        a: a.clone(),
+        b: b.clone(),
+    };
+    ip(&["link", "set", &b, "up"]);
+    let dev = XdpDev::open(&XdpConfig {
+        ifname: a.clone(),
+        queues: 2,
+        mode: ModeReq::Native,
+        zerocopy: ZeroCopy::Auto,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(dev.describe().ends_with("2 queues"), "{}", dev.describe());
+    assert_eq!(dev.queues.len(), 2);
+    let stats: Arc<PortStats> = Arc::default();
+    let mut port = AnyPort::AfXdp(AfXdpPort::new(7, stats.clone(), dev));
+    // Frames from the kernel's end, on both of its transmit queues (the queue is picked per
+    // sending CPU and socket hash); every one arrives, whichever queue it came in on.
+    let sock = crate::sys::packet::open(&veth.b).unwrap_or_else(|e| panic!("{e}"));
+    let mut f = vec![0u8; HDR_LEN as usize + 64];
+    frame::write_template(
+        &mut f[HDR_LEN as usize..],
+        64,
+        [2, 0, 0, 0, 0, 9],
+        [2, 0, 0, 0, 0, 8],
+    );
+    for s in 0..200u64 {
+        frame::set_seq(&mut f[HDR_LEN as usize..], s);
+        let iov = [libc::iovec {
+            iov_base: f.as_mut_ptr().cast(),
+            iov_len: f.len(),
+        }];
+        assert!(sock
+            .send_iovecs(&iov)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_some());
+    }
+    let mut c = Collect::all();
+    collect(&mut port, &mut c, |c| c.got.len() >= 200);
+    assert_eq!(c.got.len(), 200);
+    assert_eq!(get(&stats.rx_packets), 200);
+    drop(port);
+    assert!(no_program(&a));
+}
