@@ -269,6 +269,18 @@ pub fn set_link_up(name: &str, mtu: Option<u32>) -> io::Result<()> {
         .map_err(|e| context(e, &format!("SIOCSIFFLAGS {} up", name)))
 }
 
+/// The MTU of interface `name` in the calling thread's network namespace (`SIOCGIFMTU`).
+pub fn mtu(name: &str) -> io::Result<u32> {
+    let sock = inet_socket()?;
+    let mut ifr = ifreq(name)?;
+    // SAFETY: SIOCGIFMTU writes a `struct ifreq`; `ifr` is one, exclusively borrowed.
+    unsafe { ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU, &mut ifr) }
+        .map_err(|e| context(e, &format!("SIOCGIFMTU {name}")))?;
+    // SAFETY: SIOCGIFMTU filled in `ifru_mtu`; every bit pattern is a valid int.
+    let m = unsafe { ifr.ifr_ifru.ifru_mtu };
+    Ok(u32::try_from(m).unwrap_or(0))
+}
+
 /// The MAC address of interface `name` in the calling thread's network namespace
 /// (`SIOCGIFHWADDR`).
 pub fn hw_addr(name: &str) -> io::Result<[u8; 6]> {

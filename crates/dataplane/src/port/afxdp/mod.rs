@@ -15,6 +15,9 @@
 //! ring says it sleeps. Frames come back through the completion ring, reclaimed at the next
 //! batch.
 //!
+//! A frame longer than the interface's MTU allows (read when the port opens) is refused as
+//! `too_big`, never cut.
+//!
 //! Offloads: XDP gives a frame with no metadata, and takes none: the port offers no receive
 //! offload, so the switch completes checksums and segments GSO packets in software before
 //! they reach it (counted as `sw_csum`, `sw_gso`), as for any receiver without them.
@@ -70,11 +73,15 @@ pub struct AfXdpPort {
     down: bool,
     /// Frames are left on the transmit ring after the kicks of a commit.
     unsent: bool,
+    /// The longest frame the interface sends without a VLAN tag: its MTU and the Ethernet
+    /// header (4 bytes more with a tag).
+    max_frame: u32,
 }
 
 impl AfXdpPort {
     /// Wraps an opened device.
     pub fn new(id: PortId, stats: Arc<PortStats>, dev: XdpDev) -> Self {
+        let max_frame = (dev.mtu() + 14).min(FRAME);
         let free = (RX_FRAMES..RX_FRAMES + TX_FRAMES)
             .rev()
             .map(|k| u64::from(k) * u64::from(FRAME))
@@ -90,6 +97,7 @@ impl AfXdpPort {
             left: false,
             down: false,
             unsent: false,
+            max_frame,
         }
     }
 
@@ -177,7 +185,8 @@ impl AfXdpPort {
     /// Copies one packet into a free transmit frame and describes it on the ring.
     fn put(&mut self, pkt: &Pkt<'_>) -> TxOut {
         let len = pkt.frame_len();
-        if len > FRAME {
+        if len > self.max_frame && !vlan_fits(pkt, len, self.max_frame) {
+            // The kernel would drop it unseen: dropped and counted here, never cut.
             return TxOut::Dropped(DropReason::TooBig);
         }
         if self.free.is_empty() || self.dev.queues[0].tx.free(1) == 0 {
@@ -298,6 +307,16 @@ impl AfXdpPort {
         }
         (done, false)
     }
+}
+
+/// Whether a frame `len` bytes long, over `max` (the untagged limit), is a VLAN-tagged one
+/// within the 4 bytes its tag adds (and within a UMEM frame).
+#[cold]
+fn vlan_fits(pkt: &Pkt<'_>, len: u32, max: u32) -> bool {
+    let mut t = [0u8; 2];
+    len <= (max + 4).min(FRAME)
+        && read_segs(pkt.segs, pkt.hdr_len + MACS, &mut t) == 2
+        && u16::from_be_bytes(t) == 0x8100
 }
 
 impl Drop for AfXdpPort {

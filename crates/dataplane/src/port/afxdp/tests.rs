@@ -216,6 +216,28 @@ fn round_trip(tag: &str, net: u8, mode: ModeReq, want: Mode) {
     assert_eq!(get(&stats.tx_packets) - tx0, 1000);
     assert_eq!(stats.snapshot(5).drops.iter().map(|d| d.1).sum::<u64>(), 0);
 
+    // Longer than the MTU (1500) allows: refused as too big, never cut; with a VLAN tag
+    // 4 bytes more fit.
+    let mut big = vec![0u8; 1515];
+    frame::write_template(&mut big, 1515, [2, 0, 0, 0, 0x13, 2], kernel_mac);
+    assert_eq!(
+        send(&mut port, &big, HDR_LEN),
+        TxOut::Dropped(DropReason::TooBig)
+    );
+    big.truncate(1518);
+    big.resize(1518, 0);
+    big[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
+    assert_eq!(
+        send(&mut port, &big, HDR_LEN),
+        TxOut::Sent,
+        "a tagged full frame"
+    );
+    big.resize(1519, 0);
+    assert_eq!(
+        send(&mut port, &big, HDR_LEN),
+        TxOut::Dropped(DropReason::TooBig)
+    );
+
     // kernel -> pvnet: 1000 frames from an AF_PACKET socket on the kernel's end, in bursts of
     // 100, all handed out in order, the port's counters equal to what it handed out.
     let sock = crate::sys::packet::open(&veth.b).unwrap_or_else(|e| panic!("{e}"));

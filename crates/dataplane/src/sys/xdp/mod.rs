@@ -424,6 +424,7 @@ pub struct XdpDev {
     pub queues: Vec<Xsk>,
     name: String,
     mode: Mode,
+    mtu: u32,
 }
 
 impl XdpDev {
@@ -448,6 +449,7 @@ impl XdpDev {
             ));
         }
         crate::sys::tap::set_link_up(name, None)?;
+        let mtu = crate::sys::tap::mtu(name)?;
         let map = XskMap::new(cfg.queues)?;
         let prog = Prog::load(&map)?;
         let (link, mode) = match cfg.mode {
@@ -507,6 +509,7 @@ impl XdpDev {
             queues,
             name: name.to_string(),
             mode,
+            mtu,
         })
     }
 
@@ -518,6 +521,11 @@ impl XdpDev {
     /// The XDP mode in use.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// The interface's MTU when it was opened.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     /// Whether the sockets run zero-copy.
