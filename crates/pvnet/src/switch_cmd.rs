@@ -73,7 +73,9 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       interface that already has a program is refused). mode=auto: native XDP, else
       generic; `pvnet ctl ports` says which, and copy or zero-copy. No offloads: checksums
       and GSO packets sent to it are completed in software (sw_csum, sw_gso). Needs root
-      (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md).
+      (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md). XDP
+      frames carry no checksum metadata: on a veth, turn the kernel's end's transmit
+      checksum offload off (ethtool -K PEER tx off), or its TCP/UDP arrive unfinished.
   sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
   gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC][,flows=1]
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),
@@ -293,7 +295,7 @@ pub(crate) enum PortConfig {
         #[serde(default = "auto")]
         mode: String,
         /// Zero-copy: auto (where the driver has it), true or false.
-        #[serde(default = "auto")]
+        #[serde(default = "auto", deserialize_with = "bool_or_str")]
         zerocopy: String,
     },
     Sink {
@@ -326,6 +328,20 @@ fn one_queue() -> u32 {
 }
 fn auto() -> String {
     "auto".into()
+}
+
+/// A key that takes `true`, `false` or a word (`zerocopy=auto`), as a string.
+fn bool_or_str<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum BoolOrStr {
+        B(bool),
+        S(String),
+    }
+    Ok(match BoolOrStr::deserialize(d)? {
+        BoolOrStr::B(b) => b.to_string(),
+        BoolOrStr::S(s) => s,
+    })
 }
 
 /// An `af-xdp` port's settings as the dataplane takes them.
@@ -1039,5 +1055,37 @@ mod tests {
         assert_eq!(parse_mac("02:00:00:00:00:0a").unwrap(), [2, 0, 0, 0, 0, 10]);
         assert!(parse_mac("02:00:00").is_err());
         assert_eq!(fmt_mac([2, 0, 0, 0, 0, 10]), "02:00:00:00:00:0a");
+    }
+
+    #[test]
+    fn af_xdp_spec_parses_with_defaults_and_refuses_bad_values() {
+        use pvnet_dataplane::sys::xdp::{ModeReq, ZeroCopy};
+        let p = parse_port_spec("af-xdp:name=w,ifname=v0").unwrap();
+        assert_eq!(p.kind(), "af-xdp");
+        assert_eq!(p.resource().as_deref(), Some("interface v0"));
+        let c = xdp_config(&p).unwrap().unwrap();
+        assert_eq!(
+            (c.queues, c.mode, c.zerocopy),
+            (1, ModeReq::Auto, ZeroCopy::Auto)
+        );
+        let p = parse_port_spec("af-xdp:name=w,ifname=v0,queues=2,mode=generic,zerocopy=false")
+            .unwrap();
+        let c = xdp_config(&p).unwrap().unwrap();
+        assert_eq!(
+            (c.queues, c.mode, c.zerocopy),
+            (2, ModeReq::Generic, ZeroCopy::Off)
+        );
+        for bad in [
+            "af-xdp:name=w,ifname=v0,mode=fast",
+            "af-xdp:name=w,ifname=v0,zerocopy=maybe",
+            "af-xdp:name=w,ifname=v0,queues=0",
+        ] {
+            let p = parse_port_spec(bad).unwrap();
+            assert!(check_port(&p).is_err(), "{bad}");
+        }
+        assert!(
+            parse_port_spec("af-xdp:name=w").is_err(),
+            "ifname is needed"
+        );
     }
 }
