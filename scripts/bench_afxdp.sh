@@ -14,7 +14,9 @@
 #   af-packet    af-packet:ifname=pvs0p,io=uring
 #   tap          tap pvb1, bridged with pvs0p (the kernel forwards into the tap)
 # Per run: B's rx_packets per second over the measured window, B's CPU time over it (all its
-# threads, /proc/<pid>/task/*/schedstat) per packet, the syscalls its port made per packet,
+# threads, /proc/<pid>/task/*/schedstat) per packet, its worker's busy time per packet (the
+# rounds that moved packets only: the cost of a packet without the sleeps and wake-ups a
+# source slower than the receiver brings), the syscalls its port made per packet,
 # and A's sent packets per second and CPU per packet sent (when B takes less than A sends,
 # the difference was dropped in the kernel). The kernel's own work
 # of delivering a frame (the veth's NAPI, the XDP program, the copy into the UMEM or the
@@ -55,12 +57,14 @@ ipn link add pvs0 type veth peer name pvs0p
 ipn link add pvbbr type bridge stp_state 0
 ipn link set pvbbr up; ipn link set pvs0 up; ipn link set pvs0p up
 
-# snap SOCKET : "tx_packets rx_packets syscalls" of port t, from one `pvnet ctl ports --json`.
+# snap SOCKET : "tx_packets rx_packets syscalls busy_ns" of port t and the worker, from one
+# `pvnet ctl --json` (busy_ns: the worker's time in rounds that moved packets).
 snap() {
-  "$BIN" ctl --socket "$1" ports --json 2>/dev/null | python3 -c "
+  "$BIN" ctl --socket "$1" --json 2>/dev/null | python3 -c "
 import json,sys
-c=[p for p in json.load(sys.stdin)['ports'] if p['name']=='t'][0]['counters']
-print(c.get('tx_packets',0), c.get('rx_packets',0), c.get('syscalls',0))"
+d=json.load(sys.stdin)
+c=[p for p in d['ports'] if p['name']=='t'][0]['counters']
+print(c.get('tx_packets',0), c.get('rx_packets',0), c.get('syscalls',0), int(sum(w.get('busy_secs',0) for w in d.get('workers',[]))*1e9))"
 }
 # cpu_ns PID : CPU time of all the process's threads, nanoseconds (0 once it is gone).
 cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
@@ -95,17 +99,17 @@ for r in $(seq 1 "$ROUNDS"); do
       wait_sock "$B/ctl.a.$tag"
       sleep "$WARM"; sleep 0.5
       c0=$(cpu_ns "$bpid"); d0=$(cpu_ns "$apid")
-      read -r a0 _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b0 s0 < <(snap "$B/ctl.b.$tag")
+      read -r a0 _ _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b0 s0 w0 < <(snap "$B/ctl.b.$tag")
       t0=$(date +%s.%N); sleep "$DUR"; t1=$(date +%s.%N)
       c1=$(cpu_ns "$bpid"); d1=$(cpu_ns "$apid")
-      read -r a1 _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b1 s1 < <(snap "$B/ctl.b.$tag")
+      read -r a1 _ _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b1 s1 w1 < <(snap "$B/ctl.b.$tag")
       # The source first: what it sends while the receiver stops would count as the kernel's drops.
       kill -INT "$apid" 2>/dev/null || true; wait "$apid" || true; apid=
       kill -INT "$bpid" 2>/dev/null || true; wait "$bpid" || true; bpid=
       grep -ho "the kernel's own counts.*" "$B/b.$tag.log" | sed 's/^/  /' || true
       line=$(python3 -c "
 dt=$t1-$t0; a=$a1-$a0; b=$b1-$b0
-print(f'RESULT cfg=$cfg size=$size round=$r rx_mpps={b/dt/1e6:.3f} cpu_ns_per_pkt={($c1-$c0)/max(b,1):.0f} syscalls_per_pkt={($s1-$s0)/max(b,1):.3f} src_mpps={a/dt/1e6:.3f} src_cpu_ns_per_pkt={($d1-$d0)/max(a,1):.0f}')")
+print(f'RESULT cfg=$cfg size=$size round=$r rx_mpps={b/dt/1e6:.3f} cpu_ns_per_pkt={($c1-$c0)/max(b,1):.0f} busy_ns_per_pkt={($w1-$w0)/max(b,1):.0f} syscalls_per_pkt={($s1-$s0)/max(b,1):.3f} src_mpps={a/dt/1e6:.3f} src_cpu_ns_per_pkt={($d1-$d0)/max(a,1):.0f}')")
       echo "$line" | tee -a "$RES"
       [ "$b1" -gt "$b0" ] || { log "no packets received in run $tag: see $B/b.$tag.log"; exit 1; }
     done
@@ -120,18 +124,20 @@ for l in open(sys.argv[1]):
     kv = dict(x.split('=') for x in l.split()[1:])
     rows.setdefault((kv['cfg'], kv['size']), []).append(kv)
 med = lambda key, k: st.median(float(r[k]) for r in rows[key])
-print('| receiver | frame | Mpps taken | switch CPU ns/pkt | its syscalls/pkt | source Mpps | source CPU ns/pkt | vs af-packet: Mpps | CPU ns/pkt | runs |')
-print('|---|---|---|---|---|---|---|---|---|---|')
+print('| receiver | frame | Mpps taken | switch CPU ns/pkt | busy ns/pkt | its syscalls/pkt | source Mpps | source CPU ns/pkt | vs af-packet: Mpps | CPU ns/pkt | busy ns/pkt | runs |')
+print('|---|---|---|---|---|---|---|---|---|---|---|---|')
 for key in rows:
     base = (('af-packet', key[1]))
     if base in rows:
         rm = '%.2fx' % (med(key, 'rx_mpps') / max(med(base, 'rx_mpps'), 1e-9))
         rc = '%.2fx' % (med(key, 'cpu_ns_per_pkt') / max(med(base, 'cpu_ns_per_pkt'), 1e-9))
+        rb = '%.2fx' % (med(key, 'busy_ns_per_pkt') / max(med(base, 'busy_ns_per_pkt'), 1e-9))
     else:
-        rm = rc = '-'
-    print('| %s | %s B | %.3f | %.0f | %.3f | %.3f | %.0f | %s | %s | %d |' % (key[0], key[1],
-          med(key, 'rx_mpps'), med(key, 'cpu_ns_per_pkt'), med(key, 'syscalls_per_pkt'),
-          med(key, 'src_mpps'), med(key, 'src_cpu_ns_per_pkt'), rm, rc, len(rows[key])))
+        rm = rc = rb = '-'
+    print('| %s | %s B | %.3f | %.0f | %.0f | %.3f | %.3f | %.0f | %s | %s | %s | %d |' % (key[0], key[1],
+          med(key, 'rx_mpps'), med(key, 'cpu_ns_per_pkt'), med(key, 'busy_ns_per_pkt'),
+          med(key, 'syscalls_per_pkt'), med(key, 'src_mpps'), med(key, 'src_cpu_ns_per_pkt'),
+          rm, rc, rb, len(rows[key])))
 PY
 cat "$SUM"
 [ -z "$DOC" ] && exit 0
