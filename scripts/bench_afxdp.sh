@@ -22,7 +22,7 @@
 # of delivering a frame (the veth's NAPI, the XDP program, the copy into the UMEM or the
 # socket buffer) runs in softirq on the sender's CPU and is not in B's figure. Runs
 # interleave the receivers, ROUNDS rounds; medians. The veths, the bridge, the tap and both
-# switches live in a network namespace of this run's (scripts/peers/lib.sh netns_new), never
+# switches live in a network namespace of this run's (scripts/lib/common.sh netns_new), never
 # in the machine's own.
 #
 # Usage: scripts/bench_afxdp.sh   Env: ROUNDS=3 DUR=5 (measured s) WARM=1 SIZES="64 1500"
@@ -32,7 +32,7 @@
 #        DOC=docs/afxdp.md (section between the bench:afxdp markers; DOC= to skip)
 # Wall time: ~(DUR + WARM + 3) s per run: ~5 min with the defaults.
 set -euo pipefail
-source "$(dirname "$0")/peers/lib.sh"
+source "$(dirname "$0")/lib/common.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-5}"; WARM="${WARM:-1}"; SIZES="${SIZES:-64 1500}"
 CFGS="${CFGS:-xdp-native xdp-generic af-packet tap}"; SRC="${SRC:-af-xdp}"; POLICY="${POLICY:-adaptive}"
@@ -57,15 +57,8 @@ ipn link add pvs0 type veth peer name pvs0p
 ipn link add pvbbr type bridge stp_state 0
 ipn link set pvbbr up; ipn link set pvs0 up; ipn link set pvs0p up
 
-# snap SOCKET : "tx_packets rx_packets syscalls busy_ns" of port t and the worker, from one
-# `pvnet ctl --json` (busy_ns: the worker's time in rounds that moved packets).
-snap() {
-  "$BIN" ctl --socket "$1" --json 2>/dev/null | python3 -c "
-import json,sys
-d=json.load(sys.stdin)
-c=[p for p in d['ports'] if p['name']=='t'][0]['counters']
-print(c.get('tx_packets',0), c.get('rx_packets',0), c.get('syscalls',0), int(sum(w.get('busy_secs',0) for w in d.get('workers',[]))*1e9))"
-}
+# snap SOCKET : "tx_packets rx_packets syscalls busy_ns" of port t and the workers.
+snap() { "$BIN" ctl --ctl-socket "$1" --json 2>/dev/null | python3 "$PYLIB/bench_afxdp.py" snap t; }
 # cpu_ns PID : CPU time of all the process's threads, nanoseconds (0 once it is gone).
 cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
 wait_sock() { local i; for i in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no control socket $1"; }
@@ -89,12 +82,12 @@ for r in $(seq 1 "$ROUNDS"); do
       esac
       if [ "$cfg" = tap ]; then ipn link set pvs0p master pvbbr; else ipn link set pvs0p nomaster; fi
       NO_COLOR=1 PVNET_LOG=info ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 --policy "$POLICY" \
-        --ctl-socket "$B/ctl.b.$tag" --duration $((DUR + WARM + 8)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
+        --ctl-socket "$B/ctl.b.$tag" --secs $((DUR + WARM + 8)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
       bpid=$!
       wait_sock "$B/ctl.b.$tag"
       if [ "$cfg" = tap ]; then ipn link set pvb1 master pvbbr; fi
       ip netns exec "$HNS" "$BIN" switch --port "$SRCPORT" --port "gen:name=g,delay=0.5,frame_len=$size" --cpu 0 \
-        --ctl-socket "$B/ctl.a.$tag" --duration $((DUR + WARM + 7)) > "$B/a.$tag.json" 2> "$B/a.$tag.log" &
+        --ctl-socket "$B/ctl.a.$tag" --secs $((DUR + WARM + 7)) > "$B/a.$tag.json" 2> "$B/a.$tag.log" &
       apid=$!
       wait_sock "$B/ctl.a.$tag"
       sleep "$WARM"; sleep 0.5
@@ -107,9 +100,8 @@ for r in $(seq 1 "$ROUNDS"); do
       kill -INT "$apid" 2>/dev/null || true; wait "$apid" || true; apid=
       kill -INT "$bpid" 2>/dev/null || true; wait "$bpid" || true; bpid=
       grep -ho "the kernel's own counts.*" "$B/b.$tag.log" | sed 's/^/  /' || true
-      line=$(python3 -c "
-dt=$t1-$t0; a=$a1-$a0; b=$b1-$b0
-print(f'RESULT cfg=$cfg size=$size round=$r rx_mpps={b/dt/1e6:.3f} cpu_ns_per_pkt={($c1-$c0)/max(b,1):.0f} busy_ns_per_pkt={($w1-$w0)/max(b,1):.0f} syscalls_per_pkt={($s1-$s0)/max(b,1):.3f} src_mpps={a/dt/1e6:.3f} src_cpu_ns_per_pkt={($d1-$d0)/max(a,1):.0f}')")
+      line=$(python3 "$PYLIB/bench_afxdp.py" result "$cfg" "$size" "$r" "$t0" "$t1" "$a0" "$a1" "$b0" "$b1" \
+        "$s0" "$s1" "$c0" "$c1" "$d0" "$d1" "$w0" "$w1")
       echo "$line" | tee -a "$RES"
       [ "$b1" -gt "$b0" ] || { log "no packets received in run $tag: see $B/b.$tag.log"; exit 1; }
     done
@@ -117,28 +109,7 @@ print(f'RESULT cfg=$cfg size=$size round=$r rx_mpps={b/dt/1e6:.3f} cpu_ns_per_pk
 done
 
 SUM="$B/summary.md"
-python3 - "$RES" > "$SUM" <<'PY'
-import sys, statistics as st
-rows = {}
-for l in open(sys.argv[1]):
-    kv = dict(x.split('=') for x in l.split()[1:])
-    rows.setdefault((kv['cfg'], kv['size']), []).append(kv)
-med = lambda key, k: st.median(float(r[k]) for r in rows[key])
-print('| receiver | frame | Mpps taken | switch CPU ns/pkt | busy ns/pkt | its syscalls/pkt | source Mpps | source CPU ns/pkt | vs af-packet: Mpps | CPU ns/pkt | busy ns/pkt | runs |')
-print('|---|---|---|---|---|---|---|---|---|---|---|---|')
-for key in rows:
-    base = (('af-packet', key[1]))
-    if base in rows:
-        rm = '%.2fx' % (med(key, 'rx_mpps') / max(med(base, 'rx_mpps'), 1e-9))
-        rc = '%.2fx' % (med(key, 'cpu_ns_per_pkt') / max(med(base, 'cpu_ns_per_pkt'), 1e-9))
-        rb = '%.2fx' % (med(key, 'busy_ns_per_pkt') / max(med(base, 'busy_ns_per_pkt'), 1e-9))
-    else:
-        rm = rc = rb = '-'
-    print('| %s | %s B | %.3f | %.0f | %.0f | %.3f | %.3f | %.0f | %s | %s | %s | %d |' % (key[0], key[1],
-          med(key, 'rx_mpps'), med(key, 'cpu_ns_per_pkt'), med(key, 'busy_ns_per_pkt'),
-          med(key, 'syscalls_per_pkt'), med(key, 'src_mpps'), med(key, 'src_cpu_ns_per_pkt'),
-          rm, rc, rb, len(rows[key])))
-PY
+python3 "$PYLIB/bench_afxdp.py" summary "$RES" "$SUM" > /dev/null
 cat "$SUM"
 [ -z "$DOC" ] && exit 0
 doc_results "$DOC" "bench:afxdp" "ROUNDS=$ROUNDS DUR=$DUR SRC=$SRC POLICY=$POLICY scripts/bench_afxdp.sh" "$SUM" "$RES"

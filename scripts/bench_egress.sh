@@ -21,14 +21,8 @@ printf '%s\n' "$out"
 [ -n "$PLOTS" ] && python3 scripts/plot_egress.py "$PLOTS"
 [ -z "$DOC" ] && exit 0
 stamp="$(date -u +%Y-%m-%d) ($(nproc) CPUs, $(git rev-parse --short HEAD))"
-tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT; printf '%s\n' "$out" > "$tmp"
-python3 - "$DOC" "$stamp" "$tmp" <<'PY'
-import sys
-doc, stamp, body = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().strip()
-s = open(doc).read()
-a, b = "<!-- bench:egress -->", "<!-- /bench:egress -->"
-i, j = s.index(a) + len(a), s.index(b)
-s = s[:i] + "\n_Run " + stamp + ", `scripts/bench_egress.sh`_\n\n" + body + "\n" + s[j:]
-open(doc, "w").write(s)
-PY
+tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
+# shellcheck disable=SC2016  # backticks: Markdown
+printf '_Run %s, `scripts/bench_egress.sh`_\n\n%s\n' "$stamp" "$out" > "$tmp"
+python3 scripts/lib/docsection.py between "$DOC" "<!-- bench:egress -->" "<!-- /bench:egress -->" "$tmp"
 echo "written to $DOC"

@@ -9,7 +9,7 @@
 # buffers back, and what it has not taken stays in its RECV_RING-entry ring. So b's ring is
 # full, a backlog stands in b's egress queue (its limit, 1024, holds the excess until it
 # drops at the tail) and every round the switch drains as many as b has given back. Both
-# frontends are paced in bursts and sleep between them (`--paced-bursts`), so they share CPU0
+# frontends are paced in bursts and sleep between them (`--paced-batches`), so they share CPU0
 # without taking it from each other. The switch's cost is what it spent in rounds that moved
 # packets (`pvnet ctl`'s busy_secs: polling empty rings and sleeping excluded) over the
 # packets it delivered to b, over a window of DUR seconds after a warm-up: taking a's
@@ -30,7 +30,7 @@
 #        SEND_PPS=2200000 RECV_PPS=2000000 RECV_BURST=64 RECV_RING=256
 #        DOC=docs/egress.md (DOC= to skip)
 # Wall time: ~9 s per run: ~2 min per part with the defaults.
-source "$(dirname "$0")/peers/lib.sh"
+source "$(dirname "$0")/lib/common.sh"
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-4}"; SEND_PPS="${SEND_PPS:-2200000}"; RECV_PPS="${RECV_PPS:-2000000}"
 RECV_BURST="${RECV_BURST:-64}"; RECV_RING="${RECV_RING:-256}"; WARM=2; PARTS="${PARTS:-bulk latency}"
 DOC="${DOC-$PVNET_ROOT/docs/egress.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
@@ -62,12 +62,12 @@ start_runs() {
   # --announce: the switch learns the receiver's address, so the sender's frames (and the
   # requests) go to it alone.
   timeout -k 5 60 "$PVNET_BIN" frontend --socket "$B/b.sock" --role "$role" --announce --cpu 0 --rate "$RECV_PPS" \
-    --paced-bursts --burst "$RECV_BURST" --queue-size "$RECV_RING" --secs $((WARM + DUR + 2)) --idle-timeout 10 \
+    --paced-batches --batch "$RECV_BURST" --queue-size "$RECV_RING" --secs $((WARM + DUR + 2)) --idle-timeout 10 \
     > "$B/$tag.rx.json" 2> "$B/$tag.rx.log" &
   RX=$!; PIDS+=("$RX")
   wait_for 10 grep -q '"ready"' "$B/$tag.rx.json" || die "receiver did not connect ($B/$tag.rx.log)"
   timeout -k 5 60 "$PVNET_BIN" frontend --socket "$B/a.sock" --role tx --cpu 0 --rate "$SEND_PPS" \
-    --paced-bursts --burst 256 --queue-size 1024 --secs $((WARM + DUR + 3)) \
+    --paced-batches --batch 256 --queue-size 1024 --secs $((WARM + DUR + 3)) \
     > "$B/$tag.tx.json" 2> "$B/$tag.tx.log" &
   TX=$!; PIDS+=("$TX")
   sleep "$WARM"
@@ -93,25 +93,13 @@ run_lat() {   # run_lat CFG ROUND
   wait_quiet; c2c=$(c2c_ns)
   start_runs "$cfg" "$tag" rr
   sleep 1
-  "$PVNET_BIN" ctl --socket "$B/ctl.sock" --json > "$B/$tag.c0.json" || die "ctl failed ($B/$tag.sw.log)"
+  "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" --json > "$B/$tag.c0.json" || die "ctl failed ($B/$tag.sw.log)"
   sleep $((DUR - 1))
-  "$PVNET_BIN" ctl --socket "$B/ctl.sock" --json > "$B/$tag.c1.json" || die "ctl failed ($B/$tag.sw.log)"
+  "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" --json > "$B/$tag.c1.json" || die "ctl failed ($B/$tag.sw.log)"
   stop_runs "$tag"
   c2c="$c2c/$(c2c_ns)"
-  python3 - "$cfg" "$round" "$c2c" "$B/$tag.c0.json" "$B/$tag.c1.json" "$B/$tag.rr.json" <<'PY' | tee -a "$LAT"
-import json, sys
-cfg, rnd, c2c, f0, f1, frr = sys.argv[1:]
-a, b = json.load(open(f0)), json.load(open(f1))
-def ctr(d, name):
-    return [p for p in d["ports"] if p["name"] == name][0]["counters"]
-dt = b["uptime_secs"] - a["uptime_secs"]
-# b's delivered packets: the bulk sender's and the requests (a few thousand a second).
-mpps = (ctr(b, "b")["tx_packets"] - ctr(a, "b")["tx_packets"]) / dt / 1e6
-rr = [json.loads(l)["final"] for l in open(frr) if l.startswith('{"final"')][0]
-print("RESULT cfg=%s round=%s c2c_ns=%s rr_p50_us=%.1f rr_p99_us=%.1f rr_per_sec=%.0f transactions=%d lost=%d strays=%d bulk_mpps=%.3f dql_limit=%d"
-      % (cfg, rnd, c2c, rr["p50_us"], rr["p99_us"], rr["rr_per_sec"], rr["transactions"], rr["lost"], rr["strays"], mpps,
-         ctr(b, "b")["dql_limit"]))
-PY
+  python3 "$PYLIB/bench_egress_paced.py" latency "$cfg" "$round" "$c2c" "$B/$tag.c0.json" "$B/$tag.c1.json" "$B/$tag.rr.json" \
+    | tee -a "$LAT"
 }
 
 run_one() {   # run_one CFG ROUND
@@ -119,97 +107,17 @@ run_one() {   # run_one CFG ROUND
   tag="$(echo "$cfg" | tr ',=' '_-')-$round"
   wait_quiet; c2c=$(c2c_ns)
   start_runs "$cfg" "$tag"
-  "$PVNET_BIN" ctl --socket "$B/ctl.sock" --json > "$B/$tag.c0.json" || die "ctl failed ($B/$tag.sw.log)"
+  "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" --json > "$B/$tag.c0.json" || die "ctl failed ($B/$tag.sw.log)"
   sleep "$DUR"
-  "$PVNET_BIN" ctl --socket "$B/ctl.sock" --json > "$B/$tag.c1.json" || die "ctl failed ($B/$tag.sw.log)"
+  "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" --json > "$B/$tag.c1.json" || die "ctl failed ($B/$tag.sw.log)"
   stop_runs "$tag"
   c2c="$c2c/$(c2c_ns)"
-  python3 - "$cfg" "$round" "$c2c" "$B/$tag.c0.json" "$B/$tag.c1.json" <<'PY' | tee -a "$RES"
-import json, sys
-cfg, rnd, c2c, f0, f1 = sys.argv[1:]
-a, b = json.load(open(f0)), json.load(open(f1))
-def ctr(d, name):
-    return [p for p in d["ports"] if p["name"] == name][0]["counters"]
-A0, A1, B0, B1 = ctr(a, "a"), ctr(b, "a"), ctr(a, "b"), ctr(b, "b")
-dt = b["uptime_secs"] - a["uptime_secs"]
-w0, w1 = a["workers"][0], b["workers"][0]
-busy, cpu = (w1["busy_secs"] - w0["busy_secs"]) * 1e9, (w1["cpu_secs"] - w0["cpu_secs"]) * 1e9
-d = lambda k: B1[k] - B0[k]
-took, deliv = A1["rx_packets"] - A0["rx_packets"], d("tx_packets")
-drops = sum(B1[k] - B0[k] for k in B1 if k.startswith("drops_"))
-# What the switch took from a = delivered to b + dropped + the change in b's backlog.
-gap = took - deliv - drops - (B1["backlog"] - B0["backlog"])
-print("RESULT cfg=%s round=%s c2c_ns=%s took_mpps=%.3f mpps=%.3f busy_ns_per_pkt=%.1f cpu_ns_per_pkt=%.1f from_queue=%.3f "
-      "per_dequeue=%.1f publishes_per_pkt=%.3f calls_per_pkt=%.4f drop_share=%.3f dql_limit=%d unaccounted=%d"
-      % (cfg, rnd, c2c, took / dt / 1e6, deliv / dt / 1e6, busy / max(deliv, 1), cpu / max(deliv, 1),
-         d("dequeued") / max(deliv, 1), d("dequeued") / max(d("dequeues"), 1), d("tx_batches") / max(deliv, 1),
-         d("calls") / max(deliv, 1), drops / max(took, 1), B1["dql_limit"], gap))
-PY
+  python3 "$PYLIB/bench_egress_paced.py" bulk "$cfg" "$round" "$c2c" "$B/$tag.c0.json" "$B/$tag.c1.json" | tee -a "$RES"
 }
 
 # summarize PART RESULTS OUT : the table of a part from its RESULT lines.
 summarize() {
-  python3 - "$2" "$3" "$SEND_PPS" "$RECV_PPS" "$1" <<'PY'
-import sys, statistics as st
-rows = [dict(kv.split("=", 1) for kv in l.split()[1:]) for l in open(sys.argv[1]) if l.startswith("RESULT")]
-send, recv = int(sys.argv[3]) / 1e6, int(sys.argv[4]) / 1e6
-def med(cfg, k):
-    return st.median([float(r[k]) for r in rows if r["cfg"] == cfg])
-c2c = sorted(float(x) for r in rows for x in r["c2c_ns"].split("/"))
-if sys.argv[5] == "bulk":
-    out = ["Core-to-core latency over the runs: %.0f-%.0f ns. Offered %.2f Mpps, taken %.2f Mpps; medians of %d runs each." %
-           (c2c[0], c2c[-1], send, recv, len(rows) // 4), "",
-           "| egress of b | dequeue | delivered Mpps | switch busy ns per delivered packet | delivered from the queue | packets per dequeue | publishes per packet | dropped (queue limit) | counts add up | bulk vs one |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for q, name in (("qdisc=fifo", "fifo"), ("qdisc=fq_codel,dql=true", "fq_codel + DQL")):
-        one = med(q + ",bulk=false", "busy_ns_per_pkt")
-        for bulk in ("true", "false"):
-            c = q + ",bulk=" + bulk
-            # The counters are read while the switch runs, so a window's ends may fall inside
-            # a round: exact up to one round's packets (the tests check the exact counts).
-            ok = all(abs(int(r["unaccounted"])) <= 256 for r in rows if r["cfg"] == c)
-            ratio = "1x"
-            if bulk == "true":
-                # Paired: the two runs of a round sit side by side; a pair counts only when both
-                # ran in one core-to-core state, before and after each (fast < 75 ns <= mid <
-                # 150 ns <= slow).
-                def state(v):
-                    s = {"fast" if ns < 75 else "mid" if ns < 150 else "slow" for ns in map(float, v.split("/"))}
-                    return s.pop() if len(s) == 1 else "mixed"
-                pairs = []
-                for r in sorted({r["round"] for r in rows}):
-                    x = [r2 for r2 in rows if r2["round"] == r and r2["cfg"] == c]
-                    y = [r2 for r2 in rows if r2["round"] == r and r2["cfg"] == q + ",bulk=false"]
-                    if x and y and state(x[0]["c2c_ns"]) == state(y[0]["c2c_ns"]) != "mixed":
-                        pairs.append("%.2f %s" % (float(y[0]["busy_ns_per_pkt"]) / float(x[0]["busy_ns_per_pkt"]),
-                                                  state(x[0]["c2c_ns"])))
-                if pairs:
-                    ratio = "**%.2fx fewer ns** (median of the pairs in one state: %s)" % (
-                        st.median(float(p.split()[0]) for p in pairs), ", ".join(pairs))
-                else:
-                    ratio = "%.2fx fewer ns (medians; no pair ran in one state)" % (one / med(c, "busy_ns_per_pkt"))
-            out.append("| %s | %s | %.3f | %.1f | %.3f | %.1f | %.3f | %.3f | %s | %s |" % (
-                name, "bulk" if bulk == "true" else "one per dequeue", med(c, "mpps"), med(c, "busy_ns_per_pkt"),
-                med(c, "from_queue"), med(c, "per_dequeue"), med(c, "publishes_per_pkt"), med(c, "drop_share"),
-                "yes" if ok else "**no**", ratio))
-else:
-    names = {"qdisc=fifo,dql=false": "fifo", "qdisc=fifo,dql=true": "fifo + DQL", "qdisc=fq_codel,dql=false": "fq_codel",
-             "qdisc=fq_codel,dql=true": "fq_codel + DQL", "qdisc=none": "none (packets wait in their sender)"}
-    base = "qdisc=fifo,dql=false"
-    out = ["Core-to-core latency over the runs: %.0f-%.0f ns. Bulk offered %.2f Mpps, the receiver takes %.2f Mpps; one request in flight; medians of %d runs each." %
-           (c2c[0], c2c[-1], send, recv, len(rows) // len(names)), "",
-           "| egress of b | RR p50 us | RR p99 us | RR p99 vs fifo | transactions/s | requests lost | delivered to b, Mpps | vs fifo | DQL limit (buffers) |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for c, name in names.items():
-        if not any(r["cfg"] == c for r in rows):
-            continue
-        out.append("| %s | %.0f | %.0f | %.3fx | %.0f | %d | %.3f | %.3fx | %s |" % (
-            name, med(c, "rr_p50_us"), med(c, "rr_p99_us"), med(c, "rr_p99_us") / med(base, "rr_p99_us"),
-            med(c, "rr_per_sec"), sum(int(r["lost"]) for r in rows if r["cfg"] == c), med(c, "bulk_mpps"),
-            med(c, "bulk_mpps") / med(base, "bulk_mpps"), "%.0f" % med(c, "dql_limit") if "dql=true" in c else "-"))
-open(sys.argv[2], "w").write("\n".join(out) + "\n")
-print("\n".join(out))
-PY
+  python3 "$PYLIB/bench_egress_paced.py" summary "$1" "$2" "$3" "$SEND_PPS" "$RECV_PPS"
 }
 
 rounds() {   # rounds FN CFG...: ROUNDS rounds of FN over the configurations, the order reversed every other round

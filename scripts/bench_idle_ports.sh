@@ -19,12 +19,12 @@ rss() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$sw/status"; }   # KiB
 anon0=$(rss RssAnon); shm0=$(rss RssShmem)
 pids=()
 for i in $(seq 1 "$N"); do
-  "$B" ctl --socket "$D/ctl" port add "vhost-user:name=p$i,socket=$D/p$i.sock" > /dev/null
+  "$B" ctl --ctl-socket "$D/ctl" port add "vhost-user:name=p$i,socket=$D/p$i.sock" > /dev/null
   taskset -c 0 "$B" frontend --socket "$D/p$i.sock" --role idle --secs $((W + 8)) > /dev/null 2>&1 &
   pids+=($!)
 done
 sleep 4
-up=$("$B" ctl --socket "$D/ctl" ports --json | python3 -c 'import json,sys; print(sum(p["state"] == "up" for p in json.load(sys.stdin)["ports"]))')
+up=$("$B" ctl --ctl-socket "$D/ctl" ports --json | python3 "$ROOT/scripts/lib/pvnet_report.py" ctl-up)
 t0=$(awk '{print $14 + $15}' "/proc/$sw/stat"); s0=$(date +%s.%N)
 sleep "$W"
 t1=$(awk '{print $14 + $15}' "/proc/$sw/stat"); s1=$(date +%s.%N)

@@ -28,11 +28,11 @@
 #        SENDERS="pvnet dpdk"  DOC=docs/no-copy.md (DOC= to skip writing it)
 #        QUIET_PCT=15 QUIET_WAIT=60 (wait for the CPUs to be quiet before each run)
 # Wall time: ~6 s per run; the defaults make 84 runs: ~9 min.
-source "$(dirname "$0")/peers/lib.sh"
+source "$(dirname "$0")/lib/common.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-3}"; EXPS="${EXPS:-drop sizing copy}"; SENDERS="${SENDERS:-pvnet dpdk}"
 DOC="${DOC-$PVNET_ROOT/docs/no-copy.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
-case " $SENDERS " in *" dpdk "*) "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; } ;; esac
+case " $SENDERS " in *" dpdk "*) "$PEERS_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; } ;; esac
 build_pvnet
 B="$WORK/nocopy"; rm -rf "$B"; mkdir -p "$B"
 cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
@@ -55,7 +55,7 @@ run_one() {
   rm -f "$SOCK"
   if [ "$sender" = pvnet ]; then
     timeout -k 5 $((DUR + 40)) "$PVNET_BIN" backend --socket "$SOCK" --role gen --frame-len "$size" \
-      --gen-secs $((DUR + 20)) --sessions 1 --cpu 1 > "$B/$tag.be.json" 2> "$B/$tag.be.log" &
+      --secs $((DUR + 20)) --sessions 1 --cpu 1 > "$B/$tag.be.json" 2> "$B/$tag.be.log" &
     SENDER_PID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($B/$tag.be.log)"
   else
@@ -76,19 +76,7 @@ run_one() {
   wait "$fe" || die "$tag: pvnet frontend failed ($B/$tag.fe.log)"
   if [ "$sender" = pvnet ]; then stop_pid "$SENDER_PID" INT; wait "$SENDER_PID" 2>/dev/null || true; SENDER_PID=
   else testpmd_quit be 20 || log "$tag: testpmd did not quit cleanly"; hugepage_cleanup "$BE_PREFIX"; fi
-  python3 - "$B/$tag.fe.json" "$exp" "$sender" "$size" "$mode" "$bufs" "$c2c" <<'PY' >> "$RES"
-import json, sys
-f = None
-for line in open(sys.argv[1]):
-    if line.startswith('{"final"'):
-        f = json.loads(line)["final"]
-if f is None or f["dropped"] == 0:
-    sys.exit("no frames received")
-exp, sender, size, mode, bufs, c2c = sys.argv[2:8]
-print(exp, sender, size, mode, bufs, c2c, "%.4f" % f["mpps"], "%.1f" % f["busy_ns_per_frame"],
-      "%.1f" % f["cpu_ns_per_frame"], "%.3f" % (f["rx_buffers"] / f["rx_packets"]),
-      "%.3f" % (f["rx_truesize"] / f["rx_bytes"]))
-PY
+  python3 "$PYLIB/bench_nocopy.py" result "$B/$tag.fe.json" "$exp" "$sender" "$size" "$mode" "$bufs" "$c2c" >> "$RES"
   log "$(tail -1 "$RES")"
 }
 
@@ -110,50 +98,7 @@ for round in $(seq "$ROUNDS"); do
   fi
 done
 
-python3 - "$RES" "$ROUNDS" "$DUR" > "$B/report.md" <<'PY'
-import sys, statistics
-from collections import defaultdict
-rows = defaultdict(list)
-for line in open(sys.argv[1]):
-    exp, sender, size, mode, bufs, c2c, mpps, busy, cpu, bpf, ts = line.split()
-    rows[(exp, sender, int(size), mode, bufs)].append(
-        (float(c2c) if c2c != "nan" else float("nan"), float(mpps), float(busy), float(cpu), float(bpf), float(ts)))
-med = lambda xs: statistics.median(xs)
-def col(k, i): return med([r[i] for r in rows[k]])
-c2cs = sorted(r[0] for v in rows.values() for r in v)
-print("Core-to-core latency over the runs: %.0f-%.0f ns (median %.0f). %s rounds of %s s, medians.\n"
-      % (c2cs[0], c2cs[-1], med(c2cs), sys.argv[2], sys.argv[3]))
-senders = sorted({k[1] for k in rows if k[0] == "drop"})
-if senders:
-    print("**Receive and drop, 64-byte frames** (EWMA buffers): in place against a copy of the whole frame.\n")
-    print("| sender | mode | Mpps | busy ns/frame | CPU ns/frame | in place / copy (Mpps) | copy / in place (busy ns) |")
-    print("|---|---|---|---|---|---|---|")
-    for s in senders:
-        c, p = ("drop", s, 64, "copy", "ewma"), ("drop", s, 64, "inplace", "ewma")
-        if c not in rows or p not in rows:
-            continue
-        name = {"pvnet": "pvnet backend gen", "dpdk": "DPDK net_vhost txonly"}.get(s, s)
-        print("| %s | copy | %.2f | %.1f | %.1f | | |" % (name, col(c, 1), col(c, 2), col(c, 3)))
-        print("| %s | in place | %.2f | %.1f | %.1f | **%.3fx** | **%.3fx** |" % (
-            name, col(p, 1), col(p, 2), col(p, 3), col(p, 1) / col(c, 1), col(c, 2) / col(p, 2)))
-    print()
-for exp, title in (("sizing", "**Buffer sizing, frames received in place** (sender: pvnet backend gen)"),
-                   ("copy", "**Buffer sizing, frames copied out** (sender: pvnet backend gen)")):
-    keys = sorted(k for k in rows if k[0] == exp)
-    if not keys:
-        continue
-    print(title + ".\n")
-    print("| frame bytes | buffers | Mpps | busy ns/frame | buffers/frame | memory held / frame bytes | Mpps vs fixed:4096 | memory vs fixed:4096 |")
-    print("|---|---|---|---|---|---|---|---|")
-    for size in sorted({k[2] for k in keys}):
-        ref = next((k for k in keys if k[2] == size and k[4] == "fixed:4096"), None)
-        for k in sorted((k for k in keys if k[2] == size), key=lambda k: ["fixed:1536", "fixed:4096", "ewma"].index(k[4])):
-            r1 = "%.3fx" % (col(k, 1) / col(ref, 1)) if ref else ""
-            r2 = "%.3fx" % (col(k, 5) / col(ref, 5)) if ref else ""
-            print("| %d | %s | %.3f | %.1f | %.3f | %.2f | %s | %s |" % (
-                size, k[4], col(k, 1), col(k, 2), col(k, 4), col(k, 5), r1, r2))
-    print()
-PY
+python3 "$PYLIB/bench_nocopy.py" report "$RES" "$ROUNDS" "$DUR" > "$B/report.md"
 cat "$B/report.md"
 if [ -n "$DOC" ]; then
   { echo "Measured $(date -u +%Y-%m-%d) with \`ROUNDS=$ROUNDS DUR=$DUR EXPS=\"$EXPS\" SENDERS=\"$SENDERS\" scripts/bench_nocopy.sh\`."; echo; cat "$B/report.md"; } > "$B/section.md"

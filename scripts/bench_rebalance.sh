@@ -22,7 +22,7 @@
 #        here none is, and it moves nothing on its own measurement.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-source "$ROOT/scripts/peers/lib.sh"
+source "$ROOT/scripts/lib/common.sh"
 ROUNDS="${ROUNDS:-3}"; SECS="${SECS:-24}"
 DOC="${DOC-$ROOT/docs/scale.md}"
 build_pvnet
@@ -36,10 +36,10 @@ run() { # run ROUND REBALANCE
   PVNET_LOG=info "$PV" switch --workers 2 ${SW_CPU:+--cpu "$SW_CPU"} --rebalance "$reb" ${SPARE:+--rebalance-spare "$SPARE"} --ctl-socket "$d/ctl" \
     --port "vhost-user:name=a,socket=$d/a.sock" --port "vhost-user:name=b,socket=$d/b.sock" \
     --port "vhost-user:name=c,socket=$d/c.sock" --port sink:name=s \
-    --duration "$((SECS + 4))" > "$d/switch.json" 2> "$d/switch.log" &
+    --secs "$((SECS + 4))" > "$d/switch.json" 2> "$d/switch.log" &
   sw=$!; PIDS+=("$sw")
   wait_for 10 test -S "$d/ctl" || die "switch did not start ($d/switch.log)"
-  "$PV" ctl --socket "$d/ctl" port move c 0 > "$d/move.txt" || die "move c 0 failed"
+  "$PV" ctl --ctl-socket "$d/ctl" port move c 0 > "$d/move.txt" || die "move c 0 failed"
   t0=$(ticks "$sw")
   for p in a c; do
     "$PV" frontend --socket "$d/$p.sock" --role tx --secs "$SECS" ${FE_CPU:+--cpu "$FE_CPU"} > "$d/fe-$p.json" 2> "$d/fe-$p.log" &
@@ -48,26 +48,7 @@ run() { # run ROUND REBALANCE
   sleep "$((SECS + 1))"
   t1=$(ticks "$sw")
   wait "$sw" || true
-  python3 - "$round" "$reb" "$c2" "$d" "$t0" "$t1" "$TCK" <<'PY' | tee -a "$OUT"
-import json, re, sys
-rnd, reb, c2, d, t0, t1, tck = sys.argv[1:8]
-fin = [json.loads(l)["final"] for p in "ac" for l in open(f"{d}/fe-{p}.json") if l.startswith('{"final"')]
-sent = sum(f["tx_packets"] for f in fin)
-iv = [f["intervals"] for f in fin]
-n = min(len(x) for x in iv)
-half = sum(sum(x[n // 2:n]) for x in iv) / max(n - n // 2, 1)
-log = re.sub(r"\x1b\[[0-9;]*m", "", open(f"{d}/switch.log").read())
-moves = [m for m in re.findall(r"port moved between workers.*", log) if "paused_us" in m]
-auto = log.count("worker saturated: moving a port")
-undo = log.count("moving the port back")
-paused = [int(x) for x in re.findall(r"paused_us=(\d+)", log)]
-cpu_ns = (int(t1) - int(t0)) / int(tck) * 1e9
-print(json.dumps({"round": int(rnd), "rebalance": reb == "true", "c2c_ns": c2,
-                  "mpps_second_half": half / 1e6, "mpps_all": sent / len(iv[0]) / 1e6 if iv[0] else 0,
-                  "switch_cpu_ns_per_frame": cpu_ns / sent if sent else 0,
-                  "moves_by_balancer": auto, "undone": undo, "moves": len(moves),
-                  "paused_us": paused}))
-PY
+  python3 "$PYLIB/bench_rebalance.py" run "$round" "$reb" "$c2" "$d" "$t0" "$t1" "$TCK" | tee -a "$OUT"
 }
 
 for r in $(seq 1 "$ROUNDS"); do
@@ -75,30 +56,7 @@ for r in $(seq 1 "$ROUNDS"); do
   for reb in $order; do log "round $r rebalance=$reb"; run "$r" "$reb"; done
 done
 
-python3 - "$OUT" "$B/section.md" "$ROUNDS" "$SECS" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-import os
-env = " ".join("%s=%s" % (k, os.environ[k]) for k in ("SW_CPU", "FE_CPU", "SPARE") if os.environ.get(k))
-out = ["Command: `%sROUNDS=%s SECS=%s scripts/bench_rebalance.sh` (written by the script)." % (env + " " if env else "", sys.argv[3], sys.argv[4]), "",
-       "| round | rebalance | c2c ns | Mpps, 2nd half | Mpps, whole run | switch CPU ns/frame | balancer moves (undone) | pause per move, us |",
-       "|---|---|---|---|---|---|---|---|"]
-for r in rows:
-    out.append("| %d | %s | %s | %.2f | %.2f | %.1f | %d (%d) | %s |" % (
-        r["round"], "on" if r["rebalance"] else "off", r["c2c_ns"], r["mpps_second_half"], r["mpps_all"],
-        r["switch_cpu_ns_per_frame"], r["moves_by_balancer"], r["undone"],
-        ", ".join(str(p) for p in r["paused_us"]) or "-"))
-ratios = []
-for k in sorted({r["round"] for r in rows}):
-    on = [r for r in rows if r["round"] == k and r["rebalance"]]
-    off = [r for r in rows if r["round"] == k and not r["rebalance"]]
-    if on and off and off[0]["mpps_second_half"]:
-        ratios.append(on[0]["mpps_second_half"] / off[0]["mpps_second_half"])
-out += ["", "Rebalancing on / off, second half, paired by round: %s; median **%.2fx**." % (
-    ", ".join("%.2f" % x for x in ratios), statistics.median(ratios) if ratios else float("nan"))]
-open(sys.argv[2], "w").write("\n".join(out) + "\n")
-print("\n".join(out))
-PY
+python3 "$PYLIB/bench_rebalance.py" summary "$OUT" "$B/section.md" "$ROUNDS" "$SECS"
 if [ -n "$DOC" ] && [ -f "$DOC" ]; then
   doc_section "$DOC" "bench_rebalance${SPARE:+_spare}" "$B/section.md"
   log "table written to $DOC"

@@ -8,7 +8,12 @@ rows only within one state.
 
 usage: scripts/bench_report.py [--runs N] [--secs S] [--out docs/bench.md]
 """
-import argparse, datetime, json, os, subprocess, sys
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--runs", type=int, default=3)
@@ -24,8 +29,8 @@ os.makedirs(a.raw, exist_ok=True)
 rows = []
 for size in (64, 1500):
     for i in range(a.runs):
-        cmd = ["./target/release/pvnet", "bench", "--json", "--size", str(size), "--secs", str(a.secs)]
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        cmd = ["./target/release/pvnet", "bench", "--json", "--frame-len", str(size), "--secs", str(a.secs)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             print(out.stderr, file=sys.stderr)
             sys.exit(f"bench failed: {' '.join(cmd)}")
@@ -43,8 +48,10 @@ def f(x, n=2):
 lines = [
     "# pvnet bench: measured figures",
     "",
-    f"Produced by `scripts/bench_report.py --runs {a.runs} --secs {a.secs}` on "
-    f"{datetime.date.today()} (each row: one `pvnet bench --json --size N --secs {a.secs}`; raw JSON in `{a.raw}/`).",
+    (
+        f"Produced by `scripts/bench_report.py --runs {a.runs} --secs {a.secs}` on "
+        f"{datetime.date.today()} (each row: one `pvnet bench --json --frame-len N --secs {a.secs}`; raw JSON in `{a.raw}/`)."
+    ),
     "",
     "* **f2b**: pvnet frontend TX -> pvnet backend sink (reads every byte, checks sequence numbers).",
     "* **b2f**: pvnet backend generator -> pvnet frontend RX (reads every byte, checks sequence numbers).",
@@ -79,7 +86,8 @@ for size, c in idle:
 lines.append("")
 extra = os.path.join(root, "docs", "bench-notes.md")
 if os.path.exists(extra):
-    lines += [open(extra).read()]
+    with open(extra) as fh:
+        lines += [fh.read()]
 with open(a.out, "w") as fh:
     fh.write("\n".join(lines) + "\n")
 print(f"wrote {a.out}", file=sys.stderr)

@@ -15,7 +15,7 @@
 #            frames/s (CPU share against offered load); 64 ports with 4 of them at 10 Kpps
 #            each against 1 of them at 40 Kpps.
 #   workers  `pvnet backend --role sink` with 2 ports each paced at RATE_W (default 1 Mpps),
-#            on 1 worker and on 2 workers (--shards 2, one port each): worker CPU ns per frame.
+#            on 1 worker and on 2 workers (--workers 2, one port each): worker CPU ns per frame.
 #            (On this 2-CPU machine the second worker shares CPU0 with the frontends.)
 #   idle     64 idle ports (scripts/bench_idle_ports.sh).
 #   coalesce the load part's one-port points again, under the adaptive policy and under
@@ -33,7 +33,7 @@
 #        DOC=docs/scale.md (DOC= to skip)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-source "$ROOT/scripts/peers/lib.sh"
+source "$ROOT/scripts/lib/common.sh"
 need_root
 PARTS="${PARTS:-mq load workers idle}"; ROUNDS="${ROUNDS:-3}"; W="${W:-8}"; RATE_W="${RATE_W:-1000000}"
 W_POLICY="${W_POLICY:-adaptive}"; W_QSIZE="${W_QSIZE:-256}"
@@ -61,7 +61,7 @@ load_point() {
   local sock="$B/$1.sock" i be c2c_a c2c_b
   rm -f "$sock"
   c2c_a=$(c2c)
-  PVNET_LOG=warn timeout $((W + 40)) "$PV" backend --socket "$sock" --role sink --cpu 1 --shards "$shards" \
+  PVNET_LOG=warn timeout $((W + 40)) "$PV" backend --socket "$sock" --role sink --cpu 1 --workers "$shards" \
     --policy "$policy" > "$B/$name.be.json" 2> "$B/$name.be.log" &
   be=$!; PIDS+=("$be")
   wait_for 10 test -S "$sock" || die "$name: backend did not listen"
@@ -83,23 +83,8 @@ load_point() {
   for i in "${fes[@]}"; do wait "$i" || true; done
   kill -INT "$be" 2>/dev/null; wait "$be" 2>/dev/null || true
   c2c_b=$(c2c)
-  python3 - "$name" "$ports" "$active" "$rate" "$shards" "$t0" "$t1" "$s0" "$s1" "$TCK" "$secs" "$B" "$policy" "$qsize" "$c2c_a/$c2c_b" <<'PY' | tee -a "$OUT"
-import json, sys, glob
-name, ports, active, rate, shards = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-t0, t1, s0, s1, tck, secs = (float(x) for x in sys.argv[6:12])
-b, policy, qsize, c2c = sys.argv[12], sys.argv[13], sys.argv[14], sys.argv[15]
-sent = 0
-for f in glob.glob(f"{b}/{name}.fe*.json"):
-    for line in open(f):
-        if line.startswith('{"final"'):
-            sent += json.loads(line)["final"]["tx_packets"]
-win = s1 - s0
-cpu = (t1 - t0) / tck / win            # CPU-seconds per second
-pps = sent / secs                      # the frontends' average rate
-frames = pps * win
-print("LOAD name=%s ports=%d active=%d rate=%d shards=%d policy=%s qsize=%s c2c_ns=%s cpu_pct=%.2f pps=%.0f ns_per_frame=%.1f"
-      % (name, ports, active, rate, shards, policy, qsize, c2c, 100 * cpu, pps, 1e9 * cpu * win / frames if frames else float("nan")))
-PY
+  python3 "$PYLIB/bench_scale.py" load "$name" "$ports" "$active" "$rate" "$shards" "$t0" "$t1" "$s0" "$s1" "$TCK" "$secs" "$B" \
+    "$policy" "$qsize" "$c2c_a/$c2c_b" | tee -a "$OUT"
 }
 
 # pps_of NAME: the frames/s of the last LOAD line of load point NAME.
@@ -122,7 +107,7 @@ if [[ " $PARTS " == *" load "* ]]; then
   log "load: c2c $(c2c) ns"
   load_point sat 1 1 0
   sat=$(pps_of sat)
-  load_point tenth 1 1 "$(python3 -c "print(int($sat / 10))")"
+  load_point tenth 1 1 $((sat / 10))
   for p in 1 16 64; do
     for r in 10000 100000 1000000; do load_point "p$p-r$r" "$p" 1 "$r"; done
   done
@@ -137,7 +122,7 @@ if [[ " $PARTS " == *" coalesce "* ]]; then
     load_point "co-sat-$pol" 1 1 0 1 "$pol" "$CO_QSIZE"
   done
   cosat=$(pps_of co-sat-adaptive)
-  for r in "$(python3 -c "print(int($cosat / 10))")" 1000000 100000 10000; do
+  for r in $((cosat / 10)) 1000000 100000 10000; do
     for pol in adaptive "coalesce:$CO_US"; do
       load_point "co-r$r-$pol" 1 1 "$r" 1 "$pol" "$CO_QSIZE"
     done
@@ -158,78 +143,7 @@ if [[ " $PARTS " == *" idle "* ]]; then
 fi
 
 # ---- summary ------------------------------------------------------------------------------------
-python3 - "$OUT" "$B/summary.md" "$B/coalesce.md" <<'PY'
-import os, re, sys, statistics as st
-rows = [dict(kv.split("=", 1) for kv in l.split()[1:] if "=" in kv) | {"kind": l.split()[0]} for l in open(sys.argv[1])]
-out = []
-med = lambda xs: st.median(xs) if xs else float("nan")
-f2 = lambda v: "%.2f" % v if v == v else "-"
-res = [r for r in rows if r["kind"] == "RESULT"]
-if res:
-    bucket = lambda ns: "fast" if ns < 75 else "mid" if ns < 150 else "slow"
-    for r in res:
-        a, b = (float(x) for x in r["c2c_ns"].split("/"))
-        r["state"] = bucket(a) if bucket(a) == bucket(b) else "mixed"
-    out += ["### Queue pairs: 1 and 2, pvnet switch and DPDK net_vhost (64 B, Mpps the frontend counted; h2v: the gen port's %s flows with 1 pair as with 2)" % os.environ.get("MQ_FLOWS", "64"), "",
-            "| direction | c2c state | pvnet 1 pair | pvnet 2 pairs | **2 pairs / 1 pair** | DPDK 2 queues | **pvnet / DPDK, 2 queues** | least-loaded queue's share (pvnet, DPDK) | runs |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    for d in ("v2h", "h2v"):
-        for s in ("fast", "mid", "slow", "mixed"):
-            g = lambda impl, q: [float(r["mpps"]) for r in res if r["dir"] == d and r["state"] == s and r["impl"] == impl and r["queues"] == q]
-            p1, p2, d2 = g("switch", "1"), g("switch", "2"), g("dpdk", "2")
-            if not (p1 or p2 or d2):
-                continue
-            sh = lambda impl: med([float(r.get("q_min_share", "nan")) for r in res if r["dir"] == d and r["state"] == s and r["impl"] == impl and r["queues"] == "2"])
-            out.append("| %s | %s | %s | %s | **%s** | %s | **%s** | %s, %s | %d/%d/%d |" % (
-                d, s, f2(med(p1)), f2(med(p2)), f2(med(p2) / med(p1)) if p1 and p2 else "-", f2(med(d2)),
-                f2(med(p2) / med(d2)) if p2 and d2 else "-", f2(sh("switch")), f2(sh("dpdk")), len(p1), len(p2), len(d2)))
-    out.append("")
-load = {r["name"]: r for r in rows if r["kind"] == "LOAD"}
-co = [r for r in load.values() if r["name"].startswith("co-")]
-if co:
-    cout = ["### CPU follows the load: the adaptive policy against coalescing (one port, `pvnet backend --role sink`, %s-entry rings)" % co[0]["qsize"], "",
-            "| offered | policy | frames/s | worker CPU % | of its saturated CPU (same policy) | CPU ns/frame | c2c ns before/after |", "|---|---|---|---|---|---|---|"]
-    sats = {r["policy"]: float(r["cpu_pct"]) for r in co if r["rate"] == "0"}
-    for r in sorted(co, key=lambda r: (-int(r["rate"]) if r["rate"] != "0" else -10**12, r["policy"])):
-        s0 = sats.get(r["policy"])
-        cout.append("| %s | %s | %s | %s | %s | %s | %s |" % ("saturation" if r["rate"] == "0" else r["rate"] + " frames/s", r["policy"], r["pps"],
-                    r["cpu_pct"], "%.1f %%" % (100 * float(r["cpu_pct"]) / s0) if s0 else "-", r["ns_per_frame"], r.get("c2c_ns", "-")))
-    open(sys.argv[3], "w").write("\n".join(cout) + "\n")
-    print("\n".join(cout))
-if "sat" in load:
-    sat, ten = load["sat"], load.get("tenth")
-    out += ["### CPU follows the load (one port, `pvnet backend --role sink`, one worker)", "",
-            "| load | frames/s | worker CPU % | CPU ns/frame |", "|---|---|---|---|",
-            "| saturated | %s | %s | %s |" % (sat["pps"], sat["cpu_pct"], sat["ns_per_frame"])]
-    if ten:
-        out.append("| 10 %% of saturation | %s | %s | %s |" % (ten["pps"], ten["cpu_pct"], ten["ns_per_frame"]))
-        out += ["", "At 10 %% of the saturation rate the worker uses **%.1f %%** of its saturated CPU." % (100 * float(ten["cpu_pct"]) / float(sat["cpu_pct"]))]
-    out.append("")
-    pts = [r for r in load.values() if re.match(r"p\d+-r\d+$", r["name"])]
-    if pts:
-        out += ["| connected ports | one of them paced at | worker CPU % | CPU ns/frame |", "|---|---|---|---|"]
-        for r in sorted(pts, key=lambda r: (int(r["ports"]), int(r["rate"]))):
-            out.append("| %s | %s frames/s | %s | %s |" % (r["ports"], r["rate"], r["cpu_pct"], r["ns_per_frame"]))
-        out.append("")
-    if "four64" in load and "one64" in load:
-        a, b = load["four64"], load["one64"]
-        out += ["64 connected ports: 4 of them at 10 Kpps each: **%s %%** CPU; 1 of them at 40 Kpps: **%s %%** (ratio %.2f)." % (
-            a["cpu_pct"], b["cpu_pct"], float(a["cpu_pct"]) / float(b["cpu_pct"]) if float(b["cpu_pct"]) else float("nan")), ""]
-ws = [r for r in rows if r["kind"] == "LOAD" and r["name"].startswith("w")]
-if ws:
-    g = lambda sh: [float(r["ns_per_frame"]) for r in ws if r["shards"] == sh]
-    c = lambda sh: [float(r["cpu_pct"]) for r in ws if r["shards"] == sh]
-    out += ["### Workers: 2 ports each paced, on 1 and on 2 workers", "",
-            "| workers | runs | workers' CPU % (median) | CPU ns/frame (median) |", "|---|---|---|---|",
-            "| 1 | %d | %s | %s |" % (len(g("1")), f2(med(c("1"))), f2(med(g("1")))),
-            "| 2 | %d | %s | %s |" % (len(g("2")), f2(med(c("2"))), f2(med(g("2")))), "",
-            "2 workers / 1 worker, CPU ns per frame: **%s**." % (f2(med(g("2")) / med(g("1"))) if med(g("1")) else "-"), ""]
-idle = [l for l in open(sys.argv[1]) if l.startswith("IDLE")]
-if idle:
-    out += ["### Idle ports", "", "`" + idle[-1][5:].strip() + "`", ""]
-open(sys.argv[2], "w").write("\n".join(out) + "\n")
-print("\n".join(out))
-PY
+python3 "$PYLIB/bench_scale.py" summary "$OUT" "$B/summary.md" "$B/coalesce.md"
 
 run_line() { echo "Run: $(date -u +%Y-%m-%dT%H:%MZ), \`PARTS=\"$PARTS\" ROUNDS=$ROUNDS W=$W${CO_US:+ CO_US=$CO_US CO_QSIZE=$CO_QSIZE} scripts/bench_scale.sh\`, pvnet $(git -C "$ROOT" describe --always --dirty 2>/dev/null), $(nproc) CPUs."; }
 if [ -n "$DOC" ] && [ -s "$B/coalesce.md" ] && grep -q '<!-- bench_coalesce:begin -->' "$DOC"; then

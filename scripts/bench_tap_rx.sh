@@ -18,14 +18,14 @@
 # ctl`: switch CPU ns per packet, the tap's syscalls per packet, and the share read in place
 # (rx_direct / rx_packets). BURSTS bursts per run; runs alternate between the two settings,
 # the order reversed every round; medians. The switch, its tap, the tap's address and the
-# sender run in a network namespace of this run's (scripts/peers/lib.sh netns_new), never in
+# sender run in a network namespace of this run's (scripts/lib/common.sh netns_new), never in
 # the machine's own; the frontend attaches through the vhost-user socket from outside.
 #
 # Usage: scripts/bench_tap_rx.sh      Env: ROUNDS=3 BURSTS=10 PKTS=32768 PAYLOAD=22
 #        IO=uring (the tap's io; IO=syscall: one read per packet, never in place)
 #        DOC=docs/no-copy.md (DOC= to skip)
 # Wall time: ~15 s per run: ~2 min with the defaults.
-source "$(dirname "$0")/peers/lib.sh"
+source "$(dirname "$0")/lib/common.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; BURSTS="${BURSTS:-10}"; PKTS="${PKTS:-32768}"; PAYLOAD="${PAYLOAD:-22}"; IO="${IO:-uring}"
 DOC="${DOC-$PVNET_ROOT/docs/no-copy.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
@@ -44,45 +44,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT; trap 'exit 143' TERM
 
-cat > "$B/send.py" <<'PY'
-# COUNT UDP datagrams of PAYLOAD bytes to ADDR:9 with sendmmsg, 64 per call.
-import ctypes, socket, sys
-addr, payload, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-libc = ctypes.CDLL(None, use_errno=True)
-class iovec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-class msghdr(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.POINTER(iovec)),
-                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
-                ("flags", ctypes.c_int)]
-class mmsghdr(ctypes.Structure):
-    _fields_ = [("hdr", msghdr), ("len", ctypes.c_uint)]
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
-s.connect((addr, 9))
-buf = ctypes.create_string_buffer(b"\x5a" * payload, payload)
-iov = iovec(ctypes.cast(buf, ctypes.c_void_p), payload)
-N = 64
-msgs = (mmsghdr * N)()
-for m in msgs:
-    m.hdr.iov = ctypes.pointer(iov); m.hdr.iovlen = 1
-sent = 0
-while sent < count:
-    r = libc.sendmmsg(s.fileno(), msgs, min(N, count - sent), 0)
-    if r > 0:
-        sent += r
-print(sent)
-PY
-
 # ctl_port FIELD : FIELD of the tap port ("host") from `pvnet ctl ports --json`.
 ctl_port() {
-  "$PVNET_BIN" ctl --socket "$B/ctl.sock" ports --json 2>/dev/null | python3 -c '
-import json, sys
-d = json.load(sys.stdin)
-ports = d["ports"] if isinstance(d, dict) else d
-p = [p for p in ports if p["name"] == "host"][0]
-c = p.get("counters", p)
-print(c.get(sys.argv[1], 0))' "$1"
+  "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" ports --json 2>/dev/null | python3 "$PYLIB/pvnet_report.py" ctl-port host "$1" 0
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
@@ -103,18 +67,18 @@ run_one() {   # run_one DIRECT ROUND
   ip -n "$NS" link set dev "$TAP" txqueuelen $((PKTS * 2))
   ip -n "$NS" addr add "$NET.1/24" dev "$TAP"
   ip -n "$NS" neigh replace "$NET.2" lladdr 02:00:00:00:79:02 dev "$TAP"
-  timeout -k 5 100 "$PVNET_BIN" frontend --socket "$B/vu.sock" --role drop --cpu 0 --poll busy \
+  timeout -k 5 100 "$PVNET_BIN" frontend --socket "$B/vu.sock" --role drop --cpu 0 --policy busy \
     --guest-tso --secs 90 --idle-timeout 90 > "$B/$tag.fe.json" 2> "$B/$tag.fe.log" &
   FE_PID=$!
   wait_for 10 grep -q '"ready"' "$B/$tag.fe.json" || die "pvnet frontend did not connect ($B/$tag.fe.log)"
-  ip netns exec "$NS" taskset -c 0 python3 "$B/send.py" "$NET.2" "$PAYLOAD" 1000 > /dev/null   # warm-up: learn, size
+  ip netns exec "$NS" taskset -c 0 python3 "$PYLIB/udp_send.py" "$NET.2" "$PAYLOAD" 1000 > /dev/null   # warm-up: learn, size
   sleep 0.3
   local cpu=0 pk=0 sc=0 dr=0 c0 p0 s0 d0 x0
   x0=$(tx_dropped)
   for b in $(seq "$BURSTS"); do
     p0=$(ctl_port rx_packets)   # (the control thread stops with the rest)
     kill -STOP "$sw"
-    ip netns exec "$NS" taskset -c 0 python3 "$B/send.py" "$NET.2" "$PAYLOAD" "$PKTS" > /dev/null
+    ip netns exec "$NS" taskset -c 0 python3 "$PYLIB/udp_send.py" "$NET.2" "$PAYLOAD" "$PKTS" > /dev/null
     c0=$(cpu_ns "$sw")
     kill -CONT "$sw"
     sleep 0.3
@@ -126,15 +90,7 @@ run_one() {   # run_one DIRECT ROUND
   stop_pid "$FE_PID" INT; wait "$FE_PID" 2>/dev/null; FE_PID=
   stop_pid "$SW_PID" INT; wait "$SW_PID" 2>/dev/null; SW_PID=
   netns_del "$NS"
-  python3 - "$direct" "$round" "$c2c" "$cpu" "$pk" "$sc" "$dr" "$drops" "$BURSTS" "$PKTS" <<'PY' | tee -a "$RES"
-import sys
-d, rnd, c2c, cpu, pk, sc, dr, drops, bursts, pkts = sys.argv[1:]
-cpu, pk = int(cpu), int(pk)
-# syscalls and rx_direct are totals since the start (warm-up included): per packet over all read.
-tot = pk + 1000
-print("RESULT direct=%s round=%s c2c_ns=%s read=%d of=%d tap_dropped=%s sw_cpu_ns_per_pkt=%.1f drain_mpps=%.3f syscalls_per_pkt=%.3f direct_share=%.3f"
-      % (d, rnd, c2c, pk, int(bursts) * int(pkts), drops, cpu / max(pk, 1), pk / max(cpu, 1) * 1e3, int(sc) / tot, int(dr) / tot))
-PY
+  python3 "$PYLIB/bench_tap_rx.py" result "$direct" "$round" "$c2c" "$cpu" "$pk" "$sc" "$dr" "$drops" "$BURSTS" "$PKTS" | tee -a "$RES"
 }
 
 log "tap -> pvnet frontend: $ROUNDS rounds x direct {true,false}, $BURSTS bursts of $PKTS, UDP payload $PAYLOAD B"
@@ -143,21 +99,7 @@ for r in $(seq "$ROUNDS"); do
   for d in "${order[@]}"; do run_one "$d" "$r"; done
 done
 
-python3 - "$RES" "$B/summary.md" "$PAYLOAD" <<'PY'
-import sys, statistics as st
-rows = [dict(kv.split("=", 1) for kv in l.split()[1:]) for l in open(sys.argv[1]) if l.startswith("RESULT")]
-med = lambda d, k: st.median([float(r[k]) for r in rows if r["direct"] == d])
-c2c = sorted(float(r["c2c_ns"]) for r in rows)
-out = ["Core-to-core latency over the runs: %.0f-%.0f ns. UDP payload %s B (frame %d B). Medians of %d runs each; the switch's CPU over the drain of each burst." %
-       (c2c[0], c2c[-1], sys.argv[3], int(sys.argv[3]) + 42, len(rows) // 2), "",
-       "| tap port | switch CPU ns/packet | Mpps per switch CPU | syscalls/packet | read in place |", "|---|---|---|---|---|"]
-for d, name in (("false", "direct=false (read, then copied)"), ("true", "direct=true (read into the frontend's buffers)")):
-    out.append("| %s | %.1f | %.3f | %.3f | %.3f |" % (name, med(d, "sw_cpu_ns_per_pkt"), med(d, "drain_mpps"), med(d, "syscalls_per_pkt"), med(d, "direct_share")))
-out += ["", "direct / copied: switch CPU ns per packet **%.3fx** (packets per CPU-second **%.3fx**)." %
-        (med("true", "sw_cpu_ns_per_pkt") / med("false", "sw_cpu_ns_per_pkt"), med("true", "drain_mpps") / med("false", "drain_mpps"))]
-open(sys.argv[2], "w").write("\n".join(out) + "\n")
-print("\n".join(out))
-PY
+python3 "$PYLIB/bench_tap_rx.py" summary "$RES" "$B/summary.md" "$PAYLOAD"
 
 if [ -n "$DOC" ]; then
   doc_results "$DOC" "bench_tap_rx_$PAYLOAD" \

@@ -26,11 +26,7 @@ IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 
 # Circles that exist and have an issue to remove them: (crate dir/root file, modules).
 # Reported, not failed on; each entry goes when its circle does.
-KNOWN = {
-    # issue 35 item 5: the CLI's switch/{config,runtime,cmd} and bench/{mod,sweep,report}.
-    ("pvnet/main.rs", ("bench", "sweep")),
-    ("pvnet/main.rs", ("switch_cmd", "switch_rt")),
-}
+KNOWN: set[tuple[str, tuple[str, ...]]] = set()
 
 
 def blank(text: str, start: int, end: int) -> str:

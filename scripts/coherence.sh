@@ -39,17 +39,8 @@ row() { # label bin path ring size
   fi
   python3 scripts/coherence.py "$tmp/out" "$tmp/trace" >"$tmp/json"
   rm -f "$tmp/trace"
-  [ -n "${JSON:-}" ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d.update(label=sys.argv[2], path=sys.argv[3], ring=sys.argv[4], size=int(sys.argv[5])); print(json.dumps(d))' \
-    "$tmp/json" "$label" "$path" "$ring" "$size" >>"$JSON"
-  python3 - "$tmp/json" "$label" "$path" "$ring" "$size" <<'EOF'
-import json, sys
-d = json.load(open(sys.argv[1]))
-dv, dr = d["device"], d["driver"]
-med = d["prefetch_distance"]["median"]
-print("| %s | %s | %s | %s | %.2f | %.2f | %.2f | **%.2f** | %.2f | %s | %.2f | %.2f |" % (
-    sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], dv["read"], dv["rfo"], dv["upgrade"],
-    dv["total"], dv["prefetched"], "-" if med is None else med, dr["total"], dv["total"] + dr["total"]))
-EOF
+  [ -n "${JSON:-}" ] && python3 scripts/lib/coherence_table.py json "$tmp/json" "$label" "$path" "$ring" "$size" >>"$JSON"
+  python3 scripts/lib/coherence_table.py row "$tmp/json" "$label" "$path" "$ring" "$size"
 }
 
 echo "| build | path | ring | bytes | device read | device RFO | device upgrade | device lines/pkt | of them prefetched | prefetch distance (instr, median) | driver lines/pkt | both |"

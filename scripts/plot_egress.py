@@ -4,7 +4,9 @@ the request/response round trip through the congested egress per egress configur
 the bulk rate each kept), and the switch's CPU ns per packet with bulk dequeue versus one per
 dequeue.
 usage: plot_egress.py DIR"""
-import csv, subprocess, sys
+import csv
+import subprocess
+import sys
 from pathlib import Path
 
 try:
@@ -16,7 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 d = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/egress")
-lat = [r for r in csv.DictReader(open(d / "latency.csv")) if int(r["answered"]) > 0]
+with open(d / "latency.csv") as f:
+    lat = [r for r in csv.DictReader(f) if int(r["answered"]) > 0]
 fig, ax = plt.subplots(figsize=(8, 4.5))
 names = [r["config"] for r in lat]
 for k, (q, label) in enumerate((("p50_us", "p50"), ("p99_us", "p99"))):
@@ -33,7 +36,8 @@ fig.tight_layout()
 fig.savefig(d / "latency.png", dpi=110)
 plt.close(fig)
 
-bulk = list(csv.DictReader(open(d / "bulk.csv")))
+with open(d / "bulk.csv") as f:
+    bulk = list(csv.DictReader(f))
 fig, ax = plt.subplots(figsize=(7, 4))
 cfgs = list(dict.fromkeys(r["config"] for r in bulk))
 modes = list(dict.fromkeys(r["dequeue"] for r in bulk))

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Plots of `pvnet bench sweep` output: rate, CPU and notifications vs offered load, and
 request/response latency, one line per backend policy. usage: plot_sweep.py DIR"""
-import csv, statistics, subprocess, sys
+import csv
+import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 try:
@@ -13,8 +16,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 d = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/sweep")
-load = list(csv.DictReader(open(d / "load.csv")))
-rr = list(csv.DictReader(open(d / "rr.csv")))
+with open(d / "load.csv") as f:
+    load = list(csv.DictReader(f))
+with open(d / "rr.csv") as f:
+    rr = list(csv.DictReader(f))
 policies = list(dict.fromkeys(r["policy"] for r in load))
 
 def series(rows, policy, x, y, sat_x=None):

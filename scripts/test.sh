@@ -21,13 +21,23 @@ fi
 for c in rustfmt clippy; do
   rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >/dev/null 2>&1 || true
 done
+# The scripts' Python is linted with ruff and tested with pytest, both pinned, in a venv under
+# target/ (Debian 12 packages no ruff; the system's Python is left as it is).
+PYTOOLS=target/pytools RUFF_VERSION=0.17.6 PYTEST_VERSION=9.2.0
+if ! "$PYTOOLS/bin/ruff" --version 2>/dev/null | grep -qx "ruff $RUFF_VERSION" ||
+   ! "$PYTOOLS/bin/python" -m pytest --version 2>&1 | grep -qx "pytest $PYTEST_VERSION"; then
+  log "installing ruff $RUFF_VERSION and pytest $PYTEST_VERSION into $PYTOOLS"
+  python3 -c 'import ensurepip' 2>/dev/null || {
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv >/dev/null; }
+  python3 -m venv "$PYTOOLS" && "$PYTOOLS/bin/pip" install -q "ruff==$RUFF_VERSION" "pytest==$PYTEST_VERSION"
+fi
 
 # The machine's own network: every test that moves traffic does so in network namespaces it
 # makes (named $PVNET_NS_PREFIX-..., the cargo tests in anonymous ones); nothing may be
 # configured in the root namespace. Its addresses, routes and links now, compared at the end.
 export PVNET_NS_PREFIX="pvnet-t$$"
 net_before=$(mktemp)
-bash -c 'source scripts/peers/lib.sh && root_net_state' > "$net_before"
+bash -c 'source scripts/lib/common.sh && root_net_state' > "$net_before"
 
 passed=0; failed=0; failures=()
 step() { # step NAME CMD...: runs a step that is one test of its own
@@ -40,7 +50,9 @@ step() { # step NAME CMD...: runs a step that is one test of its own
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --features virtq/mock -q -- -D warnings
 step "no import circle between a crate's modules" python3 scripts/check_imports.py
-step "the coherence count's model and trace reader" python3 scripts/test_coherence.py
+step "ruff check: the scripts' Python (ruff.toml)" "$PYTOOLS/bin/ruff" check -q scripts tests/interop
+step "pytest scripts/tests: the scripts' figures, report reader, interop checkers, coherence model" \
+  "$PYTOOLS/bin/python" -m pytest -q -p no:cacheprovider scripts/tests
 step "the coherence harness builds (its prefetches traced)" cargo build -q --release -p pvnet-dataplane --example switchpath --features coherence --target-dir target/coherence
 
 # --- cargo tests: unit, property, concurrency, malformed-ring, end-to-end, hostile frontend ----
@@ -76,7 +88,7 @@ step "pvnet bench smoke (counts add up)" ./target/release/pvnet bench --secs 0.5
 # --- nothing of the suite's left, the root namespace as it was ----------------------------------
 # shellcheck disable=SC2016  # $1 is the inner shell's
 step "root network namespace unchanged, no namespace of the suite left" \
-  bash -c 'source scripts/peers/lib.sh && root_net_check "$1"' _ "$net_before"
+  bash -c 'source scripts/lib/common.sh && root_net_check "$1"' _ "$net_before"
 rm -f "$net_before"
 
 echo

@@ -60,7 +60,7 @@
 #        PERF=fe profiles the frontend instead;
 #        it perturbs the run, so its figures are not comparable)
 # Wall time: ~15 s per run; 3 rounds x 2 sizes x 2 directions x 3 IMPLS: ~9 min.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/common.sh"
 need_root
 QUEUES="${QUEUES:-1}"; [ "$QUEUES" -gt 1 ] && DOC="${DOC-$PVNET_ROOT/docs/scale.md}"
 DOC="${DOC-$PVNET_ROOT/docs/interop.md}"
@@ -73,7 +73,7 @@ TXPKTS="${TXPKTS:-}"; SPLIT="${SPLIT:-}"
 RING="${RING:-split}"; case "$RING" in split) VU_RING= ;; packed) VU_RING=",packed_vq=1" ;; *) die "RING must be split or packed";; esac
 SECTION=bench_dpdk; [[ "$SIZES" == *+* ]] && SECTION=bench_dpdk_chains_$RING
 case " $IMPLS " in *" alt "*|*" altbackend "*) [ -x "$ALT_BIN" ] || die "IMPLS has alt: ALT_BIN must name a pvnet binary";; esac
-"$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
+"$PEERS_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 build_pvnet
 B="$WORK/bench"; rm -rf "$B"; mkdir -p "$B"
 # A private copy: a rebuild of target/ during the run must not swap the binary under it.
@@ -132,7 +132,7 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   rm -f "$SOCK" "$SOCK2"
   if [ "$kind" = backend ]; then
     local role=sink sessions=1; [ "$dir" = h2v ] && role=gen; [ "$dir" = bounce ] && { role=forward; sessions=2; }
-    timeout -k 5 $((n + 60)) "$bin" backend --socket "$SOCK" --role "$role" --gen-secs $((n + 30)) \
+    timeout -k 5 $((n + 60)) "$bin" backend --socket "$SOCK" --role "$role" --secs $((n + 30)) \
       --frame-len "$frame" --sessions "$sessions" --cpu 1 "${extra[@]}" > "$B/$tag.pvnet.json" 2> "$be_log" &
     PV_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
@@ -179,70 +179,12 @@ run_one() {   # run_one DIR IMPL ROUND SIZE
   else testpmd_quit be 20 || log "$tag: net_vhost testpmd did not quit cleanly"; hugepage_cleanup "$BE_PREFIX"; fi
   c2c_b=$(c2c_ns)
   # one RESULT line: Mpps (median of the window's samples), CPU ns/packet over the window
-  python3 - "$fe_log" "$B/$tag.ticks" "$field" "$WARM" "$DUR" "$TCK" "$ports" <<PY > "$B/$tag.result"
-import re, sys, statistics
-log, tfile, field, warm, dur, tck = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-ports = int(sys.argv[7])
-blocks = open(log, errors="replace").read().split("NIC statistics for port")[1:]
-def num(pat, b):
-    m = re.search(pat, b)
-    return int(m.group(1)) if m else None
-vals = [(num(field + r"-packets: *(\d+)", b), num(field.capitalize() + r"-pps: *(\d+)", b)) for b in blocks]
-vals = [v for v in vals if None not in v]
-# Several ports: one sample is the sum over a "show port stats all" (ports blocks in a row).
-vals = [tuple(map(sum, zip(*vals[k:k + ports]))) for k in range(0, len(vals) - ports + 1, ports)]
-cum, pps = [v[0] for v in vals], [v[1] for v in vals]
-rows = [[float(x) for x in l.split()[1:]] for l in open(tfile)]
-ticks = [r[0] for r in rows]
-n = min(len(ticks), len(cum))
-w0, w1 = warm - 1, min(warm + dur, n) - 1          # sample k (1-based) is index k-1
-win = pps[w0 + 1:w1 + 1]
-mpps = statistics.median(win) / 1e6 if win else float("nan")
-pk = cum[w1] - cum[w0] if n > w1 > w0 else 0
-ns = (ticks[w1] - ticks[w0]) * 1e9 / tck / pk if pk > 0 else float("nan")
-# CPU time of everything else on the machine during the window, in % of all CPUs: work that
-# is not ours competes for the 2 cores and spoils the run.
-other = float("nan")
-if n > w1 > w0:
-    d = [rows[w1][i] - rows[w0][i] for i in range(3)]
-    other = max(0.0, 100.0 * (d[2] - d[0] - d[1]) / (tck * (w1 - w0) * $(nproc)))
-# Several queues: the least-loaded queue's share of what the frontend counted (per-queue
-# xstats, all ports), over the whole run.
-qs = ""
-if $QUEUES > 1:
-    per = {}
-    for m in re.finditer(r"(%s)_q(\d+)_good_packets: *(\d+)" % ("tx" if field == "TX" else "rx"), open(log, errors="replace").read()):
-        per[int(m.group(2))] = per.get(int(m.group(2)), 0) + int(m.group(3))
-    tot = sum(per.values())
-    qs = " q_min_share=%.2f" % (min(per.values()) / tot if tot and len(per) == $QUEUES else 0)
-# BURSTS=1: the frontend's own record of its bursts over the whole run (testpmd's
-# record-burst-stats: the share of receive polls that found nothing, and of full 32-packet
-# bursts). Empty polls mean the frontend waited for the backend; full bursts mean it fell
-# behind.
-# For txonly (v2h) the same for its transmit bursts: fe_tx_full_pct is the share that went out
-# whole (the ring had room: the backend kept up).
-bs = ""
-text = open(log, errors="replace").read()
-for kind, tag in (("RX", "fe"), ("TX", "fe_tx")):
-    m = re.search(kind + r"-bursts : (\d+) \[(.*)\]", text)
-    if m and int(m.group(1)) > 0:
-        share = lambda k: sum(int(p) for p, n in re.findall(r"(\d+)% of (\d+) pkts", m.group(2)) if int(n) == k)
-        bs += " %s_bursts=%s %s_empty_pct=%d %s_full_pct=%d" % (tag, m.group(1), tag, share(0), tag, share(32))
-print("RESULT dir=$dir size=$size impl=$impl round=$round queues=$QUEUES c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy other_pct=%.0f mpps=%.2f min=%.2f max=%.2f cpu_ns_per_pkt=%.1f pkts=%d%s%s"
-      % (other, mpps, min(win) / 1e6 if win else 0, max(win) / 1e6 if win else 0, ns, pk, qs, bs))
-PY
+  python3 "$PYLIB/bench_dpdk.py" result "$fe_log" "$B/$tag.ticks" "$field" "$WARM" "$DUR" "$TCK" "$ports" "$(nproc)" "$QUEUES" \
+    "dir=$dir size=$size impl=$impl round=$round queues=$QUEUES c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy" > "$B/$tag.result"
   if [ "$kind" = switch ]; then
     # packets per used->idx publish on the frontend's port: how the frontend's pace cut the
     # stream into batches (appended to the RESULT line)
-    python3 - "$B/$tag.pvnet.json" "$dir" "$B/$tag.result" <<'PY' || true
-import json, sys
-d = json.load(open(sys.argv[1]))
-c = next(p["counters"] for p in d["final"]["ports"] if p["kind"] == "vhost-user")
-k = "tx" if sys.argv[2] == "h2v" else "rx"
-if c.get(k + "_batches"):
-    line = open(sys.argv[3]).read().rstrip("\n")
-    open(sys.argv[3], "w").write("%s pkts_per_batch=%.1f\n" % (line, c[k + "_packets"] / c[k + "_batches"]))
-PY
+    python3 "$PYLIB/bench_dpdk.py" batch "$B/$tag.pvnet.json" "$dir" "$B/$tag.result" || true
   fi
   cat "$B/$tag.result"
   grep -hE 'Cannot|Failed|ERROR|panicked' "$fe_log" "$be_log" 2>/dev/null | grep -v promiscuous | sort -u | head -3 | sed 's/^/  log: /' || true
@@ -276,47 +218,7 @@ for r in $(seq "$ROUNDS"); do
 done
 
 # ---- summary: ratios pvnet/DPDK per direction and c2c state -----------------------------------
-python3 - "$RES" "$B/summary.md" <<'PY'
-import re, sys, statistics as st
-rows = []
-for l in open(sys.argv[1]):
-    d = dict(kv.split("=", 1) for kv in l.split()[1:])
-    a, b = (float(x) for x in d["c2c_ns"].split("/"))
-    bucket = lambda ns: "fast" if ns < 75 else "mid" if ns < 150 else "slow"
-    d["state"] = bucket(a) if bucket(a) == bucket(b) else "mixed"
-    d["mpps"], d["ns"] = float(d["mpps"]), float(d["cpu_ns_per_pkt"])
-    d.setdefault("size", "64")
-    rows.append(d)
-med = lambda xs: st.median(xs) if xs else float("nan")
-out = ["| direction | bytes | pvnet | c2c state | runs pvnet/DPDK | pvnet Mpps | DPDK Mpps | Mpps pvnet/DPDK | pvnet CPU ns/pkt | DPDK CPU ns/pkt | ns/pkt pvnet/DPDK | paired Mpps ratios |",
-       "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-impls = [i for i in ("switch", "alt", "backend", "altbackend", "pvnet") if any(x["impl"] == i for x in rows)]
-sizes = sorted({x["size"] for x in rows}, key=lambda s: [int(k) for k in s.split("+")])
-for size in sizes:
- for dr, name in (("v2h", "v2h: virtio-user txonly -> backend"), ("h2v", "h2v: backend -> virtio-user rxonly"),
-                  ("bounce", "bounce: virtio-user io x2 <-> backend (sum of both ports)")):
-  for impl in impls:
-    for state in ("fast", "mid", "slow", "mixed"):
-        p = [x for x in rows if x["dir"] == dr and x["size"] == size and x["impl"] == impl and x["state"] == state]
-        q = [x for x in rows if x["dir"] == dr and x["size"] == size and x["impl"] == "dpdk" and x["state"] == state]
-        if not p and not q:
-            continue
-        pm, qm = med([x["mpps"] for x in p]), med([x["mpps"] for x in q])
-        pn, qn = med([x["ns"] for x in p]), med([x["ns"] for x in q])
-        # A/B of the same round whose runs were both in this state
-        pairs = []
-        for x in p:
-            y = [z for z in q if z["round"] == x["round"]]
-            if y:
-                pairs.append("%.2f" % (x["mpps"] / y[0]["mpps"]))
-        r = lambda a, b: "%.2f" % (a / b) if p and q and b == b and b > 0 else "-"
-        f = lambda v: "%.2f" % v if v == v else "-"
-        g = lambda v: "%.1f" % v if v == v else "-"
-        out.append("| %s | %s | %s | %s | %d/%d | %s | %s | **%s** | %s | %s | %s | %s |" % (
-            name, size, impl, state, len(p), len(q), f(pm), f(qm), r(pm, qm), g(pn), g(qn), r(pn, qn), " ".join(pairs) or "-"))
-open(sys.argv[2], "w").write("\n".join(out) + "\n")
-print("\n".join(out))
-PY
+python3 "$PYLIB/bench_dpdk.py" summary "$RES" "$B/summary.md"
 
 if [ -n "$DOC" ] && [ -f "$DOC" ] && grep -q "<!-- $SECTION:begin -->" "$DOC"; then
   {

@@ -25,7 +25,7 @@
 # The table takes the medians of the runs in the most common core-to-core state (both samples
 # in it) when that state has every combination, else of all runs; it says which.
 # Wall time: ~8 s per run; 3 rounds x 3 modes x 2 directions x 2 backends: ~5 min.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/common.sh"
 need_root
 QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-4}"; MODES="${MODES:-off per-packet pool}"; DIRS="${DIRS:-tx rx}"
@@ -35,7 +35,7 @@ if [ -n "${RESULTS:-}" ]; then
   [ -s "$RESULTS" ] || die "RESULTS=$RESULTS: no such results file"
   RES="$RESULTS"; ROUNDS=0
 else
-  "$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
+  "$PEERS_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
   build_pvnet
   rm -rf "$B"; mkdir -p "$B"
   cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
@@ -60,7 +60,7 @@ run_one() {   # run_one DIR IMPL MODE ROUND
   rm -f "$SOCK"
   if [ "$impl" = pvnet ]; then
     role=sink; [ "$dir" = rx ] && role=gen
-    timeout -k 5 $((DUR + 60)) "$PVNET_BIN" backend --socket "$SOCK" --role "$role" --gen-secs $((DUR + 30)) \
+    timeout -k 5 $((DUR + 60)) "$PVNET_BIN" backend --socket "$SOCK" --role "$role" --secs $((DUR + 30)) \
       --frame-len 64 --sessions 1 --cpu 1 > "$B/$tag.be.json" 2> "$be_log" &
     BE_TPID=$!
     wait_for 10 test -S "$SOCK" || die "pvnet backend did not listen ($be_log)"
@@ -87,21 +87,8 @@ run_one() {   # run_one DIR IMPL MODE ROUND
     testpmd_quit be 20 || log "$tag: net_vhost testpmd did not quit cleanly"; hugepage_cleanup "$BE_PREFIX"
   fi
   c2c_b=$(c2c_ns)
-  python3 - "$fe_json" "$t0" "$t1" "$TCK" <<PY | tee -a "$RES"
-import json, sys
-f = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-fin = next((x["final"] for x in f if "final" in x), {})
-secs = fin.get("secs") or 0
-pkts = fin.get("data_sent") if "$dir" == "tx" else fin.get("dropped")
-pkts = pkts or 0
-io = fin.get("iotlb", {})
-msgs = io.get("updates", 0) + io.get("invalidates", 0)
-be_ns = (float(sys.argv[3]) - float(sys.argv[2])) * 1e9 / int(sys.argv[4]) / pkts if pkts else float("nan")
-fe_ns = fin.get("cpu_ns", 0) / pkts if pkts else float("nan")
-print("RESULT dir=$dir impl=$impl mode=$mode round=$round c2c_ns=$c2c_a/$c2c_b mpps=%.4f be_ns=%.1f fe_ns=%.1f "
-      "iotlb_per_pkt=%.2f misses_answered=%d pkts=%d" % (pkts / secs / 1e6 if secs else 0, be_ns, fe_ns,
-      msgs / pkts if pkts else 0, io.get("misses_answered", 0), pkts))
-PY
+  python3 "$PYLIB/bench_grants.py" result "$fe_json" "$t0" "$t1" "$TCK" "$dir" \
+    "dir=$dir impl=$impl mode=$mode round=$round c2c_ns=$c2c_a/$c2c_b" | tee -a "$RES"
 }
 
 for r in $(seq "$ROUNDS"); do
@@ -113,62 +100,4 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
-python3 - "$RES" "$DOC" "$ROUNDS" "$DUR" <<'PY'
-import re, sys, statistics, collections
-res, doc, rounds, dur = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-rows = [dict(re.findall(r"(\w+)=(\S+)", l)) for l in open(res) if l.startswith("RESULT")]
-def state(c):
-    a, b = (float(x) if x != "nan" else 1e9 for x in c.split("/"))
-    s = lambda v: "fast" if v < 75 else "mid" if v < 150 else "slow"
-    return s(a) if s(a) == s(b) else "mixed"
-combos = {(r["dir"], r["impl"], r["mode"]) for r in rows}
-states = collections.Counter(state(r["c2c_ns"]) for r in rows)
-used = "all runs"
-for st, _ in states.most_common():
-    if st != "mixed" and {(r["dir"], r["impl"], r["mode"]) for r in rows if state(r["c2c_ns"]) == st} == combos:
-        rows = [r for r in rows if state(r["c2c_ns"]) == st]
-        used = "the %d runs in the %s state" % (len(rows), st)
-        break
-by = collections.defaultdict(list)
-for r in rows:
-    by[(r["dir"], r["impl"], r["mode"])].append(r)
-med = lambda k, f: statistics.median(float(r[f]) for r in by[k]) if by[k] else float("nan")
-modes = [m for m in ["off", "per-packet", "pool"] if any(k[2] == m for k in by)]
-out = []
-out.append("| mode | pvnet TX Mpps | pvnet RX Mpps | DPDK TX Mpps | DPDK RX Mpps | pvnet/DPDK TX | pvnet/DPDK RX | pvnet backend ns/pkt TX / RX | IOTLB msgs/pkt |")
-out.append("|---|---|---|---|---|---|---|---|---|")
-for m in modes:
-    p_tx, p_rx = med(("tx", "pvnet", m), "mpps"), med(("rx", "pvnet", m), "mpps")
-    d_tx, d_rx = med(("tx", "dpdk", m), "mpps"), med(("rx", "dpdk", m), "mpps")
-    ns = "%.0f / %.0f" % (med(("tx", "pvnet", m), "be_ns"), med(("rx", "pvnet", m), "be_ns"))
-    msgs = med(("tx", "pvnet", m), "iotlb_per_pkt")
-    out.append("| %s | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %s | %.2f |" % (
-        m, p_tx, p_rx, d_tx, d_rx, p_tx / d_tx if d_tx else float("nan"),
-        p_rx / d_rx if d_rx else float("nan"), ns, msgs))
-ratio = []
-for impl in ["pvnet", "dpdk"]:
-    for d in ["tx", "rx"]:
-        off, pool, pp = (med((d, impl, m), "mpps") for m in ["off", "pool", "per-packet"])
-        if off == off and pool == pool and pp == pp and pp > 0 and off > 0:
-            ratio.append("| %s | %s | %.2fx | %.1fx |" % (impl, d.upper(), pool / off, pool / pp))
-out.append("")
-out.append("| backend | direction | pool / off | pool / per-packet |")
-out.append("|---|---|---|---|")
-out.extend(ratio)
-out.append("")
-out.append("Medians of %s (c2c states of every run: %s), %s s each, 64-byte frames, one queue pair." % (
-    used, ", ".join("%s %d" % kv for kv in states.items()), dur))
-table = "\n".join(out)
-print(table)
-if doc:
-    import os
-    text = open(doc).read() if os.path.exists(doc) else ""
-    begin, end = "<!-- bench_grants begin -->", "<!-- bench_grants end -->"
-    block = begin + "\n" + table + "\n" + end
-    if begin in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        text = text + "\n" + block + "\n"
-    open(doc, "w").write(text)
-    print("written to", doc)
-PY
+python3 "$PYLIB/bench_grants.py" summary "$RES" "$DOC" "$DUR"

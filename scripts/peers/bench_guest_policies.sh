@@ -38,7 +38,7 @@
 #        TAPS="bh timer" SPLIT=1 NAPI0=1 TAP=pvbtap0 TAP_NET=10.77.0 (host .1/24)
 #        QUIET_PCT=15 QUIET_WAIT=60 OTHER_MAX=10 DOC=docs/guest-policies.md (DOC= to skip)
 # Wall time: ~15 s per run; with the defaults 2 x 2 x 10 runs: ~10 min.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/common.sh"
 need_root
 T_START=$(date +%s)
 ROUNDS="${ROUNDS:-2}"; DUR="${DUR:-5}"; BURSTS="${BURSTS:-1 32}"
@@ -57,7 +57,7 @@ ACC=$(guest_accel)
 if [ -n "${RESULTS:-}" ]; then   # summary and table only, from an earlier run's results.txt
   RES="$RESULTS"; B=$(mktemp -d); SUMMARY_TMP="$B"; SOCK=""; WALL="(earlier run)"
 else
-"$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
+"$PEERS_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 if [ ! -s "$GUEST_DIR/vmlinux" ] || [ ! -s "$GUEST_DIR/base.cpio.gz" ]; then die "no guest image in $GUEST_DIR"; fi
 # Build only when there is no binary (someone else rebuilds target/), then take a private copy so
 # that a rebuild during the run cannot swap it.
@@ -84,7 +84,7 @@ trap cleanup EXIT
 trap 'exit 130' INT; trap 'exit 143' TERM   # so that cleanup runs
 
 # ---- the tap: host side 10.77.0.1/24, carries only this guest's frames -----------------------
-# In a network namespace of this run's (scripts/peers/lib.sh netns_new; IPv6 off there: the host
+# In a network namespace of this run's (scripts/lib/common.sh netns_new; IPv6 off there: the host
 # sends nothing to the guest), never the machine's own: QEMU's tap backend runs in it (it
 # opens the tap by name), the pvnet runs need none (vhost-user).
 netns_new guestpol; HNS=$NS
@@ -194,40 +194,9 @@ run_one() {   # run_one CFG BURST ROUND ATTEMPT
   else
     bpk=$((rx1 - rx0)); kicks=nan; calls=nan; sleeps=nan
   fi
-  python3 - "$glog.txt" "$s_begin" "$s_end" "$t0" "${t_ready:-0}" <<PY > "$B/$tag.result"
-import re, sys, time
-txt = open(sys.argv[1], errors="replace").read()
-sb, se = sys.argv[2].split(), sys.argv[3].split()
-t0, tr = int(sys.argv[4]), int(sys.argv[5])
-m = re.search(r"OK: (\d+)\(c\d+\+d\d+\) usec, (\d+) ", txt)
-usec, gpk = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-gpps = gpk / usec * 1e6 if usec else float("nan")
-napi = re.search(r"napi_tx=(\S+)", txt)
-def num(s):
-    try: return float(s)
-    except ValueError: return float("nan")
-bpk, kicks, calls, sleeps = num("$bpk"), num("$kicks"), num("$calls"), num("$sleeps")
-bpps = bpk / usec * 1e6 if usec else float("nan")
-if sb and se:
-    d = [int(b) - int(a) for a, b in zip(sb, se)]
-    win = d[0] / 1e9
-    pv = 100.0 * d[1] / d[0]; qe = 100.0 * d[2] / d[0]
-    other = max(0.0, 100.0 * (d[3] / $TCK - (d[1] + d[2]) / 1e9) / (win * $NCPU))
-else:
-    win = pv = qe = other = float("nan")
-per = lambda x: x / bpk if bpk and bpk == bpk else float("nan")
-kind = "$kind"
-print("RESULT cfg=$cfg burst=$burst round=$round attempt=$att c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy "
-      "other_pct=%.0f guest_pps=%.0f guest_pkts=%d pktgen_usec=%d backend_pkts=%d backend_pps=%.0f "
-      "pvnet_cpu_pct=%s qemu_cpu_pct=%.1f kicks_per_pkt=%s calls_per_pkt=%s sleeps_per_pkt=%s "
-      "window_s=%.2f boot_s=%.2f wall_s=%.1f napi_tx=%s"
-      % (other, gpps, gpk, usec, bpk if bpk == bpk else -1, bpps,
-         ("%.1f" % pv) if kind == "pvnet" else "-", qe,
-         ("%.4f" % per(kicks)) if kind == "pvnet" else "-", ("%.4f" % per(calls)) if kind == "pvnet" else "-",
-         ("%.4f" % per(sleeps)) if kind == "pvnet" else "-",
-         win, (tr - t0) / 1e9 if tr else float("nan"), (time.time_ns() - t0) / 1e9,
-         napi.group(1) if napi else "?"))
-PY
+  python3 "$PYLIB/bench_guest_policies.py" result "$glog.txt" "$s_begin" "$s_end" "$t0" "${t_ready:-0}" "$kind" \
+    "$bpk" "$kicks" "$calls" "$sleeps" "$TCK" "$NCPU" \
+    "cfg=$cfg burst=$burst round=$round attempt=$att c2c_ns=$c2c_a/$c2c_b busy_before_pct=$busy" > "$B/$tag.result"
   cat "$B/$tag.result"
   grep -hE 'GUEST_WARN|PVG-WARN|qemu-system' "$glog.txt" | head -3 | sed 's/^/  console: /' || true
   if [ "$kind" = pvnet ]; then
@@ -266,96 +235,7 @@ WALL=$(( $(date +%s) - T_START ))
 fi
 
 # ---- summary: medians per config and burst, ratios against QEMU's own backend ----------------------
-python3 - "$RES" "$B/summary.md" "$WALL" "$ROUNDS" "$DUR" "$PVNET_REV" "$ACC" "$OTHER_MAX" <<'PY'
-import re, sys, statistics, collections, datetime, os
-res, out, wall, rounds, dur, rev, acc, omax = sys.argv[1:9]
-allrows = []
-smp = os.environ.get("QEMU_SMP", "1,maxcpus=2")
-for l in open(res):
-    m = re.match(r"# pvnet=(\S+) binary=(\S+ \S+) rounds=(\S+) dur=(\S+)(?: smp=(\S+))?", l)
-    if m:
-        rev = "%s (binary copied from target/ at %s)" % (m.group(1), m.group(2)); rounds, dur = m.group(3), m.group(4)
-        smp = m.group(5) or "1"
-    if not l.startswith("RESULT"):
-        continue
-    d = dict(kv.split("=", 1) for kv in l.split()[1:])
-    try:
-        d["bad"] = d.get("disturbed") == "1" or float(d["other_pct"]) > float(omax)
-    except ValueError:
-        d["bad"] = True
-    allrows.append(d)
-# Runs during which other work took > OTHER_MAX % of the CPUs are left out, unless a
-# configuration has no other run in that round (then it is kept and marked with *).
-rows, marked = [], set()
-for d in allrows:
-    if not d["bad"]:
-        rows.append(d); continue
-    same = [e for e in allrows if (e["cfg"], e["burst"], e["round"]) == (d["cfg"], d["burst"], d["round"])]
-    if not any(not e["bad"] for e in same) and d is same[-1]:
-        rows.append(d); marked.add((d["cfg"], d["burst"]))
-def f(x):
-    try: return float(x)
-    except (TypeError, ValueError): return float("nan")
-def med(v):
-    v = [x for x in v if x == x]
-    return statistics.median(v) if v else float("nan")
-cfgs = list(dict.fromkeys(r["cfg"] for r in rows))
-bursts = list(dict.fromkeys(r["burst"] for r in rows))
-by = collections.defaultdict(list)
-for r in rows:
-    by[(r["cfg"], r["burst"])].append(r)
-def fmt(x, p=1):
-    return "-" if x != x else ("%.*f" % (p, x))
-L = []
-L.append("Run: %s, `QEMU_SMP=%s ROUNDS=%s DUR=%s scripts/peers/bench_guest_policies.sh`, pvnet %s, %s CPUs, %s, QEMU `%s -smp %s`; wall time %s s."
-         % (datetime.datetime.utcfromtimestamp(os.path.getmtime(res)).strftime("%Y-%m-%dT%H:%MZ"), smp, rounds, dur, rev, os.cpu_count(), os.uname().release, acc, smp, wall))
-L.append("")
-L.append("Medians over the rounds; runs during which other processes took > %s%% of the CPUs are left out when the same round has a clean attempt (else kept, marked *). guest kpps" % omax + " = pktgen's result; backend kpps = frames the backend received (pvnet rx_packets / tap rx_packets) / pktgen's time; CPU in % of one CPU over the pktgen window.")
-L.append("")
-L.append("| burst | config | runs | guest kpps (min-max) | backend kpps | pvnet CPU % | QEMU CPU % | kicks/pkt | calls/pkt | sleeps/pkt | c2c ns before/after | vs tap:bh | vs tap:timer |")
-L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-ratios = []
-for b in bursts:
-    ref = {t: med([f(r["guest_pps"]) for r in by.get((t, b), [])]) for t in ("tap:bh", "tap:timer", "tap:bh:split", "tap:timer:split")}
-    for c in cfgs:
-        rs = by.get((c, b), [])
-        if not rs:
-            continue
-        g = [f(r["guest_pps"]) for r in rs]
-        gm = med(g)
-        L.append("| %s | `%s` | %d%s | %s (%s-%s) | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            b, c, len(rs), "*" if (c, b) in marked else "", fmt(gm / 1e3), fmt(min(g) / 1e3), fmt(max(g) / 1e3),
-            fmt(med([f(r["backend_pps"]) for r in rs]) / 1e3),
-            fmt(med([f(r["pvnet_cpu_pct"]) for r in rs])), fmt(med([f(r["qemu_cpu_pct"]) for r in rs])),
-            fmt(med([f(r["kicks_per_pkt"]) for r in rs]), 4), fmt(med([f(r["calls_per_pkt"]) for r in rs]), 4),
-            fmt(med([f(r["sleeps_per_pkt"]) for r in rs]), 4),
-            " ".join(r["c2c_ns"] for r in rs),
-            fmt(gm / ref["tap:bh"], 2), fmt(gm / ref["tap:timer"], 2)))
-        if c.startswith("pvnet"):
-            ratios.append("burst %s: `%s` / tap:bh = %s, / tap:timer = %s, / tap:bh:split = %s, / tap:timer:split = %s" % (
-                b, c, fmt(gm / ref["tap:bh"], 2), fmt(gm / ref["tap:timer"], 2),
-                fmt(gm / ref["tap:bh:split"], 2), fmt(gm / ref["tap:timer:split"], 2)))
-L.append("")
-L.append("Ratios of guest pps (medians):")
-L.append("")
-L += ["* " + x for x in ratios]
-# paired per round: adaptive vs the tap configs
-L.append("")
-L.append("Per round, `pvnet:adaptive` / tap (guest pps, same round and burst):")
-L.append("")
-for b in bursts:
-    for t in ("tap:bh", "tap:timer", "tap:bh:split", "tap:timer:split"):
-        pr = []
-        for rnd in sorted({r["round"] for r in rows}):
-            a = [f(r["guest_pps"]) for r in by.get(("pvnet:adaptive", b), []) if r["round"] == rnd]
-            q = [f(r["guest_pps"]) for r in by.get((t, b), []) if r["round"] == rnd]
-            if a and q:
-                pr.append("%.2f" % (a[0] / q[0]))
-        if pr:
-            L.append("* burst %s, adaptive / %s: %s" % (b, t, " ".join(pr)))
-open(out, "w").write("\n".join(L) + "\n")
-print("\n".join(L))
-PY
+python3 "$PYLIB/bench_guest_policies.py" summary "$RES" "$B/summary.md" "$WALL" "$ROUNDS" "$DUR" "$PVNET_REV" "$ACC" "$OTHER_MAX"
 
 if [ -n "$DOC" ]; then
   if [ ! -f "$DOC" ]; then

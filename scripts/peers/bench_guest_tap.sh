@@ -17,7 +17,7 @@
 # iperf3 -P N (the [SUM] line), and N sockperf ping-pong clients at once against one server
 # (transactions/s summed; p50/p99 the median over the clients). 100 clients need
 # GUEST_MEM=1536 (MiB; ~5 MB each).
-# The host side lives in a network namespace of this run's (scripts/peers/lib.sh netns_new),
+# The host side lives in a network namespace of this run's (scripts/lib/common.sh netns_new),
 # never in the machine's own: the taps, 10.78.0.1, iperf3 -s and sockperf sr; pvnet switch runs
 # in it (its tap is made there), and so does QEMU when its own tap backend is measured (QEMU
 # opens the tap by name in its namespace); with pvnet, QEMU attaches through the socket.
@@ -56,13 +56,13 @@
 #        DOC=docs/guest-tap.md (table written between the bench markers; DOC= to skip)
 #        SECTION=bench_guest_tap (the markers' name, for a second table in one DOC)
 # Wall time: ~45 s per run: ~8 min with the defaults.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/common.sh"
 need_root
 ROUNDS="${ROUNDS:-2}"; DUR="${DUR:-4}"; FLOWS="${FLOWS:-1}"; TESTS="${TESTS:-tcp_g2h tcp_h2g udp_g2h udp_h2g rr}"; CFGS="${CFGS:-pvnet bh timer bh:intx timer:intx}"
 DOC="${DOC-$PVNET_ROOT/docs/guest-tap.md}"
 QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
 NET=10.78.0; PVTAP=pvgt0; QTAP=qgt0; GMAC=02:00:00:00:00:02
-"$PEERS_LIB_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
+"$PEERS_DIR/setup.sh" > "$WORK/setup.log" 2>&1 || { tail "$WORK/setup.log"; die "setup failed"; }
 [ -s "$GUEST_DIR/vmlinux" ] && [ -s "$GUEST_DIR/base.cpio.gz" ] || die "no guest image in $GUEST_DIR"
 build_pvnet
 B="$WORK/guesttap"; rm -rf "$B"; mkdir -p "$B"
@@ -179,57 +179,9 @@ run_one() {   # run_one CFG[+napi0] ROUND
   tr -d '\r' < "$glog" > "$glog.txt"
   local kc=""
   if [[ "$cfg" == pvnet* ]]; then
-    kc=$(python3 -c 'import json,sys
-for l in open(sys.argv[1]):
-    d = json.loads(l) if l.startswith("{") else {}
-    if "final" in d:
-        p = [p for p in d["final"]["ports"] if p["name"] == "vm"][0]["counters"]
-        n = p.get("rx_packets", 0) + p.get("tx_packets", 0)
-        h = [p for p in d["final"]["ports"] if p["name"] == "host"][0]["counters"]
-        print(" vm_kicks_per_pkt=%.3f vm_calls_per_pkt=%.3f tap_direct_share=%.3f" % (p.get("kicks", 0) / max(n, 1), p.get("calls", 0) / max(n, 1),
-              h.get("rx_direct", 0) / max(h.get("rx_packets", 0), 1)))' "$B/$tag.pvnet.json" 2>/dev/null)
+    kc=$(python3 "$PYLIB/bench_guest_tap.py" kicks "$B/$tag.pvnet.json" 2>/dev/null)
   fi
-  python3 - "$glog.txt" "$1" "$round" "$c2c_a/$c2c_b" "$DUR" "${ALL_TESTS[*]}" "$kc" <<'PY' | tee -a "$RES"
-import re, sys
-log, cfg, rnd, c2c, dur = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
-L = open(log, errors="replace").read().splitlines()
-def lines(n): return [l.split(" ", 2)[2] for l in L if l.startswith("BENCH %s " % n)]
-def receiver(n):
-    r = [l for l in lines(n) if "receiver" in l]
-    return r[-1] if r else ""   # with -P N the last one is the [SUM] line
-def gbit(n):
-    m = re.search(r"([\d.]+) Mbits/sec", receiver(n))
-    return float(m.group(1)) / 1000 if m else float("nan")
-def pps(n):
-    r = receiver(n)
-    m = re.search(r"(\d+)/(\d+) \(", r)
-    t = re.search(r"0.00-([\d.]+) +sec", r)
-    if not (m and t): return float("nan")
-    return (int(m.group(2)) - int(m.group(1))) / float(t.group(1))
-def rr(n):
-    # one or more sockperf clients: percentiles per client (median over them), rate summed
-    pct = lambda p: [float(m.group(1)) for l in lines(n) for m in [re.search(r"percentile %s *= *([\d.]+)" % p, l)] if m]
-    p50, p99 = pct("50.000"), pct("99.000")
-    tps = 0.0
-    for l in lines(n):
-        m = re.search(r"RunTime=([\d.]+) sec; .*ReceivedMessages=(\d+)", l)
-        if m and float(m.group(1)) > 0:
-            tps += int(m.group(2)) / float(m.group(1))
-    med = lambda v: sorted(v)[len(v) // 2] if v else float("nan")
-    return med(p50), med(p99), tps if tps else float("nan")
-tests = sys.argv[6].split()
-ok = all(("BENCH_RC %s 0" % n) in L for n in tests)
-out = []
-for n in tests:
-    if n.startswith("tcp"): out.append("%s_gbit=%.3f" % (n, gbit(n)))
-    elif n.startswith("udp"): out.append("%s_pps=%.0f" % (n, pps(n)))
-    elif n.startswith("rr"):
-        a, b, c = rr(n)
-        out.append("%s_p50_us=%.1f %s_p99_us=%.1f %s_tps=%.0f" % (n, a, n, b, n, c))
-        if n.startswith("rrload"):
-            out.append("%s_bulk_gbit=%.3f" % (n, gbit(n + "_bulk")))
-print("RESULT cfg=%s round=%s c2c_ns=%s ok=%d %s%s" % (cfg, rnd, c2c, ok, " ".join(out), sys.argv[7]))
-PY
+  python3 "$PYLIB/bench_guest_tap.py" result "$glog.txt" "$1" "$round" "$c2c_a/$c2c_b" "$DUR" "${ALL_TESTS[*]}" "$kc" | tee -a "$RES"
 }
 
 if [ -n "${RESULTS:-}" ]; then   # table only, from an earlier run's results.txt
@@ -244,44 +196,7 @@ for r in $(seq "$ROUNDS"); do
 done
 fi
 
-python3 - "$RES" "$B/summary.md" <<'PY'
-import sys, statistics as st
-rows = [dict(kv.split("=", 1) for kv in l.split()[1:]) for l in open(sys.argv[1]) if l.startswith("RESULT")]
-import re
-label = {"rrload_p50_us": "ping-pong RTT p50 us under a host->guest TCP flood", "rrload_p99_us": "ping-pong RTT p99 us under a host->guest TCP flood",
-         "rrload_tps": "ping-pong transactions/s under the flood", "rrload_bulk_gbit": "the flood's TCP Gbit/s",
-         "tcp_g2h_gbit": "TCP guest->host Gbit/s", "tcp_h2g_gbit": "TCP host->guest Gbit/s",
-         "udp_g2h_pps": "UDP 64 B guest->host pps", "udp_h2g_pps": "UDP 64 B host->guest pps",
-         "rr_p50_us": "ping-pong RTT p50 us", "rr_p99_us": "ping-pong RTT p99 us", "rr_tps": "ping-pong transactions/s"}
-def describe(k):
-    m = re.match(r"(.*?)(?:_x(\d+))?_(gbit|pps|p50_us|p99_us|tps)$", k)
-    base = label.get("%s_%s" % (m.group(1), m.group(3)), k) if m else k
-    return base + (", %s flows" % m.group(2) if m and m.group(2) else "")
-meta = {"cfg", "round", "c2c_ns", "ok", "vm_kicks_per_pkt", "vm_calls_per_pkt", "tap_direct_share"}
-keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in meta]
-order = ["pvnet", "pvnet+napi0", "pvnet:busy", "pvnet:notify", "pvnet+viommu:strict", "pvnet+viommu:lazy", "pvnet+viommu:pt", "bh", "timer", "bh:intx", "timer:intx"]
-cfgs = [c for c in order if any(r["cfg"] == c for r in rows)]
-cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
-med = lambda c, k: st.median([float(r[k]) for r in rows if r["cfg"] == c and r["ok"] == "1"] or [float("nan")])
-names = {"pvnet": "pvnet switch + tap (INTx)", "pvnet+napi0": "pvnet switch + tap, guest napi_tx=0",
-         "pvnet+viommu:strict": "pvnet, guest vIOMMU iommu.strict=1", "pvnet+viommu:lazy": "pvnet, guest vIOMMU iommu.strict=0",
-         "pvnet+viommu:pt": "pvnet, guest vIOMMU iommu=pt", "bh": "QEMU tap tx=bh", "timer": "QEMU tap tx=timer",
-         "bh:intx": "QEMU tap tx=bh, INTx", "timer:intx": "QEMU tap tx=timer, INTx"}
-name = lambda c: names.get(c, "pvnet switch --policy %s (INTx)" % c[6:].replace(":", ", tx-call-delay ") if c.startswith("pvnet:") else c)
-refs = [c for c in cfgs if c != "pvnet"]
-hdr = "| metric | " + " | ".join(name(c) for c in cfgs) + " | " + " | ".join("pvnet / " + c for c in refs) + " |"
-out = [hdr, "|" + "---|" * (len(cfgs) + len(refs) + 1)]
-for k in keys:
-    name = describe(k)
-    v = {c: med(c, k) for c in cfgs}
-    f = lambda x: ("%.3f" % x if x < 10 else "%.0f" % x) if x == x else "-"
-    r = lambda c: "%.2f" % (v["pvnet"] / v[c]) if "pvnet" in v and c in v and v[c] == v[c] and v[c] > 0 else "-"
-    out.append("| %s | %s | %s |" % (name, " | ".join(f(v[c]) for c in cfgs), " | ".join(r(c) for c in refs)))
-out.append("")
-out.append("Medians over the runs whose tests all completed; for latency a ratio below 1 is better.")
-open(sys.argv[2], "w").write("\n".join(out) + "\n")
-print("\n".join(out))
-PY
+python3 "$PYLIB/bench_guest_tap.py" summary "$RES" "$B/summary.md"
 
 if [ -n "$DOC" ]; then
   [ -f "$DOC" ] || printf '# Guest through pvnet switch + tap vs QEMU tap backend\n\n<!-- bench_guest_tap:begin -->\n<!-- bench_guest_tap:end -->\n' > "$DOC"

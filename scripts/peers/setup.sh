@@ -17,7 +17,7 @@
 # hugepages, QEMU/DPDK/kernel versions, c2c latency.
 #
 # Env: PVNET_PEERS_WORK (work dir), HUGEPAGES (2 MiB pages, 1024), REBUILD_GUEST=1, ACCEL.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib/common.sh"
 need_root
 mkdir -p "$WORK"
 
@@ -45,17 +45,7 @@ build_guest() {
   depmod -b "$G/pkg" "$kver"
 
   # vmlinuz is a bzImage with an xz payload; the payload is the ELF vmlinux.
-  python3 - "$G/pkg/boot/vmlinuz-$kver" "$G/vmlinux.tmp" <<'PY'
-import lzma, sys
-d = open(sys.argv[1], "rb").read()
-i = d.find(b"\xfd7zXZ\x00")
-if i < 0:
-    sys.exit("no xz payload in " + sys.argv[1])
-out = lzma.LZMADecompressor().decompress(d[i:])
-if out[:4] != b"\x7fELF":
-    sys.exit("payload is not an ELF")
-open(sys.argv[2], "wb").write(out)
-PY
+  python3 "$PYLIB/extract_vmlinux.py" "$G/pkg/boot/vmlinuz-$kver" "$G/vmlinux.tmp"
   mv "$G/vmlinux.tmp" "$G/vmlinux"
 
   R="$G/root"; rm -rf "$R"

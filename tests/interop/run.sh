@@ -102,7 +102,7 @@
 #
 # The machine's own network is never touched: the tap cases (guest_tap*, guest_mq*,
 # guest_restart, guest_migrate) each make a network namespace ($NS_PREFIX-it-CASE, the PID in
-# it: scripts/peers/lib.sh netns_new), run `pvnet switch` in it (its tap is made there, with the
+# it: scripts/lib/common.sh netns_new), run `pvnet switch` in it (its tap is made there, with the
 # host's 10.77.0.1/24) and the host's iperf3, ping and HTTP server with `ip netns exec`; the
 # guest and testpmd attach through unix sockets from the root namespace. Namespaces, DPDK file
 # prefixes and the log directory are unique per run (two runs on one machine do not collide),
@@ -112,7 +112,7 @@
 # Env: PVNET_PEERS_WORK (work dir, default /tmp/pvnet-peers), PVNET_NO_BUILD=1 (use the built
 # target/release/pvnet as is), ACCEL=auto|kvm|tcg, PVNET_NS_PREFIX (namespace name prefix,
 # default pvnet). Logs stay in $WORK/interop.PID ($WORK/interop links to the latest run's).
-source "$(dirname "$0")/../../scripts/peers/lib.sh"
+source "$(dirname "$0")/../../scripts/lib/common.sh"
 set +e   # every case reports its own failure
 T_START=$(date +%s)
 D="$WORK/interop.$$"
@@ -174,19 +174,7 @@ fi
 # ---- helpers ---------------------------------------------------------------------------------
 plain_log() { sed 's/\x1b\[[0-9;]*m//g' "$1"; }
 # decode_features HEX : virtio-net feature bits by name.
-decode_features() {
-  python3 - "$1" <<'PY'
-import sys
-v = int(sys.argv[1], 16)
-names = {0: "CSUM", 1: "GUEST_CSUM", 2: "CTRL_GUEST_OFFLOADS", 3: "MTU", 5: "MAC",
-         7: "GUEST_TSO4", 8: "GUEST_TSO6", 9: "GUEST_ECN", 10: "GUEST_UFO", 11: "HOST_TSO4", 12: "HOST_TSO6", 13: "HOST_ECN",
-         14: "HOST_UFO", 15: "MRG_RXBUF", 16: "STATUS", 17: "CTRL_VQ", 18: "CTRL_RX",
-         19: "CTRL_VLAN", 21: "GUEST_ANNOUNCE", 22: "MQ", 23: "CTRL_MAC_ADDR",
-         28: "INDIRECT_DESC", 29: "EVENT_IDX", 30: "PROTOCOL_FEATURES", 32: "VERSION_1",
-         33: "ACCESS_PLATFORM", 34: "RING_PACKED", 35: "IN_ORDER"}
-print("%s = %s" % (sys.argv[1], " ".join(names.get(b, "bit%d" % b) for b in range(64) if v >> b & 1)))
-PY
-}
+decode_features() { python3 "$PVNET_ROOT/tests/interop/checks.py" features "$1"; }
 # pvnet's acked virtio features from its log, and their names.
 acked_features() {
   local f; f=$(plain_log "$1" | grep -o 'features acked.*features=0x[0-9a-f]*' | tail -1 | grep -o '0x[0-9a-f]*$')
@@ -196,13 +184,7 @@ acked_features() {
 protocol_features() {
   local f; f=$(plain_log "$1" | grep -o 'protocol=0x[0-9a-f]*' | tail -1 | cut -d= -f2)
   [ -n "$f" ] || { echo none; return; }
-  python3 - "$f" <<'PY'
-import sys
-v = int(sys.argv[1], 16)
-names = {0: "MQ", 1: "LOG_SHMFD", 2: "RARP", 3: "REPLY_ACK", 4: "MTU", 5: "BACKEND_REQ",
-         9: "CONFIG", 15: "CONFIGURE_MEM_SLOTS", 16: "STATUS"}
-print("%s = %s" % (sys.argv[1], " ".join(names.get(b, "bit%d" % b) for b in range(64) if v >> b & 1)))
-PY
+  python3 "$PVNET_ROOT/tests/interop/checks.py" protocol "$f"
 }
 # verdict NAME STATUS OUT: a checker's findings (its lines; "BAD ..." lines say what failed):
 # printed, then NAME passes if STATUS is 0, else fails with the first two BAD lines.
@@ -229,46 +211,25 @@ switch_start() {
 }
 # ctl_port TAG PORT FIELD : a counter of a running switch's port (pvnet ctl --json).
 ctl_port() {
-  "$PVNET_BIN" ctl --socket "$D/$1.ctl" ports --json | python3 -c '
-import json, sys
-s = json.load(sys.stdin)
-p = [p for p in s["ports"] if p["name"] == sys.argv[1]]
-print(p[0]["counters"].get(sys.argv[2], "none") if p else "missing")' "$2" "$3"
+  "$PVNET_BIN" ctl --ctl-socket "$D/$1.ctl" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-port "$2" "$3"
 }
 # ctl_state TAG PORT : a running switch's port state (up, down).
 ctl_state() {
-  "$PVNET_BIN" ctl --socket "$D/$1.ctl" ports --json | python3 -c '
-import json, sys
-p = [p for p in json.load(sys.stdin)["ports"] if p["name"] == sys.argv[1]]
-print(p[0].get("state", "none") if p else "missing")' "$2"
+  "$PVNET_BIN" ctl --ctl-socket "$D/$1.ctl" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-state "$2"
 }
 # ctl_worker TAG PORT : the worker a running switch's port is on.
 ctl_worker() {
-  "$PVNET_BIN" ctl --socket "$D/$1.ctl" ports --json | python3 -c '
-import json, sys
-w = [w["worker"] for w in json.load(sys.stdin).get("workers", []) if sys.argv[1] in w["ports"]]
-print(w[0] if w else "none")' "$2"
+  "$PVNET_BIN" ctl --ctl-socket "$D/$1.ctl" ports --json | python3 "$PYLIB/pvnet_report.py" ctl-worker "$2"
 }
 # move_other TAG PORT : moves a running switch's port to the other of its two workers (pvnet
 # ctl port move), the request ("ASK ...") and the reply appended to $D/TAG.moves.log.
 move_other() {
   local w; w=$(ctl_worker "$1" "$2"); [ "$w" = none ] && return 1
   echo "ASK $2 -> $((1 - w))" >> "$D/$1.moves.log"
-  "$PVNET_BIN" ctl --socket "$D/$1.ctl" port move "$2" "$((1 - w))" >> "$D/$1.moves.log" 2>&1
+  "$PVNET_BIN" ctl --ctl-socket "$D/$1.ctl" port move "$2" "$((1 - w))" >> "$D/$1.moves.log" 2>&1
 }
 # sw_final TAG PORT FIELD : a counter from the switch's final JSON.
-sw_final() {
-  python3 - "$D/$1.pvnet.json" "$2" "$3" <<'PY'
-import json, sys
-v = "missing"
-for line in open(sys.argv[1], errors="replace"):
-    if line.startswith('{"final"'):
-        for p in json.loads(line)["final"]["ports"]:
-            if p["name"] == sys.argv[2]:
-                v = str(p["counters"].get(sys.argv[3], "none"))
-print(v)
-PY
-}
+sw_final() { python3 "$PYLIB/pvnet_report.py" port "$D/$1.pvnet.json" "$2" "$3"; }
 # fe_start TAG ROLE [QUEUE_PAIRS] [GEN_SECS] : a switch with one vhost-user port "fe" (socket
 # $D/TAG.sock) and a "sink" or "gen" port, the cases' peer; waits for both sockets.
 fe_start() {
@@ -291,15 +252,7 @@ fe_finish() {
 fe_clean() {   # fe_clean TAG : the frontend's port saw no queue errors and dropped nothing
   local qe dr
   qe=$(sw_final "$1" fe queue_errors)
-  dr=$(python3 - "$D/$1.pvnet.json" <<'PY'
-import json, sys
-for line in open(sys.argv[1], errors="replace"):
-    if line.startswith('{"final"'):
-        for p in json.loads(line)["final"]["ports"]:
-            if p["name"] == "fe":
-                print(sum(v for k, v in p["counters"].items() if k.startswith("drops_")))
-PY
-)
+  dr=$(python3 "$PYLIB/pvnet_report.py" drops "$D/$1.pvnet.json" fe)
   [ "$qe" = 0 ] && [ "$dr" = 0 ] && return 0
   echo "queue_errors=$qe drops=$dr"; return 1
 }
@@ -399,7 +352,7 @@ dpdk_multiqueue() {
   tp fe start
   if [ "${MQ_MOVES:-0}" -gt 0 ]; then
     # Move b, then a, then b... to the other worker while traffic runs (pvnet ctl port move).
-    local k port gap; gap=$(python3 -c "print($DUR / ($MQ_MOVES + 1))")
+    local k port gap; gap=$(awk -v d="$DUR" -v m="$MQ_MOVES" 'BEGIN{print d / (m + 1)}')
     for ((k = 0; k < MQ_MOVES; k++)); do
       sleep "$gap"
       port=b; [ $((k % 2)) = 1 ] && port=a
@@ -421,70 +374,7 @@ dpdk_multiqueue() {
   [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
   info "$name: features acked: $(acked_features "$D/$tag.pvnet.log" | head -1) ($(elapsed "$t0"))"
   local out
-  out=$(python3 - "$tplog" "$D/$tag.pvnet.json" "${MQ_MOVES:-0}" "$D/$tag.moves.log" <<'PY'
-import json, re, sys
-# testpmd's per-queue counters, port by port (the xstats blocks, in port order)
-tp, port = {}, None
-for line in open(sys.argv[1], errors="replace"):
-    m = re.search(r"NIC extended statistics for port (\d+)", line)
-    if m:
-        port = int(m.group(1)); tp[port] = {}
-    m = re.match(r"\s*([rt]x_q\d+_good_packets):\s*(\d+)", line)
-    if m and port is not None:
-        tp[port][m.group(1)] = int(m.group(2))
-sw, final = {}, {}
-for line in open(sys.argv[2], errors="replace"):
-    if line.startswith('{"final"'):
-        final = json.loads(line)["final"]
-        sw = {p["name"]: p for p in final["ports"]}
-bad = []
-for i, name in enumerate("ab"):
-    p = sw.get(name)
-    if not p or len(p.get("queues", [])) != 2 or i not in tp:
-        bad.append(f"{name}: no per-queue counters (pvnet {bool(p)}, testpmd {i in tp})"); continue
-    for k, q in enumerate(p["queues"]):
-        t_tx, t_rx = tp[i].get(f"tx_q{k}_good_packets"), tp[i].get(f"rx_q{k}_good_packets")
-        print(f"{name} q{k}: testpmd sent {t_tx}, pvnet took {q['rx_packets']} | pvnet delivered {q['tx_packets']}, testpmd read {t_rx}")
-        if t_tx != q["rx_packets"]: bad.append(f"{name} q{k}: testpmd tx {t_tx} != pvnet rx {q['rx_packets']}")
-        if t_rx != q["tx_packets"]: bad.append(f"{name} q{k}: pvnet tx {q['tx_packets']} != testpmd rx {t_rx}")
-        if not q["rx_packets"] or not q["tx_packets"]: bad.append(f"{name} q{k}: no traffic one way")
-# conservation: what the ports took is what they delivered, dropped (counted, at either end:
-# a copy that finds the ring to the other worker full is dropped at its sender) or still waits
-c = [sw[n]["counters"] for n in "ab"]
-took = sum(x["rx_packets"] for x in c)
-out = sum(x["tx_packets"] for x in c)
-drops = sum(v for x in c for k, v in x.items() if k.startswith("drops_"))
-left = sum(x.get("backlog", 0) for x in c)
-moves = int(sys.argv[3])
-if not moves:
-    print(f"a + b took {took} = delivered {out} + dropped {drops} + waiting {left}")
-    if took != out + drops + left:
-        bad.append(f"took {took} != delivered {out} + dropped {drops} + waiting {left}")
-else:
-    # flowgen's destination is never learned: every frame is flooded. While a and b share a
-    # worker the flood has two candidates (the other port and the trunk), and a copy dropped
-    # at either is counted though the other may have been delivered: every frame is counted
-    # at least once, a frame dropped on both ways twice.
-    print(f"a + b took {took} <= delivered {out} + dropped {drops} (copies) + waiting {left}")
-    if took > out + drops + left:
-        bad.append(f"took {took} > delivered {out} + dropped {drops} + waiting {left}")
-w = final.get("workers", [])
-if len(w) > 1:
-    print("workers: " + "; ".join(f"{x['worker']}: ports {','.join(x['ports'])}, handed out {x['handoff_out']}, in {x['handoff_in']}" for x in w))
-    if w[0]["handoff_out"] != w[1]["handoff_in"] or w[1]["handoff_out"] != w[0]["handoff_in"]:
-        bad.append("the workers' hand-off counts differ")
-    if not (w[0]["handoff_out"] and w[1]["handoff_out"]):
-        bad.append("nothing crossed between the workers one way")
-if moves:
-    done = sum(x.get("moved_in", 0) for x in w)
-    said = open(sys.argv[4], errors="replace").read().count("moved: ")
-    print(f"ports moved between workers during the traffic: {done} (asked {moves}, {said} answered moved)")
-    if done != moves or said != moves:
-        bad.append(f"{done} moves made, {said} answered, of {moves} asked")
-for b in bad: print("BAD " + b)
-sys.exit(1 if bad else 0)
-PY
-)
+  out=$(python3 "$PVNET_ROOT/tests/interop/checks.py" mq "$tplog" "$D/$tag.pvnet.json" "${MQ_MOVES:-0}" "$D/$tag.moves.log")
   verdict "$name" $? "$out"
 }
 
@@ -509,7 +399,7 @@ dpdk_two_frontends() {
   fe_finish; local berc=$?
   local tp_rx f_tx pv_rx pv_drops fe_tx
   tp_rx=$(tp_last "$tplog" RX-packets)
-  f_tx=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["final"]["tx_packets"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
+  f_tx=$(python3 "$PYLIB/pvnet_report.py" final "$D/$tag.frontend.json" tx_packets 2>/dev/null || echo missing)
   pv_rx=$(sw_final "$tag" pv rx_packets); fe_tx=$(sw_final "$tag" fe tx_packets)
   local r q_in q_out q_left fe_drops=0; pv_drops=0
   for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured; do
@@ -566,9 +456,9 @@ dpdk_vhost_packed_case() {   # dpdk_vhost_packed_case NAME tx|rx
   local tprc=$?
   hugepage_cleanup "$BE_PREFIX"
   local feat f_tx f_rx tp_rx tp_tx
-  feat=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["ready"]["features"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
-  f_tx=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["final"]["tx_packets"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
-  f_rx=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["final"]["rx_packets"])' "$D/$tag.frontend.json" 2>/dev/null || echo missing)
+  feat=$(python3 "$PYLIB/pvnet_report.py" ready "$D/$tag.frontend.json" features 2>/dev/null || echo missing)
+  f_tx=$(python3 "$PYLIB/pvnet_report.py" final "$D/$tag.frontend.json" tx_packets 2>/dev/null || echo missing)
+  f_rx=$(python3 "$PYLIB/pvnet_report.py" final "$D/$tag.frontend.json" rx_packets 2>/dev/null || echo missing)
   tp_rx=$(tp_last "$tplog" RX-packets); tp_tx=$(tp_last "$tplog" TX-packets)
   info "$name: features acked: $(decode_features "$feat") | pvnet frontend tx=$f_tx rx=$f_rx | testpmd RX-packets=$tp_rx TX-packets=$tp_tx ($(elapsed "$t0"))"
   grep -m2 'error' "$D/$tag.frontend.log" | sed 's/^/  frontend: /'
@@ -637,66 +527,18 @@ dpdk_killed_leaves_nothing() {
 
 # ---- Debian guest (virtio_net) under QEMU on pvnet ---------------------------------------------
 GMAC=02:00:00:00:00:02   # the address pvnet's generator sends to
-guest_script() {   # guest_script sink|gen -> /run.sh
-  cat <<'EOF'
-S=/sys/class/net/eth0/statistics; N=/sys/class/net/eth0
-echo "GUEST_PROBE driver=$(basename "$(readlink $N/device/driver)") features=$(cat $N/device/features)"
-ip link set eth0 up
-i=0; while [ "$(cat $N/operstate)" != up ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-echo "GUEST_LINK carrier=$(cat $N/carrier) operstate=$(cat $N/operstate)"
-EOF
-  if [ "$1" = tap-setup ]; then   # the address only (cases that script the rest)
-    echo 'ip addr add 10.77.0.2/24 dev eth0'; echo 'echo "GUEST_NET_READY"'
-    return
-  fi
-  if [ "$1" = tap ]; then
-    cat <<'EOF'
-# through pvnet switch to the host's tap (10.77.0.1): ping both ways, TCP and UDP both ways
-ip addr add 10.77.0.2/24 dev eth0
-echo "GUEST_NET_READY"
-inechos() { awk '/^Icmp:/{if(!h){for(i=1;i<=NF;i++)if($i=="InEchos")c=i;h=1}else{print $c}}' /proc/net/snmp; }
-i=0; while [ "$(inechos)" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
-echo "GUEST_ECHOS_IN $(inechos)"
-echo "GUEST_PING $(ping -c 3 -W 5 10.77.0.1 | grep -o '[0-9]* packets received')"
-# A test whose control connection breaks as it starts ("unable to read from stream socket",
-# the host's server saying "interrupt - the server has terminated": seen about once in 25 runs
-# of the UDP flood toward the guest, never with any data moved) runs once more, and says so.
-run_iperf() { tag=$1; shift; iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?
-  if [ $rc != 0 ] && grep -q 'unable to read from stream socket' /tmp/ip.txt && ! grep -q receiver /tmp/ip.txt; then
-    tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_RETRY $tag /"; sleep 1
-    iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?
-  fi
-  echo "GUEST_IPERF_RC $tag $rc"
-  grep -E 'receiver|sender' /tmp/ip.txt | sed "s/^/GUEST_IPERF $tag /"
-  [ $rc = 0 ] || tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_ERR $tag /"; }
-run_iperf tcp_g2h -t 3
-run_iperf tcp_h2g -t 3 -R
-run_iperf udp_g2h -t 3 -u -l 22 -b 0
-run_iperf udp_h2g -t 3 -u -l 22 -b 0 -R
-# let the last completions come back (tx_packets counts reclaimed buffers), until stable
-last=-1; i=0; while [ "$(cat $S/tx_packets)" != "$last" ] && [ $i -lt 20 ]; do last=$(cat $S/tx_packets); sleep 0.5; i=$((i+1)); done
-EOF
-  elif [ "$1" = sink ]; then
-    cat <<'EOF'
-echo "add_device eth0" > /proc/net/pktgen/kpktgend_0; P=/proc/net/pktgen/eth0
-for c in "count 0" "pkt_size 60" "delay 0" "clone_skb 0" "burst 1" "dst 10.99.0.1" "dst_mac 02:00:00:00:00:09" "udp_dst_min 9" "udp_dst_max 9"; do
-  echo "$c" > $P || echo "GUEST_WARN pktgen rejected $c"; done
-echo start > /proc/net/pktgen/pgctrl & sleep 3; echo stop > /proc/net/pktgen/pgctrl; wait
-echo "GUEST_PKTGEN $(grep -oE '[0-9]+pps|OK: .*\(' $P | tr '\n' ' ')"
-# let the last completions come back (tx_packets counts reclaimed buffers), until stable
-last=-1; i=0; while [ "$(cat $S/tx_packets)" != "$last" ] && [ $i -lt 20 ]; do last=$(cat $S/tx_packets); sleep 0.5; i=$((i+1)); done
-EOF
-  else
-    cat <<'EOF'
-# wait until frames stop arriving (the generator ends with its end marker)
-last=-1; same=0; i=0
-while [ $i -lt 240 ]; do r=$(cat $S/rx_packets)
-  if [ "$r" = "$last" ] && [ "$r" != 0 ]; then same=$((same+1)); [ $same -ge 8 ] && break; else same=0; fi
-  last=$r; sleep 0.25; i=$((i+1)); done
-EOF
-  fi
-  # shellcheck disable=SC2016  # expanded in the guest
-  echo 'echo "GUEST_STATS tx_packets=$(cat $S/tx_packets) rx_packets=$(cat $S/rx_packets) tx_dropped=$(cat $S/tx_dropped) rx_dropped=$(cat $S/rx_dropped)"'
+# The guest's programs are files in tests/interop/guest/: guest_script ROLE puts its /run.sh
+# together from them (the probe first; tap-setup: then the address only, for the cases that
+# add their own program after it).
+GUEST_SRC="$PVNET_ROOT/tests/interop/guest"
+guest_script() {   # guest_script sink|gen|tap|tap-setup -> /run.sh
+  cat "$GUEST_SRC/probe.sh"
+  case "$1" in
+    tap-setup) cat "$GUEST_SRC/addr.sh"; return ;;
+    tap|sink) cat "$GUEST_SRC/$1.sh" ;;
+    *) cat "$GUEST_SRC/gen.sh" ;;
+  esac
+  cat "$GUEST_SRC/stats.sh"
 }
 gfield() { grep -o "$2=[^ ]*" "$1" | tail -1 | cut -d= -f2; }
 
@@ -718,7 +560,7 @@ guest_case() {   # guest_case NAME ROLE
   carrier=$(gfield "$glog.txt" carrier); gtx=$(gfield "$glog.txt" tx_packets); grx=$(gfield "$glog.txt" rx_packets)
   pv_rx=$(sw_final "$tag" fe rx_packets); pv_tx=$(sw_final "$tag" fe tx_packets)
   local gf; gf=$(gfield "$glog.txt" features)
-  info "$name: guest: driver=$(gfield "$glog.txt" driver) features the guest driver sees: $( [ -n "$gf" ] && decode_features "$(python3 -c 'import sys; print(hex(int(sys.argv[1][::-1], 2)))' "$gf")")"
+  info "$name: guest: driver=$(gfield "$glog.txt" driver) features the guest driver sees: $( [ -n "$gf" ] && decode_features "$(python3 "$PVNET_ROOT/tests/interop/checks.py" bits "$gf")")"
   info "$name: guest: $(grep -o 'GUEST_LINK.*' "$glog.txt" | cut -c12-); ready at $(grep -o 'PVG-READY uptime=[0-9.]*' "$glog.txt" | cut -d= -f2) s guest uptime"
   info "$name: features acked: $(acked_features "$D/$tag.pvnet.log"); protocol: $(protocol_features "$D/$tag.pvnet.log")"
   [ "$role" = sink ] && info "$name: guest pktgen: $(grep -o 'GUEST_PKTGEN.*' "$glog.txt" | cut -c14-)"
@@ -851,22 +693,7 @@ guest_mq() {
   t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
   acc=$(guest_accel)
   case "$acc" in *tcg*) vec=",vectors=0" ;; esac
-  { guest_script tap-setup; cat <<'EOF'
-S=/sys/class/net/eth0/statistics
-ethtool -L eth0 combined 2; echo "GUEST_CHANNELS rc=$? $(ethtool -l eth0 | awk '/^Current/{c=1} c&&/Combined/{print "combined=" $2}')"
-i=0; while ! ping -c 1 -W 1 10.77.0.1 > /dev/null 2>&1 && [ $i -lt 30 ]; do i=$((i+1)); done
-run_iperf() { tag=$1; shift; "$@" > /tmp/ip.$tag.txt 2>&1; echo "GUEST_IPERF_RC $tag $?"
-  grep -E 'receiver' /tmp/ip.$tag.txt | tail -1 | sed "s/^/GUEST_IPERF $tag /"; }
-run_iperf g2h_cpu0 taskset 1 iperf3 -c 10.77.0.1 -p 5201 -f m -t 3 &
-run_iperf g2h_cpu1 taskset 2 iperf3 -c 10.77.0.1 -p 5202 -f m -t 3 &
-wait
-run_iperf h2g iperf3 -c 10.77.0.1 -p 5201 -f m -t 3 -R -P 12
-last=-1; i=0; while [ "$(cat $S/tx_packets)" != "$last" ] && [ $i -lt 20 ]; do last=$(cat $S/tx_packets); sleep 0.5; i=$((i+1)); done
-ethtool -S eth0 | awk '/(rx|tx)_queue_[0-9]+_packets/{gsub(":", ""); printf "%s=%s ", $1, $2} END{print ""}' | sed 's/^/GUEST_QUEUES /'
-EOF
-  # shellcheck disable=SC2016  # expanded in the guest
-  echo 'echo "GUEST_STATS tx_packets=$(cat $S/tx_packets) rx_packets=$(cat $S/rx_packets)"'
-  } > "$D/$tag.run.sh"
+  { guest_script tap-setup; cat "$GUEST_SRC/mq.sh"; } > "$D/$tag.run.sh"
   INITRD_BINS=/usr/sbin/ethtool make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
   host_ns "$name"
   switch_start "$tag" "$@" --port "vhost-user:name=vm,socket=$D/$tag.sock,queue_pairs=2" --port "tap:name=host,ifname=$TAPIF" \
@@ -913,32 +740,7 @@ EOF
     grep -q "GUEST_IPERF_RC $t 0" "$glog.txt" || { fail "$name" "iperf3 $t failed (console: $glog)"; return; }
   done
   local out
-  out=$(python3 - "$glog.txt" "$D/$tag.pvnet.json" <<'PY'
-import json, sys
-g, st, vm = {}, {}, {}
-for line in open(sys.argv[1], errors="replace"):
-    if line.startswith("GUEST_QUEUES"):
-        g = dict(kv.split("=") for kv in line.split()[1:])
-    if line.startswith("GUEST_STATS"):
-        st = dict(kv.split("=") for kv in line.split()[1:])
-for line in open(sys.argv[2], errors="replace"):
-    if line.startswith('{"final"'):
-        vm = {p["name"]: p for p in json.loads(line)["final"]["ports"]}.get("vm", {})
-bad, q = [], vm.get("queues", [])
-if len(q) != 2: bad.append(f"pvnet has {len(q)} queue pairs' counters for vm, not 2")
-for k, pq in enumerate(q):
-    gtx, grx = int(g.get(f"tx_queue_{k}_packets", -1)), int(g.get(f"rx_queue_{k}_packets", -1))
-    print(f"queue {k}: guest sent {gtx}, pvnet took {pq['rx_packets']} | pvnet delivered {pq['tx_packets']}, guest received {grx}")
-    if gtx != pq["rx_packets"]: bad.append(f"q{k}: guest tx {gtx} != pvnet rx {pq['rx_packets']}")
-    if grx != pq["tx_packets"]: bad.append(f"q{k}: pvnet tx {pq['tx_packets']} != guest rx {grx}")
-    if gtx <= 0 or grx <= 0: bad.append(f"q{k}: no traffic one way")
-c = vm.get("counters", {})
-print(f"total: guest tx {st.get('tx_packets')} rx {st.get('rx_packets')} | pvnet vm rx {c.get('rx_packets')} tx {c.get('tx_packets')}")
-if str(c.get("rx_packets")) != st.get("tx_packets") or str(c.get("tx_packets")) != st.get("rx_packets"): bad.append("totals differ")
-for b in bad: print("BAD " + b)
-sys.exit(1 if bad else 0)
-PY
-)
+  out=$(python3 "$PVNET_ROOT/tests/interop/checks.py" guest-mq "$glog.txt" "$D/$tag.pvnet.json")
   verdict "$name" $? "$out"
 }
 
@@ -1007,22 +809,7 @@ guest_restart() {
   t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"; sock="$D/$tag.sock"
   acc=$(guest_accel)
   case "$acc" in *tcg*) vec=",vectors=0" ;; esac
-  { guest_script tap-setup; cat <<'EOF'
-echo "GUEST_PING_START"
-# Busybox ping: one request every 0.1 s by the guest's clock, so a reply arrives at its
-# sequence number x 0.1 s plus its round-trip time: the longest time between two replies'
-# arrivals is how long the guest heard nothing (requests sent while pvnet was away wait in the
-# ring and are answered late, not lost).
-t_a=$(cut -d' ' -f1 /proc/uptime); ping -c 200 -i 0.1 10.77.0.1 > /tmp/ping.txt 2>&1; t_b=$(cut -d' ' -f1 /proc/uptime)
-awk -v a="$t_a" -v b="$t_b" '/bytes from/ { split($5, q, "="); split($7, r, "="); t = q[2] * 0.1 + r[2] / 1000; n++
-    if (n > 1 && t - p > g) g = t - p; p = t; if (r[2] / 1000 > m) m = r[2] / 1000 }
-  END { printf "GUEST_PING_GAP replies=%d gap=%.2f max_rtt=%.2f took=%.1f\n", n, g, m, b - a }' /tmp/ping.txt
-iperf3 -c 10.77.0.1 -f m -t 3 > /tmp/ip.txt 2>&1; echo "GUEST_IPERF_RC tcp_g2h $?"
-grep -E 'receiver' /tmp/ip.txt | sed "s/^/GUEST_IPERF tcp_g2h /"
-echo "GUEST_VIRTIO_ERRORS $(dmesg | grep -ciE 'virtio.*(error|fail|timeout)|NETDEV WATCHDOG')"
-dmesg | grep -iE 'virtio.*(error|fail|timeout)|NETDEV WATCHDOG' | head -3 | sed 's/^/GUEST_DMESG /'
-EOF
-  } > "$D/$tag.run.sh"
+  { guest_script tap-setup; cat "$GUEST_SRC/restart.sh"; } > "$D/$tag.run.sh"
   make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
   host_ns "$name"
   local ports=(--port "vhost-user:name=vm,socket=$sock" --port "tap:name=host,ifname=$TAPIF,persist=true")
@@ -1074,48 +861,12 @@ EOF
 
 # ---- live migration ------------------------------------------------------------------------------
 # hmp SOCKET COMMAND : one QEMU monitor command; prints the answer.
-hmp() {
-  python3 - "$1" "$2" <<'PY'
-import socket, sys
-s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(5)
-def answer():
-    b = b""
-    try:
-        while not b.endswith(b"(qemu) "):
-            c = s.recv(4096)
-            if not c:
-                break
-            b += c
-    except socket.timeout:
-        pass
-    return b.decode(errors="replace")
-answer(); s.sendall(sys.argv[2].encode() + b"\n"); print(answer().replace("\r", ""))
-PY
-}
+hmp() { python3 "$PVNET_ROOT/tests/interop/hmp.py" "$1" "$2"; }
 # paced_http FILE PORT BYTES_PER_SEC : serves FILE once over HTTP/1.0 at that rate, on 10.77.0.1
 # (in the case's namespace), holding back while FILE.hold exists. Run in the background: python
 # replaces the subshell (ip netns exec execs it), so that $! is the server itself.
 paced_http() {
-  exec ip netns exec "$HNS" python3 - "$@" <<'PY'
-import os, socket, sys, time
-path, port, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-data = open(path, "rb").read()
-l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(("10.77.0.1", port)); l.listen(1); l.settimeout(140)
-c, _ = l.accept(); c.recv(4096)
-c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(data))
-t0, step = time.time(), 32768
-hold = path + ".hold"   # while this file exists, nothing is sent
-sent = 0
-for off in range(0, len(data), step):
-    while os.path.exists(hold):
-        time.sleep(0.01); t0 = time.time() - sent / rate
-    c.sendall(data[off:off + step]); sent += step
-    ahead = t0 + sent / rate - time.time()
-    if ahead > 0:
-        time.sleep(ahead)
-c.close()
-PY
+  exec ip netns exec "$HNS" python3 "$PVNET_ROOT/tests/interop/paced_http.py" "$@"
 }
 guest_migrate() {
   local name="$1" t0 tag acc vec="" src_log dst_log mport=4477 hport=8077
@@ -1124,34 +875,7 @@ guest_migrate() {
   case "$acc" in *tcg*) vec=",vectors=0" ;; esac
   head -c 16M /dev/urandom > "$D/$tag.stream"
   local want; want=$(md5sum < "$D/$tag.stream" | cut -d' ' -f1)
-  { guest_script tap-setup; echo "CHURN=${CHURN:-150}"; cat <<'EOF'
-# A receive window of 4 MiB from the start, then the link down while the host migrates the
-# guest: what pvnet writes into the posted receive buffers meanwhile is read by the guest only
-# on the destination (napi is off while the link is down). Memory churn keeps the migration
-# iterating (it cannot converge while 8 MiB are rewritten over and over) until it stops.
-echo "4096 4194304 16777216" > /proc/sys/net/ipv4/tcp_rmem
-wget -q -O /tmp/recv.bin http://10.77.0.1:8077/stream &
-w=$!
-inechos() { awk '/^Icmp:/{if(!h){for(i=1;i<=NF;i++)if($i=="InEchos")c=i;h=1}else{print $c}}' /proc/net/snmp; }
-snmp() { awk -v t="$1:" -v f="$2" '$1==t{if(!h){for(i=1;i<=NF;i++)if($i==f)c=i;h=1}else{print $c}}' /proc/net/snmp; }
-sleep 1; e0=$(inechos); ip link set eth0 down; echo "GUEST_DOWN"
-# A fixed amount of churn, not a time: the guest's clock is not to be trusted across the
-# migration. Then say how long it took.
-c0=$(cut -d' ' -f1 /proc/uptime)
-i=0; while [ $i -lt $CHURN ]; do dd if=/dev/urandom of=/tmp/churn bs=1M count=8 2>/dev/null; i=$((i+1)); done
-rm -f /tmp/churn; echo "GUEST_CHURN secs=$(awk -v a="$c0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN{printf "%.1f", b-a}')"; sleep 2
-ip link set eth0 up; echo "GUEST_UP"; sleep 1
-echo "GUEST_ECHOS held=$(( $(inechos) - e0 )) ip_hdr_errors=$(snmp Ip InHdrErrors) icmp_csum_errors=$(snmp Icmp InCsumErrors) icmp_errors=$(snmp Icmp InErrors)"
-wait $w; echo "GUEST_WGET_RC $?"
-echo "GUEST_MD5 $(md5sum /tmp/recv.bin | cut -d' ' -f1) bytes=$(wc -c < /tmp/recv.bin)"
-# (busybox ping gives up when the link goes down: a new one, on the destination)
-ping -c 50 -i 0.1 10.77.0.1 > /tmp/ping.txt 2>&1
-awk '/bytes from/ { split($5, q, "="); split($7, r, "="); t = q[2] * 0.1 + r[2] / 1000; n++
-    if (n > 1 && t - p > g) g = t - p; p = t }
-  END { printf "GUEST_PING_GAP replies=%d gap=%.2f\n", n, g }' /tmp/ping.txt
-echo "GUEST_VIRTIO_ERRORS $(dmesg | grep -ciE 'virtio.*(error|fail|timeout)|NETDEV WATCHDOG')"
-EOF
-  } > "$D/$tag.run.sh"
+  { guest_script tap-setup; echo "CHURN=${CHURN:-150}"; cat "$GUEST_SRC/migrate.sh"; } > "$D/$tag.run.sh"
   make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
   host_ns "$name"
   rm -f "$D/$tag.src.mon" "$D/$tag.dst.mon"
@@ -1324,7 +1048,7 @@ done
 # Nothing of this run may be left: its namespaces (with their taps), a tap in the root
 # namespace, testpmd's hugepage files or runtime directories.
 netns_cleanup
-# shellcheck disable=SC2153  # NS_PREFIX: scripts/peers/lib.sh
+# shellcheck disable=SC2153  # NS_PREFIX: scripts/lib/common.sh
 left=$(netns_left "$NS_PREFIX-"; ip -o link show | awk -F': ' -v t="$TAPIF" '$2 == t {print "root-namespace link " t}'
   ls -d /dev/hugepages/"$FE_PREFIX"* /dev/hugepages/"$BE_PREFIX"* /var/run/dpdk/"$FE_PREFIX" /var/run/dpdk/"$BE_PREFIX" 2>/dev/null)
 if [ -n "$left" ]; then fail no_leftovers "left behind: $(echo "$left" | paste -sd ' ')"; else pass no_leftovers; fi

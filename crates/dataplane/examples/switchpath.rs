@@ -121,6 +121,7 @@ fn fe_in(id: u32, last: u8, format: Format) -> (Fe, AnyPort) {
             mergeable: true,
             features,
             iotlb: None,
+            mtu: None,
         });
     }
     let mac = [2, 0, 0, 0, 0, last];
@@ -409,6 +410,7 @@ fn fe_mq(id: u32, pairs: u16) -> (FeMq, AnyPort) {
             mergeable: true,
             features,
             iotlb: None,
+            mtu: None,
         });
         rxs.push((rxm, rx));
     }

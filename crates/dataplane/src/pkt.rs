@@ -154,6 +154,19 @@ pub struct Caps {
     pub hairpin: bool,
 }
 
+/// Bytes a frame may carry beyond its MTU: the Ethernet header (14) and one 802.1Q tag (4),
+/// as Linux's bridge allows (`is_skb_forwardable`: `mtu + hard_header_len + VLAN_HLEN`).
+pub const MTU_OVERHEAD: u32 = 18;
+
+/// Whether `p` may go to a port whose MTU is `mtu`: its frame is no longer than the MTU plus
+/// [`MTU_OVERHEAD`], or it is a GSO packet (its segments are cut to the MSS its sender
+/// chose, as Linux lets GSO packets through the same check).
+#[inline]
+pub fn fits_mtu(p: &Pkt<'_>, mtu: u16) -> bool {
+    p.frame_len() <= u32::from(mtu) + MTU_OVERHEAD
+        || p.hdr.gso_type & !VnetHdr::GSO_ECN != VnetHdr::GSO_NONE
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -93,6 +93,19 @@ impl MockFe {
         buf: u32,
         pairs: u16,
     ) -> (Self, AnyPort) {
+        Self::with_mtu(id, features, posted, egress, buf, pairs, None)
+    }
+
+    /// [`with_pairs`](Self::with_pairs) whose queues start with an MTU (`NET_SET_MTU`).
+    pub fn with_mtu(
+        id: PortId,
+        features: u64,
+        posted: u16,
+        egress: EgressConfig,
+        buf: u32,
+        pairs: u16,
+        mtu: Option<u16>,
+    ) -> (Self, AnyPort) {
         let pair_stats: Vec<Arc<PortStats>> = (0..pairs).map(|_| Arc::default()).collect();
         let mut cfg = vhost_config(HoldPolicy::Forever);
         cfg.egress = egress;
@@ -117,6 +130,7 @@ impl MockFe {
                     mergeable: features & VIRTIO_NET_F_MRG_RXBUF != 0,
                     features,
                     iotlb: None,
+                    mtu,
                 });
             }
             mocks.push(MockPair {

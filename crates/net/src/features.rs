@@ -4,6 +4,10 @@
 pub const VIRTIO_NET_F_CSUM: u64 = 1 << 0;
 /// Driver handles packets with partial checksum.
 pub const VIRTIO_NET_F_GUEST_CSUM: u64 = 1 << 1;
+/// The device reports its maximum MTU in its config space (`mtu`) and the driver uses it
+/// (5.1.3, 5.1.6.3.1); over vhost-user the frontend supplies the value and tells the backend
+/// with `VHOST_USER_NET_SET_MTU`.
+pub const VIRTIO_NET_F_MTU: u64 = 1 << 3;
 /// Device has a MAC in config space.
 pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
 /// Driver can receive TSOv4.

@@ -1,5 +1,6 @@
 //! `pvnet backend`: a vhost-user net backend whose ports sink, generate or forward.
 
+use crate::args::{self, DataplaneArgs, ToArgs, TrafficArgs};
 use crate::error::{io, usage, Result};
 use crate::proc;
 use clap::{Args, ValueEnum};
@@ -15,7 +16,7 @@ use std::time::Duration;
 pub enum RoleArg {
     /// Consume every frame a frontend sends (reads every byte, checks sequence numbers).
     Sink,
-    /// Sink, and fill each frontend's receive ring with numbered frames for --gen-secs.
+    /// Sink, and fill each frontend's receive ring with numbered frames for --secs.
     Gen,
     /// Pass frames between port pairs (0<->1, 2<->3, ... in connection order), one copy each.
     Forward,
@@ -23,8 +24,10 @@ pub enum RoleArg {
     Echo,
 }
 
+args::value_enum_arg!(RoleArg);
+
 /// `pvnet backend` arguments.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, PartialEq)]
 pub struct BackendArgs {
     /// vhost-user socket path.
     #[arg(long)]
@@ -36,76 +39,92 @@ pub struct BackendArgs {
     /// What ports do with packets.
     #[arg(long, value_enum, default_value_t = RoleArg::Sink)]
     pub role: RoleArg,
-    /// Generator frame length in bytes (virtio-net header not included).
-    #[arg(long, default_value_t = 64)]
-    pub frame_len: usize,
-    /// Generator: seconds to send after a frontend's receive queue starts.
-    #[arg(long, default_value_t = 2.0)]
-    pub gen_secs: f64,
+    /// The generator's frames (--role gen; one length, not MIN-MAX) and how long it sends.
+    #[command(flatten)]
+    pub traffic: TrafficArgs,
     /// Exit after this many frontend sessions have connected and gone (0: run until signalled).
     #[arg(long, default_value_t = 0)]
     pub sessions: u32,
-    /// Pin the dataplane worker to this CPU.
-    #[arg(long)]
-    pub cpu: Option<usize>,
-    /// When to poll an empty transmit ring and when to arm its notifications and sleep:
-    /// adaptive (learned, time-bounded polling window), notify (arm at once), timer:<us>
-    /// (never armed, drained every period), spin:<n> (arm after n empty polls), busy (never
-    /// sleep), coalesce:<us> (adaptive, but a steady stream is drained once per period with
-    /// notifications off instead of polled: the period lasts while half the ring fills at the
-    /// measured rate, at most <us>; CPU follows the load, for up to <us> more latency).
-    #[arg(long, default_value = "adaptive")]
-    pub policy: Policy,
-    /// The same, for receive rings while the backend waits for the frontend's buffers.
-    #[arg(long, default_value = "adaptive")]
-    pub rx_policy: Policy,
-    /// Most chains per ring per round.
-    #[arg(long, default_value_t = 64)]
-    pub batch: u16,
-    /// Microseconds a transmit-completion call may be held back so that the completions of
-    /// that time take one interrupt (like a NIC's tx-usecs; at least two wake-ups).
-    #[arg(long, default_value_t = 150)]
-    pub tx_call_delay: u64,
     /// Queue pairs offered to each frontend.
     #[arg(long, default_value_t = 1)]
     pub queue_pairs: u16,
-    /// Worker threads (shards). Frontends are spread over them by port id (a forwarding pair
-    /// stays together); each shard polls only its own ports.
-    #[arg(long, default_value_t = 1)]
-    pub shards: usize,
+    #[command(flatten)]
+    pub dp: DataplaneArgs,
 }
 
-/// Runs the backend; prints the final per-port counters as one JSON line on stdout.
-pub fn run(a: &BackendArgs) -> Result<()> {
-    proc::install_stop_handler();
-    if a.shards == 0 || a.shards > 64 {
-        return Err(usage("--shards must be within 1..=64"));
+impl BackendArgs {
+    /// A backend on `socket` doing `role`, everything else as its defaults.
+    pub fn new(socket: PathBuf, role: RoleArg) -> Self {
+        Self {
+            socket,
+            client: false,
+            role,
+            traffic: TrafficArgs::default(),
+            sessions: 0,
+            queue_pairs: 1,
+            dp: DataplaneArgs::default(),
+        }
     }
-    if a.batch == 0 {
+
+    /// The command line that runs this backend: `backend --socket ... --role ...`.
+    pub fn command_line(&self) -> Vec<String> {
+        let Self {
+            socket,
+            client,
+            role,
+            traffic,
+            sessions,
+            queue_pairs,
+            dp,
+        } = self;
+        let mut out = vec!["backend".to_owned()];
+        args::push_args!(&mut out; socket, client, role);
+        traffic.push_args(&mut out);
+        args::push_args!(&mut out; sessions, queue_pairs);
+        dp.push_args(&mut out);
+        out
+    }
+}
+
+/// The dataplane's configuration from the arguments.
+fn worker_config(a: &BackendArgs) -> Result<WorkerConfig> {
+    let workers = a.dp.workers.unwrap_or(1);
+    if workers == 0 || workers > 64 {
+        return Err(usage("--workers must be within 1..=64"));
+    }
+    let batch = a.dp.poll.batch();
+    if batch == 0 {
         return Err(usage("--batch must be at least 1"));
     }
-    if !(a.gen_secs.is_finite() && a.gen_secs >= 0.0) {
-        return Err(usage("--gen-secs must be a non-negative number"));
+    let secs = a.traffic.secs;
+    if !(secs.is_finite() && secs >= 0.0) {
+        return Err(usage("--secs must be a non-negative number"));
     }
+    let Some(frame_len) = a.traffic.frame_len.single() else {
+        return Err(usage(
+            "--frame-len MIN-MAX (mixed sizes) is for pvnet frontend only",
+        ));
+    };
     let role = match a.role {
         RoleArg::Sink => Role::Sink,
         RoleArg::Forward => Role::Forward,
         RoleArg::Echo => Role::Echo,
         RoleArg::Gen => Role::Gen(GenConfig {
-            frame_len: a
-                .frame_len
-                .clamp(pvnet_dataplane::frame::MIN_FRAME, 65536 - 12),
-            duration: Duration::from_secs_f64(a.gen_secs),
+            frame_len: frame_len.clamp(pvnet_dataplane::frame::MIN_FRAME, 65536 - 12),
+            duration: Duration::from_secs_f64(secs),
         }),
     };
-    let cfg = WorkerConfig {
+    Ok(WorkerConfig {
         role,
-        policy: a.policy,
-        rx_policy: a.rx_policy,
-        batch: a.batch,
-        cpu: a.cpu,
-        tx_call_delay: Duration::from_micros(a.tx_call_delay),
-        shards: a.shards,
+        policy: a.dp.poll.policy(),
+        rx_policy: a.dp.rx_policy.unwrap_or(Policy::Adaptive),
+        batch,
+        cpu: a.dp.poll.cpu,
+        tx_call_delay: Duration::from_micros(
+            a.dp.tx_call_delay
+                .unwrap_or(DataplaneArgs::TX_CALL_DELAY_US),
+        ),
+        shards: workers,
         // Bench roles hold packets in their senders (no egress queue).
         egress: pvnet_dataplane::egress::EgressConfig::hold(
             pvnet_dataplane::egress::HoldPolicy::Forever,
@@ -115,7 +134,13 @@ pub fn run(a: &BackendArgs) -> Result<()> {
             enabled: false,
             ..Default::default()
         },
-    };
+    })
+}
+
+/// Runs the backend; prints the final per-port counters as one JSON line on stdout.
+pub fn run(a: &BackendArgs) -> Result<()> {
+    proc::install_stop_handler();
+    let cfg = worker_config(a)?;
     let dp = Dataplane::start(cfg).map_err(io("starting the dataplane"))?;
     dp.keep_control_off_workers();
     let hooks: Arc<dyn DeviceHooks> = dp.clone();

@@ -7,15 +7,16 @@
 //! Idle handling uses the same per-queue [`Poller`] as the backend: poll an empty ring while
 //! the policy says so, then arm, fence, re-check, and only then sleep on the call eventfd.
 
+use crate::args::{self, PollArgs, RingArgs, Sizes, ToArgs, TrafficArgs};
 use crate::error::{failed, usage, Result};
 use crate::limits::pin_current_thread;
 use crate::proc;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use pvnet_dataplane::frame::{self, SeqCheck};
-use pvnet_dataplane::poll::{Idle, Policy, Poller, WakeCost};
+use pvnet_dataplane::poll::{Idle, Poller, WakeCost};
 use pvnet_vhost::frontend::{
-    ClientConfig, GrantMode, NetClient, RxBuffers, TxMode, DEFAULT_HEADROOM,
+    ClientConfig, NetClient, RxBuffers, RxFrame, TxMode, DEFAULT_HEADROOM,
 };
 use serde_json::json;
 use std::io::Write;
@@ -72,7 +73,7 @@ pub enum TxModeArg {
 }
 
 /// `pvnet frontend` arguments.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, PartialEq)]
 pub struct FrontendArgs {
     /// vhost-user socket of the backend.
     #[arg(long)]
@@ -80,14 +81,8 @@ pub struct FrontendArgs {
     /// Role.
     #[arg(long, value_enum, default_value_t = FrontRole::Tx)]
     pub role: FrontRole,
-    /// Ethernet frame length in bytes (virtio-net header not included): `N`, or (tx only)
-    /// `MIN-MAX` for mixed sizes, each frame's length drawn from a fixed-seed PRNG uniformly
-    /// over MIN..=MAX (every frame still numbered; the same sequence of lengths every run).
-    #[arg(long, default_value = "64", value_parser = parse_sizes)]
-    pub frame_len: Sizes,
-    /// Seconds to send (tx), to run (rr) or to stay idle (idle).
-    #[arg(long, default_value_t = 2.0)]
-    pub secs: f64,
+    #[command(flatten)]
+    pub traffic: TrafficArgs,
     /// tx: send exactly this many numbered frames, then the end marker (--secs is then not
     /// a bound). 0: send for --secs.
     #[arg(long, default_value_t = 0)]
@@ -97,29 +92,18 @@ pub struct FrontendArgs {
     /// arrive); what it has not taken stays in its ring, so a backlog forms in front of it.
     #[arg(long, default_value_t = 0)]
     pub rate: u64,
-    /// tx and drop with --rate: send or take whole bursts of --burst frames, sleeping until
-    /// each burst is due, instead of frame by frame (a paced frontend then leaves its CPU
-    /// free between bursts, so that two of them can share one CPU).
+    /// tx and drop with --rate: send or take whole batches of --batch frames, sleeping until
+    /// each batch is due, instead of frame by frame (a paced frontend then leaves its CPU
+    /// free between batches, so that two of them can share one CPU).
     #[arg(long)]
-    pub paced_bursts: bool,
+    pub paced_batches: bool,
     /// rr: requests in flight (one per flow).
     #[arg(long, default_value_t = 1)]
     pub flows: u16,
-    /// Descriptors per queue (power of two).
-    #[arg(long, default_value_t = 256)]
-    pub queue_size: u16,
-    /// Frames per burst: one publish, one fence and at most one kick per burst. The fence
-    /// after publishing waits for the burst's packet stores to drain, so fewer, larger bursts
-    /// pay it less often (docs/bench.md has the measured effect).
-    #[arg(long, default_value_t = 64)]
-    pub burst: usize,
-    /// Pin to this CPU.
-    #[arg(long)]
-    pub cpu: Option<usize>,
-    /// Polling policy while waiting for the backend (received frames, or room in a full TX
-    /// ring): adaptive, notify, timer:<us>, spin:<n>, busy.
-    #[arg(long, default_value = "adaptive")]
-    pub poll: Policy,
+    #[command(flatten)]
+    pub ring: RingArgs,
+    #[command(flatten)]
+    pub poll: PollArgs,
     /// How transmitted buffers are reclaimed.
     #[arg(long, value_enum, default_value_t = TxModeArg::Napi)]
     pub tx_mode: TxModeArg,
@@ -133,16 +117,6 @@ pub struct FrontendArgs {
     /// every packet then carries the 10-byte virtio-net header instead of 12.
     #[arg(long)]
     pub legacy_hdr: bool,
-    /// Ask for the packed virtqueue (VIRTIO_F_RING_PACKED, virtio 1.1); split if the backend
-    /// does not offer it. The `ready` line shows what was negotiated.
-    #[arg(long)]
-    pub packed: bool,
-    /// Put the device behind an IOMMU (VIRTIO_F_ACCESS_PLATFORM) and grant it buffers:
-    /// `off` (no IOMMU), `per-packet` (each buffer granted with an IOTLB update before it is
-    /// posted and revoked when it returns, each acked: a guest's iommu.strict=1) or `pool`
-    /// (rings and buffer pools granted once: staging grants).
-    #[arg(long, default_value = "off")]
-    pub grants: GrantMode,
     /// Receive buffers: `ewma` (sized from an EWMA of the frames received, weight 1/64, carved
     /// from 4 KiB chunks; the floor keeps room for the largest frame in a full ring) or
     /// `fixed:<bytes>` (every buffer offers that many bytes, header included).
@@ -166,36 +140,77 @@ pub struct FrontendArgs {
     pub announce: bool,
 }
 
+args::value_enum_arg!(FrontRole, RxMode, TxModeArg);
+
+impl FrontendArgs {
+    /// A frontend on `socket` in `role`, everything else as its defaults.
+    pub fn new(socket: PathBuf, role: FrontRole) -> Self {
+        Self {
+            socket,
+            role,
+            traffic: TrafficArgs::default(),
+            count: 0,
+            rate: 0,
+            paced_batches: false,
+            flows: 1,
+            ring: RingArgs::default(),
+            poll: PollArgs::default(),
+            tx_mode: TxModeArg::Napi,
+            idle_timeout: 30.0,
+            no_event_idx: false,
+            legacy_hdr: false,
+            rx_buffers: RxBuffers::Ewma,
+            rx_headroom: DEFAULT_HEADROOM,
+            rx_mode: RxMode::Inplace,
+            guest_tso: false,
+            announce: false,
+        }
+    }
+
+    /// The command line that runs this frontend: `frontend --socket ... --role ...`.
+    pub fn command_line(&self) -> Vec<String> {
+        let Self {
+            socket,
+            role,
+            traffic,
+            count,
+            rate,
+            paced_batches,
+            flows,
+            ring,
+            poll,
+            tx_mode,
+            idle_timeout,
+            no_event_idx,
+            legacy_hdr,
+            rx_buffers,
+            rx_headroom,
+            rx_mode,
+            guest_tso,
+            announce,
+        } = self;
+        let mut out = vec!["frontend".to_owned()];
+        args::push_args!(&mut out; socket, role);
+        traffic.push_args(&mut out);
+        args::push_args!(&mut out; count, rate, paced_batches, flows);
+        ring.push_args(&mut out);
+        poll.push_args(&mut out);
+        args::push_args!(&mut out; tx_mode, idle_timeout, no_event_idx, legacy_hdr, rx_buffers,
+            rx_headroom, rx_mode, guest_tso, announce);
+        out
+    }
+
+    /// Frames per burst (at least 1).
+    fn batch(&self) -> usize {
+        usize::from(self.poll.batch()).max(1)
+    }
+}
+
 /// The address tx frames are sent from, and to (and rr requests to).
 const TX_SRC: [u8; 6] = [2, 0, 0, 0, 0, 3];
 const TX_DST: [u8; 6] = [2, 0, 0, 0, 0, 4];
 /// The address rr requests are sent from.
 const RR_SRC: [u8; 6] = [2, 0, 0, 0, 0, 5];
-
-/// Frame lengths of a run: one length (`min == max`) or a uniform mix over `min..=max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sizes {
-    /// Shortest frame.
-    pub min: usize,
-    /// Longest frame.
-    pub max: usize,
-}
-
-fn parse_sizes(s: &str) -> std::result::Result<Sizes, String> {
-    let num = |t: &str| {
-        t.trim()
-            .parse::<usize>()
-            .map_err(|e| format!("`{t}`: {e} (expected N or MIN-MAX)"))
-    };
-    let (min, max) = match s.split_once('-') {
-        Some((a, b)) => (num(a)?, num(b)?),
-        None => (num(s)?, num(s)?),
-    };
-    if min > max {
-        return Err(format!("{min}-{max}: MIN is larger than MAX"));
-    }
-    Ok(Sizes { min, max })
-}
 
 /// Frame lengths for the transmit loop: a fixed one, or drawn per frame from a xorshift64*
 /// generator with a fixed seed (a few register operations, no allocation, no syscall).
@@ -284,24 +299,24 @@ fn idle(c: &mut NetClient, p: &mut Poller, ring: Ring, now: Instant) -> Result<(
 /// Runs the frontend.
 pub fn run(a: &FrontendArgs) -> Result<()> {
     proc::install_stop_handler();
-    if let Some(cpu) = a.cpu {
+    if let Some(cpu) = a.poll.cpu {
         pin_current_thread(cpu);
     }
-    if !(a.secs.is_finite() && a.secs >= 0.0) {
+    if !(a.traffic.secs.is_finite() && a.traffic.secs >= 0.0) {
         return Err(usage("--secs must be a non-negative number"));
     }
     let lo = frame::MIN_FRAME.max(RR_MIN);
     let hi = 2048 - 12;
-    if a.role != FrontRole::Drop && (a.frame_len.min < lo || a.frame_len.max > hi) {
+    if a.role != FrontRole::Drop && (a.traffic.frame_len.min < lo || a.traffic.frame_len.max > hi) {
         return Err(usage(format!("--frame-len must be within {lo}..={hi}")));
     }
-    if a.frame_len.min != a.frame_len.max && a.role != FrontRole::Tx {
+    if a.traffic.frame_len.min != a.traffic.frame_len.max && a.role != FrontRole::Tx {
         return Err(usage(
             "--frame-len MIN-MAX (mixed sizes) is for --role tx only",
         ));
     }
-    let frame_len = a.frame_len.min;
-    if a.flows == 0 || usize::from(a.flows) > usize::from(a.queue_size) {
+    let frame_len = a.traffic.frame_len.min;
+    if a.flows == 0 || usize::from(a.flows) > usize::from(a.ring.queue_size) {
         return Err(usage("--flows must be within 1..=queue size"));
     }
     let tx_mode = match a.tx_mode {
@@ -311,7 +326,7 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         TxModeArg::Rx => TxMode::RxPoll,
     };
     let cfg = ClientConfig {
-        queue_size: a.queue_size,
+        queue_size: a.ring.queue_size,
         buf_size: 2048,
         event_idx: !a.no_event_idx,
         tx_mode,
@@ -319,21 +334,21 @@ pub fn run(a: &FrontendArgs) -> Result<()> {
         rx_buffers: a.rx_buffers,
         rx_headroom: a.rx_headroom,
         guest_tso: a.guest_tso,
-        packed: a.packed,
-        grants: a.grants,
+        packed: a.ring.packed,
+        grants: a.ring.grants,
         ..ClientConfig::default()
     };
     let wake = WakeCost::measure(30);
     let mut c = NetClient::connect(&a.socket, cfg)?;
     emit(&json!({ "ready": { "features": format!("{:#x}", c.features()) } }));
     let r = match a.role {
-        FrontRole::Tx => tx(&mut c, a, Poller::new(a.poll, wake))?,
-        FrontRole::Rx => rx(&mut c, a, Poller::new(a.poll, wake))?,
-        FrontRole::Rr => rr(&mut c, a, frame_len, Poller::new(a.poll, wake))?,
-        FrontRole::Drop => drop_all(&mut c, a, Poller::new(a.poll, wake), false)?,
-        FrontRole::Echo => drop_all(&mut c, a, Poller::new(a.poll, wake), true)?,
+        FrontRole::Tx => tx(&mut c, a, Poller::new(a.poll.policy(), wake))?,
+        FrontRole::Rx => rx(&mut c, a, Poller::new(a.poll.policy(), wake))?,
+        FrontRole::Rr => rr(&mut c, a, frame_len, Poller::new(a.poll.policy(), wake))?,
+        FrontRole::Drop => drop_all(&mut c, a, Poller::new(a.poll.policy(), wake), false)?,
+        FrontRole::Echo => drop_all(&mut c, a, Poller::new(a.poll.policy(), wake), true)?,
         FrontRole::Idle => {
-            let until = Instant::now() + Duration::from_secs_f64(a.secs);
+            let until = Instant::now() + Duration::from_secs_f64(a.traffic.secs);
             while Instant::now() < until && !proc::stopping() {
                 if c.arm_rx()? == Armed::Empty {
                     c.wait(until.saturating_duration_since(Instant::now()))?;
@@ -406,21 +421,21 @@ fn template(frame_len: usize, src: [u8; 6], dst: [u8; 6]) -> (Vec<u8>, Vec<u8>) 
 fn tx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::Value> {
     // The template has the longest length; a shorter frame is a prefix of it (zeros after
     // the header either way).
-    let (mut scratch, tpl) = template(a.frame_len.max, TX_SRC, TX_DST);
-    let mut lens = LenGen::new(a.frame_len);
+    let (mut scratch, tpl) = template(a.traffic.frame_len.max, TX_SRC, TX_DST);
+    let mut lens = LenGen::new(a.traffic.frame_len);
     let mut bytes = 0u64;
     let limit = if a.count > 0 { a.count } else { u64::MAX };
     let dur = if a.count > 0 {
         Duration::MAX
     } else {
-        Duration::from_secs_f64(a.secs)
+        Duration::from_secs_f64(a.traffic.secs)
     };
     let start = Instant::now();
     let pace = Pace::new(a, start);
     let mut iv = Intervals::new(start);
     let mut seq = 0u64;
     let mut next_report = start + Duration::from_millis(250);
-    let burst = a.burst.max(1);
+    let burst = a.batch();
     loop {
         let now = Instant::now();
         if seq >= limit || now.duration_since(start) >= dur || proc::stopping() {
@@ -464,7 +479,7 @@ fn tx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
     iv.tick(start + Duration::from_secs(whole), seq);
     // End marker: retried until the ring takes it.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let end_len = a.frame_len.min;
+    let end_len = a.traffic.frame_len.min;
     loop {
         let n = c.send_burst(1, &mut scratch, |_, buf| {
             buf[..end_len].copy_from_slice(&tpl[..end_len]);
@@ -595,8 +610,8 @@ fn rx(c: &mut NetClient, a: &FrontendArgs, mut p: Poller) -> Result<serde_json::
 struct Pace {
     start: Instant,
     rate: f64,
-    /// Frames that must be due before the caller goes on: 1, or `--burst` with
-    /// `--paced-bursts`.
+    /// Frames that must be due before the caller goes on: 1, or `--batch` with
+    /// `--paced-batches`.
     batch: u64,
 }
 
@@ -609,7 +624,7 @@ impl Pace {
         // Precise sleeps for pacing (the default 50 us timer slack would bunch packets).
         // SAFETY: prctl with an integer argument; affects only this thread.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
-        let batch = if a.paced_bursts { a.burst.max(1) } else { 1 };
+        let batch = if a.paced_batches { a.batch() } else { 1 };
         #[allow(clippy::cast_precision_loss)]
         Some(Self {
             start,
@@ -637,6 +652,55 @@ impl Pace {
     }
 }
 
+/// What drop and echo do with each frame they take.
+struct Taker {
+    mode: RxMode,
+    /// Keep requests (`--role echo`).
+    echo: bool,
+    body: Vec<u8>,
+    /// Requests waiting for their answer: the frames back to back, and each one's length.
+    asks: Vec<u8>,
+    ask_lens: Vec<usize>,
+    /// The Ethernet headers read, folded (so that the read is real).
+    sum: u64,
+}
+
+impl Taker {
+    /// Reads the frame's Ethernet header (in place, or from a copy of the whole frame) and,
+    /// echoing, copies out a request.
+    #[inline]
+    fn take(&mut self, f: &RxFrame<'_>) {
+        let eth = match self.mode {
+            RxMode::Copy => {
+                let n = f.read(0, &mut self.body);
+                let mut h = [0u8; 14];
+                let k = n.min(14);
+                h[..k].copy_from_slice(&self.body[..k]);
+                h
+            }
+            RxMode::Inplace => f
+                .segments()
+                .next()
+                .and_then(|s| s.read_array::<14>(0))
+                .unwrap_or([0; 14]),
+        };
+        self.sum = self
+            .sum
+            .wrapping_add(u64::from(eth[5]) + u64::from(eth[13]));
+        if self.echo {
+            let head = f
+                .segments()
+                .next()
+                .and_then(|s| s.read_array::<{ frame::MIN_FRAME }>(0));
+            if head.as_ref().and_then(|h| frame::kind(h)) == Some(frame::KIND_REQUEST) {
+                let n = f.read(0, &mut self.body).min(2048 - 12);
+                self.asks.extend_from_slice(&self.body[..n]);
+                self.ask_lens.push(n);
+            }
+        }
+    }
+}
+
 /// Receive-and-drop for `--secs` after the first frame: every frame's Ethernet header is read
 /// (in place, or from a copy of the whole frame) and folded into a sum, so the read is real.
 /// With `echo` (`--role echo`) requests are also copied out as they are taken and answered
@@ -650,11 +714,16 @@ fn drop_all(
     if a.announce {
         announce(c)?;
     }
-    let mut body = vec![0u8; 65536];
-    // Requests waiting for their answer: the frames back to back, and each one's length.
-    let (mut asks, mut ask_lens, mut scratch) = (Vec::new(), Vec::new(), vec![0u8; 2048]);
+    let mut taker = Taker {
+        mode: a.rx_mode,
+        echo,
+        body: vec![0u8; 65536],
+        asks: Vec::new(),
+        ask_lens: Vec::new(),
+        sum: 0,
+    };
+    let mut scratch = vec![0u8; 2048];
     let mut answered = 0u64;
-    let mut sum = 0u64;
     let mut first: Option<(Instant, u64, u64)> = None;
     let mut last = Instant::now();
     let idle_timeout = Duration::from_secs_f64(a.idle_timeout);
@@ -665,11 +734,11 @@ fn drop_all(
     // sets the pace (a frontend waiting for a slower sender polls, and its CPU time counts
     // the polling too).
     let mut busy = Duration::ZERO;
-    // With --rate, paced from the first frame on, at most --burst frames a receive (as a
+    // With --rate, paced from the first frame on, at most --batch frames a receive (as a
     // NAPI poll's budget); a debt (this process descheduled) is made good burst by burst
     // without sleeping.
     let mut pace: Option<Pace> = None;
-    let budget = a.burst.max(1);
+    let budget = a.batch();
     c.disarm_rx();
     while !proc::stopping() {
         let t = Instant::now();
@@ -680,36 +749,9 @@ fn drop_all(
             },
             _ => usize::MAX,
         };
-        let n = c.recv_burst(most, |f| {
-            let eth = match a.rx_mode {
-                RxMode::Copy => {
-                    let n = f.read(0, &mut body);
-                    let mut h = [0u8; 14];
-                    let k = n.min(14);
-                    h[..k].copy_from_slice(&body[..k]);
-                    h
-                }
-                RxMode::Inplace => f
-                    .segments()
-                    .next()
-                    .and_then(|s| s.read_array::<14>(0))
-                    .unwrap_or([0; 14]),
-            };
-            sum = sum.wrapping_add(u64::from(eth[5]) + u64::from(eth[13]));
-            if echo {
-                let head = f
-                    .segments()
-                    .next()
-                    .and_then(|s| s.read_array::<{ frame::MIN_FRAME }>(0));
-                if head.as_ref().and_then(|h| frame::kind(h)) == Some(frame::KIND_REQUEST) {
-                    let n = f.read(0, &mut body).min(2048 - 12);
-                    asks.extend_from_slice(&body[..n]);
-                    ask_lens.push(n);
-                }
-            }
-        })?;
-        if !ask_lens.is_empty() {
-            answered += answer(c, &mut asks, &mut ask_lens, &mut scratch)?;
+        let n = c.recv_burst(most, |f| taker.take(f))?;
+        if !taker.ask_lens.is_empty() {
+            answered += answer(c, &mut taker.asks, &mut taker.ask_lens, &mut scratch)?;
         }
         let now = Instant::now();
         if n > 0 {
@@ -725,7 +767,7 @@ fn drop_all(
                     p
                 });
             }
-            if now.duration_since(t0).as_secs_f64() >= a.secs {
+            if now.duration_since(t0).as_secs_f64() >= a.traffic.secs {
                 break;
             }
             continue;
@@ -747,7 +789,7 @@ fn drop_all(
         "mpps": if secs > 0.0 { pkts as f64 / secs / 1e6 } else { 0.0 },
         "cpu_ns_per_frame": if pkts > 0 { ns as f64 / pkts as f64 } else { 0.0 },
         "busy_ns_per_frame": if pkts > 0 { busy.as_nanos() as f64 / pkts as f64 } else { 0.0 },
-        "sum": sum,
+        "sum": taker.sum,
     }))
 }
 
@@ -783,6 +825,34 @@ const RR_TS: usize = 34;
 /// A request not answered within this is lost (ns).
 const RR_TIMEOUT_NS: u64 = 20_000_000;
 
+/// The flow and send time of a request/response frame: a request reflected as it was
+/// (`pvnet backend --role echo`) or answered; None for anything else.
+fn rr_answer(body: &[u8]) -> Option<(u32, u64)> {
+    let kind = frame::kind(body);
+    if body.len() < RR_MIN || !matches!(kind, Some(frame::KIND_REQUEST | frame::KIND_REPLY)) {
+        return None;
+    }
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&body[RR_TS..RR_TS + 8]);
+    let mut fl = [0u8; 4];
+    fl.copy_from_slice(&body[RR_FLOW..RR_FLOW + 4]);
+    Some((u32::from_le_bytes(fl), u64::from_le_bytes(w)))
+}
+
+/// A request unanswered for [`RR_TIMEOUT_NS`] by `t` (ns since the start) was lost (a
+/// switch's queue dropped it, or its answer): its flow starts again. Returns how many.
+fn expire(in_flight: &mut [Option<u64>], pending: &mut Vec<u32>, t: u64) -> u64 {
+    let mut lost = 0;
+    for (flow, sent) in in_flight.iter_mut().enumerate() {
+        if sent.is_some_and(|s| t.saturating_sub(s) > RR_TIMEOUT_NS) {
+            *sent = None;
+            lost += 1;
+            pending.push(u32::try_from(flow).unwrap_or(0));
+        }
+    }
+    lost
+}
+
 /// Request/response: `--flows` requests in flight through `pvnet backend --role echo`.
 fn rr(
     c: &mut NetClient,
@@ -794,7 +864,7 @@ fn rr(
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .map_err(|e| failed(format!("histogram: {e}")))?;
     let t0 = Instant::now();
-    let dur = Duration::from_secs_f64(a.secs);
+    let dur = Duration::from_secs_f64(a.traffic.secs);
     // Warm-up: the first 10% of the run is not recorded.
     let record_from = t0 + dur / 10;
     let mut pending: Vec<u32> = (0..u32::from(a.flows)).collect();
@@ -837,18 +907,10 @@ fn rr(
         }
         let got = c.recv_burst(usize::MAX, |f| {
             let n = f.read(0, &mut body);
-            // A request reflected as it was (`pvnet backend --role echo`) or answered.
-            let kind = frame::kind(&body[..n]);
-            if n < RR_MIN || !matches!(kind, Some(frame::KIND_REQUEST | frame::KIND_REPLY)) {
+            let Some((flow, ts)) = rr_answer(&body[..n]) else {
                 strays += 1;
                 return;
-            }
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&body[RR_TS..RR_TS + 8]);
-            let ts = u64::from_le_bytes(w);
-            let mut fl = [0u8; 4];
-            fl.copy_from_slice(&body[RR_FLOW..RR_FLOW + 4]);
-            let flow = u32::from_le_bytes(fl);
+            };
             match in_flight.get_mut(flow as usize) {
                 Some(t) if *t == Some(ts) => *t = None,
                 _ => {
@@ -868,17 +930,9 @@ fn rr(
         if got > 0 {
             p.on_work(now);
         } else if pending.len() < usize::from(a.flows) {
-            // A request unanswered for RR_TIMEOUT was lost (a switch's queue dropped it, or
-            // its answer): counted, and the flow starts again.
             #[allow(clippy::cast_possible_truncation)]
             let t = now.duration_since(t0).as_nanos() as u64;
-            for (flow, sent) in in_flight.iter_mut().enumerate() {
-                if sent.is_some_and(|s| t.saturating_sub(s) > RR_TIMEOUT_NS) {
-                    *sent = None;
-                    lost += 1;
-                    pending.push(u32::try_from(flow).unwrap_or(0));
-                }
-            }
+            lost += expire(&mut in_flight, &mut pending, t);
             idle(c, &mut p, Ring::Rx, now)?;
         }
     }

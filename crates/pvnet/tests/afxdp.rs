@@ -78,7 +78,7 @@ fn link_show(dev: &str) -> String {
 
 fn ctl(ctl: &std::path::Path, args: &[&str]) -> (bool, Value) {
     let out = Command::new(BIN)
-        .args(["ctl", "--socket", ctl.to_str().expect("utf-8")])
+        .args(["ctl", "--ctl-socket", ctl.to_str().expect("utf-8")])
         .args(args)
         .arg("--json")
         .output()

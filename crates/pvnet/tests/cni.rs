@@ -53,7 +53,7 @@ fn conf(ctl: &Path, shared: &Path, mode: &str, version: &str) -> String {
 /// The switch's status (`pvnet ctl ports --json`).
 fn status(ctl: &Path) -> Value {
     let out = Command::new(BIN)
-        .args(["ctl", "--socket"])
+        .args(["ctl", "--ctl-socket"])
         .arg(ctl)
         .args(["ports", "--json"])
         .output()

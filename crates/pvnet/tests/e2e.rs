@@ -46,7 +46,7 @@ fn b2f_len(extra_fe: &[&str], frame_len: u64) -> Value {
         &[
             "--role",
             "gen",
-            "--gen-secs",
+            "--secs",
             "0.3",
             "--sessions",
             "1",
@@ -122,7 +122,7 @@ fn drop_role_reports_rate_buffers_and_memory() {
     let (mut b, sock) = backend(
         &dir,
         "b",
-        &["--role", "gen", "--gen-secs", "1", "--sessions", "1"],
+        &["--role", "gen", "--secs", "1", "--sessions", "1"],
     );
     let fe = run_frontend(
         "frontend drop",
@@ -272,7 +272,7 @@ fn two_shards_serve_two_frontends_exactly() {
     let (mut b, sock) = backend(
         &dir,
         "b",
-        &["--role", "sink", "--sessions", "2", "--shards", "2"],
+        &["--role", "sink", "--sessions", "2", "--workers", "2"],
     );
     let mut x = frontend("frontend X", &sock, &["--role", "tx", "--secs", "0.5"]);
     x.wait_json("ready", START);
@@ -450,10 +450,21 @@ fn cli(args: &[&str]) -> (std::process::ExitStatus, String, String) {
 
 #[test]
 fn cli_errors() {
+    let (st, _, err) = cli(&["bench", "--frame-len", "5"]);
+    assert!(!st.success(), "bench --frame-len 5 must fail");
+    assert!(
+        err.contains("--frame-len"),
+        "stderr names the bad option: {err}"
+    );
+    assert!(err.contains("error"), "{err}");
+    // The old name still parses, and says which name replaced it.
     let (st, _, err) = cli(&["bench", "--size", "5"]);
     assert!(!st.success(), "bench --size 5 must fail");
-    assert!(err.contains("--size"), "stderr names the bad option: {err}");
-    assert!(err.contains("error"), "{err}");
+    assert!(
+        err.contains("--size is deprecated: use --frame-len"),
+        "{err}"
+    );
+    assert!(err.contains("--frame-len must be"), "{err}");
 
     let (st, _, err) = cli(&["bench", "--scenarios", "nope"]);
     assert!(!st.success(), "bench --scenarios nope must fail");

@@ -658,7 +658,7 @@ fn writable_descriptor_on_tx_queue() {
 fn readable_descriptor_on_rx_queue_of_generator() {
     // The device-writes side: a generator backend fills the frontend's RX ring.
     let dir = common::TestDir::new("rdrx");
-    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--gen-secs", "0.3"]);
+    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--secs", "0.3"]);
     let h = Hostile::connect(&sock, MEM_LEN).expect("hostile frontend connects");
     h.set_desc(RX, 0, Hostile::buf(0), 2048, 0, 0);
     h.set_avail_entry(RX, 0, 0);
@@ -858,7 +858,7 @@ fn rx_buffer_shorter_than_net_header() {
     // header (virtio 1.x 5.1.6.3.1). One that cannot must stop the queue with a message that
     // says so.
     let dir = common::TestDir::new("shorthdr");
-    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--gen-secs", "0.3"]);
+    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--secs", "0.3"]);
     let h = Hostile::connect_with(&sock, MEM_LEN, VIRTIO_NET_F_MRG_RXBUF)
         .expect("hostile frontend connects");
     h.set_desc(RX, 0, Hostile::buf(0), 8, DESC_F_WRITE, 0);
@@ -891,7 +891,7 @@ fn without_mrg_rxbuf_one_chain_per_packet() {
     let (mut b, sock) = backend(
         &dir,
         "b",
-        &["--role", "gen", "--gen-secs", "0.2", "--frame-len", "200"],
+        &["--role", "gen", "--secs", "0.2", "--frame-len", "200"],
     );
     let h = Hostile::connect(&sock, MEM_LEN).expect("hostile frontend connects");
     // 128-byte buffers: a 212-byte packet (header included) fits none of them.
@@ -1349,7 +1349,7 @@ fn iommu_ring_invalidated_by_a_flush_is_asked_for_and_goes_on() {
 #[test]
 fn iommu_write_into_read_only_grant_is_refused() {
     let dir = common::TestDir::new("iommu-ro");
-    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--gen-secs", "5"]);
+    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--secs", "5"]);
     let h = Hostile::connect_with(&sock, MEM_LEN, VIRTIO_F_ACCESS_PLATFORM).expect("connects");
     let iova = h.user(BUFS);
     h.iotlb(IOTLB_UPDATE, iova, BUF, iova, 1);

@@ -124,7 +124,7 @@ fn paced_receiver_takes_the_rate_it_is_given_and_leaves_the_rest_in_its_ring() {
     // A generator far faster than 100 Kpps; the receiver takes 64 frames whenever they are
     // due and sleeps between: its rate is its own, not the sender's.
     let dir = TestDir::new("paced-rx");
-    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--gen-secs", "5"]);
+    let (mut b, sock) = backend(&dir, "b", &["--role", "gen", "--secs", "5"]);
     let fe = run_frontend(
         "frontend drop",
         &sock,
@@ -133,7 +133,7 @@ fn paced_receiver_takes_the_rate_it_is_given_and_leaves_the_rest_in_its_ring() {
             "drop",
             "--rate",
             "100000",
-            "--paced-bursts",
+            "--paced-batches",
             "--secs",
             "1",
         ],

@@ -144,7 +144,7 @@ fn the_switch_tells_the_service_manager_when_it_is_ready() {
     assert!(msg.contains("STATUS=switching 1 ports"), "{msg}");
     // Ready means the control socket answers.
     let out = std::process::Command::new(common::BIN)
-        .args(["ctl", "--socket", &ctl_s, "ports", "--json"])
+        .args(["ctl", "--ctl-socket", &ctl_s, "ports", "--json"])
         .output()
         .expect("pvnet ctl");
     assert!(
@@ -162,7 +162,7 @@ fn the_switch_tells_the_service_manager_when_it_is_ready() {
 fn ctl(ctl: &std::path::Path, args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(common::BIN)
         .arg("ctl")
-        .arg("--socket")
+        .arg("--ctl-socket")
         .arg(ctl)
         .args(args)
         .arg("--json")

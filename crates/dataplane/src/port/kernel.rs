@@ -223,6 +223,10 @@ pub struct KernelPort {
     /// Read straight into the receive buffers of the frontend the packets go to, when the
     /// switch expects one (direct receive, batched path only).
     direct: bool,
+    /// The interface's MTU when the port started (a tap's `mtu=` sets it): a frame too big
+    /// for it is dropped by the switch and counted (`too_big`), not handed to the kernel,
+    /// which would refuse it (`AF_PACKET`) or pass it on oversized (a tap).
+    mtu: Option<u16>,
 }
 
 impl KernelPort {
@@ -243,6 +247,10 @@ impl KernelPort {
                 }
             },
         };
+        let mtu = crate::sys::tap::link_mtu(dev.name())
+            .map_err(|e| tracing::warn!(port = id, "no MTU check: {e}"))
+            .ok()
+            .and_then(|m| u16::try_from(m).ok());
         Self {
             uring,
             id,
@@ -255,6 +263,7 @@ impl KernelPort {
             last_look: None,
             egress: Egress::new(KERNEL_HOLD),
             direct,
+            mtu,
         }
     }
 
@@ -348,6 +357,10 @@ impl super::Port for KernelPort {
             HostDev::Tap(_) => "tap",
             HostDev::Packet(_) => "af-packet",
         }
+    }
+
+    fn mtu(&self) -> Option<u16> {
+        self.mtu
     }
 
     fn caps(&self) -> Caps {

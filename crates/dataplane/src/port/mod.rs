@@ -122,6 +122,13 @@ pub trait Port {
     fn kind(&self) -> &'static str;
     /// What it takes.
     fn caps(&self) -> Caps;
+    /// The largest IP packet it takes (its MTU), if it has one: the switch drops a frame
+    /// longer than that plus an Ethernet and a VLAN header (`too_big`) rather than send it
+    /// ([`crate::pkt::fits_mtu`]). A plain field read: the switch asks once per run.
+    #[inline]
+    fn mtu(&self) -> Option<u16> {
+        None
+    }
     /// The counters of the queue it transmits on (software offload work is counted there).
     fn tx_stats(&self) -> &PortStats;
 
@@ -285,6 +292,10 @@ impl Port for AnyPort {
     #[inline]
     fn caps(&self) -> Caps {
         each!(self, p => p.caps())
+    }
+    #[inline]
+    fn mtu(&self) -> Option<u16> {
+        each!(self, p => p.mtu())
     }
     #[inline]
     fn tx_stats(&self) -> &PortStats {

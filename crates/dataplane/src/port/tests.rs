@@ -324,6 +324,7 @@ fn a_kick_counts_once_whatever_the_frontend_wrote() {
         mergeable: true,
         features: MODERN,
         iotlb: None,
+        mtu: None,
     });
     let mut port = AnyPort::Vhost(port);
     // One legal eventfd write of 2^64 - 2: a single kick, not a counter wrapping around.

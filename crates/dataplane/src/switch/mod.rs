@@ -20,7 +20,7 @@ pub mod mac;
 
 use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
-use crate::pkt::{Pkt, PortId, TxOut};
+use crate::pkt::{fits_mtu, Pkt, PortId, TxOut};
 use crate::port::{AnyPort, Ingress, Lease, Port};
 use crate::stats::{bump, DropReason, PortStats};
 use mac::MacTable;
@@ -449,13 +449,37 @@ impl Cx<'_, '_> {
     /// Offers a run of packets to port `j` (one copy each): opens its batch the first time,
     /// fits a packet with offload metadata to what the port takes (such a run is that one
     /// packet), and turns "no room" into the receiver's backpressure decision. Returns how
-    /// many were taken and what became of the next one if not all were.
+    /// many were taken and what became of the next one if not all were. A port with an MTU
+    /// takes the run up to its first frame too big for it, which is dropped (`too_big`).
     #[inline]
     fn emit(&mut self, j: usize, run: &[Pkt<'_>], offer: Offer) -> (usize, Out) {
+        let Some(port) = self.others.get(j) else {
+            return (0, Out::Dropped(DropReason::PortDown));
+        };
+        let Some(mtu) = port.mtu() else {
+            return self.emit_fitting(j, run, offer);
+        };
+        let fit = run.iter().position(|p| !fits_mtu(p, mtu));
+        let Some(k) = fit else {
+            return self.emit_fitting(j, run, offer);
+        };
+        if k == 0 {
+            return (0, Out::Dropped(DropReason::TooBig));
+        }
+        match self.emit_fitting(j, &run[..k], offer) {
+            (n, Out::Sent) if n == k => (k, Out::Dropped(DropReason::TooBig)),
+            other => other,
+        }
+    }
+
+    /// [`Self::emit`] of a run that fits the port's MTU.
+    #[inline]
+    fn emit_fitting(&mut self, j: usize, run: &[Pkt<'_>], offer: Offer) -> (usize, Out) {
         let now = self.now;
         let Some(port) = self.others.get(j) else {
             return (0, Out::Dropped(DropReason::PortDown));
         };
+
         let touched = &mut self.f.touched;
         if !touched.contains(&j) {
             if !port.tx_begin(now, self.hint) {

@@ -181,6 +181,52 @@ fn gso_packet_is_segmented_for_a_receiver_without_tso() {
     assert_eq!(get(&a.stats.rx_packets), 1);
 }
 
+/// A receiver with an MTU takes frames up to it plus the Ethernet and VLAN headers; a longer
+/// one is dropped at the sender, counted `too_big`, and the rest of its run goes on; a GSO
+/// packet passes (its segments fit); flooded copies are checked per receiver.
+#[test]
+fn a_frame_above_the_receivers_mtu_is_dropped_and_counted() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = MockFe::with_mtu(
+        1,
+        MODERN | VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4,
+        256,
+        EgressConfig::hold(HoldPolicy::Bounded(HOLD)),
+        2048,
+        1,
+        Some(1500),
+    );
+    let (mut c, pc) = fe(2, MODERN);
+    let mut ports = vec![pa, pb, pc];
+    let now = Instant::now();
+    // Learn b's and c's addresses.
+    b.send(&VnetHdr::default(), &tcp4(mac(1), mac(2), 10));
+    c.send(&VnetHdr::default(), &tcp4(mac(1), mac(3), 10));
+    run(&mut f, &mut ports, now);
+    a.received();
+    b.received();
+    c.received();
+    // One run to b: fits (1518 bytes: MTU + 18), too big (1519), fits.
+    let fits = tcp4(mac(2), mac(1), 1518 - 54);
+    let big = tcp4(mac(2), mac(1), 1519 - 54);
+    for fr in [&fits, &big, &fits] {
+        a.send(&VnetHdr::default(), fr);
+    }
+    a.send(&gso_hdr(1448), &tcp4(mac(2), mac(1), 10_000));
+    run(&mut f, &mut ports, now);
+    let got: Vec<usize> = b.received().iter().map(|(_, g)| g.len()).collect();
+    assert_eq!(got, [1518, 1518, 10_054]);
+    assert_eq!(get(&a.stats.drops[DropReason::TooBig as usize]), 1);
+    // Flooded (unknown destination): c takes it, b's copy is too big.
+    a.send(&VnetHdr::default(), &tcp4(mac(9), mac(1), 4000));
+    run(&mut f, &mut ports, now);
+    assert_eq!(c.received().len(), 1);
+    assert!(b.received().is_empty());
+    assert_eq!(get(&a.stats.drops[DropReason::TooBig as usize]), 2);
+    assert_eq!(get(&a.stats.rx_packets), 5);
+}
+
 #[test]
 fn gso_packet_passes_whole_to_a_receiver_with_tso() {
     let mut f = switch();

@@ -270,15 +270,15 @@ pub fn set_link_up(name: &str, mtu: Option<u32>) -> io::Result<()> {
 }
 
 /// The MTU of interface `name` in the calling thread's network namespace (`SIOCGIFMTU`).
-pub fn mtu(name: &str) -> io::Result<u32> {
+pub fn link_mtu(name: &str) -> io::Result<u32> {
     let sock = inet_socket()?;
     let mut ifr = ifreq(name)?;
     // SAFETY: SIOCGIFMTU writes a `struct ifreq`; `ifr` is one, exclusively borrowed.
     unsafe { ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU, &mut ifr) }
         .map_err(|e| context(e, &format!("SIOCGIFMTU {name}")))?;
     // SAFETY: SIOCGIFMTU filled in `ifru_mtu`; every bit pattern is a valid int.
-    let m = unsafe { ifr.ifr_ifru.ifru_mtu };
-    Ok(u32::try_from(m).unwrap_or(0))
+    let mtu = unsafe { ifr.ifr_ifru.ifru_mtu };
+    u32::try_from(mtu).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "negative MTU"))
 }
 
 /// The MAC address of interface `name` in the calling thread's network namespace

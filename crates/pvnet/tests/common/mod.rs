@@ -536,7 +536,7 @@ impl Switch {
     /// `pvnet ctl ARGS... --json` against it (it must succeed).
     pub fn ctl_args(&self, args: &[&str]) -> Value {
         let out = Command::new(BIN)
-            .args(["ctl", "--socket", self.ctl.to_str().unwrap()])
+            .args(["ctl", "--ctl-socket", self.ctl.to_str().unwrap()])
             .args(args)
             .arg("--json")
             .output()

@@ -36,10 +36,10 @@ mod wire;
 
 pub use listen::{connect_loop, serve, serve_port, Listener};
 pub use run::run_session;
-pub use session::{Session, SessionError};
+pub use session::{Session, SessionError, MIN_MTU};
 
 use crate::eventfd::Notifier;
-use crate::features::{DEVICE_FEATURES, VIRTIO_NET_F_MQ};
+use crate::features::{DEVICE_FEATURES, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MTU};
 use crate::iotlb::BackendChannel;
 use std::sync::{Arc, Mutex};
 use virtq::queue::DeviceQueue;
@@ -67,6 +67,9 @@ pub struct StartedQueue {
     pub features: u64,
     /// With `VIRTIO_F_ACCESS_PLATFORM`: where to ask for a translation the queue misses.
     pub iotlb: Option<Arc<BackendChannel>>,
+    /// The MTU the frontend set (`NET_SET_MTU`), else the port's configured one: the largest
+    /// IP packet it takes, so frames above it plus the Ethernet header are not sent to it.
+    pub mtu: Option<u16>,
 }
 
 /// What the dataplane provides to the control plane. Called from session threads.
@@ -106,6 +109,9 @@ pub struct BackendConfig {
     pub mem_slots: u64,
     /// virtio features offered (`GET_FEATURES`).
     pub features: u64,
+    /// The port's MTU, if configured: `VIRTIO_NET_F_MTU` is offered, and a frontend's
+    /// `NET_SET_MTU` above it is refused. Without it the frontend's MTU is taken as it comes.
+    pub mtu: Option<u16>,
 }
 
 impl Default for BackendConfig {
@@ -115,20 +121,26 @@ impl Default for BackendConfig {
             max_queue_size: 32768,
             mem_slots: 32,
             features: DEVICE_FEATURES,
+            mtu: None,
         }
     }
 }
 
 impl BackendConfig {
-    /// What `GET_FEATURES` answers: `features`, and `VIRTIO_NET_F_MQ` when more than one
-    /// pair is offered (QEMU passes MQ to the guest only if the backend has it; DPDK's
-    /// virtio-user sets up more than one pair only then).
+    /// What `GET_FEATURES` answers: `features`, `VIRTIO_NET_F_MQ` when more than one pair is
+    /// offered (QEMU passes MQ to the guest only if the backend has it; DPDK's virtio-user
+    /// sets up more than one pair only then), and `VIRTIO_NET_F_MTU` when an MTU is
+    /// configured (not otherwise: a frontend that takes the bit reads an MTU from its config
+    /// space, which over vhost-user only it can fill).
     pub fn offered(&self) -> u64 {
+        let mut f = self.features;
         if self.queue_pairs > 1 {
-            self.features | VIRTIO_NET_F_MQ
-        } else {
-            self.features
+            f |= VIRTIO_NET_F_MQ;
         }
+        if self.mtu.is_some() {
+            f |= VIRTIO_NET_F_MTU;
+        }
+        f
     }
 }
 

@@ -189,13 +189,15 @@ impl VhostUserBackendReqHandlerMut for Session {
     fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
         // BACKEND_REQ carries the IOTLB misses; QEMU requires it and REPLY_ACK for an IOMMU.
         // LOG_SHMFD: the dirty log of live migration; RARP: the destination announces the
-        // guest's address (`SEND_RARP`) so the switch relearns where it is.
+        // guest's address (`SEND_RARP`) so the switch relearns where it is. MTU: the frontend
+        // tells the MTU it gave the guest (`NET_SET_MTU`), and hears a refusal.
         Ok(VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
             | VhostUserProtocolFeatures::BACKEND_REQ
             | VhostUserProtocolFeatures::LOG_SHMFD
-            | VhostUserProtocolFeatures::RARP)
+            | VhostUserProtocolFeatures::RARP
+            | VhostUserProtocolFeatures::MTU)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {

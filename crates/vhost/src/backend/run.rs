@@ -73,7 +73,7 @@ pub fn run_session(
 /// Takes the next message if the `vhost` crate does not dispatch it, before the crate sees
 /// it: `VHOST_USER_IOTLB_MSG` (a run of them: [`take_iotlb_run`]),
 /// `VHOST_USER_SET_BACKEND_REQ_FD` and `VHOST_USER_SET_LOG_FD` (with their fds),
-/// `VHOST_USER_SEND_RARP`, and an early `SET_VRING_ENABLE` ([`take_early_vring_enable`]).
+/// `VHOST_USER_SEND_RARP`, `VHOST_USER_NET_SET_MTU`, and an early `SET_VRING_ENABLE` ([`take_early_vring_enable`]).
 /// Each is read and decoded by [`wire`]; anything else is left for the crate. Returns
 /// `Ok(true)` if it handled a message, an error (which ends the session) for a malformed one
 /// or a violation.
@@ -84,10 +84,13 @@ pub(super) fn take_own_message(sock: &UnixStream, session: &Mutex<Session>) -> i
     match req {
         Request::Iotlb => take_iotlb_run(sock, session, hdr),
         Request::SetVringEnable => take_early_vring_enable(sock, session, hdr),
-        Request::SetBackendReqFd | Request::SetLogFd | Request::SendRarp => {
+        Request::SetBackendReqFd | Request::SetLogFd | Request::SendRarp | Request::SetMtu => {
             let own = wire::take(sock, hdr, req)?;
-            let protocol = apply(&*lock(session)?, own)?;
-            wire::reply_ack(sock, hdr, protocol, 0)?;
+            let mut s = lock(session)?;
+            let status = apply(&mut s, own)?;
+            let protocol = s.protocol;
+            drop(s);
+            wire::reply_ack(sock, hdr, protocol, status)?;
             Ok(true)
         }
     }
@@ -100,9 +103,9 @@ fn lock(session: &Mutex<Session>) -> io::Result<MutexGuard<'_, Session>> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "session poisoned"))
 }
 
-/// Applies a decoded `SET_BACKEND_REQ_FD`, `SET_LOG_FD` or `SEND_RARP`; returns the protocol
-/// features acked (for the ack).
-fn apply(s: &Session, own: Own) -> io::Result<u64> {
+/// Applies a decoded `SET_BACKEND_REQ_FD`, `SET_LOG_FD`, `SEND_RARP` or `NET_SET_MTU`;
+/// returns the ack's status (0: done; 1: refused, the session goes on).
+fn apply(s: &mut Session, own: Own) -> io::Result<u64> {
     match own {
         Own::BackendChannel(stream) => {
             s.channel.set(stream)?;
@@ -129,6 +132,7 @@ fn apply(s: &Session, own: Own) -> io::Result<u64> {
             );
             s.hooks.announce(s.port, mac);
         }
+        Own::Mtu(mtu) => return Ok(u64::from(s.set_mtu(mtu).is_err())),
         // Read by `take_iotlb_run` and `take_early_vring_enable`, never here.
         Own::Iotlb(_) | Own::VringEnable { .. } => {
             return Err(io::Error::new(
@@ -137,7 +141,7 @@ fn apply(s: &Session, own: Own) -> io::Result<u64> {
             ));
         }
     }
-    Ok(s.protocol)
+    Ok(0)
 }
 
 /// Handles a `SET_VRING_ENABLE` (its header `hdr` peeked) that arrives before `SET_FEATURES`

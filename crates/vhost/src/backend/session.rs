@@ -76,6 +76,8 @@ pub struct Session {
     pub(super) log: Arc<PeerLog>,
     /// The dirty log (`SET_LOG_BASE`); used while `VHOST_F_LOG_ALL` is acked.
     pub(super) dirty: Option<Arc<DirtyLog>>,
+    /// The MTU the frontend set (`NET_SET_MTU`).
+    pub(super) mtu: Option<u16>,
 }
 
 impl std::fmt::Debug for Session {
@@ -87,10 +89,21 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// The smallest MTU a virtio-net device may report (virtio 1.x 5.1.4.1: 68, IPv4's minimum).
+pub const MIN_MTU: u16 = 68;
+
 /// Why a session refused a frontend's request. The cause is logged (with the port) where the
 /// request is answered; the frontend sees the vhost-user error code.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
+    /// An MTU outside 68 up to the port's own (or 65535).
+    #[error("MTU {mtu} outside {MIN_MTU}..={limit} (the port's MTU)")]
+    Mtu {
+        /// What the frontend asked for.
+        mtu: u64,
+        /// The port's configured MTU, or 65535.
+        limit: u16,
+    },
     /// A queue index past the queues this device has.
     #[error("no queue {index} (the device has {count})")]
     NoSuchQueue {
@@ -196,8 +209,28 @@ impl Session {
             iotlb: Iotlb::new(MAX_GRANTS),
             channel: Arc::new(BackendChannel::default()),
             dirty: None,
+            mtu: None,
             log,
         }
+    }
+
+    /// `NET_SET_MTU`: the MTU the frontend gave its driver (QEMU's `host_mtu`), within the
+    /// virtio-net range (68-65535, 5.1.4.1) and no larger than the port's configured one.
+    /// Refused otherwise: QEMU then reports that the backend does not support the MTU and
+    /// does not start the device, rather than run a guest whose frames pvnet drops.
+    pub(super) fn set_mtu(&mut self, mtu: u64) -> Result<(), SessionError> {
+        let limit = self.cfg.mtu.unwrap_or(u16::MAX);
+        let ok = u16::try_from(mtu)
+            .ok()
+            .filter(|m| (MIN_MTU..=limit).contains(m));
+        let Some(m) = ok else {
+            let e = SessionError::Mtu { mtu, limit };
+            peer_warn!(self.log, self.port, "NET_SET_MTU refused: {e}");
+            return Err(e);
+        };
+        info!(port = self.port, mtu = m, "NET_SET_MTU: the frontend's MTU");
+        self.mtu = Some(m);
+        Ok(())
     }
 
     pub(super) fn iommu(&self) -> bool {
@@ -470,6 +503,7 @@ impl Session {
                 mergeable: self.acked & VIRTIO_NET_F_MRG_RXBUF != 0,
                 features: self.acked,
                 iotlb: iommu.then_some(channel),
+                mtu: self.mtu.or(self.cfg.mtu),
             },
         );
         Ok(())

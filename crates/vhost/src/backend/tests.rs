@@ -3,7 +3,7 @@
 
 use super::run::take_own_message;
 use super::session::*;
-use super::wire::{SEND_RARP, SET_LOG_FD, SET_VRING_ENABLE};
+use super::wire::{NET_SET_MTU, SEND_RARP, SET_LOG_FD, SET_VRING_ENABLE};
 use super::*;
 use crate::features::{DEVICE_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM};
 use crate::iotlb::{IotlbMsg, Kind, HDR_LEN, HDR_NEED_REPLY, HDR_REPLY, HDR_VERSION};
@@ -459,6 +459,46 @@ fn migration_messages_are_taken_and_acked() {
         .write_all(&msg(SEND_RARP, need_reply, &[2, 0, 0, 0]))
         .unwrap();
     assert!(take_own_message(&back, &s).is_err());
+}
+
+/// `NET_SET_MTU` (QEMU's `host_mtu`): taken and acked within 68 up to the port's MTU, which
+/// the next started queue carries; refused with status 1 outside it, and the session goes on.
+/// With an MTU configured, `VIRTIO_NET_F_MTU` is offered; without, not.
+#[test]
+fn net_set_mtu_is_taken_within_the_ports_mtu_and_refused_beyond() {
+    use crate::features::VIRTIO_NET_F_MTU;
+    assert_eq!(BackendConfig::default().offered() & VIRTIO_NET_F_MTU, 0);
+    let cfg = BackendConfig {
+        mtu: Some(9000),
+        ..BackendConfig::default()
+    };
+    assert_ne!(cfg.offered() & VIRTIO_NET_F_MTU, 0);
+    let s = Mutex::new(Session::new(
+        3,
+        cfg,
+        Arc::new(NoHooks::default()),
+        Arc::new(PeerLog::default()),
+    ));
+    s.lock().unwrap().protocol = VhostUserProtocolFeatures::REPLY_ACK.bits();
+    let (mut front, back) = UnixStream::pair().unwrap();
+    let need_reply = HDR_VERSION | HDR_NEED_REPLY;
+    let mut status = |mtu: u64| {
+        front
+            .write_all(&msg(NET_SET_MTU, need_reply, &mtu.to_le_bytes()))
+            .unwrap();
+        assert!(take_own_message(&back, &s).unwrap());
+        let mut reply = [0u8; 20];
+        front.read_exact(&mut reply).unwrap();
+        assert_eq!(reply[..4], NET_SET_MTU.to_le_bytes());
+        u64::from_le_bytes(reply[12..].try_into().unwrap())
+    };
+    assert_eq!(status(9000), 0);
+    assert_eq!(s.lock().unwrap().mtu, Some(9000));
+    assert_eq!(status(9001), 1, "above the port's MTU");
+    assert_eq!(status(67), 1, "below virtio-net's minimum");
+    assert_eq!(status(1 << 40), 1, "not a u16");
+    assert_eq!(status(1500), 0);
+    assert_eq!(s.lock().unwrap().mtu, Some(1500));
 }
 
 /// QEMU 7.2 vhost-user-net: SET_VRING_ENABLE before SET_FEATURES is honoured and acked.

@@ -2,8 +2,8 @@
 //! decodes them, and frames its replies to them.
 //!
 //! `VHOST_USER_SET_LOG_FD` (7), `SET_VRING_ENABLE` (18: the crate refuses it before
-//! `SET_FEATURES` acked protocol features, see `run`), `SEND_RARP` (19), `SET_BACKEND_REQ_FD`
-//! (21) and `IOTLB_MSG` (22) come on the crate's framing: a 12-byte header (request, flags,
+//! `SET_FEATURES` acked protocol features, see `run`), `SEND_RARP` (19), `NET_SET_MTU` (20),
+//! `SET_BACKEND_REQ_FD` (21) and `IOTLB_MSG` (22) come on the crate's framing: a 12-byte header (request, flags,
 //! body size), the body, and the fds attached to it. The header is peeked, never consumed, to
 //! learn whether the next message is one of these ([`peek_own`]); the crate reads anything
 //! else.
@@ -32,6 +32,8 @@ pub(super) const SET_LOG_FD: u32 = 7;
 pub(super) const SET_VRING_ENABLE: u32 = 18;
 /// `VHOST_USER_SEND_RARP` (request 19): the guest's MAC address in a u64 body.
 pub(super) const SEND_RARP: u32 = 19;
+/// `VHOST_USER_NET_SET_MTU` (request 20): the MTU the frontend gave the guest, in a u64 body.
+pub(super) const NET_SET_MTU: u32 = 20;
 
 /// IOTLB messages read (and applied) as one run before one publish.
 pub(super) const IOTLB_RUN: usize = 256;
@@ -83,6 +85,8 @@ pub(super) enum Request {
     SetVringEnable,
     /// `SEND_RARP`: an 8-byte body, no fd.
     SendRarp,
+    /// `NET_SET_MTU`: an 8-byte body, no fd.
+    SetMtu,
     /// `SET_BACKEND_REQ_FD`: one fd (a socket), a body of 0 or 8 bytes.
     SetBackendReqFd,
     /// `IOTLB_MSG`: a 32-byte `vhost_iotlb_msg`, no fd.
@@ -96,6 +100,7 @@ impl Request {
             SET_LOG_FD => Self::SetLogFd,
             SET_VRING_ENABLE => Self::SetVringEnable,
             SEND_RARP => Self::SendRarp,
+            NET_SET_MTU => Self::SetMtu,
             SET_BACKEND_REQ_FD => Self::SetBackendReqFd,
             IOTLB_MSG => Self::Iotlb,
             _ => return None,
@@ -108,6 +113,7 @@ impl Request {
             Self::SetLogFd => "SET_LOG_FD",
             Self::SetVringEnable => "SET_VRING_ENABLE",
             Self::SendRarp => "SEND_RARP",
+            Self::SetMtu => "NET_SET_MTU",
             Self::SetBackendReqFd => "SET_BACKEND_REQ_FD",
             Self::Iotlb => "IOTLB message",
         }
@@ -117,7 +123,7 @@ impl Request {
     fn sizes(self) -> &'static [usize] {
         match self {
             Self::SetLogFd | Self::SetBackendReqFd => &[0, 8],
-            Self::SetVringEnable | Self::SendRarp => &[8],
+            Self::SetVringEnable | Self::SendRarp | Self::SetMtu => &[8],
             Self::Iotlb => &[BODY_LEN],
         }
     }
@@ -126,7 +132,7 @@ impl Request {
     fn fds(self) -> usize {
         match self {
             Self::SetLogFd | Self::SetBackendReqFd => 1,
-            Self::SetVringEnable | Self::SendRarp | Self::Iotlb => 0,
+            Self::SetVringEnable | Self::SendRarp | Self::SetMtu | Self::Iotlb => 0,
         }
     }
 
@@ -159,6 +165,8 @@ pub(super) enum Own {
     },
     /// `SEND_RARP`: the guest's MAC address.
     Rarp([u8; 6]),
+    /// `NET_SET_MTU`: the MTU, as the frontend sent it (its range is the session's check).
+    Mtu(u64),
     /// `SET_BACKEND_REQ_FD`: the backend channel's socket.
     BackendChannel(UnixStream),
     /// `IOTLB_MSG`: a grant or a revocation (its meaning is checked by the session).
@@ -242,6 +250,9 @@ pub(super) fn decode(m: &[u8], files: Vec<File>) -> Result<(Header, Own), Decode
             let mut mac = [0u8; 6];
             mac.copy_from_slice(&body[..6]);
             Own::Rarp(mac)
+        }
+        (Request::SetMtu, None) => {
+            Own::Mtu(u64::from(le32(body, 0)) | (u64::from(le32(body, 4)) << 32))
         }
         (Request::Iotlb, None) => Own::Iotlb(
             IotlbMsg::parse(body).ok_or(DecodeError::IotlbType(body[25]))?, // 25: `type`

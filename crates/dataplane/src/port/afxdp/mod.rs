@@ -15,8 +15,8 @@
 //! ring says it sleeps. Frames come back through the completion ring, reclaimed at the next
 //! batch.
 //!
-//! A frame longer than the interface's MTU allows (read when the port opens) is refused as
-//! `too_big`, never cut.
+//! Its MTU is the interface's when the port opens (within a UMEM frame): the switch drops a
+//! longer frame as `too_big`, never cuts it.
 //!
 //! Offloads: XDP gives a frame with no metadata, and takes none: the port offers no receive
 //! offload, so the switch completes checksums and segments GSO packets in software before
@@ -73,15 +73,16 @@ pub struct AfXdpPort {
     down: bool,
     /// Frames are left on the transmit ring after the kicks of a commit.
     unsent: bool,
-    /// The longest frame the interface sends without a VLAN tag: its MTU and the Ethernet
-    /// header (4 bytes more with a tag).
-    max_frame: u32,
+    /// The interface's MTU when the port opened, within what a UMEM frame holds: the switch
+    /// drops what is longer as `too_big` ([`crate::pkt::fits_mtu`]).
+    mtu: u16,
 }
 
 impl AfXdpPort {
     /// Wraps an opened device.
     pub fn new(id: PortId, stats: Arc<PortStats>, dev: XdpDev) -> Self {
-        let max_frame = (dev.mtu() + 14).min(FRAME);
+        let most = FRAME - crate::pkt::MTU_OVERHEAD;
+        let mtu = u16::try_from(dev.mtu().min(most)).unwrap_or(u16::MAX);
         let free = (RX_FRAMES..RX_FRAMES + TX_FRAMES)
             .rev()
             .map(|k| u64::from(k) * u64::from(FRAME))
@@ -97,7 +98,7 @@ impl AfXdpPort {
             left: false,
             down: false,
             unsent: false,
-            max_frame,
+            mtu,
         }
     }
 
@@ -185,8 +186,8 @@ impl AfXdpPort {
     /// Copies one packet into a free transmit frame and describes it on the ring.
     fn put(&mut self, pkt: &Pkt<'_>) -> TxOut {
         let len = pkt.frame_len();
-        if len > self.max_frame && !vlan_fits(pkt, len, self.max_frame) {
-            // The kernel would drop it unseen: dropped and counted here, never cut.
+        if len > FRAME {
+            // Past the MTU the switch already dropped it; a UMEM frame is the last bound.
             return TxOut::Dropped(DropReason::TooBig);
         }
         if self.free.is_empty() || self.dev.queues[0].tx.free(1) == 0 {
@@ -309,16 +310,6 @@ impl AfXdpPort {
     }
 }
 
-/// Whether a frame `len` bytes long, over `max` (the untagged limit), is a VLAN-tagged one
-/// within the 4 bytes its tag adds (and within a UMEM frame).
-#[cold]
-fn vlan_fits(pkt: &Pkt<'_>, len: u32, max: u32) -> bool {
-    let mut t = [0u8; 2];
-    len <= (max + 4).min(FRAME)
-        && read_segs(pkt.segs, pkt.hdr_len + MACS, &mut t) == 2
-        && u16::from_be_bytes(t) == 0x8100
-}
-
 impl Drop for AfXdpPort {
     /// Logs what the kernel dropped before the port saw it (its rings full or its fill ring
     /// empty: `XDP_STATISTICS`), which no counter of the port's can show.
@@ -373,6 +364,10 @@ impl super::Port for AfXdpPort {
 
     fn kind(&self) -> &'static str {
         "af-xdp"
+    }
+
+    fn mtu(&self) -> Option<u16> {
+        Some(self.mtu)
     }
 
     fn caps(&self) -> Caps {

@@ -20,6 +20,7 @@ impl VhostPort {
             id,
             cfg,
             features: 0,
+            mtu: None,
             hdr_len: HDR_LEN,
             mergeable: false,
             qps: stats.iter().map(|_| None).collect(),
@@ -57,6 +58,7 @@ impl VhostPort {
             return;
         }
         self.features = q.features;
+        self.mtu = q.mtu;
         self.hdr_len = hdr_len(q.features);
         self.mergeable = q.mergeable;
         let (policy, is_rx) = if QueueIndex(q.index).is_rx() {

@@ -84,6 +84,8 @@ pub struct VhostPort {
     pub(super) cfg: VhostConfig,
     /// Features the frontend acked (from its first started queue).
     pub(super) features: u64,
+    /// The frontend's MTU (`NET_SET_MTU`) or the port's configured one, from its queues.
+    pub(super) mtu: Option<u16>,
     pub(super) hdr_len: u32,
     pub(super) mergeable: bool,
     /// Counters of each pair this shard services (index = pair).

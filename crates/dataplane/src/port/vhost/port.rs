@@ -39,6 +39,10 @@ impl Port for VhostPort {
             hairpin: true,
         }
     }
+    #[inline]
+    fn mtu(&self) -> Option<u16> {
+        self.mtu
+    }
 
     /// Lends its receive batch's chains when its header is the kernel's 12 bytes, nothing
     /// waits in its egress queue and one receive ring runs ([`VhostPort::lend_rx`]).

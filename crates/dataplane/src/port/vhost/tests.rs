@@ -42,6 +42,7 @@ fn slot_under_iommu(mock: &MockQueue) -> (QueueSlot, Arc<BackendChannel>) {
         mergeable: true,
         features: MODERN,
         iotlb: Some(ch.clone()),
+        mtu: None,
     };
     (QueueSlot::new(s, Policy::Notify, WakeCost::FALLBACK), ch)
 }

@@ -449,7 +449,7 @@ impl XdpDev {
             ));
         }
         crate::sys::tap::set_link_up(name, None)?;
-        let mtu = crate::sys::tap::mtu(name)?;
+        let mtu = crate::sys::tap::link_mtu(name)?;
         let map = XskMap::new(cfg.queues)?;
         let prog = Prog::load(&map)?;
         let (link, mode) = match cfg.mode {

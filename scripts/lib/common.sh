@@ -1,4 +1,7 @@
-# scripts/peers/lib.sh - helpers shared by pvnet's peer harness (sourced, never executed).
+# scripts/lib/common.sh - shell helpers shared by pvnet's scripts, its peer harness
+# (scripts/peers/) and the interop tests (tests/interop/run.sh); sourced, never executed.
+# The Python these helpers and the scripts call lives beside it, in scripts/lib/*.py
+# ($PYLIB): pvnet_report.py reads pvnet's JSON reports, one module per benchmark its tables.
 #
 # Peers are programs pvnet did not write: DPDK 22.11 dpdk-testpmd (net_vhost, net_virtio_user)
 # and a Debian Linux guest (virtio_net) under QEMU 7.2. Everything runs as root on Debian 12.
@@ -7,8 +10,10 @@
 # shellcheck shell=bash
 
 set -euo pipefail
-PEERS_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PVNET_ROOT="$(cd "$PEERS_LIB_DIR/../.." && pwd)"
+PYLIB="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PVNET_ROOT="$(cd "$PYLIB/../.." && pwd)"
+# shellcheck disable=SC2034  # used by the scripts that source this file
+PEERS_DIR="$PVNET_ROOT/scripts/peers"   # setup.sh and the peer benchmarks
 WORK="${PVNET_PEERS_WORK:-/tmp/pvnet-peers}"
 GUEST_DIR="$WORK/guest"
 # The QEMU the guests run under (Debian 12's 7.2 by default). QEMU_NEW: a newer one, unpacked
@@ -124,7 +129,7 @@ guest_accel() {
 # The two vCPUs of these VMs flip between ~40-60 ns and ~180-440 ns; rates follow it ~3x.
 c2c_ns() {
   timeout 20 "$PVNET_BIN" limits 2>/dev/null |
-    python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["c2c_ns"])' 2>/dev/null || echo nan
+    python3 "$PYLIB/pvnet_report.py" c2c 2>/dev/null || echo nan
 }
 
 # build_pvnet: release build of the pvnet command (incremental, bounded).
@@ -137,21 +142,7 @@ build_pvnet() {
 
 # json_port FILE FIELD : FIELD of port 0 in pvnet backend's final JSON line in FILE
 # (drops.<reason> for a drop counter); "missing" when there is no final line.
-json_port() {
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-v = "missing"
-for line in open(sys.argv[1], errors="replace"):
-    if line.startswith('{"final"'):
-        ports = json.loads(line)["final"]["ports"]
-        if ports:
-            x = ports[0]
-            for k in sys.argv[2].split("."):
-                x = x.get(k) if isinstance(x, dict) else None
-            v = "none" if x is None else str(x)
-print(v)
-PY
-}
+json_port() { python3 "$PYLIB/pvnet_report.py" port0 "$1" "$2"; }
 
 # ---- network namespaces: test traffic never touches the machine's own network -----------------
 # Every tap, veth, bridge, address, route and host-side tool (iperf3 -s, ping, sockperf) of a
@@ -336,18 +327,7 @@ split_qemu() {
 }
 # doc_section DOC NAME FILE : replaces what stands between `<!-- NAME:begin -->` and
 # `<!-- NAME:end -->` in DOC with FILE's text (the markers are appended if DOC lacks them).
-doc_section() {
-  python3 - "$1" "$2" "$3" <<'PY'
-import sys
-doc, name, sec = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
-t = open(doc).read()
-a, b = "<!-- %s:begin -->" % name, "<!-- %s:end -->" % name
-if a not in t or b not in t:
-    t += "\n" + a + "\n" + b + "\n"
-i, j = t.index(a) + len(a), t.index(b)
-open(doc, "w").write(t[:i] + "\n" + sec + t[j:])
-PY
-}
+doc_section() { python3 "$PYLIB/docsection.py" section "$1" "$2" "$3"; }
 # doc_results DOC NAME COMMAND SUMMARY RAW : DOC's NAME section becomes "Measured <date> with
 # `COMMAND`, pvnet <revision>.", the SUMMARY file, and the RAW file (RESULT lines) folded.
 doc_results() {
@@ -399,4 +379,4 @@ bench_dir() {
 }
 bench_cleanup() { local p; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 # c2c : the one-way core-to-core latency now, ns (pvnet limits, with $PV), or nan.
-c2c() { timeout 20 "$PV" limits 2>/dev/null | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["c2c_ns"])' 2>/dev/null || echo nan; }
+c2c() { timeout 20 "$PV" limits 2>/dev/null | python3 "$PYLIB/pvnet_report.py" c2c 2>/dev/null || echo nan; }

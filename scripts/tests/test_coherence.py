@@ -1,6 +1,6 @@
 """Tests of the coherence count's model and trace reader (scripts/coherence.py).
 
-Run: python3 -m pytest scripts/test_coherence.py (or python3 scripts/test_coherence.py).
+Run: python3 -m pytest scripts/tests (or python3 scripts/tests/test_coherence.py).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import coherence as c
 

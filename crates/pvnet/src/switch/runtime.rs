@@ -8,12 +8,12 @@
 //! the configuration's own ports. Ports from the configuration file and `--port` are never
 //! written there: the file stays the configuration's source of truth.
 
+use super::config::{
+    check_port, egress_of, fmt_mac, host_io, io_name, kernel_egress, parse_mac, parse_port_spec,
+    port_policy, spec_value, xdp_config, FileConfig, PortConfig,
+};
 use crate::ctl::{self, PortInfo, Reply};
 use crate::error::{io, usage, Result};
-use crate::switch_cmd::{
-    check_port, counters, egress_of, host_io, io_name, kernel_egress, parse_mac, port_policy,
-    spec_value, FileConfig, PortConfig,
-};
 use pvnet_dataplane::egress::EgressConfig;
 use pvnet_dataplane::poll::Policy;
 use pvnet_dataplane::port::gen::GenSpec;
@@ -25,7 +25,7 @@ use pvnet_vhost::backend::{
 };
 use pvnet_vhost::eventfd::Stop;
 use pvnet_vhost::features::{DEVICE_FEATURES, OFFLOAD_FEATURES};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -77,6 +77,8 @@ pub(crate) struct Runtime {
     started: Instant,
     state: Option<PathBuf>,
     inner: Mutex<Inner>,
+    /// The switch-wide MTU, for ports that set none.
+    mtu: Option<u16>,
 }
 
 /// What a vhost-user port's settings make of it: its egress and its offer (what each new
@@ -90,6 +92,7 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
         dql,
         bulk,
         limit,
+        mtu,
         ..
     } = p
     else {
@@ -97,6 +100,7 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
     };
     let offer = BackendConfig {
         queue_pairs: *queue_pairs,
+        mtu: *mtu,
         features: if *offloads {
             DEVICE_FEATURES | OFFLOAD_FEATURES
         } else {
@@ -156,7 +160,14 @@ impl Runtime {
             started: Instant::now(),
             state,
             inner: Mutex::new(Inner::default()),
+            mtu: None,
         }
+    }
+
+    /// Ports added later that set no MTU get `mtu` (the switch's `--mtu`).
+    pub(crate) fn with_mtu(mut self, mtu: Option<u16>) -> Self {
+        self.mtu = mtu;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -179,93 +190,21 @@ impl Runtime {
         Ok(egress)
     }
 
-    /// Starts port `id` as `cfg` says; returns what keeps it running and its description.
+    /// Starts port `id` as `p` says; returns what keeps it running and its description.
     fn start(&self, id: PortId, p: &PortConfig) -> Result<(Running, String)> {
-        let name = p.name().to_string();
-        let at = |what: &dyn std::fmt::Display| io(format!("port {name}: {what}"));
         match p {
-            PortConfig::VhostUser { socket, client, .. } => {
-                let (egress, offer) =
-                    vhost_parts(p)?.ok_or_else(|| usage(format!("port {name}: not vhost-user")))?;
-                // Bound here, not on the thread: a path that cannot be bound is this
-                // request's error.
-                let listener = if *client {
-                    None
-                } else {
-                    Some(Listener::bind(socket).map_err(at(&socket.display()))?)
-                };
-                self.dp.set_egress(id, egress);
-                let policy = port_policy(p)?;
-                if policy.is_some() {
-                    self.dp.set_tx_policy(id, policy);
-                }
-                let offer = Arc::new(Mutex::new(offer));
-                let stop = Stop::new().map_err(at(&"eventfd"))?;
-                let hooks: Arc<dyn DeviceHooks> = self.dp.clone();
-                let (path, st, of, n) = (socket.clone(), stop.clone(), offer.clone(), name.clone());
-                let thread = std::thread::Builder::new()
-                    .name(format!("vu-{name}"))
-                    .spawn(move || match listener {
-                        None => connect_loop(&path, of, hooks, st, Duration::from_millis(200), Some(id)),
-                        Some(l) => {
-                            if let Err(e) = serve_port(l, id, of, hooks, st) {
-                                error!(port = %n, socket = %path.display(), "port stopped serving: {e}");
-                            }
-                        }
-                    })
-                    .map_err(at(&"thread"))?;
-                Ok((
-                    Running::Vhost {
-                        stop,
-                        thread: Some(thread),
-                        offer,
-                    },
-                    vhost_detail(socket, *client, &egress, policy),
-                ))
-            }
-            PortConfig::Tap {
-                ifname,
-                offloads,
-                mtu,
-                io: tap_io,
-                direct,
-                persist,
-                ..
-            } => {
-                let tap_io = host_io(&name, tap_io)?;
-                let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
-                let tap = pvnet_dataplane::sys::tap::open(&want, *offloads).map_err(at(&"tap"))?;
-                tap.link_up(*mtu).map_err(at(&"link up"))?;
-                let keep = if *persist {
-                    tap.set_persist(true).map_err(at(&"persist"))?;
-                    Some(tap.try_clone_fd().map_err(at(&"dup"))?)
-                } else {
-                    None
-                };
-                let ifn = tap.name().to_string();
-                info!(port = %name, ifname = %ifn, offloads = *offloads, persist = *persist, "tap ready");
-                let dev = HostDev::Tap(tap);
-                let egress = Self::kernel_egress(p, &dev)?;
-                self.dp.add_host(id, HostPort::Kernel(dev, tap_io, *direct));
-                if egress.queue.is_some() {
-                    self.dp.set_egress(id, egress);
-                }
-                let detail = format!(
-                    "{ifn}, {}{}, egress {}",
-                    io_name(tap_io, *direct),
-                    if *persist { ", persistent" } else { "" },
-                    egress_text(&egress)
-                );
-                Ok((Running::Host { persist: keep }, detail))
-            }
+            PortConfig::VhostUser { .. } => self.start_vhost(id, p),
+            PortConfig::Tap { .. } => self.start_tap(id, p),
             PortConfig::AfPacket {
+                name,
                 ifname,
                 io: pio,
                 direct,
                 ..
             } => {
-                let pio = host_io(&name, pio)?;
-                let sock = pvnet_dataplane::sys::packet::open(ifname).map_err(at(&"AF_PACKET"))?;
+                let pio = host_io(name, pio)?;
+                let sock = pvnet_dataplane::sys::packet::open(ifname)
+                    .map_err(io(format!("port {name}: AF_PACKET")))?;
                 info!(port = %name, ifname = %ifname, "AF_PACKET socket bound");
                 let dev = HostDev::Packet(sock);
                 let egress = Self::kernel_egress(p, &dev)?;
@@ -282,10 +221,11 @@ impl Runtime {
                     ),
                 ))
             }
-            PortConfig::AfXdp { ifname, .. } => {
-                let cfg = crate::switch_cmd::xdp_config(p)?
-                    .ok_or_else(|| usage(format!("port {name}: not af-xdp")))?;
-                let dev = pvnet_dataplane::sys::xdp::XdpDev::open(&cfg).map_err(at(&"AF_XDP"))?;
+            PortConfig::AfXdp { name, ifname, .. } => {
+                let cfg =
+                    xdp_config(p)?.ok_or_else(|| usage(format!("port {name}: not af-xdp")))?;
+                let dev = pvnet_dataplane::sys::xdp::XdpDev::open(&cfg)
+                    .map_err(io(format!("port {name}: AF_XDP")))?;
                 let detail = dev.describe();
                 info!(port = %name, ifname = %ifname, mode = dev.mode().name(), zerocopy = dev.zerocopy(), "AF_XDP sockets bound");
                 self.dp.add_host(id, HostPort::AfXdp(dev));
@@ -295,41 +235,137 @@ impl Runtime {
                 self.dp.add_host(id, HostPort::Sink);
                 Ok((Running::Host { persist: None }, String::new()))
             }
-            PortConfig::Gen {
-                rate,
-                secs,
-                delay,
-                frame_len,
-                src,
-                dst,
-                flows,
-                ..
-            } => {
-                let spec = GenSpec {
-                    frame_len: *frame_len,
-                    rate: *rate,
-                    duration: (*secs > 0.0).then(|| Duration::from_secs_f64(*secs)),
-                    delay: Duration::from_secs_f64(*delay),
-                    src: parse_mac(src)?,
-                    dst: parse_mac(dst)?,
-                    flows: *flows,
-                };
-                self.dp.add_host(id, HostPort::Gen(spec));
-                let r = if *rate == 0 {
-                    "max rate".into()
-                } else {
-                    format!("{rate} pps")
-                };
-                Ok((
-                    Running::Host { persist: None },
-                    format!("{src} -> {dst}, {r}"),
-                ))
-            }
+            PortConfig::Gen { .. } => self.start_gen(id, p),
         }
+    }
+
+    /// Starts a vhost-user port: its listener (bound here: a path that cannot be bound is
+    /// this request's error) or connector, on a thread of its own.
+    fn start_vhost(&self, id: PortId, p: &PortConfig) -> Result<(Running, String)> {
+        let name = p.name().to_string();
+        let at = |what: &dyn std::fmt::Display| io(format!("port {name}: {what}"));
+        let (PortConfig::VhostUser { socket, client, .. }, Some((egress, offer))) =
+            (p, vhost_parts(p)?)
+        else {
+            return Err(usage(format!("port {name}: not vhost-user")));
+        };
+        let listener = if *client {
+            None
+        } else {
+            Some(Listener::bind(socket).map_err(at(&socket.display()))?)
+        };
+        self.dp.set_egress(id, egress);
+        let policy = port_policy(p)?;
+        if policy.is_some() {
+            self.dp.set_tx_policy(id, policy);
+        }
+        let offer = Arc::new(Mutex::new(offer));
+        let stop = Stop::new().map_err(at(&"eventfd"))?;
+        let hooks: Arc<dyn DeviceHooks> = self.dp.clone();
+        let (path, st, of, n) = (socket.clone(), stop.clone(), offer.clone(), name.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("vu-{name}"))
+            .spawn(move || match listener {
+                None => connect_loop(&path, of, hooks, st, Duration::from_millis(200), Some(id)),
+                Some(l) => {
+                    if let Err(e) = serve_port(l, id, of, hooks, st) {
+                        error!(port = %n, socket = %path.display(), "port stopped serving: {e}");
+                    }
+                }
+            })
+            .map_err(at(&"thread"))?;
+        Ok((
+            Running::Vhost {
+                stop,
+                thread: Some(thread),
+                offer,
+            },
+            vhost_detail(socket, *client, &egress, policy),
+        ))
+    }
+
+    /// Starts a tap port: opens (or attaches to) the interface and brings it up.
+    fn start_tap(&self, id: PortId, p: &PortConfig) -> Result<(Running, String)> {
+        let PortConfig::Tap {
+            name,
+            ifname,
+            offloads,
+            mtu,
+            io: tap_io,
+            direct,
+            persist,
+            ..
+        } = p
+        else {
+            return Err(usage(format!("port {}: not a tap", p.name())));
+        };
+        let at = |what: &dyn std::fmt::Display| io(format!("port {name}: {what}"));
+        let tap_io = host_io(name, tap_io)?;
+        let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
+        let tap = pvnet_dataplane::sys::tap::open(&want, *offloads).map_err(at(&"tap"))?;
+        tap.link_up(*mtu).map_err(at(&"link up"))?;
+        let keep = if *persist {
+            tap.set_persist(true).map_err(at(&"persist"))?;
+            Some(tap.try_clone_fd().map_err(at(&"dup"))?)
+        } else {
+            None
+        };
+        let ifn = tap.name().to_string();
+        info!(port = %name, ifname = %ifn, offloads = *offloads, persist = *persist, "tap ready");
+        let dev = HostDev::Tap(tap);
+        let egress = Self::kernel_egress(p, &dev)?;
+        self.dp.add_host(id, HostPort::Kernel(dev, tap_io, *direct));
+        if egress.queue.is_some() {
+            self.dp.set_egress(id, egress);
+        }
+        let detail = format!(
+            "{ifn}, {}{}, egress {}",
+            io_name(tap_io, *direct),
+            if *persist { ", persistent" } else { "" },
+            egress_text(&egress)
+        );
+        Ok((Running::Host { persist: keep }, detail))
+    }
+
+    /// Starts a generator port.
+    fn start_gen(&self, id: PortId, p: &PortConfig) -> Result<(Running, String)> {
+        let PortConfig::Gen {
+            rate,
+            secs,
+            delay,
+            frame_len,
+            src,
+            dst,
+            flows,
+            ..
+        } = p
+        else {
+            return Err(usage(format!("port {}: not a generator", p.name())));
+        };
+        let spec = GenSpec {
+            frame_len: *frame_len,
+            rate: *rate,
+            duration: (*secs > 0.0).then(|| Duration::from_secs_f64(*secs)),
+            delay: Duration::from_secs_f64(*delay),
+            src: parse_mac(src)?,
+            dst: parse_mac(dst)?,
+            flows: *flows,
+        };
+        self.dp.add_host(id, HostPort::Gen(spec));
+        let r = if *rate == 0 {
+            "max rate".into()
+        } else {
+            format!("{rate} pps")
+        };
+        Ok((
+            Running::Host { persist: None },
+            format!("{src} -> {dst}, {r}"),
+        ))
     }
 
     /// Adds a port; `Ok(false)` if an identical one is there already (idempotent).
     pub(crate) fn add(&self, p: PortConfig, origin: Origin) -> Result<bool> {
+        let p = p.with_mtu(self.mtu);
         check_port(&p)?;
         let name = p.name().to_string();
         let mut g = self.lock();
@@ -644,7 +680,7 @@ impl Runtime {
             .macs()
             .into_iter()
             .map(|e| ctl::MacInfo {
-                mac: crate::switch_cmd::fmt_mac(e.mac),
+                mac: fmt_mac(e.mac),
                 port: names
                     .get(&e.port)
                     .cloned()
@@ -719,7 +755,7 @@ impl Runtime {
         match op {
             ctl::Op::Status => Reply::refused("status is answered by the server"),
             ctl::Op::PortAdd { spec } => {
-                match crate::switch_cmd::parse_port_spec(spec).and_then(|p| {
+                match parse_port_spec(spec).and_then(|p| {
                     let name = p.name().to_string();
                     self.add(p, Origin::Ctl).map(|new| (new, name))
                 }) {
@@ -782,6 +818,29 @@ impl Runtime {
             },
         }
     }
+}
+
+/// Counters of a snapshot (a port's, or a queue pair's) as the flat map `pvnet ctl` shows.
+pub(crate) fn counters(s: &impl Serialize) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    if let Ok(serde_json::Value::Object(o)) = serde_json::to_value(s) {
+        for (k, v) in o {
+            match (k.as_str(), v) {
+                ("port" | "up" | "end_marker", _) => {}
+                ("drops", serde_json::Value::Object(d)) => {
+                    for (r, n) in d {
+                        m.insert(format!("drops_{r}"), n.as_u64().unwrap_or(0));
+                    }
+                }
+                (_, v) => {
+                    if let Some(n) = v.as_u64() {
+                        m.insert(k, n);
+                    }
+                }
+            }
+        }
+    }
+    m
 }
 
 /// Writes `f` as TOML to `path` through a temporary file and a rename.

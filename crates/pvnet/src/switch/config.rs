@@ -1,0 +1,666 @@
+//! `pvnet switch`'s configuration: the TOML file's `[switch]` and `[[port]]` tables, the
+//! `--port KIND:key=value,...` specs (the same model), and the checks of one port's settings.
+
+use crate::error::{usage, Result};
+use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
+use pvnet_dataplane::egress::EgressConfig;
+use pvnet_dataplane::poll::Policy;
+use pvnet_dataplane::port::kernel::HostIo;
+use pvnet_dataplane::port::vhost::MAX_STEER;
+use pvnet_vhost::backend::MIN_MTU;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The `[switch]` table.
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SwitchTable {
+    pub(super) cpu: Option<usize>,
+    pub(super) workers: Option<usize>,
+    pub(super) rebalance: Option<bool>,
+    pub(super) rebalance_load: Option<f64>,
+    pub(super) rebalance_spare: Option<f64>,
+    pub(super) policy: Option<String>,
+    pub(super) rx_policy: Option<String>,
+    pub(super) batch: Option<u16>,
+    pub(super) mac_aging: Option<u64>,
+    pub(super) tx_call_delay: Option<u64>,
+    pub(super) ctl_socket: Option<PathBuf>,
+    pub(super) ctl_group: Option<String>,
+    pub(super) state: Option<PathBuf>,
+    pub(super) metrics: Option<std::net::SocketAddr>,
+    pub(super) mtu: Option<u16>,
+}
+
+/// One `[[port]]` table (or `--port` spec).
+#[derive(Deserialize, Serialize, Debug, Clone, PartialEq)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub(crate) enum PortConfig {
+    VhostUser {
+        name: String,
+        socket: PathBuf,
+        #[serde(default)]
+        client: bool,
+        #[serde(default = "one")]
+        queue_pairs: u16,
+        #[serde(default = "yes")]
+        offloads: bool,
+        /// Egress queue scheduler: fq_codel, fifo, or none (packets wait in their senders).
+        #[serde(default = "fq_codel")]
+        qdisc: String,
+        /// Bound the frontend's receive ring by a dynamic queue limit.
+        #[serde(default = "yes")]
+        dql: bool,
+        /// Drain the egress queue in bulk (false: one packet per dequeue).
+        #[serde(default = "yes")]
+        bulk: bool,
+        /// Most packets in the egress queue.
+        #[serde(default = "qlimit")]
+        limit: u32,
+        /// Polling policy of this port's transmit rings (default: the switch's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<String>,
+        /// The MTU offered to the frontend (`VIRTIO_NET_F_MTU`) and the largest it may set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mtu: Option<u16>,
+    },
+    Tap {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ifname: Option<String>,
+        #[serde(default = "yes")]
+        offloads: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mtu: Option<u32>,
+        /// How packets move: uring (a burst per io_uring submission) or syscall (one each).
+        #[serde(default = "uring")]
+        io: String,
+        /// Read straight into the receive buffers of the frontend packets go to (uring).
+        #[serde(default = "yes")]
+        direct: bool,
+        /// The interface outlives pvnet (TUNSETPERSIST): its addresses survive a restart.
+        #[serde(default)]
+        persist: bool,
+        /// Egress queue scheduler: none (a packet the kernel has no room for is dropped),
+        /// fq_codel or fifo.
+        #[serde(default = "no_qdisc")]
+        qdisc: String,
+        /// Drain the egress queue in bulk (false: one packet per dequeue).
+        #[serde(default = "yes")]
+        bulk: bool,
+        /// Most packets in the egress queue.
+        #[serde(default = "qlimit")]
+        limit: u32,
+        /// The kernel's send buffer for the port's writes, in bytes (default: the kernel's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sndbuf: Option<u32>,
+    },
+    AfPacket {
+        name: String,
+        ifname: String,
+        /// How packets move: uring (a burst per io_uring submission) or syscall (one each).
+        #[serde(default = "uring")]
+        io: String,
+        /// Read straight into the receive buffers of the frontend packets go to (uring).
+        #[serde(default = "yes")]
+        direct: bool,
+        /// Egress queue scheduler: none (a packet the kernel has no room for is dropped),
+        /// fq_codel or fifo.
+        #[serde(default = "no_qdisc")]
+        qdisc: String,
+        /// Drain the egress queue in bulk (false: one packet per dequeue).
+        #[serde(default = "yes")]
+        bulk: bool,
+        /// Most packets in the egress queue.
+        #[serde(default = "qlimit")]
+        limit: u32,
+        /// The kernel's send buffer for the port's writes, in bytes (default: the kernel's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sndbuf: Option<u32>,
+    },
+    AfXdp {
+        name: String,
+        ifname: String,
+        /// The interface's queues to take (0..queues), one AF_XDP socket each.
+        #[serde(default = "one_queue")]
+        queues: u32,
+        /// XDP mode: auto (native, else generic), native or generic.
+        #[serde(default = "auto")]
+        mode: String,
+        /// Zero-copy: auto (where the driver has it), true or false.
+        #[serde(default = "auto", deserialize_with = "bool_or_str")]
+        zerocopy: String,
+    },
+    Sink {
+        name: String,
+    },
+    Gen {
+        name: String,
+        #[serde(default)]
+        rate: u64,
+        #[serde(default)]
+        secs: f64,
+        #[serde(default)]
+        delay: f64,
+        #[serde(default = "frame_len")]
+        frame_len: usize,
+        #[serde(default = "gen_src")]
+        src: String,
+        #[serde(default = "gen_dst")]
+        dst: String,
+        #[serde(default = "one_flow")]
+        flows: u8,
+    },
+}
+
+fn one_queue() -> u32 {
+    1
+}
+fn auto() -> String {
+    "auto".into()
+}
+
+/// A key that takes `true`, `false` or a word (`zerocopy=auto`), as a string.
+fn bool_or_str<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum BoolOrStr {
+        B(bool),
+        S(String),
+    }
+    Ok(match BoolOrStr::deserialize(d)? {
+        BoolOrStr::B(b) => b.to_string(),
+        BoolOrStr::S(s) => s,
+    })
+}
+
+/// An `af-xdp` port's settings as the dataplane takes them.
+pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::sys::xdp::XdpConfig>> {
+    let PortConfig::AfXdp {
+        name,
+        ifname,
+        queues,
+        mode,
+        zerocopy,
+    } = p
+    else {
+        return Ok(None);
+    };
+    if *queues == 0 || *queues > 256 {
+        return Err(usage(format!("port {name}: queues must be 1 to 256")));
+    }
+    Ok(Some(pvnet_dataplane::sys::xdp::XdpConfig {
+        ifname: ifname.clone(),
+        queues: *queues,
+        mode: mode
+            .parse()
+            .map_err(|e| usage(format!("port {name}: {e}")))?,
+        zerocopy: zerocopy
+            .parse()
+            .map_err(|e| usage(format!("port {name}: {e}")))?,
+    }))
+}
+
+fn one() -> u16 {
+    1
+}
+/// A kernel port's `io` key.
+pub(crate) fn host_io(port: &str, s: &str) -> Result<HostIo> {
+    s.parse().map_err(|e| usage(format!("port {port}: {e}")))
+}
+
+pub(crate) fn io_name(io: HostIo, direct: bool) -> &'static str {
+    match (io, direct) {
+        (HostIo::Uring, true) => "io_uring, direct receive",
+        (HostIo::Uring, false) => "io_uring",
+        (HostIo::Syscall, _) => "a syscall per packet",
+    }
+}
+
+fn uring() -> String {
+    "uring".into()
+}
+fn fq_codel() -> String {
+    "fq_codel".into()
+}
+fn no_qdisc() -> String {
+    "none".into()
+}
+fn qlimit() -> u32 {
+    1024
+}
+
+/// A vhost-user port's own transmit-ring policy (`policy=`), if it has one.
+pub(crate) fn port_policy(p: &PortConfig) -> Result<Option<Policy>> {
+    let PortConfig::VhostUser {
+        name,
+        policy: Some(s),
+        ..
+    } = p
+    else {
+        return Ok(None);
+    };
+    s.parse()
+        .map(Some)
+        .map_err(|e| usage(format!("port {name}: policy: {e}")))
+}
+
+/// A tap's or `AF_PACKET` port's egress settings from its `qdisc`, `bulk` and `limit` keys
+/// (no `dql`: the kernel reports no completions), and its `sndbuf`; None for another kind.
+pub(crate) fn kernel_egress(p: &PortConfig) -> Result<Option<(EgressConfig, Option<u32>)>> {
+    let (PortConfig::Tap {
+        name,
+        qdisc,
+        bulk,
+        limit,
+        sndbuf,
+        ..
+    }
+    | PortConfig::AfPacket {
+        name,
+        qdisc,
+        bulk,
+        limit,
+        sndbuf,
+        ..
+    }) = p
+    else {
+        return Ok(None);
+    };
+    Ok(Some((
+        egress_of(name, qdisc, false, *bulk, *limit)?,
+        *sndbuf,
+    )))
+}
+
+/// A vhost-user port's egress settings from its `qdisc`, `dql`, `bulk` and `limit` keys.
+pub(crate) fn egress_of(
+    name: &str,
+    qdisc: &str,
+    dql: bool,
+    bulk: bool,
+    limit: u32,
+) -> Result<EgressConfig> {
+    let base = EgressConfig::switch_default();
+    if limit == 0 || limit > 1 << 20 {
+        return Err(usage(format!(
+            "port {name}: limit must be 1..={} packets",
+            1 << 20
+        )));
+    }
+    let queue = match qdisc {
+        "none" => None,
+        q => Some(QueueConfig {
+            qdisc: q
+                .parse::<Qdisc>()
+                .map_err(|e| usage(format!("port {name}: {e} (or none)")))?,
+            limit,
+            ..QueueConfig::default()
+        }),
+    };
+    Ok(EgressConfig {
+        queue,
+        dql: dql && queue.is_some(),
+        bulk,
+        ..base
+    })
+}
+fn yes() -> bool {
+    true
+}
+fn frame_len() -> usize {
+    64
+}
+fn gen_src() -> String {
+    "02:00:00:00:00:01".into()
+}
+fn gen_dst() -> String {
+    "02:00:00:00:00:02".into()
+}
+fn one_flow() -> u8 {
+    1
+}
+
+impl PortConfig {
+    pub(crate) fn name(&self) -> &str {
+        match self {
+            PortConfig::VhostUser { name, .. }
+            | PortConfig::Tap { name, .. }
+            | PortConfig::AfPacket { name, .. }
+            | PortConfig::AfXdp { name, .. }
+            | PortConfig::Sink { name }
+            | PortConfig::Gen { name, .. } => name,
+        }
+    }
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            PortConfig::VhostUser { .. } => "vhost-user",
+            PortConfig::Tap { .. } => "tap",
+            PortConfig::AfPacket { .. } => "af-packet",
+            PortConfig::AfXdp { .. } => "af-xdp",
+            PortConfig::Sink { .. } => "sink",
+            PortConfig::Gen { .. } => "gen",
+        }
+    }
+
+    /// The port as a `--port` spec (for messages).
+    pub(crate) fn spec(&self) -> String {
+        let mut out = format!("{}:", self.kind());
+        if let Ok(t) = toml::Table::try_from(self) {
+            let kv: Vec<String> = t
+                .iter()
+                .filter(|(k, _)| k.as_str() != "kind")
+                .map(|(k, v)| match v {
+                    toml::Value::String(s) => format!("{k}={s}"),
+                    v => format!("{k}={v}"),
+                })
+                .collect();
+            out.push_str(&kv.join(","));
+        }
+        out
+    }
+
+    /// What the port holds that no other port may: its socket path or interface.
+    pub(crate) fn resource(&self) -> Option<String> {
+        match self {
+            PortConfig::VhostUser { socket, .. } => Some(format!("socket {}", socket.display())),
+            PortConfig::Tap {
+                ifname: Some(i), ..
+            }
+            | PortConfig::AfPacket { ifname: i, .. }
+            | PortConfig::AfXdp { ifname: i, .. } => Some(format!("interface {i}")),
+            _ => None,
+        }
+    }
+}
+
+impl PortConfig {
+    /// The port with the switch-wide MTU where it sets none of its own (vhost-user, tap).
+    pub(crate) fn with_mtu(mut self, switch_mtu: Option<u16>) -> Self {
+        match &mut self {
+            PortConfig::VhostUser { mtu, .. } => *mtu = mtu.or(switch_mtu),
+            PortConfig::Tap { mtu, .. } => *mtu = mtu.or(switch_mtu.map(u32::from)),
+            _ => {}
+        }
+        self
+    }
+}
+
+/// The checks of one port's settings that need no other port.
+pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
+    if p.name().is_empty() {
+        return Err(usage("a port needs a name"));
+    }
+    match p {
+        PortConfig::VhostUser {
+            name,
+            queue_pairs,
+            qdisc,
+            dql,
+            bulk,
+            limit,
+            mtu,
+            ..
+        } => {
+            if *queue_pairs == 0 || usize::from(*queue_pairs) > MAX_STEER {
+                return Err(usage(format!(
+                    "port {name}: queue_pairs must be 1 to {MAX_STEER}"
+                )));
+            }
+            if mtu.is_some_and(|m| m < MIN_MTU) {
+                return Err(usage(format!(
+                    "port {name}: mtu must be {MIN_MTU} to 65535 (virtio-net's range)"
+                )));
+            }
+            egress_of(name, qdisc, *dql, *bulk, *limit)?;
+            port_policy(p)?;
+        }
+        PortConfig::Tap { name, io, .. } | PortConfig::AfPacket { name, io, .. } => {
+            host_io(name, io)?;
+            kernel_egress(p)?;
+        }
+        PortConfig::Gen {
+            name,
+            secs,
+            delay,
+            src,
+            dst,
+            flows,
+            ..
+        } => {
+            if !(secs.is_finite() && *secs >= 0.0 && delay.is_finite() && *delay >= 0.0) {
+                return Err(usage(format!("port {name}: secs and delay must be >= 0")));
+            }
+            if *flows == 0 {
+                return Err(usage(format!("port {name}: flows must be 1 to 255")));
+            }
+            parse_mac(src)?;
+            parse_mac(dst)?;
+        }
+        PortConfig::AfXdp { .. } => {
+            xdp_config(p)?;
+        }
+        PortConfig::Sink { .. } => {}
+    }
+    Ok(())
+}
+
+#[derive(Deserialize, Serialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileConfig {
+    #[serde(default, skip_serializing)]
+    pub(crate) switch: SwitchTable,
+    #[serde(default)]
+    pub(crate) port: Vec<PortConfig>,
+}
+
+/// A spec's value: integers, booleans and floats become those; everything else is a string
+/// (paths, names, MACs).
+pub(crate) fn spec_value(v: &str) -> toml::Value {
+    let v = v.trim();
+    if let Ok(i) = v.parse::<i64>() {
+        toml::Value::Integer(i)
+    } else if let Ok(b) = v.parse::<bool>() {
+        toml::Value::Boolean(b)
+    } else if let Ok(f) = v.parse::<f64>() {
+        toml::Value::Float(f)
+    } else {
+        toml::Value::String(v.into())
+    }
+}
+
+/// Parses `KIND:key=value,...` into a port table (values as [`spec_value`]).
+pub(crate) fn parse_port_spec(spec: &str) -> Result<PortConfig> {
+    let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
+    let mut t = toml::Table::new();
+    t.insert("kind".into(), toml::Value::String(kind.trim().into()));
+    for kv in rest.split(',').filter(|s| !s.trim().is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| usage(format!("--port {spec}: '{kv}' is not key=value")))?;
+        t.insert(k.trim().into(), spec_value(v));
+    }
+    PortConfig::deserialize(toml::Value::Table(t)).map_err(|e| usage(format!("--port {spec}: {e}")))
+}
+
+pub(crate) fn parse_mac(s: &str) -> Result<[u8; 6]> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let mut m = [0u8; 6];
+    if parts.len() != 6 {
+        return Err(usage(format!(
+            "'{s}' is not a MAC address (aa:bb:cc:dd:ee:ff)"
+        )));
+    }
+    for (b, p) in m.iter_mut().zip(parts) {
+        *b = u8::from_str_radix(p, 16).map_err(|_| usage(format!("'{s}' is not a MAC address")))?;
+    }
+    Ok(m)
+}
+
+pub(crate) fn fmt_mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// `mtu=` on a vhost-user port, checked against virtio-net's range; the switch-wide MTU
+    /// fills in only where a port sets none.
+    #[test]
+    fn a_ports_mtu_and_the_switch_wide_default() {
+        let mtu = |p: &PortConfig| match p {
+            PortConfig::VhostUser { mtu, .. } => mtu.map(u32::from),
+            PortConfig::Tap { mtu, .. } => *mtu,
+            _ => None,
+        };
+        let own = parse_port_spec("vhost-user:name=a,socket=/s,mtu=9000").unwrap();
+        assert_eq!(mtu(&own), Some(9000));
+        assert_eq!(mtu(&own.clone().with_mtu(Some(1500))), Some(9000));
+        let none = parse_port_spec("vhost-user:name=a,socket=/s").unwrap();
+        assert_eq!(mtu(&none.clone().with_mtu(Some(1500))), Some(1500));
+        assert_eq!(mtu(&none.with_mtu(None)), None);
+        let tap = parse_port_spec("tap:name=t").unwrap();
+        assert_eq!(mtu(&tap.with_mtu(Some(9000))), Some(9000));
+        assert!(
+            check_port(&parse_port_spec("vhost-user:name=a,socket=/s,mtu=67").unwrap()).is_err()
+        );
+        assert!(parse_port_spec("vhost-user:name=a,socket=/s,mtu=70000").is_err());
+    }
+
+    #[test]
+    fn port_specs_parse_into_the_toml_model() {
+        assert_eq!(
+            parse_port_spec("vhost-user:name=vm1,socket=/tmp/a.sock,client=true").unwrap(),
+            PortConfig::VhostUser {
+                name: "vm1".into(),
+                socket: "/tmp/a.sock".into(),
+                client: true,
+                queue_pairs: 1,
+                offloads: true,
+                qdisc: "fq_codel".into(),
+                dql: true,
+                bulk: true,
+                limit: 1024,
+                policy: None,
+                mtu: None,
+            }
+        );
+        let e = |spec: &str| match parse_port_spec(spec).unwrap() {
+            PortConfig::VhostUser {
+                name,
+                qdisc,
+                dql,
+                bulk,
+                limit,
+                ..
+            } => egress_of(&name, &qdisc, dql, bulk, limit),
+            _ => unreachable!(),
+        };
+        let k = |spec: &str| kernel_egress(&parse_port_spec(spec)?).map(Option::unwrap);
+        let (tap, sndbuf) =
+            k("tap:name=h,ifname=t0,qdisc=fq_codel,limit=256,sndbuf=65536").unwrap();
+        let q = tap.queue.expect("a queue");
+        assert_eq!(
+            (q.qdisc, q.limit, tap.dql, sndbuf),
+            (Qdisc::FqCodel, 256, false, Some(65536))
+        );
+        let (none, sndbuf) = k("af-packet:name=w,ifname=v0").unwrap();
+        assert_eq!((none.queue, sndbuf), (None, None), "no queue unless asked");
+        assert!(k("af-packet:name=w,ifname=v0,qdisc=red").is_err());
+        assert!(
+            k("tap:name=h,dql=true").is_err(),
+            "no dql key on a kernel port"
+        );
+        let fifo = e("vhost-user:name=a,socket=/s,qdisc=fifo,dql=false,bulk=false").unwrap();
+        assert_eq!(fifo.queue.map(|q| q.qdisc), Some(Qdisc::Fifo));
+        assert!(!fifo.dql && !fifo.bulk);
+        let none = e("vhost-user:name=a,socket=/s,qdisc=none").unwrap();
+        assert!(none.queue.is_none() && !none.dql);
+        assert!(e("vhost-user:name=a,socket=/s,qdisc=red").is_err());
+        assert!(e("vhost-user:name=a,socket=/s,limit=0").is_err());
+        // A port's own policy: parsed and checked with the port, absent by default.
+        let pol = |spec: &str| port_policy(&parse_port_spec(spec).unwrap());
+        assert_eq!(
+            pol("vhost-user:name=a,socket=/s,policy=coalesce:500").unwrap(),
+            Some(Policy::Coalesce(Duration::from_micros(500)))
+        );
+        assert_eq!(pol("vhost-user:name=a,socket=/s").unwrap(), None);
+        let bad = parse_port_spec("vhost-user:name=a,socket=/s,policy=fastest").unwrap();
+        assert!(check_port(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("port a: policy"));
+        assert_eq!(
+            parse_port_spec("gen:name=g,rate=1000,secs=2.5").unwrap(),
+            PortConfig::Gen {
+                name: "g".into(),
+                rate: 1000,
+                secs: 2.5,
+                delay: 0.0,
+                frame_len: 64,
+                src: gen_src(),
+                dst: gen_dst(),
+                flows: 1,
+            }
+        );
+        for bad in [
+            "gen:name=g,flows=0",
+            "gen:name=g,flows=256",
+            "vhost-user:name=a,socket=/s,queue_pairs=0",
+            "vhost-user:name=a,socket=/s,queue_pairs=65",
+        ] {
+            let p = parse_port_spec(bad);
+            assert!(
+                p.is_err() || p.is_ok_and(|p| check_port(&p).is_err()),
+                "{bad}"
+            );
+        }
+        assert!(parse_port_spec("sink:name=s,bogus=1").is_err());
+        assert!(parse_port_spec("router:name=r").is_err());
+        assert!(parse_port_spec("sink:name").is_err());
+    }
+
+    #[test]
+    fn macs() {
+        assert_eq!(parse_mac("02:00:00:00:00:0a").unwrap(), [2, 0, 0, 0, 0, 10]);
+        assert!(parse_mac("02:00:00").is_err());
+        assert_eq!(fmt_mac([2, 0, 0, 0, 0, 10]), "02:00:00:00:00:0a");
+    }
+
+    #[test]
+    fn af_xdp_spec_parses_with_defaults_and_refuses_bad_values() {
+        use pvnet_dataplane::sys::xdp::{ModeReq, ZeroCopy};
+        let p = parse_port_spec("af-xdp:name=w,ifname=v0").unwrap();
+        assert_eq!(p.kind(), "af-xdp");
+        assert_eq!(p.resource().as_deref(), Some("interface v0"));
+        let c = xdp_config(&p).unwrap().unwrap();
+        assert_eq!(
+            (c.queues, c.mode, c.zerocopy),
+            (1, ModeReq::Auto, ZeroCopy::Auto)
+        );
+        let p = parse_port_spec("af-xdp:name=w,ifname=v0,queues=2,mode=generic,zerocopy=false")
+            .unwrap();
+        let c = xdp_config(&p).unwrap().unwrap();
+        assert_eq!(
+            (c.queues, c.mode, c.zerocopy),
+            (2, ModeReq::Generic, ZeroCopy::Off)
+        );
+        for bad in [
+            "af-xdp:name=w,ifname=v0,mode=fast",
+            "af-xdp:name=w,ifname=v0,zerocopy=maybe",
+            "af-xdp:name=w,ifname=v0,queues=0",
+        ] {
+            let p = parse_port_spec(bad).unwrap();
+            assert!(check_port(&p).is_err(), "{bad}");
+        }
+        assert!(
+            parse_port_spec("af-xdp:name=w").is_err(),
+            "ifname is needed"
+        );
+    }
+}

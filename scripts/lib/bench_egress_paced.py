@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""scripts/bench_egress_paced.sh's figures: RESULT lines of its runs and its two tables.
+
+    bench_egress_paced.py bulk CFG ROUND C2C CTL0 CTL1
+        a bulk run's RESULT line from the two `pvnet ctl --json` snapshots at the window's ends
+    bench_egress_paced.py latency CFG ROUND C2C CTL0 CTL1 RR_JSON
+        a latency run's RESULT line, with the rr frontend's final report
+    bench_egress_paced.py summary bulk|latency RESULTS OUT SEND_PPS RECV_PPS
+        the part's table, written to OUT and printed
+"""
+
+import json
+import statistics
+import sys
+
+from pvnet_report import counters, final
+
+
+def _load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def latency_result(cfg, rnd, c2c, a, b, rr):
+    """A: the ctl snapshot at the window's start, B: at its end, RR: the rr client's final."""
+    dt = b["uptime_secs"] - a["uptime_secs"]
+    # b's delivered packets: the bulk sender's and the requests (a few thousand a second).
+    mpps = (counters(b, "b")["tx_packets"] - counters(a, "b")["tx_packets"]) / dt / 1e6
+    return (
+        "RESULT cfg=%s round=%s c2c_ns=%s rr_p50_us=%.1f rr_p99_us=%.1f rr_per_sec=%.0f transactions=%d lost=%d"
+        " strays=%d bulk_mpps=%.3f dql_limit=%d"
+    ) % (
+        cfg, rnd, c2c, rr["p50_us"], rr["p99_us"], rr["rr_per_sec"], rr["transactions"], rr["lost"], rr["strays"],
+        mpps, counters(b, "b")["dql_limit"],
+    )  # fmt: skip
+
+
+def bulk_result(cfg, rnd, c2c, a, b):
+    a0, a1, b0, b1 = counters(a, "a"), counters(b, "a"), counters(a, "b"), counters(b, "b")
+    dt = b["uptime_secs"] - a["uptime_secs"]
+    w0, w1 = a["workers"][0], b["workers"][0]
+    busy, cpu = (w1["busy_secs"] - w0["busy_secs"]) * 1e9, (w1["cpu_secs"] - w0["cpu_secs"]) * 1e9
+
+    def d(k):
+        return b1[k] - b0[k]
+
+    took, deliv = a1["rx_packets"] - a0["rx_packets"], d("tx_packets")
+    dropped = sum(b1[k] - b0[k] for k in b1 if k.startswith("drops_"))
+    # What the switch took from a = delivered to b + dropped + the change in b's backlog.
+    gap = took - deliv - dropped - (b1["backlog"] - b0["backlog"])
+    return (
+        "RESULT cfg=%s round=%s c2c_ns=%s took_mpps=%.3f mpps=%.3f busy_ns_per_pkt=%.1f cpu_ns_per_pkt=%.1f"
+        " from_queue=%.3f per_dequeue=%.1f publishes_per_pkt=%.3f calls_per_pkt=%.4f drop_share=%.3f dql_limit=%d"
+        " unaccounted=%d"
+    ) % (
+        cfg, rnd, c2c, took / dt / 1e6, deliv / dt / 1e6, busy / max(deliv, 1), cpu / max(deliv, 1),
+        d("dequeued") / max(deliv, 1), d("dequeued") / max(d("dequeues"), 1), d("tx_batches") / max(deliv, 1),
+        d("calls") / max(deliv, 1), dropped / max(took, 1), b1["dql_limit"], gap,
+    )  # fmt: skip
+
+
+def state(v):
+    """A run's c2c state from "before/after" (fast < 75 ns <= mid < 150 ns <= slow), or mixed."""
+    s = {"fast" if ns < 75 else "mid" if ns < 150 else "slow" for ns in map(float, v.split("/"))}
+    return s.pop() if len(s) == 1 else "mixed"
+
+
+def parse(lines):
+    return [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in lines if line.startswith("RESULT")]
+
+
+class Rows:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def med(self, cfg, k):
+        return statistics.median([float(r[k]) for r in self.rows if r["cfg"] == cfg])
+
+    def c2c(self):
+        return sorted(float(x) for r in self.rows for x in r["c2c_ns"].split("/"))
+
+
+def bulk_ratio(rows, c, one_cfg, one):
+    """Bulk against one per dequeue: paired, the two runs of a round side by side; a pair counts
+    only when both ran in one core-to-core state, before and after each."""
+    pairs = []
+    for r in sorted({r["round"] for r in rows.rows}):
+        x = [r2 for r2 in rows.rows if r2["round"] == r and r2["cfg"] == c]
+        y = [r2 for r2 in rows.rows if r2["round"] == r and r2["cfg"] == one_cfg]
+        if x and y and state(x[0]["c2c_ns"]) == state(y[0]["c2c_ns"]) != "mixed":
+            pairs.append("%.2f %s" % (float(y[0]["busy_ns_per_pkt"]) / float(x[0]["busy_ns_per_pkt"]), state(x[0]["c2c_ns"])))
+    if pairs:
+        return "**%.2fx fewer ns** (median of the pairs in one state: %s)" % (
+            statistics.median(float(p.split()[0]) for p in pairs), ", ".join(pairs))
+    return "%.2fx fewer ns (medians; no pair ran in one state)" % (one / rows.med(c, "busy_ns_per_pkt"))
+
+
+def bulk_summary(rows, send, recv):
+    rows = Rows(rows)
+    med, c2c = rows.med, rows.c2c()
+    out = [
+        "Core-to-core latency over the runs: %.0f-%.0f ns. Offered %.2f Mpps, taken %.2f Mpps; medians of %d runs each."
+        % (c2c[0], c2c[-1], send, recv, len(rows.rows) // 4),
+        "",
+        ("| egress of b | dequeue | delivered Mpps | switch busy ns per delivered packet | delivered from the queue"
+        " | packets per dequeue | publishes per packet | dropped (queue limit) | counts add up | bulk vs one |"),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for q, name in (("qdisc=fifo", "fifo"), ("qdisc=fq_codel,dql=true", "fq_codel + DQL")):
+        one = med(q + ",bulk=false", "busy_ns_per_pkt")
+        for bulk in ("true", "false"):
+            c = q + ",bulk=" + bulk
+            # The counters are read while the switch runs, so a window's ends may fall inside
+            # a round: exact up to one round's packets (the tests check the exact counts).
+            ok = all(abs(int(r["unaccounted"])) <= 256 for r in rows.rows if r["cfg"] == c)
+            ratio = bulk_ratio(rows, c, q + ",bulk=false", one) if bulk == "true" else "1x"
+            out.append("| %s | %s | %.3f | %.1f | %.3f | %.1f | %.3f | %.3f | %s | %s |" % (
+                name, "bulk" if bulk == "true" else "one per dequeue", med(c, "mpps"), med(c, "busy_ns_per_pkt"),
+                med(c, "from_queue"), med(c, "per_dequeue"), med(c, "publishes_per_pkt"), med(c, "drop_share"),
+                "yes" if ok else "**no**", ratio,
+            ))  # fmt: skip
+    return out
+
+
+LATENCY_CFGS = {
+    "qdisc=fifo,dql=false": "fifo",
+    "qdisc=fifo,dql=true": "fifo + DQL",
+    "qdisc=fq_codel,dql=false": "fq_codel",
+    "qdisc=fq_codel,dql=true": "fq_codel + DQL",
+    "qdisc=none": "none (packets wait in their sender)",
+}
+
+
+def latency_summary(rows, send, recv):
+    rows = Rows(rows)
+    med, c2c = rows.med, rows.c2c()
+    base = "qdisc=fifo,dql=false"
+    out = [
+        "Core-to-core latency over the runs: %.0f-%.0f ns. Bulk offered %.2f Mpps, the receiver takes %.2f Mpps;"
+        " one request in flight; medians of %d runs each."
+        % (c2c[0], c2c[-1], send, recv, len(rows.rows) // len(LATENCY_CFGS)),
+        "",
+        ("| egress of b | RR p50 us | RR p99 us | RR p99 vs fifo | transactions/s | requests lost | delivered to b, Mpps"
+        " | vs fifo | DQL limit (buffers) |"),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c, name in LATENCY_CFGS.items():
+        if not any(r["cfg"] == c for r in rows.rows):
+            continue
+        out.append("| %s | %.0f | %.0f | %.3fx | %.0f | %d | %.3f | %.3fx | %s |" % (
+            name, med(c, "rr_p50_us"), med(c, "rr_p99_us"), med(c, "rr_p99_us") / med(base, "rr_p99_us"),
+            med(c, "rr_per_sec"), sum(int(r["lost"]) for r in rows.rows if r["cfg"] == c), med(c, "bulk_mpps"),
+            med(c, "bulk_mpps") / med(base, "bulk_mpps"), "%.0f" % med(c, "dql_limit") if "dql=true" in c else "-",
+        ))  # fmt: skip
+    return out
+
+
+def main(argv):
+    cmd, a = argv[0], argv[1:]
+    if cmd == "bulk":
+        print(bulk_result(a[0], a[1], a[2], _load(a[3]), _load(a[4])))
+    elif cmd == "latency":
+        rr = final(a[5])
+        if rr is None:
+            sys.exit("no final line in %s" % a[5])
+        print(latency_result(a[0], a[1], a[2], _load(a[3]), _load(a[4]), rr))
+    elif cmd == "summary":
+        part, res, out_path, send, recv = a
+        with open(res) as f:
+            rows = parse(f)
+        fn = bulk_summary if part == "bulk" else latency_summary
+        out = fn(rows, int(send) / 1e6, int(recv) / 1e6)
+        with open(out_path, "w") as f:
+            f.write("\n".join(out) + "\n")
+        print("\n".join(out))
+    else:
+        sys.exit("bench_egress_paced.py: unknown command %s" % cmd)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

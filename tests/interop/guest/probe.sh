@@ -1,0 +1,8 @@
+# shellcheck shell=sh disable=SC2034,SC2086,SC2154  # fragments of one /run.sh (busybox sh): S, N set in probe.sh
+# The guest's /run.sh starts with this (tests/interop/run.sh guest_script): the driver and
+# features the guest sees, eth0 up, its carrier.
+S=/sys/class/net/eth0/statistics; N=/sys/class/net/eth0
+echo "GUEST_PROBE driver=$(basename "$(readlink $N/device/driver)") features=$(cat $N/device/features)"
+ip link set eth0 up
+i=0; while [ "$(cat $N/operstate)" != up ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+echo "GUEST_LINK carrier=$(cat $N/carrier) operstate=$(cat $N/operstate)"

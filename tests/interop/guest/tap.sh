@@ -1,0 +1,26 @@
+# shellcheck shell=sh disable=SC2034,SC2086,SC2154  # fragments of one /run.sh (busybox sh): S, N set in probe.sh
+# guest_script tap: through pvnet switch to the host's tap (10.77.0.1).
+# through pvnet switch to the host's tap (10.77.0.1): ping both ways, TCP and UDP both ways
+ip addr add 10.77.0.2/24 dev eth0
+echo "GUEST_NET_READY"
+inechos() { awk '/^Icmp:/{if(!h){for(i=1;i<=NF;i++)if($i=="InEchos")c=i;h=1}else{print $c}}' /proc/net/snmp; }
+i=0; while [ "$(inechos)" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+echo "GUEST_ECHOS_IN $(inechos)"
+echo "GUEST_PING $(ping -c 3 -W 5 10.77.0.1 | grep -o '[0-9]* packets received')"
+# A test whose control connection breaks as it starts ("unable to read from stream socket",
+# the host's server saying "interrupt - the server has terminated": seen about once in 25 runs
+# of the UDP flood toward the guest, never with any data moved) runs once more, and says so.
+run_iperf() { tag=$1; shift; iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?
+  if [ $rc != 0 ] && grep -q 'unable to read from stream socket' /tmp/ip.txt && ! grep -q receiver /tmp/ip.txt; then
+    tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_RETRY $tag /"; sleep 1
+    iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?
+  fi
+  echo "GUEST_IPERF_RC $tag $rc"
+  grep -E 'receiver|sender' /tmp/ip.txt | sed "s/^/GUEST_IPERF $tag /"
+  [ $rc = 0 ] || tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_ERR $tag /"; }
+run_iperf tcp_g2h -t 3
+run_iperf tcp_h2g -t 3 -R
+run_iperf udp_g2h -t 3 -u -l 22 -b 0
+run_iperf udp_h2g -t 3 -u -l 22 -b 0 -R
+# let the last completions come back (tx_packets counts reclaimed buffers), until stable
+last=-1; i=0; while [ "$(cat $S/tx_packets)" != "$last" ] && [ $i -lt 20 ]; do last=$(cat $S/tx_packets); sleep 0.5; i=$((i+1)); done
