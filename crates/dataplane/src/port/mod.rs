@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | [`vhost`] | a frontend's transmit ring | its receive ring (mergeable buffers) |
 //! | [`kernel`] (a tap, or an `AF_PACKET` socket on a veth or NIC) | reads from the kernel, in bursts | gathered writes to the kernel, in bursts |
+//! | [`afxdp`] (an interface through `AF_XDP` sockets and pvnet's XDP program) | the receive rings' frames, in place | copied into the UMEM, one ring publish per batch |
 //! | [`sink`] | — | reads and checks every byte (bench frames) |
 //! | [`gen`] | numbered bench frames, paced or not | — |
 //! | [`trunk`] | what another shard sent over | copies into the ring to another shard |
@@ -19,6 +20,7 @@
 //! Dispatch is static ([`AnyPort`], an enum): one branch per call, inlined into the switch's
 //! one ingress loop. A port does not know where its packets go; the switch decides.
 
+pub mod afxdp;
 pub mod gen;
 pub mod kernel;
 pub mod sink;
@@ -254,6 +256,8 @@ pub enum AnyPort {
     Vhost(vhost::VhostPort),
     /// The host kernel: a tap, or an interface through `AF_PACKET`.
     Kernel(kernel::KernelPort),
+    /// An interface through `AF_XDP`.
+    AfXdp(afxdp::AfXdpPort),
     /// Consumes and checks.
     Sink(sink::SinkPort),
     /// Produces.
@@ -268,6 +272,7 @@ macro_rules! each {
         match $self {
             AnyPort::Vhost($p) => $e,
             AnyPort::Kernel($p) => $e,
+            AnyPort::AfXdp($p) => $e,
             AnyPort::Sink($p) => $e,
             AnyPort::Gen($p) => $e,
             AnyPort::Trunk($p) => $e,

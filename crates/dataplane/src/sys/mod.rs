@@ -1,5 +1,5 @@
 //! The operating system, in one place: epoll, the timer, eventfds, CPU pinning and the tap
-//! device ([`tap`]), `AF_PACKET` sockets ([`packet`]), batched I/O on both ([`uring`]) and
+//! device ([`tap`]), `AF_PACKET` sockets ([`packet`]), `AF_XDP` sockets and their XDP program ([`xdp`]), batched I/O on both ([`uring`]) and
 //! zero-filled pages from the kernel ([`pages`]). Built on `vmm-sys-util` where it has the call; the rest of the dataplane
 //! makes no syscall of its own.
 
@@ -7,6 +7,7 @@ pub mod packet;
 pub mod pages;
 pub mod tap;
 pub mod uring;
+pub mod xdp;
 
 use std::io;
 use std::os::fd::RawFd;

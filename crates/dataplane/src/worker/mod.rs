@@ -115,6 +115,8 @@ pub enum HostPort {
         crate::port::kernel::HostIo,
         bool,
     ),
+    /// An interface through `AF_XDP`, its program attached and sockets bound.
+    AfXdp(crate::sys::xdp::XdpDev),
     /// Consumes and checks.
     Sink,
     /// Produces.
@@ -127,6 +129,7 @@ impl HostPort {
         match self {
             HostPort::Kernel(crate::port::kernel::HostDev::Tap(_), _, _) => "tap",
             HostPort::Kernel(crate::port::kernel::HostDev::Packet(_), _, _) => "af-packet",
+            HostPort::AfXdp(_) => "af-xdp",
             HostPort::Sink => "sink",
             HostPort::Gen(_) => "gen",
         }

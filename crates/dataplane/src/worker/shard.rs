@@ -346,6 +346,13 @@ impl Shard {
                 self.epoll.add(p.fd(), token(id, HOST_QUEUE));
                 AnyPort::Kernel(p)
             }
+            HostPort::AfXdp(dev) => {
+                let p = crate::port::afxdp::AfXdpPort::new(id, stats, dev);
+                for fd in p.fds() {
+                    self.epoll.add(fd, token(id, HOST_QUEUE));
+                }
+                AnyPort::AfXdp(p)
+            }
             HostPort::Sink => AnyPort::Sink(SinkPort::new(
                 id,
                 stats,
@@ -364,6 +371,11 @@ impl Shard {
                 let p = self.ports.remove(i);
                 if let AnyPort::Kernel(t) = &p {
                     self.epoll.remove(t.fd());
+                }
+                if let AnyPort::AfXdp(x) = &p {
+                    for fd in x.fds() {
+                        self.epoll.remove(fd);
+                    }
                 }
             }
             self.fabric.port_down(pid);

@@ -71,6 +71,15 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       [,qdisc=none|fq_codel|fifo][,bulk=true][,limit=1024][,sndbuf=BYTES]: as for the tap
       (sndbuf: SO_SNDBUF, default net.core.wmem_default; the kernel's queue fills when the
       interface's qdisc holds packets, e.g. under a rate limit).
+  af-xdp:name=wire,ifname=veth0[,queues=1][,mode=auto|native|generic][,zerocopy=auto|true|false]
+      an existing interface through AF_XDP sockets (one per queue, 0..queues) and an XDP
+      program pvnet loads and attaches (removed with the port, or when pvnet exits; an
+      interface that already has a program is refused). mode=auto: native XDP, else
+      generic; `pvnet ctl ports` says which, and copy or zero-copy. No offloads: checksums
+      and GSO packets sent to it are completed in software (sw_csum, sw_gso). Needs root
+      (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md). XDP
+      frames carry no checksum metadata: on a veth, turn the kernel's end's transmit
+      checksum offload off (ethtool -K PEER tx off), or its TCP/UDP arrive unfinished.
   sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
   gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC][,flows=1]
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),

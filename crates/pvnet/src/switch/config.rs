@@ -118,6 +118,19 @@ pub(crate) enum PortConfig {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sndbuf: Option<u32>,
     },
+    AfXdp {
+        name: String,
+        ifname: String,
+        /// The interface's queues to take (0..queues), one AF_XDP socket each.
+        #[serde(default = "one_queue")]
+        queues: u32,
+        /// XDP mode: auto (native, else generic), native or generic.
+        #[serde(default = "auto")]
+        mode: String,
+        /// Zero-copy: auto (where the driver has it), true or false.
+        #[serde(default = "auto", deserialize_with = "bool_or_str")]
+        zerocopy: String,
+    },
     Sink {
         name: String,
     },
@@ -138,6 +151,54 @@ pub(crate) enum PortConfig {
         #[serde(default = "one_flow")]
         flows: u8,
     },
+}
+
+fn one_queue() -> u32 {
+    1
+}
+fn auto() -> String {
+    "auto".into()
+}
+
+/// A key that takes `true`, `false` or a word (`zerocopy=auto`), as a string.
+fn bool_or_str<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum BoolOrStr {
+        B(bool),
+        S(String),
+    }
+    Ok(match BoolOrStr::deserialize(d)? {
+        BoolOrStr::B(b) => b.to_string(),
+        BoolOrStr::S(s) => s,
+    })
+}
+
+/// An `af-xdp` port's settings as the dataplane takes them.
+pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::sys::xdp::XdpConfig>> {
+    let PortConfig::AfXdp {
+        name,
+        ifname,
+        queues,
+        mode,
+        zerocopy,
+    } = p
+    else {
+        return Ok(None);
+    };
+    if *queues == 0 || *queues > 256 {
+        return Err(usage(format!("port {name}: queues must be 1 to 256")));
+    }
+    Ok(Some(pvnet_dataplane::sys::xdp::XdpConfig {
+        ifname: ifname.clone(),
+        queues: *queues,
+        mode: mode
+            .parse()
+            .map_err(|e| usage(format!("port {name}: {e}")))?,
+        zerocopy: zerocopy
+            .parse()
+            .map_err(|e| usage(format!("port {name}: {e}")))?,
+    }))
 }
 
 fn one() -> u16 {
@@ -266,6 +327,7 @@ impl PortConfig {
             PortConfig::VhostUser { name, .. }
             | PortConfig::Tap { name, .. }
             | PortConfig::AfPacket { name, .. }
+            | PortConfig::AfXdp { name, .. }
             | PortConfig::Sink { name }
             | PortConfig::Gen { name, .. } => name,
         }
@@ -275,6 +337,7 @@ impl PortConfig {
             PortConfig::VhostUser { .. } => "vhost-user",
             PortConfig::Tap { .. } => "tap",
             PortConfig::AfPacket { .. } => "af-packet",
+            PortConfig::AfXdp { .. } => "af-xdp",
             PortConfig::Sink { .. } => "sink",
             PortConfig::Gen { .. } => "gen",
         }
@@ -304,7 +367,8 @@ impl PortConfig {
             PortConfig::Tap {
                 ifname: Some(i), ..
             }
-            | PortConfig::AfPacket { ifname: i, .. } => Some(format!("interface {i}")),
+            | PortConfig::AfPacket { ifname: i, .. }
+            | PortConfig::AfXdp { ifname: i, .. } => Some(format!("interface {i}")),
             _ => None,
         }
     }
@@ -372,6 +436,9 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
             }
             parse_mac(src)?;
             parse_mac(dst)?;
+        }
+        PortConfig::AfXdp { .. } => {
+            xdp_config(p)?;
         }
         PortConfig::Sink { .. } => {}
     }
@@ -563,5 +630,37 @@ mod tests {
         assert_eq!(parse_mac("02:00:00:00:00:0a").unwrap(), [2, 0, 0, 0, 0, 10]);
         assert!(parse_mac("02:00:00").is_err());
         assert_eq!(fmt_mac([2, 0, 0, 0, 0, 10]), "02:00:00:00:00:0a");
+    }
+
+    #[test]
+    fn af_xdp_spec_parses_with_defaults_and_refuses_bad_values() {
+        use pvnet_dataplane::sys::xdp::{ModeReq, ZeroCopy};
+        let p = parse_port_spec("af-xdp:name=w,ifname=v0").unwrap();
+        assert_eq!(p.kind(), "af-xdp");
+        assert_eq!(p.resource().as_deref(), Some("interface v0"));
+        let c = xdp_config(&p).unwrap().unwrap();
+        assert_eq!(
+            (c.queues, c.mode, c.zerocopy),
+            (1, ModeReq::Auto, ZeroCopy::Auto)
+        );
+        let p = parse_port_spec("af-xdp:name=w,ifname=v0,queues=2,mode=generic,zerocopy=false")
+            .unwrap();
+        let c = xdp_config(&p).unwrap().unwrap();
+        assert_eq!(
+            (c.queues, c.mode, c.zerocopy),
+            (2, ModeReq::Generic, ZeroCopy::Off)
+        );
+        for bad in [
+            "af-xdp:name=w,ifname=v0,mode=fast",
+            "af-xdp:name=w,ifname=v0,zerocopy=maybe",
+            "af-xdp:name=w,ifname=v0,queues=0",
+        ] {
+            let p = parse_port_spec(bad).unwrap();
+            assert!(check_port(&p).is_err(), "{bad}");
+        }
+        assert!(
+            parse_port_spec("af-xdp:name=w").is_err(),
+            "ifname is needed"
+        );
     }
 }

@@ -10,7 +10,7 @@
 
 use super::config::{
     check_port, egress_of, fmt_mac, host_io, io_name, kernel_egress, parse_mac, parse_port_spec,
-    port_policy, spec_value, FileConfig, PortConfig,
+    port_policy, spec_value, xdp_config, FileConfig, PortConfig,
 };
 use crate::ctl::{self, PortInfo, Reply};
 use crate::error::{io, usage, Result};
@@ -220,6 +220,16 @@ impl Runtime {
                         egress_text(&egress)
                     ),
                 ))
+            }
+            PortConfig::AfXdp { name, ifname, .. } => {
+                let cfg =
+                    xdp_config(p)?.ok_or_else(|| usage(format!("port {name}: not af-xdp")))?;
+                let dev = pvnet_dataplane::sys::xdp::XdpDev::open(&cfg)
+                    .map_err(io(format!("port {name}: AF_XDP")))?;
+                let detail = dev.describe();
+                info!(port = %name, ifname = %ifname, mode = dev.mode().name(), zerocopy = dev.zerocopy(), "AF_XDP sockets bound");
+                self.dp.add_host(id, HostPort::AfXdp(dev));
+                Ok((Running::Host { persist: None }, detail))
             }
             PortConfig::Sink { .. } => {
                 self.dp.add_host(id, HostPort::Sink);

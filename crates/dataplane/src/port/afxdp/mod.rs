@@ -1,0 +1,458 @@
+//! An `AF_XDP` port: an interface (a veth, a NIC) through pvnet's own XDP program and
+//! sockets ([`crate::sys::xdp`]), past the kernel's socket buffers.
+//!
+//! Receiving: the receive ring's descriptors point at frames in the UMEM; each becomes a
+//! [`Pkt`] in place (a 12-byte virtio-net header, all zero, written into the kernel's headroom
+//! in front of the frame), and the switch copies it once, into its receiver. Descriptors the
+//! switch makes wait stay on the receive ring, in order, for the next round (the kernel does
+//! not reuse a slot until it is released). Frames go back to the fill ring as one batch per
+//! burst; the kernel is woken for them only if it asked (`need_wakeup`).
+//!
+//! Transmitting: each packet is copied into a free transmit frame of the UMEM (the one copy
+//! of the hop) and described on the transmit ring; the batch is published once at
+//! [`Port::tx_commit`](super::Port::tx_commit) and the kernel kicked (one `sendto`, more only
+//! while it says it has more: copy mode sends at most a batch of 32 per call) only when its
+//! ring says it sleeps. Frames come back through the completion ring, reclaimed at the next
+//! batch.
+//!
+//! Its MTU is the interface's when the port opens (within a UMEM frame): the switch drops a
+//! longer frame as `too_big`, never cuts it.
+//!
+//! Offloads: XDP gives a frame with no metadata, and takes none: the port offers no receive
+//! offload, so the switch completes checksums and segments GSO packets in software before
+//! they reach it (counted as `sw_csum`, `sw_gso`), as for any receiver without them.
+//!
+//! Queues: one socket per interface queue (`queues=N`), all polled by the shard the port is
+//! on; transmit goes through the first.
+//!
+//! When the interface goes away under the port, the kernel unbinds its sockets: the next
+//! kick fails (`ENXIO`), the port logs it once, marks itself down (`up` 0 in `pvnet ctl
+//! ports`), and the switch drops what it is sent as `port_down`. The rest of the switch runs
+//! on.
+
+use super::{offer_each, Ingress};
+use crate::egress::{Egress, HoldPolicy};
+use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_BURST};
+use crate::poll::plan::Settle;
+use crate::poll::Idle;
+use crate::stats::{bump, DropReason, PortStats};
+use crate::sys::xdp::{XdpDev, FRAME, RX_FRAMES, TX_FRAMES};
+use pvnet_net::HDR_LEN;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use virtq::event::Armed;
+use virtq::mem::read_segs;
+use virtq::Seg;
+
+/// How long a packet waits in its sender for a transmit frame (the kernel returns them as it
+/// sends: a ring's worth takes well under this).
+const XDP_HOLD: HoldPolicy = HoldPolicy::Bounded(Duration::from_millis(1));
+
+/// Most `sendto` kicks of one commit (each sends up to 32 frames in copy mode).
+const MAX_KICKS: usize = 64;
+
+/// The port.
+#[derive(Debug)]
+pub struct AfXdpPort {
+    id: PortId,
+    stats: Arc<PortStats>,
+    dev: XdpDev,
+    egress: Egress,
+    /// Free transmit frames (UMEM addresses) of the first queue's socket.
+    free: Vec<u64>,
+    /// Packets and bytes put on the transmit ring and not yet published.
+    batch: (u64, u64),
+    /// Which queue to read first next round (fairness between queues).
+    next: usize,
+    /// Packets were left on a receive ring (the switch made them wait).
+    left: bool,
+    /// The interface is gone (the sockets were unbound).
+    down: bool,
+    /// Frames are left on the transmit ring after the kicks of a commit.
+    unsent: bool,
+    /// The interface's MTU when the port opened, within what a UMEM frame holds: the switch
+    /// drops what is longer as `too_big` ([`crate::pkt::fits_mtu`]).
+    mtu: u16,
+}
+
+impl AfXdpPort {
+    /// Wraps an opened device.
+    pub fn new(id: PortId, stats: Arc<PortStats>, dev: XdpDev) -> Self {
+        let most = FRAME - crate::pkt::MTU_OVERHEAD;
+        let mtu = u16::try_from(dev.mtu().min(most)).unwrap_or(u16::MAX);
+        let free = (RX_FRAMES..RX_FRAMES + TX_FRAMES)
+            .rev()
+            .map(|k| u64::from(k) * u64::from(FRAME))
+            .collect();
+        Self {
+            id,
+            stats,
+            dev,
+            egress: Egress::new(XDP_HOLD),
+            free,
+            batch: (0, 0),
+            next: 0,
+            left: false,
+            down: false,
+            unsent: false,
+            mtu,
+        }
+    }
+
+    /// The sockets' fds, to wait on them (readable: a receive ring has frames).
+    pub fn fds(&self) -> Vec<i32> {
+        self.dev.queues.iter().map(AsRawFd::as_raw_fd).collect()
+    }
+
+    /// The device (its mode, its queues).
+    pub fn dev(&self) -> &XdpDev {
+        &self.dev
+    }
+
+    /// The interface went away: said once, the port marked down.
+    fn gone(&mut self, e: &std::io::Error) {
+        if !self.down {
+            tracing::error!(
+                port = self.id,
+                ifname = self.dev.name(),
+                "AF_XDP socket unbound ({e}): the interface is gone; the port is down"
+            );
+            self.down = true;
+            self.stats.up.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes back the transmit frames the kernel is done with.
+    fn reclaim(&mut self) {
+        let Some(x) = self.dev.queues.first_mut() else {
+            return;
+        };
+        let n = x.comp.ready(TX_FRAMES);
+        for k in 0..n {
+            self.free.push(x.comp.get(k));
+        }
+        if n > 0 {
+            x.comp.release(n);
+        }
+    }
+
+    /// Publishes the transmit batch and wakes the kernel if it sleeps.
+    fn flush(&mut self) {
+        let (n, bytes) = std::mem::take(&mut self.batch);
+        if n == 0 {
+            return;
+        }
+        let Some(x) = self.dev.queues.first_mut() else {
+            return;
+        };
+        x.tx.submit();
+        match self.kick() {
+            Ok(()) => {
+                bump(&self.stats.tx_packets, n);
+                bump(&self.stats.tx_bytes, bytes);
+            }
+            Err(e) => {
+                // Nothing of the batch goes out any more.
+                bump(&self.stats.drops[DropReason::PortDown as usize], n);
+                self.gone(&e);
+            }
+        }
+    }
+
+    /// Wakes the kernel to send what the transmit ring holds, if it sleeps: again while it
+    /// says it has more (copy mode sends up to 32 frames a call), at most [`MAX_KICKS`]
+    /// times; what is still left is kicked again from [`Port::idle`](super::Port::idle).
+    fn kick(&mut self) -> std::io::Result<()> {
+        let Some(x) = self.dev.queues.first_mut() else {
+            return Ok(());
+        };
+        self.unsent = false;
+        if !x.tx.needs_wakeup() {
+            return Ok(());
+        }
+        for _ in 0..MAX_KICKS {
+            bump(&self.stats.syscalls, 1);
+            if !x.kick_tx()? || x.tx.pending() == 0 {
+                return Ok(());
+            }
+        }
+        self.unsent = true;
+        Ok(())
+    }
+
+    /// Copies one packet into a free transmit frame and describes it on the ring.
+    fn put(&mut self, pkt: &Pkt<'_>) -> TxOut {
+        let len = pkt.frame_len();
+        if len > FRAME {
+            // Past the MTU the switch already dropped it; a UMEM frame is the last bound.
+            return TxOut::Dropped(DropReason::TooBig);
+        }
+        if self.free.is_empty() || self.dev.queues[0].tx.free(1) == 0 {
+            // The kernel may have sent some since the batch began.
+            self.flush();
+            self.reclaim();
+        }
+        let Some(x) = self.dev.queues.first_mut() else {
+            return TxOut::Dropped(DropReason::PortDown);
+        };
+        if x.tx.free(1) == 0 {
+            return TxOut::NoRoom;
+        }
+        let Some(addr) = self.free.pop() else {
+            return TxOut::NoRoom;
+        };
+        let base = x.umem.base();
+        // SAFETY: `addr` is a transmit frame of this UMEM (FRAME bytes within it) that is
+        // free: neither on the transmit ring nor in the kernel's hands, so nothing else reads
+        // or writes it; `len` <= FRAME.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(
+                base.as_ptr().add(usize::try_from(addr).unwrap_or(0)),
+                len as usize,
+            )
+        };
+        let k = read_segs(pkt.segs, pkt.hdr_len, dst);
+        x.tx.push(libc::xdp_desc {
+            addr,
+            len: u32::try_from(k).unwrap_or(0),
+            options: 0,
+        });
+        self.egress.sent();
+        self.batch.0 += 1;
+        self.batch.1 += k as u64;
+        TxOut::Sent
+    }
+
+    /// Hands out up to `max` frames of queue `q`'s receive ring; returns the packets taken
+    /// and whether some were left waiting.
+    fn rx_queue(&mut self, q: usize, max: usize, to: &mut impl Ingress) -> (usize, bool) {
+        let stats = &*self.stats;
+        let x = &mut self.dev.queues[q];
+        let mut done = 0;
+        while done < max {
+            let want = u32::try_from((max - done).min(MAX_BURST)).unwrap_or(0);
+            let n = x.rx.ready(want) as usize;
+            if n == 0 {
+                break;
+            }
+            let base = x.umem.base();
+            let size = x.umem.len();
+            let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
+            let mut pkts = [EMPTY; MAX_BURST];
+            let mut addrs = [0u64; MAX_BURST];
+            let mut m = 0;
+            let mut bad = false;
+            for (k, a) in addrs.iter_mut().enumerate().take(n) {
+                let d = x.rx.get(u32::try_from(k).unwrap_or(0));
+                *a = d.addr;
+                match frame_seg(base, size, d) {
+                    Some(s) => {
+                        let Some((hdr, macs)) = read_head(&[s], HDR_LEN) else {
+                            bad = true;
+                            break;
+                        };
+                        segs[m] = s;
+                        pkts[m] = Pkt {
+                            segs: &[],
+                            len: d.len + HDR_LEN,
+                            hdr_len: HDR_LEN,
+                            hdr,
+                            macs,
+                            hash: 0,
+                        };
+                        m += 1;
+                    }
+                    None => {
+                        bad = true;
+                        break;
+                    }
+                }
+            }
+            for (p, s) in pkts.iter_mut().zip(segs.iter()).take(m) {
+                p.segs = std::slice::from_ref(s);
+            }
+            let taken = if m > 0 {
+                to.burst(&pkts[..m], stats)
+            } else {
+                0
+            };
+            let bytes: u64 = pkts[..taken].iter().map(|p| u64::from(p.frame_len())).sum();
+            bump(&stats.rx_packets, taken as u64);
+            bump(&stats.rx_bytes, bytes);
+            let mut used = taken;
+            if bad && m == 0 {
+                // The first frame is not one: dropped in its place.
+                bump(&stats.drops[DropReason::Invalid as usize], 1);
+                bump(&stats.rx_packets, 1);
+                used = 1;
+                done += 1;
+            }
+            done += taken;
+            // The slots first (our reads of them are done), then the frames back to the
+            // kernel: the fill ring holds every receive frame, so it has room.
+            x.rx.release(u32::try_from(used).unwrap_or(0));
+            for &a in &addrs[..used] {
+                x.fill.push(a & !u64::from(FRAME - 1));
+            }
+            x.fill.submit();
+            if x.fill.needs_wakeup() {
+                bump(&stats.syscalls, 1);
+                let _ = x.kick_rx();
+            }
+            if taken < m {
+                return (done, true);
+            }
+        }
+        (done, false)
+    }
+}
+
+impl Drop for AfXdpPort {
+    /// Logs what the kernel dropped before the port saw it (its rings full or its fill ring
+    /// empty: `XDP_STATISTICS`), which no counter of the port's can show.
+    fn drop(&mut self) {
+        for x in &self.dev.queues {
+            if let Ok(k) = x.kernel_stats() {
+                tracing::info!(
+                    port = self.id,
+                    queue = x.queue,
+                    rx_dropped = k.rx_dropped,
+                    rx_ring_full = k.rx_ring_full,
+                    fill_ring_empty = k.rx_fill_ring_empty_descs,
+                    rx_invalid = k.rx_invalid_descs,
+                    tx_invalid = k.tx_invalid_descs,
+                    "AF_XDP socket closed: the kernel's own counts"
+                );
+            }
+        }
+    }
+}
+
+/// The segment of a received frame with 12 bytes in front of it for the virtio-net header
+/// (written, all zero: no offload metadata), if the descriptor lies within one frame of the
+/// UMEM with that much headroom (the kernel leaves 256 bytes).
+#[inline]
+fn frame_seg<'m>(base: NonNull<u8>, size: usize, d: libc::xdp_desc) -> Option<Seg<'m>> {
+    let off = d.addr % u64::from(FRAME);
+    let hdr = u64::from(HDR_LEN);
+    if off < hdr
+        || off + u64::from(d.len) > u64::from(FRAME)
+        || d.addr + u64::from(d.len) > size as u64
+        || d.len < MACS + 2
+    {
+        return None;
+    }
+    let start = usize::try_from(d.addr - hdr).ok()?;
+    let len = d.len + HDR_LEN;
+    // SAFETY: `start..start + len` lies within one frame of the UMEM (checked above), a
+    // frame the kernel handed over on the receive ring and does not touch until the
+    // descriptor is released; the UMEM outlives the burst the segment is used in.
+    unsafe {
+        let p = base.as_ptr().add(start);
+        std::ptr::write_bytes(p, 0, HDR_LEN as usize);
+        Some(Seg::from_raw(NonNull::new_unchecked(p), len))
+    }
+}
+
+impl super::Port for AfXdpPort {
+    fn id(&self) -> PortId {
+        self.id
+    }
+
+    fn kind(&self) -> &'static str {
+        "af-xdp"
+    }
+
+    fn mtu(&self) -> Option<u16> {
+        Some(self.mtu)
+    }
+
+    fn caps(&self) -> Caps {
+        // No receive offload: XDP frames carry no metadata (see the module docs).
+        Caps {
+            receives: true,
+            ..Caps::default()
+        }
+    }
+
+    fn tx_stats(&self) -> &PortStats {
+        &self.stats
+    }
+
+    fn egress(&mut self) -> Option<&mut Egress> {
+        Some(&mut self.egress)
+    }
+
+    #[inline(never)]
+    fn rx_burst(&mut self, max: usize, _now: Instant, to: &mut impl Ingress) -> usize {
+        let n = self.dev.queues.len();
+        let mut done = 0;
+        self.left = false;
+        for i in 0..n {
+            let q = (self.next + i) % n;
+            let (k, left) = self.rx_queue(q, max - done, to);
+            done += k;
+            if left {
+                self.left = true;
+                self.next = q;
+                return done;
+            }
+            if done >= max {
+                self.left = true;
+                break;
+            }
+        }
+        self.next = (self.next + 1) % n.max(1);
+        done
+    }
+
+    fn tx_begin(&mut self, _now: Instant, _hint: usize) -> bool {
+        if self.down {
+            return false;
+        }
+        self.reclaim();
+        true
+    }
+
+    fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
+        offer_each(pkts, |p| self.put(p))
+    }
+
+    fn tx_commit(&mut self) {
+        self.flush();
+    }
+
+    /// `Poll` while frames wait on a receive ring, a sender waits for frames, or frames
+    /// wait on the transmit ring (kicked again); else it may sleep: epoll waits on the
+    /// sockets (readable when a receive ring has frames).
+    fn idle(&mut self, _now: Instant, settle: &mut Settle) {
+        self.egress.new_round();
+        if self.unsent && !self.down {
+            if let Err(e) = self.kick() {
+                self.gone(&e);
+            }
+        }
+        if self.left || self.unsent || self.egress.blocked() {
+            settle.idle(Idle::Poll);
+        }
+    }
+
+    /// Nothing to arm (the sockets wake epoll): re-checks the receive rings.
+    fn arm(&mut self) -> Armed {
+        if self.dev.queues.iter_mut().any(|x| x.rx.ready(1) > 0) {
+            Armed::NotEmpty
+        } else {
+            Armed::Empty
+        }
+    }
+
+    fn disarm(&mut self, _slept: bool) {}
+
+    fn event(&mut self, _token: u16) {}
+}
+
+#[cfg(test)]
+mod tests;

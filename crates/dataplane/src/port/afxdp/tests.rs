@@ -1,0 +1,439 @@
+//! The `AF_XDP` port against the kernel on the other end of a veth pair, in the test thread's
+//! private network namespace ([`crate::sys::tap::tests::private_netns`]): echo requests
+//! answered, exact counts both ways, native and generic mode, the program gone with the
+//! port and another one left alone, the interface deleted under the port.
+
+use super::AfXdpPort;
+use crate::frame;
+use crate::pkt::{Pkt, TxOut};
+use crate::port::{AnyPort, Port};
+use crate::stats::{DropReason, PortStats};
+use crate::sys::tap::tests::{fold, ip, ipv4_frame, parse_ipv4, private_netns, sum, Ipv4};
+use crate::sys::xdp::{Mode, ModeReq, XdpConfig, XdpDev, ZeroCopy};
+use crate::testing::{get, Collect};
+use pvnet_net::{VnetHdr, HDR_LEN};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use virtq::Seg;
+
+/// A veth pair in the thread's private namespace: `<name>a` for pvnet, `<name>b` the kernel's
+/// end with 10.214.`net`.1/24 and a static neighbour .2 (the frames' source); IPv6 off on both
+/// so that the kernel sends nothing of its own. Deleted on drop (the namespace goes with the
+/// thread anyway).
+struct Veth {
+    a: String,
+    b: String,
+}
+
+impl Veth {
+    fn new(tag: &str, net: u8) -> (Self, [u8; 6]) {
+        private_netns();
+        let name = format!("pvx{tag}{}", std::process::id() % 10000);
+        let (a, b) = (format!("{name}a"), format!("{name}b"));
+        ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
+        for i in [&a, &b] {
+            // /proc/sys/net is the calling thread's namespace's.
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{i}/disable_ipv6"), "1");
+        }
+        ip(&["addr", "add", &format!("10.214.{net}.1/24"), "dev", &b]);
+        ip(&["link", "set", &b, "up"]);
+        ip(&["link", "set", &a, "up"]);
+        ip(&[
+            "neigh",
+            "replace",
+            &format!("10.214.{net}.2"),
+            "lladdr",
+            "02:00:00:00:13:02",
+            "dev",
+            &b,
+        ]);
+        let m = crate::sys::tap::hw_addr(&b).unwrap_or_else(|e| panic!("{e}"));
+        (Veth { a, b }, m)
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.a]).output();
+    }
+}
+
+/// `ip link show dev X` (empty if it is gone).
+fn link_show(dev: &str) -> String {
+    let out = Command::new("ip")
+        .args(["link", "show", "dev", dev])
+        .output()
+        .expect("run ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Whether `dev` is without an XDP program within 2 s. A dropped link's fd is closed at once,
+/// but a child another test thread is starting holds a copy of every fd from its fork to its
+/// exec (close-on-exec): the link goes when that copy does.
+fn no_program(dev: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while link_show(dev).contains("xdp") {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// The kernel's packet counters of `dev` (`rx_packets`, `tx_packets`), from `/proc/net/dev`
+/// as a child process sees it (in the thread's namespace; the test process's own
+/// `/proc/self/net` is its main thread's).
+fn kernel_counts(dev: &str) -> (u64, u64) {
+    let out = Command::new("cat")
+        .arg("/proc/net/dev")
+        .output()
+        .expect("run cat");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{dev}:")).map(str::to_owned))
+        .unwrap_or_else(|| panic!("no {dev} in /proc/net/dev: {text}"));
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    (v[1], v[9])
+}
+
+fn open(ifname: &str, mode: ModeReq) -> XdpDev {
+    XdpDev::open(&XdpConfig {
+        ifname: ifname.into(),
+        queues: 1,
+        mode,
+        zerocopy: ZeroCopy::Auto,
+    })
+    .unwrap_or_else(|e| panic!("open AF_XDP on {ifname}: {e}"))
+}
+
+/// Sends one frame (`hdr_len` bytes of header in front) through the port.
+fn send(port: &mut AnyPort, f: &[u8], hdr_len: u32) -> TxOut {
+    let mut b = vec![0u8; hdr_len as usize];
+    b.extend_from_slice(f);
+    let seg = [Seg::from_mut(&mut b)];
+    let pkt = Pkt {
+        segs: &seg,
+        len: hdr_len + u32::try_from(f.len()).unwrap_or(0),
+        hdr_len,
+        hdr: VnetHdr::default(),
+        macs: [0; 12],
+        hash: 0,
+    };
+    assert!(port.tx_begin(Instant::now(), 1));
+    let (n, out) = port.tx_burst(&[pkt]);
+    port.tx_commit();
+    if n == 1 {
+        TxOut::Sent
+    } else {
+        out
+    }
+}
+
+/// Polls the port until `done` says enough arrived or 2 s pass.
+fn collect(port: &mut AnyPort, c: &mut Collect, done: impl Fn(&Collect) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !done(c) && Instant::now() < deadline {
+        if port.rx_burst(64, Instant::now(), c) == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// Echo requests into the kernel through the port and its answers back; then 1000 bench
+/// frames each way, counted exactly on both sides.
+fn round_trip(tag: &str, net: u8, mode: ModeReq, want: Mode) {
+    let (veth, kernel_mac) = Veth::new(tag, net);
+    let dev = open(&veth.a, mode);
+    assert_eq!(dev.mode(), want, "{}", dev.describe());
+    let shown = link_show(&veth.a);
+    let mark = if want == Mode::Native {
+        "xdp "
+    } else {
+        "xdpgeneric"
+    };
+    assert!(shown.contains(mark), "{mark} attached: {shown}");
+    let stats: Arc<PortStats> = Arc::default();
+    let mut port = AnyPort::AfXdp(AfXdpPort::new(5, stats.clone(), dev));
+    assert_eq!(port.kind(), "af-xdp");
+    assert_eq!(
+        port.caps().offloads,
+        0,
+        "no offload: the switch does them in software"
+    );
+    let (peer, host) = ([10, 214, net, 2], [10, 214, net, 1]);
+    for (seq, hdr_len) in [(1u16, 12u32), (2, 10)] {
+        let mut icmp = vec![8, 0, 0, 0, 0x70, 0x77];
+        icmp.extend_from_slice(&seq.to_be_bytes());
+        icmp.extend_from_slice(&[0x5a; 32]);
+        let c = !fold(sum(&icmp, 0));
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        let f = ipv4_frame(kernel_mac, peer, host, 1, &icmp);
+        assert_eq!(send(&mut port, &f, hdr_len), TxOut::Sent);
+    }
+    let mut c = Collect::all();
+    let replies = |c: &Collect| {
+        let mut r: Vec<u16> = c
+            .got
+            .iter()
+            .filter_map(|(h, b)| match parse_ipv4(&b[*h as usize..]) {
+                Some(Ipv4 { proto: 1, l4, .. }) if l4.len() >= 8 && l4[0] == 0 => {
+                    Some(u16::from_be_bytes([l4[6], l4[7]]))
+                }
+                _ => None,
+            })
+            .collect();
+        r.sort_unstable();
+        r
+    };
+    collect(&mut port, &mut c, |c| replies(c).len() >= 2);
+    assert_eq!(replies(&c), [1, 2], "{mode:?}: both requests answered");
+    assert!(c.got.iter().all(|(h, _)| *h == HDR_LEN));
+
+    // pvnet -> kernel: 1000 frames, the kernel's end counts exactly that many.
+    let (rx0, _) = kernel_counts(&veth.b);
+    let tx0 = get(&stats.tx_packets);
+    let mut f = vec![0u8; 64];
+    frame::write_template(&mut f, 64, [2, 0, 0, 0, 0x13, 2], kernel_mac);
+    for s in 0..1000u64 {
+        frame::set_seq(&mut f, s);
+        assert_eq!(send(&mut port, &f, HDR_LEN), TxOut::Sent);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while kernel_counts(&veth.b).0 - rx0 < 1000 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        kernel_counts(&veth.b).0 - rx0,
+        1000,
+        "{mode:?}: the kernel got every frame"
+    );
+    assert_eq!(get(&stats.tx_packets) - tx0, 1000);
+    assert_eq!(stats.snapshot(5).drops.iter().map(|d| d.1).sum::<u64>(), 0);
+
+    // The interface's MTU, for the switch's too_big check; past a UMEM frame the port
+    // itself refuses.
+    assert_eq!(port.mtu(), Some(1500));
+    let big = vec![0u8; 4097];
+    assert_eq!(
+        send(&mut port, &big, HDR_LEN),
+        TxOut::Dropped(DropReason::TooBig)
+    );
+
+    // kernel -> pvnet: 1000 frames from an AF_PACKET socket on the kernel's end, in bursts of
+    // 100, all handed out in order, the port's counters equal to what it handed out.
+    let sock = crate::sys::packet::open(&veth.b).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Collect::all();
+    let rx_before = get(&stats.rx_packets);
+    let mut b = vec![0u8; HDR_LEN as usize + 64];
+    frame::write_template(
+        &mut b[HDR_LEN as usize..],
+        64,
+        kernel_mac,
+        [2, 0, 0, 0, 0x13, 2],
+    );
+    for burst in 0..10u64 {
+        for s in burst * 100..(burst + 1) * 100 {
+            frame::set_seq(&mut b[HDR_LEN as usize..], s);
+            let iov = [libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            }];
+            let sent = sock.send_iovecs(&iov).unwrap_or_else(|e| panic!("{e}"));
+            assert!(sent.is_some(), "the kernel took frame {s}");
+        }
+        let want = usize::try_from((burst + 1) * 100).unwrap_or(usize::MAX);
+        collect(&mut port, &mut c, |c| c.got.len() >= want);
+    }
+    let seqs: Vec<u64> = c
+        .got
+        .iter()
+        .filter_map(|(h, b)| match frame::parse(&b[*h as usize..]) {
+            frame::Bench::Data(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        seqs,
+        (0..1000).collect::<Vec<_>>(),
+        "{mode:?}: every frame, in order"
+    );
+    assert_eq!(c.got.len(), 1000, "{mode:?}: nothing else arrived");
+    assert_eq!(get(&stats.rx_packets) - rx_before, 1000);
+    assert!(get(&stats.rx_bytes) >= 1000 * 60);
+
+    // The port goes: its program goes with it.
+    drop(port);
+    assert!(no_program(&veth.a), "program left: {}", link_show(&veth.a));
+}
+
+#[test]
+fn af_xdp_port_native_mode_round_trip_and_exact_counts() {
+    round_trip("n", 41, ModeReq::Native, Mode::Native);
+}
+
+#[test]
+fn af_xdp_port_generic_mode_round_trip_and_exact_counts() {
+    round_trip("g", 42, ModeReq::Generic, Mode::Generic);
+}
+
+#[test]
+fn af_xdp_auto_mode_takes_native_on_a_veth() {
+    let (veth, _) = Veth::new("m", 43);
+    let dev = open(&veth.a, ModeReq::Auto);
+    assert_eq!(dev.mode(), Mode::Native);
+    assert!(dev.describe().contains("XDP native"), "{}", dev.describe());
+    assert!(!dev.zerocopy(), "a veth has no zero-copy: copy mode");
+}
+
+/// An interface with a program already attached (pvnet's own, in either mode) is refused
+/// with a clear error, and that program stays; zero-copy that cannot be had is an error.
+#[test]
+fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
+    let (veth, _) = Veth::new("r", 44);
+    let first = open(&veth.a, ModeReq::Native);
+    for mode in [ModeReq::Native, ModeReq::Generic, ModeReq::Auto] {
+        let e = XdpDev::open(&XdpConfig {
+            ifname: veth.a.clone(),
+            queues: 1,
+            mode,
+            zerocopy: ZeroCopy::Auto,
+        })
+        .expect_err("a second program must be refused");
+        assert!(
+            e.to_string().contains("already has an XDP program"),
+            "{mode:?}: {e}"
+        );
+        assert!(
+            link_show(&veth.a).contains("xdp "),
+            "the first program stays"
+        );
+    }
+    drop(first);
+    assert!(no_program(&veth.a));
+    let e = XdpDev::open(&XdpConfig {
+        ifname: veth.a.clone(),
+        queues: 1,
+        mode: ModeReq::Generic,
+        zerocopy: ZeroCopy::On,
+    })
+    .expect_err("zero-copy in generic mode");
+    assert!(e.to_string().contains("zero-copy"), "{e}");
+    assert!(no_program(&veth.a), "nothing left after a failed open");
+    let e = XdpDev::open(&XdpConfig {
+        ifname: "pvnoifx0".into(),
+        queues: 1,
+        mode: ModeReq::Auto,
+        zerocopy: ZeroCopy::Auto,
+    })
+    .expect_err("no such interface");
+    assert!(e.to_string().contains("pvnoifx0"), "{e}");
+}
+
+/// The interface deleted under a running port: the next transmit finds the socket unbound,
+/// the port says so and goes down, further packets are refused (`port_down` at the switch),
+/// and nothing panics, reading included.
+#[test]
+fn af_xdp_port_survives_its_interface_going_away() {
+    let (veth, kernel_mac) = Veth::new("d", 45);
+    let stats: Arc<PortStats> = Arc::default();
+    stats.up.store(1, std::sync::atomic::Ordering::Relaxed);
+    let mut port = AnyPort::AfXdp(AfXdpPort::new(
+        6,
+        stats.clone(),
+        open(&veth.a, ModeReq::Native),
+    ));
+    let mut f = vec![0u8; 64];
+    frame::write_template(&mut f, 64, [2, 0, 0, 0, 0x13, 2], kernel_mac);
+    assert_eq!(send(&mut port, &f, HDR_LEN), TxOut::Sent);
+    ip(&["link", "del", &veth.a]);
+    let _ = send(&mut port, &f, HDR_LEN);
+    assert_eq!(
+        stats.up.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "the port is down"
+    );
+    assert_eq!(get(&stats.drops[DropReason::PortDown as usize]), 1);
+    assert!(
+        !port.tx_begin(Instant::now(), 1),
+        "a down port takes nothing"
+    );
+    let mut c = Collect::all();
+    assert_eq!(port.rx_burst(64, Instant::now(), &mut c), 0);
+    drop(port);
+}
+
+/// `queues=2` on a veth with two queues: a socket bound to each, both polled by the port
+/// (the kernel spreads the flows of the peer's two transmit queues over them).
+#[test]
+fn af_xdp_port_takes_every_queue_it_is_given() {
+    private_netns();
+    let name = format!("pvxq{}", std::process::id() % 10000);
+    let (a, b) = (format!("{name}a"), format!("{name}b"));
+    ip(&[
+        "link",
+        "add",
+        &a,
+        "numtxqueues",
+        "2",
+        "numrxqueues",
+        "2",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &b,
+        "numtxqueues",
+        "2",
+        "numrxqueues",
+        "2",
+    ]);
+    let veth = Veth {
+        a: a.clone(),
+        b: b.clone(),
+    };
+    ip(&["link", "set", &b, "up"]);
+    let dev = XdpDev::open(&XdpConfig {
+        ifname: a.clone(),
+        queues: 2,
+        mode: ModeReq::Native,
+        zerocopy: ZeroCopy::Auto,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(dev.describe().ends_with("2 queues"), "{}", dev.describe());
+    assert_eq!(dev.queues.len(), 2);
+    let stats: Arc<PortStats> = Arc::default();
+    let mut port = AnyPort::AfXdp(AfXdpPort::new(7, stats.clone(), dev));
+    // Frames from the kernel's end, on both of its transmit queues (the queue is picked per
+    // sending CPU and socket hash); every one arrives, whichever queue it came in on.
+    let sock = crate::sys::packet::open(&veth.b).unwrap_or_else(|e| panic!("{e}"));
+    let mut f = vec![0u8; HDR_LEN as usize + 64];
+    frame::write_template(
+        &mut f[HDR_LEN as usize..],
+        64,
+        [2, 0, 0, 0, 0, 9],
+        [2, 0, 0, 0, 0, 8],
+    );
+    for s in 0..200u64 {
+        frame::set_seq(&mut f[HDR_LEN as usize..], s);
+        let iov = [libc::iovec {
+            iov_base: f.as_mut_ptr().cast(),
+            iov_len: f.len(),
+        }];
+        assert!(sock
+            .send_iovecs(&iov)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_some());
+    }
+    let mut c = Collect::all();
+    collect(&mut port, &mut c, |c| c.got.len() >= 200);
+    assert_eq!(c.got.len(), 200);
+    assert_eq!(get(&stats.rx_packets), 200);
+    drop(port);
+    assert!(no_program(&a));
+}

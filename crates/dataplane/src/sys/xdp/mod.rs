@@ -1,0 +1,547 @@
+//! `AF_XDP`: an interface's frames straight into pvnet's memory, past the kernel's socket
+//! buffers (Linux `Documentation/networking/af_xdp.rst`), the way OVS (`type=afxdp`) and DPDK
+//! (`net_af_xdp`) reach a NIC without a driver of their own.
+//!
+//! Per queue of the interface, one socket ([`Xsk`]) with its own UMEM (the packet memory,
+//! [`RX_FRAMES`] frames for receiving and [`TX_FRAMES`] for transmitting, [`FRAME`] bytes
+//! each) and its four rings ([`ring`]). The interface's XDP program ([`bpf`]) sends the
+//! frames of queue `q` to socket `q` through an `XSKMAP`; frames for a queue without a socket
+//! go on to the kernel's stack (`XDP_PASS`).
+//!
+//! Choices, and why:
+//! * No libbpf, no clang, no crate for the sockets: the program is five instructions
+//!   assembled in [`bpf`], the syscalls are `libc`'s (which has every `AF_XDP` struct), and
+//!   the rings are pvnet's own, loaded once per batch as its virtqueues are. The README's two
+//!   commands still set everything up on a fresh machine. `xsk-rs` needs libxdp and clang at
+//!   build time; the pure-Rust `xdp` and `afxdp` crates bring their own ring code and
+//!   allocation policy, which pvnet would have to wrap anyway.
+//! * The program is attached through a BPF link: it leaves the interface when the port is
+//!   dropped, or when the process dies, and an interface that has another program is
+//!   refused, its program untouched.
+//! * `XDP_USE_NEED_WAKEUP` always: the kernel is kicked (`sendto`, `recvfrom`) only when its
+//!   ring's flag says it sleeps, so a busy port makes no syscall per packet.
+//! * Aligned UMEM chunks of [`FRAME`] bytes, no headroom of pvnet's: the kernel puts a
+//!   received frame behind its own 256-byte `XDP_PACKET_HEADROOM`, where the port writes the
+//!   12-byte virtio-net header the rest of the dataplane expects in front of a packet.
+//!
+//! Where `AF_XDP` cannot run (no `AF_XDP` sockets, no `bpf()`, no permission, a driver without
+//! native XDP when `mode=native`), [`XdpDev::open`] fails with an error that says what is
+//! missing.
+
+pub mod bpf;
+pub mod ring;
+
+use bpf::{Link, Prog, XskMap, XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE};
+use ring::Ring;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+
+/// Bytes of one UMEM frame (a chunk): one page.
+pub const FRAME: u32 = 4096;
+/// Frames a socket receives into (all on the fill ring at the start).
+pub const RX_FRAMES: u32 = 1024;
+/// Frames a socket transmits from.
+pub const TX_FRAMES: u32 = 1024;
+/// Entries of each ring (fill, receive, transmit, completion).
+const RING: u32 = 1024;
+
+/// Which XDP mode to run in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeReq {
+    /// Native, else generic (said in the port's description).
+    Auto,
+    /// The driver's own XDP hook: frames reach the socket before any socket buffer exists.
+    Native,
+    /// Generic XDP (any driver): after the kernel has built the socket buffer.
+    Generic,
+}
+
+impl std::str::FromStr for ModeReq {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "native" => Ok(Self::Native),
+            "generic" => Ok(Self::Generic),
+            o => Err(format!("unknown XDP mode {o:?} (auto, native, generic)")),
+        }
+    }
+}
+
+/// The mode the program runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `XDP_FLAGS_DRV_MODE`.
+    Native,
+    /// `XDP_FLAGS_SKB_MODE`.
+    Generic,
+}
+
+impl Mode {
+    /// "native" or "generic".
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Native => "native",
+            Mode::Generic => "generic",
+        }
+    }
+}
+
+/// Whether the sockets use the driver's zero-copy support.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZeroCopy {
+    /// Zero-copy where the driver has it, else copy.
+    Auto,
+    /// Zero-copy or fail (`XDP_ZEROCOPY`).
+    On,
+    /// Copy mode (`XDP_COPY`).
+    Off,
+}
+
+impl std::str::FromStr for ZeroCopy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "true" | "on" => Ok(Self::On),
+            "false" | "off" => Ok(Self::Off),
+            o => Err(format!("unknown zerocopy {o:?} (auto, true, false)")),
+        }
+    }
+}
+
+/// What to open.
+#[derive(Debug, Clone)]
+pub struct XdpConfig {
+    /// The interface.
+    pub ifname: String,
+    /// Its queues to take (`0..queues`), one socket each.
+    pub queues: u32,
+    /// XDP mode.
+    pub mode: ModeReq,
+    /// Zero-copy.
+    pub zerocopy: ZeroCopy,
+}
+
+/// The packet memory a socket registered: `RX_FRAMES + TX_FRAMES` frames, receive frames
+/// first.
+#[derive(Debug)]
+pub struct Umem {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is the Umem's alone (unmapped on drop); it moves with its port to one
+// shard, which alone touches it.
+unsafe impl Send for Umem {}
+
+impl Umem {
+    fn new(frames: u32) -> io::Result<Self> {
+        let len = frames as usize * FRAME as usize;
+        // SAFETY: a fresh private anonymous mapping; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("UMEM of {len} bytes: {e}"),
+            ));
+        }
+        let base = NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap: null"))?;
+        Ok(Self { base, len })
+    }
+
+    /// The start of the memory.
+    pub fn base(&self) -> NonNull<u8> {
+        self.base
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        // SAFETY: our mapping, made in `new`; the socket that registered it is closed first
+        // (field order of `Xsk`), and the kernel holds its own page references until then.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// One bound `AF_XDP` socket: its rings and its UMEM. Field order is drop order: the socket
+/// closes before its rings and memory are unmapped.
+#[derive(Debug)]
+pub struct Xsk {
+    fd: OwnedFd,
+    /// Fill ring: receive frames given to the kernel.
+    pub fill: Ring<u64>,
+    /// Completion ring: transmit frames the kernel is done with.
+    pub comp: Ring<u64>,
+    /// Receive ring.
+    pub rx: Ring<libc::xdp_desc>,
+    /// Transmit ring.
+    pub tx: Ring<libc::xdp_desc>,
+    /// The packet memory.
+    pub umem: Umem,
+    /// The interface queue it is bound to.
+    pub queue: u32,
+    /// Bound in zero-copy mode.
+    pub zerocopy: bool,
+}
+
+fn err(e: io::Error, what: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn setopt<T>(fd: RawFd, opt: libc::c_int, val: &T, what: &str) -> io::Result<()> {
+    let len = libc::socklen_t::try_from(size_of::<T>()).unwrap_or(0);
+    // SAFETY: `val` is a live `T` of `len` bytes for the call; the kernel only reads it.
+    let r =
+        unsafe { libc::setsockopt(fd, libc::SOL_XDP, opt, std::ptr::from_ref(val).cast(), len) };
+    if r < 0 {
+        return Err(err(io::Error::last_os_error(), what));
+    }
+    Ok(())
+}
+
+fn getopt<T: Copy>(fd: RawFd, opt: libc::c_int, val: &mut T, what: &str) -> io::Result<()> {
+    let mut len = libc::socklen_t::try_from(size_of::<T>()).unwrap_or(0);
+    // SAFETY: `val` is a live `T` of `len` bytes the kernel writes at most `len` of.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_XDP,
+            opt,
+            std::ptr::from_mut(val).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(err(io::Error::last_os_error(), what));
+    }
+    Ok(())
+}
+
+impl Xsk {
+    /// A socket on queue `queue` of interface `ifindex`, its UMEM registered, its rings
+    /// mapped, every receive frame on the fill ring, bound with `flags` (`XDP_COPY` or
+    /// `XDP_ZEROCOPY`, with `XDP_USE_NEED_WAKEUP`).
+    fn open(ifindex: u32, queue: u32, flags: u16) -> io::Result<Self> {
+        // SAFETY: plain socket(2); the result is checked before use.
+        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            let e = io::Error::last_os_error();
+            let hint = match e.raw_os_error() {
+                Some(libc::EAFNOSUPPORT) => {
+                    " (this kernel has no AF_XDP sockets: CONFIG_XDP_SOCKETS)"
+                }
+                Some(libc::EPERM) => " (needs CAP_NET_RAW: run as root)",
+                _ => "",
+            };
+            return Err(io::Error::new(
+                e.kind(),
+                format!("AF_XDP socket: {e}{hint}"),
+            ));
+        }
+        // SAFETY: `raw` is a socket we just opened and own alone.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let s = fd.as_raw_fd();
+        let umem = Umem::new(RX_FRAMES + TX_FRAMES)?;
+        let reg = libc::xdp_umem_reg {
+            addr: umem.base().as_ptr() as u64,
+            len: umem.len() as u64,
+            chunk_size: FRAME,
+            headroom: 0,
+            flags: 0,
+            tx_metadata_len: 0,
+        };
+        setopt(s, libc::XDP_UMEM_REG, &reg, "XDP_UMEM_REG").map_err(|e| {
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOBUFS | libc::ENOMEM | libc::EPERM)
+            ) {
+                io::Error::new(
+                    e.kind(),
+                    format!("{e} (locked memory: needs CAP_IPC_LOCK or a higher ulimit -l)"),
+                )
+            } else {
+                e
+            }
+        })?;
+        let size: libc::c_int = libc::c_int::try_from(RING).unwrap_or(1024);
+        setopt(s, libc::XDP_UMEM_FILL_RING, &size, "XDP_UMEM_FILL_RING")?;
+        setopt(
+            s,
+            libc::XDP_UMEM_COMPLETION_RING,
+            &size,
+            "XDP_UMEM_COMPLETION_RING",
+        )?;
+        setopt(s, libc::XDP_RX_RING, &size, "XDP_RX_RING")?;
+        setopt(s, libc::XDP_TX_RING, &size, "XDP_TX_RING")?;
+        // SAFETY: all-zero is a valid `xdp_mmap_offsets` (plain integers).
+        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+        getopt(s, libc::XDP_MMAP_OFFSETS, &mut off, "XDP_MMAP_OFFSETS")?;
+        let pg = |o: u64| i64::try_from(o).unwrap_or(0);
+        let fill = Ring::map(s, pg(libc::XDP_UMEM_PGOFF_FILL_RING), RING, &off.fr)
+            .map_err(|e| err(e, "mmap fill ring"))?;
+        let comp = Ring::map(s, pg(libc::XDP_UMEM_PGOFF_COMPLETION_RING), RING, &off.cr)
+            .map_err(|e| err(e, "mmap completion ring"))?;
+        let rx = Ring::map(s, libc::XDP_PGOFF_RX_RING, RING, &off.rx)
+            .map_err(|e| err(e, "mmap rx ring"))?;
+        let tx = Ring::map(s, libc::XDP_PGOFF_TX_RING, RING, &off.tx)
+            .map_err(|e| err(e, "mmap tx ring"))?;
+        let mut x = Self {
+            fd,
+            fill,
+            comp,
+            rx,
+            tx,
+            umem,
+            queue,
+            zerocopy: false,
+        };
+        let n = x.fill.free(RX_FRAMES).min(RX_FRAMES);
+        for k in 0..n {
+            x.fill.push(u64::from(k) * u64::from(FRAME));
+        }
+        x.fill.submit();
+        let sa = libc::sockaddr_xdp {
+            sxdp_family: u16::try_from(libc::AF_XDP).unwrap_or(44),
+            sxdp_flags: flags | libc::XDP_USE_NEED_WAKEUP,
+            sxdp_ifindex: ifindex,
+            sxdp_queue_id: queue,
+            sxdp_shared_umem_fd: 0,
+        };
+        let len = libc::socklen_t::try_from(size_of::<libc::sockaddr_xdp>()).unwrap_or(0);
+        // SAFETY: `sa` is a valid `sockaddr_xdp` of `len` bytes for the call.
+        let r = unsafe { libc::bind(s, std::ptr::from_ref(&sa).cast(), len) };
+        if r < 0 {
+            return Err(err(
+                io::Error::last_os_error(),
+                &format!("bind to queue {queue}"),
+            ));
+        }
+        let mut o = libc::xdp_options { flags: 0 };
+        getopt(s, libc::XDP_OPTIONS, &mut o, "XDP_OPTIONS")?;
+        x.zerocopy = o.flags & libc::XDP_OPTIONS_ZEROCOPY != 0;
+        Ok(x)
+    }
+
+    /// Wakes the kernel to transmit what the transmit ring holds (`sendto`, non-blocking).
+    /// `Ok(true)`: it has more to do (it sends at most a batch per call).
+    pub fn kick_tx(&self) -> io::Result<bool> {
+        // SAFETY: a zero-length send with no buffer and no address: only a wake-up.
+        let r = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null(),
+                0,
+            )
+        };
+        if r >= 0 {
+            return Ok(false);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS) => Ok(true),
+            _ => Err(e),
+        }
+    }
+
+    /// Wakes the kernel to refill from the fill ring (`recvfrom`, non-blocking; a
+    /// zero-copy driver asks for it when its fill ring ran dry).
+    pub fn kick_rx(&self) -> io::Result<()> {
+        // SAFETY: a zero-length receive with no buffer and no address: only a wake-up.
+        let r = unsafe {
+            libc::recvfrom(
+                self.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS) => Ok(()),
+            _ => Err(e),
+        }
+    }
+
+    /// The kernel's drop counters for this socket (`XDP_STATISTICS`).
+    pub fn kernel_stats(&self) -> io::Result<libc::xdp_statistics> {
+        // SAFETY: all-zero is a valid `xdp_statistics` (plain integers).
+        let mut st: libc::xdp_statistics = unsafe { std::mem::zeroed() };
+        getopt(
+            self.fd.as_raw_fd(),
+            libc::XDP_STATISTICS,
+            &mut st,
+            "XDP_STATISTICS",
+        )?;
+        Ok(st)
+    }
+}
+
+impl AsRawFd for Xsk {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// An interface taken through `AF_XDP`: its program attached, a socket per queue. Field order
+/// is drop order: the link goes first (the program leaves the interface), then the sockets.
+#[derive(Debug)]
+pub struct XdpDev {
+    _link: Link,
+    _prog: Prog,
+    _map: XskMap,
+    /// One socket per queue, queue `k` at index `k`.
+    pub queues: Vec<Xsk>,
+    name: String,
+    mode: Mode,
+    mtu: u32,
+}
+
+impl XdpDev {
+    /// Takes `cfg.ifname` (which must exist; it is brought up): loads and attaches the
+    /// program, opens and binds a socket per queue.
+    pub fn open(cfg: &XdpConfig) -> io::Result<Self> {
+        let name = cfg.ifname.as_str();
+        let cname = CString::new(name)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name has a NUL"))?;
+        // SAFETY: `cname` is a valid NUL-terminated string for the call.
+        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+        if ifindex == 0 {
+            return Err(err(
+                io::Error::last_os_error(),
+                &format!("interface {name}"),
+            ));
+        }
+        if cfg.queues == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "queues must be at least 1",
+            ));
+        }
+        crate::sys::tap::set_link_up(name, None)?;
+        let mtu = crate::sys::tap::link_mtu(name)?;
+        let map = XskMap::new(cfg.queues)?;
+        let prog = Prog::load(&map)?;
+        let (link, mode) = match cfg.mode {
+            ModeReq::Native => (
+                Link::attach(&prog, ifindex, name, XDP_FLAGS_DRV_MODE)?,
+                Mode::Native,
+            ),
+            ModeReq::Generic => (
+                Link::attach(&prog, ifindex, name, XDP_FLAGS_SKB_MODE)?,
+                Mode::Generic,
+            ),
+            ModeReq::Auto => match Link::attach(&prog, ifindex, name, XDP_FLAGS_DRV_MODE) {
+                Ok(l) => (l, Mode::Native),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(e),
+                Err(native) => match Link::attach(&prog, ifindex, name, XDP_FLAGS_SKB_MODE) {
+                    Ok(l) => {
+                        tracing::info!(ifname = name, "no native XDP ({native}): generic mode");
+                        (l, Mode::Generic)
+                    }
+                    Err(e) => return Err(io::Error::new(e.kind(), format!("{native}; {e}"))),
+                },
+            },
+        };
+        if mode == Mode::Generic && cfg.zerocopy == ZeroCopy::On {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{name}: zero-copy needs native XDP mode (runs in generic mode)"),
+            ));
+        }
+        let mut queues = Vec::new();
+        for q in 0..cfg.queues {
+            let x = match (mode, cfg.zerocopy) {
+                (Mode::Native, ZeroCopy::On) => {
+                    Xsk::open(ifindex, q, libc::XDP_ZEROCOPY).map_err(|e| {
+                        err(
+                            e,
+                            &format!("{name}: zero-copy (the driver may not support it)"),
+                        )
+                    })?
+                }
+                (Mode::Native, ZeroCopy::Auto) => {
+                    // A failed zero-copy bind leaves the socket half set up: a fresh one.
+                    match Xsk::open(ifindex, q, libc::XDP_ZEROCOPY) {
+                        Ok(x) => x,
+                        Err(_) => Xsk::open(ifindex, q, libc::XDP_COPY)?,
+                    }
+                }
+                _ => Xsk::open(ifindex, q, libc::XDP_COPY)?,
+            };
+            map.set(q, x.as_raw_fd())?;
+            queues.push(x);
+        }
+        Ok(Self {
+            _link: link,
+            _prog: prog,
+            _map: map,
+            queues,
+            name: name.to_string(),
+            mode,
+            mtu,
+        })
+    }
+
+    /// The interface.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The XDP mode in use.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The interface's MTU when it was opened.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// Whether the sockets run zero-copy.
+    pub fn zerocopy(&self) -> bool {
+        self.queues.iter().all(|q| q.zerocopy)
+    }
+
+    /// What it runs as, for `pvnet ctl ports`: "veth0, XDP native, copy, 1 queue".
+    pub fn describe(&self) -> String {
+        let n = self.queues.len();
+        format!(
+            "{}, XDP {}, {}, {n} queue{}",
+            self.name,
+            self.mode.name(),
+            if self.zerocopy() { "zero-copy" } else { "copy" },
+            if n == 1 { "" } else { "s" }
+        )
+    }
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# scripts/bench_afxdp.sh - the host's frames into `pvnet switch` through an AF_XDP port (native
+# and generic XDP) against an AF_PACKET port (io_uring) and a tap, 64 B and 1500 B, side by side
+# in one run: packets per second the receiving switch takes, and its CPU ns per packet
+# (docs/afxdp.md). A benchmark, not a test: it prints figures and ratios, and fails only when a
+# run breaks.
+#
+# The same traffic source for every receiver: `pvnet switch` A (CPU 0) with a gen port writing
+# into veth pvs0 through its own AF_XDP port (SRC=af-packet: an AF_PACKET port, io_uring);
+# the kernel carries the frames to pvs0's peer pvs0p, where `pvnet switch` B (CPU 1) takes
+# them into a sink port through the port under test:
+#   xdp-native   af-xdp:ifname=pvs0p,mode=native   (the veth driver's XDP hook)
+#   xdp-generic  af-xdp:ifname=pvs0p,mode=generic  (XDP after the socket buffer is built)
+#   af-packet    af-packet:ifname=pvs0p,io=uring
+#   tap          tap pvb1, bridged with pvs0p (the kernel forwards into the tap)
+# Per run: B's rx_packets per second over the measured window, B's CPU time over it (all its
+# threads, /proc/<pid>/task/*/schedstat) per packet, its worker's busy time per packet (the
+# rounds that moved packets only: the cost of a packet without the sleeps and wake-ups a
+# source slower than the receiver brings), the syscalls its port made per packet,
+# and A's sent packets per second and CPU per packet sent (when B takes less than A sends,
+# the difference was dropped in the kernel). The kernel's own work
+# of delivering a frame (the veth's NAPI, the XDP program, the copy into the UMEM or the
+# socket buffer) runs in softirq on the sender's CPU and is not in B's figure. Runs
+# interleave the receivers, ROUNDS rounds; medians. The veths, the bridge, the tap and both
+# switches live in a network namespace of this run's (scripts/lib/common.sh netns_new), never
+# in the machine's own.
+#
+# Usage: scripts/bench_afxdp.sh   Env: ROUNDS=3 DUR=5 (measured s) WARM=1 SIZES="64 1500"
+#        CFGS="xdp-native xdp-generic af-packet tap" SRC=af-xdp|af-packet
+#        POLICY=adaptive (the receiving switch's --policy; busy: it never sleeps, so the
+#        kernel never wakes it)
+#        DOC=docs/afxdp.md (section between the bench:afxdp markers; DOC= to skip)
+# Wall time: ~(DUR + WARM + 3) s per run: ~5 min with the defaults.
+set -euo pipefail
+source "$(dirname "$0")/lib/common.sh"
+need_root
+ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-5}"; WARM="${WARM:-1}"; SIZES="${SIZES:-64 1500}"
+CFGS="${CFGS:-xdp-native xdp-generic af-packet tap}"; SRC="${SRC:-af-xdp}"; POLICY="${POLICY:-adaptive}"
+DOC="${DOC-$PVNET_ROOT/docs/afxdp.md}"
+build_pvnet
+B="$WORK/afxdp"; rm -rf "$B"; mkdir -p "$B"
+cp "$PVNET_BIN" "$B/pvnet"; BIN="$B/pvnet"
+RES="$B/results.txt"; : > "$RES"
+apid=; bpid=
+cleanup() {
+  [ -n "$apid" ] && stop_pid "$apid" INT
+  [ -n "$bpid" ] && stop_pid "$bpid" INT
+  netns_cleanup   # the veths, the bridge and the tap go with it (and any XDP program)
+  return 0
+}
+trap cleanup EXIT
+trap 'exit 130' INT; trap 'exit 143' TERM
+
+netns_new benchxdp; HNS=$NS
+ipn() { ip -n "$HNS" "$@"; }
+ipn link add pvs0 type veth peer name pvs0p
+ipn link add pvbbr type bridge stp_state 0
+ipn link set pvbbr up; ipn link set pvs0 up; ipn link set pvs0p up
+
+# snap SOCKET : "tx_packets rx_packets syscalls busy_ns" of port t and the workers.
+snap() { "$BIN" ctl --ctl-socket "$1" --json 2>/dev/null | python3 "$PYLIB/bench_afxdp.py" snap t; }
+# cpu_ns PID : CPU time of all the process's threads, nanoseconds (0 once it is gone).
+cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
+wait_sock() { local i; for i in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no control socket $1"; }
+
+case "$SRC" in
+  af-xdp) SRCPORT="af-xdp:name=t,ifname=pvs0,mode=native" ;;
+  af-packet) SRCPORT="af-packet:name=t,ifname=pvs0,io=uring" ;;
+  *) die "SRC: af-xdp or af-packet" ;;
+esac
+
+for r in $(seq 1 "$ROUNDS"); do
+  for size in $SIZES; do
+    for cfg in $CFGS; do
+      tag="$cfg-$size-$r"
+      case "$cfg" in
+        xdp-native) pb="af-xdp:name=t,ifname=pvs0p,mode=native" ;;
+        xdp-generic) pb="af-xdp:name=t,ifname=pvs0p,mode=generic" ;;
+        af-packet) pb="af-packet:name=t,ifname=pvs0p,io=uring" ;;
+        tap) pb="tap:name=t,ifname=pvb1,io=uring" ;;
+        *) die "unknown receiver $cfg" ;;
+      esac
+      if [ "$cfg" = tap ]; then ipn link set pvs0p master pvbbr; else ipn link set pvs0p nomaster; fi
+      NO_COLOR=1 PVNET_LOG=info ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 --policy "$POLICY" \
+        --ctl-socket "$B/ctl.b.$tag" --secs $((DUR + WARM + 8)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
+      bpid=$!
+      wait_sock "$B/ctl.b.$tag"
+      if [ "$cfg" = tap ]; then ipn link set pvb1 master pvbbr; fi
+      ip netns exec "$HNS" "$BIN" switch --port "$SRCPORT" --port "gen:name=g,delay=0.5,frame_len=$size" --cpu 0 \
+        --ctl-socket "$B/ctl.a.$tag" --secs $((DUR + WARM + 7)) > "$B/a.$tag.json" 2> "$B/a.$tag.log" &
+      apid=$!
+      wait_sock "$B/ctl.a.$tag"
+      sleep "$WARM"; sleep 0.5
+      c0=$(cpu_ns "$bpid"); d0=$(cpu_ns "$apid")
+      read -r a0 _ _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b0 s0 w0 < <(snap "$B/ctl.b.$tag")
+      t0=$(date +%s.%N); sleep "$DUR"; t1=$(date +%s.%N)
+      c1=$(cpu_ns "$bpid"); d1=$(cpu_ns "$apid")
+      read -r a1 _ _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b1 s1 w1 < <(snap "$B/ctl.b.$tag")
+      # The source first: what it sends while the receiver stops would count as the kernel's drops.
+      kill -INT "$apid" 2>/dev/null || true; wait "$apid" || true; apid=
+      kill -INT "$bpid" 2>/dev/null || true; wait "$bpid" || true; bpid=
+      grep -ho "the kernel's own counts.*" "$B/b.$tag.log" | sed 's/^/  /' || true
+      line=$(python3 "$PYLIB/bench_afxdp.py" result "$cfg" "$size" "$r" "$t0" "$t1" "$a0" "$a1" "$b0" "$b1" \
+        "$s0" "$s1" "$c0" "$c1" "$d0" "$d1" "$w0" "$w1")
+      echo "$line" | tee -a "$RES"
+      [ "$b1" -gt "$b0" ] || { log "no packets received in run $tag: see $B/b.$tag.log"; exit 1; }
+    done
+  done
+done
+
+SUM="$B/summary.md"
+python3 "$PYLIB/bench_afxdp.py" summary "$RES" "$SUM" > /dev/null
+cat "$SUM"
+[ -z "$DOC" ] && exit 0
+doc_results "$DOC" "bench:afxdp" "ROUNDS=$ROUNDS DUR=$DUR SRC=$SRC POLICY=$POLICY scripts/bench_afxdp.sh" "$SUM" "$RES"

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""scripts/bench_afxdp.sh's figures: a switch's readings, one run's RESULT line, the table.
+
+    bench_afxdp.py snap PORT < ctl-status.json
+        "tx_packets rx_packets syscalls busy_ns" of port PORT and the workers (busy_ns: the
+        workers' time in rounds that moved packets), from one `pvnet ctl --json`
+    bench_afxdp.py result CFG SIZE ROUND T0 T1 A0 A1 B0 B1 S0 S1 C0 C1 D0 D1 W0 W1
+        the RESULT line over the window T0..T1 (seconds): A the source's sent packets, B the receiver's taken ones, S its
+        port's syscalls, C / D the receiver's / the source's CPU ns, W the receiver's busy ns
+    bench_afxdp.py summary RESULTS OUT
+        the table (medians per receiver and frame size, ratios against af-packet), to OUT and
+        printed
+"""
+
+import json
+import statistics
+import sys
+
+
+def snap(port, status):
+    c = next(p for p in status["ports"] if p["name"] == port)["counters"]
+    busy = sum(w.get("busy_secs", 0) for w in status.get("workers", []))
+    return "%d %d %d %d" % (c.get("tx_packets", 0), c.get("rx_packets", 0), c.get("syscalls", 0), int(busy * 1e9))
+
+
+def result(cfg, size, rnd, t0, t1, a0, a1, b0, b1, s0, s1, c0, c1, d0, d1, w0, w1):
+    dt, a, b = t1 - t0, a1 - a0, b1 - b0
+    return (
+        "RESULT cfg=%s size=%s round=%s rx_mpps=%.3f cpu_ns_per_pkt=%.0f busy_ns_per_pkt=%.0f"
+        " syscalls_per_pkt=%.3f src_mpps=%.3f src_cpu_ns_per_pkt=%.0f"
+    ) % (
+        cfg,
+        size,
+        rnd,
+        b / dt / 1e6,
+        (c1 - c0) / max(b, 1),
+        (w1 - w0) / max(b, 1),
+        (s1 - s0) / max(b, 1),
+        a / dt / 1e6,
+        (d1 - d0) / max(a, 1),
+    )
+
+
+def summary(lines):
+    rows = {}
+    for line in lines:
+        if not line.startswith("RESULT "):
+            continue
+        kv = dict(x.split("=", 1) for x in line.split()[1:])
+        rows.setdefault((kv["cfg"], kv["size"]), []).append(kv)
+
+    def med(key, k):
+        return statistics.median(float(r[k]) for r in rows[key])
+
+    head = (
+        "| receiver | frame | Mpps taken | switch CPU ns/pkt | busy ns/pkt | its syscalls/pkt | source Mpps"
+        " | source CPU ns/pkt | vs af-packet: Mpps | CPU ns/pkt | busy ns/pkt | runs |"
+    )
+    out = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, runs in rows.items():
+        base = ("af-packet", key[1])
+        ratios = ["-", "-", "-"]
+        if base in rows:
+            ratios = [
+                "%.2fx" % (med(key, k) / max(med(base, k), 1e-9))
+                for k in ("rx_mpps", "cpu_ns_per_pkt", "busy_ns_per_pkt")
+            ]
+        out.append(
+            "| %s | %s B | %.3f | %.0f | %.0f | %.3f | %.3f | %.0f | %s | %s | %s | %d |"
+            % (
+                key[0],
+                key[1],
+                med(key, "rx_mpps"),
+                med(key, "cpu_ns_per_pkt"),
+                med(key, "busy_ns_per_pkt"),
+                med(key, "syscalls_per_pkt"),
+                med(key, "src_mpps"),
+                med(key, "src_cpu_ns_per_pkt"),
+                *ratios,
+                len(runs),
+            )
+        )
+    return "\n".join(out)
+
+
+def main(argv):
+    if argv[1] == "snap":
+        print(snap(argv[2], json.load(sys.stdin)))
+    elif argv[1] == "result":
+        cfg, size, rnd = argv[2:5]
+        nums = [float(x) for x in argv[5:19]]
+        print(result(cfg, size, rnd, *nums))
+    elif argv[1] == "summary":
+        with open(argv[2]) as f:
+            table = summary(f.readlines())
+        with open(argv[3], "w") as f:
+            f.write(table + "\n")
+        print(table)
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
