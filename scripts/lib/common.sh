@@ -188,6 +188,8 @@ root_net_state() {
   ip -o addr show | sed -E 's/\\? +(valid|preferred)_lft [^ ]+//g; s/ +$//' | sed 's/^/addr /'
   { ip -o -4 route show table all; ip -o -6 route show table all; } | sed -E 's/ expires [^ ]+//; s/ +$//' | sed 's/^/route /'
   ip -o link show | awk -F': ' '{ split($3, f, ">"); up = (f[1] ~ /[<,]UP(,|$)/) ? "UP" : "down"; print "link " $2 " " up }'
+  # an XDP program attached to a root-namespace interface (prog/xdp, xdpgeneric, xdpdrv ...)
+  ip -o link show | awk -F': ' '/ xdp| prog\/xdp/ {print "xdp " $2}'
 }
 # root_net_check BEFORE : fails, saying what changed, when the root namespace's state
 # (root_net_state) differs from the file BEFORE, or a namespace named $PVNET_NS_PREFIX-... is
