@@ -40,6 +40,7 @@ step() { # step NAME CMD...: runs a step that is one test of its own
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --features virtq/mock -q -- -D warnings
 step "no import circle between a crate's modules" python3 scripts/check_imports.py
+step "no function over 100 lines, no file over 900 lines of code" python3 scripts/check_sizes.py
 step "the coherence count's model and trace reader" python3 scripts/test_coherence.py
 step "the coherence harness builds (its prefetches traced)" cargo build -q --release -p pvnet-dataplane --example switchpath --features coherence --target-dir target/coherence
 
