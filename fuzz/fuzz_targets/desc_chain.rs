@@ -24,7 +24,7 @@ mod common;
 
 use common::{fold_descs, take};
 use libfuzzer_sys::fuzz_target;
-use virtq::mem::{read_segs, write_segs};
+use virtq::{read_segs, write_segs};
 use virtq::mock::MockQueue;
 use virtq::split::{DeviceQueue, Direction};
 

@@ -23,9 +23,9 @@ mod common;
 
 use common::{fold_descs, take};
 use libfuzzer_sys::fuzz_target;
-use virtq::mem::{read_segs, write_segs};
+use virtq::{read_segs, write_segs};
 use virtq::mock::MockQueue;
-use virtq::queue::{DeviceQueue, Direction, QueueConfig};
+use virtq::{DeviceQueue, Direction, QueueConfig};
 use virtq::Format;
 
 const BUF: u32 = 256;

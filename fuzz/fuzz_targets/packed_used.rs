@@ -25,7 +25,7 @@ use common::take_exact as take;
 use libfuzzer_sys::fuzz_target;
 use std::collections::VecDeque;
 use virtq::mock::MockQueue;
-use virtq::queue::{Buf, Direction};
+use virtq::{Buf, Direction};
 use virtq::{Error, Format};
 
 const BUF: u32 = 256;

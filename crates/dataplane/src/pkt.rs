@@ -90,7 +90,7 @@ fn head<const H: usize, const N: usize>(segs: &[Seg<'_>]) -> Option<(VnetHdr, [u
         Some(a) => a,
         None => {
             let mut h = [0u8; N];
-            if !head_split::<H, N>(segs, &mut h) && virtq::mem::read_segs(segs, 0, &mut h) < N {
+            if !head_split::<H, N>(segs, &mut h) && virtq::read_segs(segs, 0, &mut h) < N {
                 return None;
             }
             h

@@ -136,7 +136,7 @@ pub struct PortStats {
     pub last_error: std::sync::Mutex<Option<String>>,
     /// The bound on the warnings this port's peers can cause (queues stopped, rings left
     /// idle), across reconnections. Touched only when such a line is written.
-    pub log: pvnet_vhost::ratelimit::PeerLog,
+    pub log: pvnet_vhost::PeerLog,
 }
 
 /// Adds `n` to a counter only the caller writes.

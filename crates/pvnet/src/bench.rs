@@ -8,7 +8,7 @@ use crate::limits::{self, Limits};
 use crate::proc;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use pvnet_dataplane::poll::Policy;
+use pvnet_dataplane::Policy;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

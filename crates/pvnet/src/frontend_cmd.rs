@@ -13,7 +13,7 @@ use crate::proc;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use pvnet_dataplane::frame::{self, SeqCheck};
-use pvnet_dataplane::poll::{Idle, Policy, Poller, WakeCost};
+use pvnet_dataplane::{Idle, Policy, Poller, WakeCost};
 use pvnet_vhost::frontend::{
     ClientConfig, GrantMode, NetClient, RxBuffers, TxMode, DEFAULT_HEADROOM,
 };
@@ -21,7 +21,7 @@ use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use virtq::event::Armed;
+use virtq::Armed;
 
 /// What the frontend does.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use crate::bench::{f, u, wait_socket, Proc};
 use crate::error::{failed, io, usage, Result};
 use crate::proc;
 use clap::Args;
-use pvnet_dataplane::poll::Policy;
+use pvnet_dataplane::Policy;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -8,13 +8,13 @@ use crate::error::{io, usage, Result};
 use crate::proc;
 use crate::switch_rt::{Origin, Runtime};
 use clap::Args;
-use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
-use pvnet_dataplane::egress::EgressConfig;
-use pvnet_dataplane::poll::Policy;
-use pvnet_dataplane::port::kernel::HostIo;
-use pvnet_dataplane::port::vhost::MAX_STEER;
-use pvnet_dataplane::switch::SwitchConfig;
-use pvnet_dataplane::worker::{Dataplane, Role, WorkerConfig};
+use pvnet_dataplane::EgressConfig;
+use pvnet_dataplane::HostIo;
+use pvnet_dataplane::Policy;
+use pvnet_dataplane::SwitchConfig;
+use pvnet_dataplane::MAX_STEER;
+use pvnet_dataplane::{Dataplane, Role, WorkerConfig};
+use pvnet_dataplane::{Qdisc, QueueConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -670,7 +670,7 @@ fn load(a: &SwitchArgs) -> Result<Config> {
         tx_call_delay: Duration::from_micros(a.tx_call_delay.or(sw.tx_call_delay).unwrap_or(150)),
         shards: workers,
         egress: EgressConfig::switch_default(),
-        rebalance: pvnet_dataplane::worker::balance::RebalanceConfig {
+        rebalance: pvnet_dataplane::RebalanceConfig {
             enabled: a.rebalance.or(sw.rebalance).unwrap_or(true),
             hot: hot / 100.0,
             spare,

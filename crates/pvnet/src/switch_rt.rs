@@ -14,17 +14,17 @@ use crate::switch_cmd::{
     check_port, counters, egress_of, host_io, io_name, kernel_egress, parse_mac, port_policy,
     spec_value, FileConfig, PortConfig,
 };
-use pvnet_dataplane::egress::EgressConfig;
-use pvnet_dataplane::poll::Policy;
-use pvnet_dataplane::port::gen::GenSpec;
-use pvnet_dataplane::port::kernel::HostDev;
-use pvnet_dataplane::stats::PortSnapshot;
-use pvnet_dataplane::worker::{Dataplane, HostPort};
+use pvnet_dataplane::EgressConfig;
+use pvnet_dataplane::GenSpec;
+use pvnet_dataplane::HostDev;
+use pvnet_dataplane::Policy;
+use pvnet_dataplane::PortSnapshot;
+use pvnet_dataplane::{Dataplane, HostPort};
 use pvnet_vhost::backend::{
     connect_loop, serve_port, BackendConfig, DeviceHooks, Listener, PortId, SharedConfig,
 };
-use pvnet_vhost::eventfd::Stop;
 use pvnet_vhost::features::{DEVICE_FEATURES, OFFLOAD_FEATURES};
+use pvnet_vhost::Stop;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -234,7 +234,7 @@ impl Runtime {
             } => {
                 let tap_io = host_io(&name, tap_io)?;
                 let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
-                let tap = pvnet_dataplane::sys::tap::open(&want, *offloads).map_err(at(&"tap"))?;
+                let tap = pvnet_dataplane::tap::open(&want, *offloads).map_err(at(&"tap"))?;
                 tap.link_up(*mtu).map_err(at(&"link up"))?;
                 let keep = if *persist {
                     tap.set_persist(true).map_err(at(&"persist"))?;
@@ -265,7 +265,7 @@ impl Runtime {
                 ..
             } => {
                 let pio = host_io(&name, pio)?;
-                let sock = pvnet_dataplane::sys::packet::open(ifname).map_err(at(&"AF_PACKET"))?;
+                let sock = pvnet_dataplane::packet::open(ifname).map_err(at(&"AF_PACKET"))?;
                 info!(port = %name, ifname = %ifname, "AF_PACKET socket bound");
                 let dev = HostDev::Packet(sock);
                 let egress = Self::kernel_egress(p, &dev)?;
@@ -388,7 +388,7 @@ impl Runtime {
                 }
             }
         } else if let Running::Host { persist: Some(fd) } = &run {
-            if let Err(e) = pvnet_dataplane::sys::tap::set_persist_fd(fd.as_fd(), false, name) {
+            if let Err(e) = pvnet_dataplane::tap::set_persist_fd(fd.as_fd(), false, name) {
                 warn!(port = %name, "{e}");
             }
         }

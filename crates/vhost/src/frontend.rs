@@ -31,7 +31,7 @@ pub use crate::iotlb::GrantMode;
 use crate::iotlb::{GrantStats, Granter};
 use crate::rxpool::{Posted, RxPool};
 pub use crate::rxpool::{RxBuffers, DEFAULT_HEADROOM};
-use pvnet_net::hdr::{hdr_len, VnetHdr, HDR_LEN};
+use pvnet_net::{hdr_len, VnetHdr, HDR_LEN};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -42,10 +42,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use virtq::event::Armed;
-use virtq::mem::AddrSpace;
-use virtq::queue::{Buf, Direction, DriverQueue, Format, QueueConfig, RingAddrs};
 use virtq::split::ring_sizes;
+use virtq::AddrSpace;
+use virtq::Armed;
+use virtq::{Buf, Direction, DriverQueue, Format, QueueConfig, RingAddrs};
 use virtq::{MemTable, RegionSpec};
 use virtq::{Perm, Seg, Translate};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -433,9 +433,196 @@ impl<'a> RxFrame<'a> {
     }
 }
 
+/// Negotiates the device and protocol features `cfg` asks for with what the backend offers;
+/// returns the device features set.
+fn negotiate(fe: &mut Frontend, cfg: &ClientConfig) -> Result<u64, Error> {
+    let offered = fe.get_features()?;
+    if offered & VIRTIO_F_VERSION_1 == 0 && !cfg.legacy_hdr {
+        return Err(Error::Missing("VIRTIO_F_VERSION_1"));
+    }
+    let mut want = VHOST_USER_F_PROTOCOL_FEATURES;
+    if !cfg.legacy_hdr {
+        want |= VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
+    }
+    if cfg.guest_tso {
+        want |= VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4 | VIRTIO_NET_F_GUEST_TSO6;
+    }
+    if cfg.packed {
+        // IN_ORDER with the packed ring: the device may return a transmit batch with one
+        // used descriptor (one cache line read per batch instead of one per buffer).
+        want |= VIRTIO_F_RING_PACKED | VIRTIO_F_IN_ORDER;
+    }
+    if cfg.event_idx {
+        want |= VIRTIO_F_EVENT_IDX;
+    }
+    if cfg.grants != GrantMode::Off {
+        if offered & VIRTIO_F_ACCESS_PLATFORM == 0 {
+            return Err(Error::Missing("VIRTIO_F_ACCESS_PLATFORM (grants)"));
+        }
+        want |= VIRTIO_F_ACCESS_PLATFORM;
+    }
+    let mut features = offered & want;
+    if features & VIRTIO_F_RING_PACKED == 0 {
+        // The split driver takes every used buffer on its own entry: no IN_ORDER there.
+        features &= !VIRTIO_F_IN_ORDER;
+    }
+    // With an IOMMU: misses come on the backend channel, and every grant is acked.
+    let iotlb_proto = VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::REPLY_ACK;
+    let iommu = cfg.grants != GrantMode::Off;
+    if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
+        let p = fe.get_protocol_features()?;
+        let mut ask = VhostUserProtocolFeatures::MQ;
+        if iommu {
+            if !p.contains(iotlb_proto) {
+                return Err(Error::Missing("BACKEND_REQ and REPLY_ACK (grants)"));
+            }
+            ask |= iotlb_proto;
+        }
+        fe.set_protocol_features(p & ask)?;
+    } else if iommu {
+        return Err(Error::Missing("protocol features (grants)"));
+    }
+    fe.set_features(features)?;
+    Ok(features)
+}
+
+/// The receive pool for the negotiated `features` (and header length `hdr`).
+fn rx_pool(cfg: &ClientConfig, features: u64, hdr: u32) -> RxPool {
+    let big = VIRTIO_NET_F_GUEST_TSO4 | VIRTIO_NET_F_GUEST_TSO6;
+    // The largest frame the device may send: 64 KiB with TSO, else an MTU of 1500, behind
+    // an Ethernet header and a VLAN tag.
+    let max_frame = 14 + 4 + if features & big != 0 { 65535 } else { 1500 };
+    RxPool::new(
+        cfg.rx_buffers,
+        features & VIRTIO_NET_F_MRG_RXBUF != 0,
+        cfg.rx_headroom.min(1024),
+        hdr,
+        cfg.queue_size,
+        max_frame,
+    )
+}
+
+/// Shares one memfd of `lay.len` bytes with the backend (its table: at [`GPA_BASE`]) and
+/// builds our own table over it, from `base` (the address the rings use for its first byte);
+/// returns the table and our user address of the memfd.
+fn share_memory(fe: &mut Frontend, lay: &Layout, base: u64) -> Result<(Arc<MemTable>, u64), Error> {
+    let shm = SharedMem::new(lay.len)?;
+    let uaddr = shm.base.as_ptr() as u64;
+    let region = VhostUserMemoryRegionInfo {
+        guest_phys_addr: GPA_BASE,
+        memory_size: lay.len,
+        userspace_addr: uaddr,
+        mmap_offset: 0,
+        mmap_handle: shm.file.as_raw_fd(),
+    };
+    fe.set_mem_table(&[region])?;
+    let spec = RegionSpec {
+        gpa: base,
+        len: lay.len,
+        uaddr,
+        host: shm.base,
+    };
+    // SAFETY: the spec is exactly the mapping owned by `shm`, which moves into the table.
+    let mem = Arc::new(unsafe { MemTable::new(&[spec], Box::new(shm)) }?);
+    Ok((mem, uaddr))
+}
+
+/// The ring format of the negotiated `features`, and the receive and transmit queues' driver
+/// sides in it.
+fn queues(
+    mem: &Arc<MemTable>,
+    cfg: &ClientConfig,
+    lay: &Layout,
+    features: u64,
+) -> Result<(Format, DriverQueue, DriverQueue), Error> {
+    let event_idx = features & VIRTIO_F_EVENT_IDX != 0;
+    let format = if features & VIRTIO_F_RING_PACKED != 0 {
+        Format::Packed
+    } else {
+        Format::Split
+    };
+    let qcfg = |addrs, direction| QueueConfig {
+        format,
+        size: cfg.queue_size,
+        addrs,
+        space: AddrSpace::Guest,
+        base: 0,
+        event_idx,
+        indirect: false,
+        // Asked for with the packed ring only (see `negotiate`).
+        in_order: features & VIRTIO_F_IN_ORDER != 0,
+        direction,
+    };
+    let rx = DriverQueue::new(mem.clone(), &qcfg(lay.rx, Direction::DeviceWrites))?;
+    let tx = DriverQueue::new(mem.clone(), &qcfg(lay.tx, Direction::DeviceReads))?;
+    Ok((format, rx, tx))
+}
+
+/// The IOTLB grants made once, at connection: the rings for good (a driver's coherent
+/// allocation), and with [`GrantMode::Pool`] both buffer pools (staging grants; per packet,
+/// each buffer is granted while it is posted).
+fn grant_fixed(
+    g: &mut Granter,
+    cfg: &ClientConfig,
+    lay: &Layout,
+    rx_bytes: u64,
+    to_user: ToUser,
+) -> Result<(), Error> {
+    let mut grant = |at: u64, len: u64, perm| {
+        g.grant(at, len, to_user.at(at), perm)
+            .map_err(os("IOTLB update"))
+    };
+    // Each ring's parts, which lie together.
+    for a in [lay.rx, lay.tx] {
+        let (_, _, ul) = ring_sizes(cfg.queue_size);
+        grant(a.desc, a.used + ul - a.desc, Perm::ReadWrite)?;
+    }
+    // Receive buffers are granted read-write, as a Linux guest's VT-d mappings are
+    // (intel-iommu sets read permission on every mapping when the IOMMU lacks
+    // zero-length-read support, as QEMU's does), and as DPDK's vhost asks when it
+    // fills one; pvnet's own device asks only for write.
+    if cfg.grants == GrantMode::Pool {
+        let tx_len = u64::from(cfg.queue_size) * u64::from(cfg.buf_size);
+        grant(lay.rx_bufs, rx_bytes, Perm::ReadWrite)?;
+        grant(lay.tx_bufs, tx_len, Perm::Read)?;
+    }
+    Ok(())
+}
+
+/// Tells the backend each ring's size, first index and addresses (`to_u` of ours), and
+/// hands it the ring's [kick, call] eventfds.
+fn set_vrings(
+    fe: &mut Frontend,
+    cfg: &ClientConfig,
+    lay: &Layout,
+    format: Format,
+    to_u: impl Fn(u64) -> u64,
+    [kick, call]: [&[EventFd; 2]; 2],
+) -> Result<(), Error> {
+    for (q, addrs) in [(RX_QUEUE, lay.rx), (TX_QUEUE, lay.tx)] {
+        fe.set_vring_num(q, cfg.queue_size)?;
+        fe.set_vring_base(q, format.fresh_base())?;
+        fe.set_vring_addr(
+            q,
+            &VringConfigData {
+                queue_max_size: cfg.queue_size,
+                queue_size: cfg.queue_size,
+                flags: 0,
+                desc_table_addr: to_u(addrs.desc),
+                used_ring_addr: to_u(addrs.used),
+                avail_ring_addr: to_u(addrs.avail),
+                log_addr: None,
+            },
+        )?;
+        fe.set_vring_call(q, &call[q])?;
+        fe.set_vring_kick(q, &kick[q])?;
+    }
+    Ok(())
+}
+
 /// Stops a queue on its first violation: records the error, which every later operation on
 /// that queue returns again (the device cannot restart a queue by repairing its ring).
-fn stop_on<T>(stopped: &mut Option<virtq::Error>, r: virtq::error::Result<T>) -> Result<T, Error> {
+fn stop_on<T>(stopped: &mut Option<virtq::Error>, r: virtq::Result<T>) -> Result<T, Error> {
     r.map_err(|e| {
         *stopped = Some(e);
         Error::Queue(e)
@@ -549,54 +736,8 @@ impl NetClient {
         let _dog = Watchdog::arm(&ctl, cfg.reply_timeout)?;
         let mut fe = Frontend::from_stream(sock, 2);
         fe.set_owner()?;
-        let offered = fe.get_features()?;
-        if offered & VIRTIO_F_VERSION_1 == 0 && !cfg.legacy_hdr {
-            return Err(Error::Missing("VIRTIO_F_VERSION_1"));
-        }
-        let mut want = VHOST_USER_F_PROTOCOL_FEATURES;
-        if !cfg.legacy_hdr {
-            want |= VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
-        }
-        if cfg.guest_tso {
-            want |= VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4 | VIRTIO_NET_F_GUEST_TSO6;
-        }
-        if cfg.packed {
-            // IN_ORDER with the packed ring: the device may return a transmit batch with one
-            // used descriptor (one cache line read per batch instead of one per buffer).
-            want |= VIRTIO_F_RING_PACKED | VIRTIO_F_IN_ORDER;
-        }
-        if cfg.event_idx {
-            want |= VIRTIO_F_EVENT_IDX;
-        }
-        if cfg.grants != GrantMode::Off {
-            if offered & VIRTIO_F_ACCESS_PLATFORM == 0 {
-                return Err(Error::Missing("VIRTIO_F_ACCESS_PLATFORM (grants)"));
-            }
-            want |= VIRTIO_F_ACCESS_PLATFORM;
-        }
-        let mut features = offered & want;
-        if features & VIRTIO_F_RING_PACKED == 0 {
-            // The split driver takes every used buffer on its own entry: no IN_ORDER there.
-            features &= !VIRTIO_F_IN_ORDER;
-        }
-        // With an IOMMU: misses come on the backend channel, and every grant is acked.
-        let iotlb_proto =
-            VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::REPLY_ACK;
+        let features = negotiate(&mut fe, &cfg)?;
         let iommu = cfg.grants != GrantMode::Off;
-        if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
-            let p = fe.get_protocol_features()?;
-            let mut ask = VhostUserProtocolFeatures::MQ;
-            if iommu {
-                if !p.contains(iotlb_proto) {
-                    return Err(Error::Missing("BACKEND_REQ and REPLY_ACK (grants)"));
-                }
-                ask |= iotlb_proto;
-            }
-            fe.set_protocol_features(p & ask)?;
-        } else if iommu {
-            return Err(Error::Missing("protocol features (grants)"));
-        }
-        fe.set_features(features)?;
         let mut granter = None;
         if iommu {
             let (ours, theirs) = UnixStream::pair().map_err(os("socketpair"))?;
@@ -607,59 +748,12 @@ impl NetClient {
         }
 
         let hdr = hdr_len(features);
-        let big = VIRTIO_NET_F_GUEST_TSO4 | VIRTIO_NET_F_GUEST_TSO6;
-        // The largest frame the device may send: 64 KiB with TSO, else an MTU of 1500, behind
-        // an Ethernet header and a VLAN tag.
-        let max_frame = 14 + 4 + if features & big != 0 { 65535 } else { 1500 };
-        let rxp = RxPool::new(
-            cfg.rx_buffers,
-            features & VIRTIO_NET_F_MRG_RXBUF != 0,
-            cfg.rx_headroom.min(1024),
-            hdr,
-            cfg.queue_size,
-            max_frame,
-        );
+        let rxp = rx_pool(&cfg, features, hdr);
         // Under an IOMMU the rings carry IOVAs; our own table maps them as the device's does.
         let base = if iommu { IOVA_BASE } else { GPA_BASE };
         let lay = Layout::new(&cfg, rxp.bytes(), base);
-        let shm = SharedMem::new(lay.len)?;
-        let uaddr = shm.base.as_ptr() as u64;
-        let region = VhostUserMemoryRegionInfo {
-            guest_phys_addr: GPA_BASE,
-            memory_size: lay.len,
-            userspace_addr: uaddr,
-            mmap_offset: 0,
-            mmap_handle: shm.file.as_raw_fd(),
-        };
-        fe.set_mem_table(&[region])?;
-        let spec = RegionSpec {
-            gpa: base,
-            len: lay.len,
-            uaddr,
-            host: shm.base,
-        };
-        // SAFETY: the spec is exactly the mapping owned by `shm`, which moves into the table.
-        let mem = Arc::new(unsafe { MemTable::new(&[spec], Box::new(shm)) }?);
-        let event_idx = features & VIRTIO_F_EVENT_IDX != 0;
-        let format = if features & VIRTIO_F_RING_PACKED != 0 {
-            Format::Packed
-        } else {
-            Format::Split
-        };
-        let qcfg = |addrs, direction| QueueConfig {
-            format,
-            size: cfg.queue_size,
-            addrs,
-            space: AddrSpace::Guest,
-            base: 0,
-            event_idx,
-            indirect: false,
-            // Asked for with the packed ring only (above).
-            in_order: features & VIRTIO_F_IN_ORDER != 0,
-            direction,
-        };
-        let rx = DriverQueue::new(mem.clone(), &qcfg(lay.rx, Direction::DeviceWrites))?;
-        let tx = DriverQueue::new(mem.clone(), &qcfg(lay.tx, Direction::DeviceReads))?;
+        let (mem, uaddr) = share_memory(&mut fe, &lay, base)?;
+        let (format, rx, tx) = queues(&mem, &cfg, &lay, features)?;
         let pool = |at, len| {
             mem.translate_range(AddrSpace::Guest, at, len, Perm::ReadWrite)
                 .map_err(|m| mem.miss_error(m))
@@ -668,50 +762,15 @@ impl NetClient {
         let (rx_pool, tx_pool) = (pool(lay.rx_bufs, rxp.bytes())?, pool(lay.tx_bufs, tx_len)?);
         let to_user = ToUser(uaddr.wrapping_sub(base));
         if let Some(g) = granter.as_mut() {
-            let grant = |g: &mut Granter, at: u64, len: u64, perm| {
-                g.grant(at, len, to_user.at(at), perm)
-                    .map_err(os("IOTLB update"))
-            };
-            // The rings are granted for good (a driver's coherent allocation): each ring's
-            // parts, which lie together.
-            for a in [lay.rx, lay.tx] {
-                let (_, _, ul) = ring_sizes(cfg.queue_size);
-                grant(g, a.desc, a.used + ul - a.desc, Perm::ReadWrite)?;
-            }
-            // Staging grants: both pools, once. Per packet: each buffer while it is posted.
-            // Receive buffers are granted read-write, as a Linux guest's VT-d mappings are
-            // (intel-iommu sets read permission on every mapping when the IOMMU lacks
-            // zero-length-read support, as QEMU's does), and as DPDK's vhost asks when it
-            // fills one; pvnet's own device asks only for write.
-            if cfg.grants == GrantMode::Pool {
-                grant(g, lay.rx_bufs, rxp.bytes(), Perm::ReadWrite)?;
-                grant(g, lay.tx_bufs, tx_len, Perm::Read)?;
-            }
+            grant_fixed(g, &cfg, &lay, rxp.bytes(), to_user)?;
         }
         let ev = || EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"));
         let kick = [ev()?, ev()?];
         let call = [ev()?, ev()?];
-        for (q, addrs) in [(RX_QUEUE, lay.rx), (TX_QUEUE, lay.tx)] {
-            // Ring addresses: our user addresses, or under an IOMMU the IOVAs themselves.
-            let to_u = |a: u64| if iommu { a } else { to_user.at(a) };
-            fe.set_vring_num(q, cfg.queue_size)?;
-            fe.set_vring_base(q, format.fresh_base())?;
-            fe.set_vring_addr(
-                q,
-                &VringConfigData {
-                    queue_max_size: cfg.queue_size,
-                    queue_size: cfg.queue_size,
-                    flags: 0,
-                    desc_table_addr: to_u(addrs.desc),
-                    used_ring_addr: to_u(addrs.used),
-                    avail_ring_addr: to_u(addrs.avail),
-                    log_addr: None,
-                },
-            )?;
-            fe.set_vring_call(q, &call[q])?;
-            fe.set_vring_kick(q, &kick[q])?;
-        }
-        let mut c = Self {
+        // Ring addresses: our user addresses, or under an IOMMU the IOVAs themselves.
+        let to_u = |a: u64| if iommu { a } else { to_user.at(a) };
+        set_vrings(&mut fe, &cfg, &lay, format, to_u, [&kick, &call])?;
+        let c = Self {
             fe,
             ctl,
             cfg,
@@ -734,18 +793,24 @@ impl NetClient {
             to_user,
             stats: ClientStats::default(),
         };
-        c.refill_rx()?;
-        if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
-            c.fe.set_vring_enable(RX_QUEUE, true)?;
-            c.fe.set_vring_enable(TX_QUEUE, true)?;
+        c.start()
+    }
+
+    /// The last step of [`connect`](Self::connect): every RX buffer posted, both queues
+    /// enabled, TX interrupts as the mode wants them.
+    fn start(mut self) -> Result<Self, Error> {
+        self.refill_rx()?;
+        if self.features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
+            self.fe.set_vring_enable(RX_QUEUE, true)?;
+            self.fe.set_vring_enable(TX_QUEUE, true)?;
         }
         // Only `Irq` takes TX interrupts; every other mode reclaims from a poll path.
-        if cfg.tx_mode == TxMode::Irq {
-            let _ = stop_on(&mut c.tx_err, c.tx.arm_used_notify())?;
+        if self.cfg.tx_mode == TxMode::Irq {
+            let _ = stop_on(&mut self.tx_err, self.tx.arm_used_notify())?;
         } else {
-            c.tx.disable_used_notify();
+            self.tx.disable_used_notify();
         }
-        Ok(c)
+        Ok(self)
     }
 
     /// Negotiated feature bits.
@@ -968,7 +1033,7 @@ impl NetClient {
             // Start loading the buffer's first two lines (no effect on correctness).
             let at = self.rxp.posted[usize::from(id)].off as usize + head;
             if let Some(p) = NonNull::new(self.rx_pool.as_ptr().wrapping_add(at)) {
-                virtq::mem::prefetch_range(p, 128, false);
+                virtq::prefetch_range(p, 128, false);
             }
         }
         let mrg = self.features & VIRTIO_NET_F_MRG_RXBUF != 0;

@@ -218,14 +218,19 @@ pub enum GrantMode {
     Pool,
 }
 
+/// A grant mode that is none of `off`, `per-packet`, `pool` (the text given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("grants: off, per-packet or pool, not {0:?}")]
+pub struct ParseGrantModeError(pub String);
+
 impl std::str::FromStr for GrantMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseGrantModeError;
+    fn from_str(s: &str) -> Result<Self, ParseGrantModeError> {
         match s {
             "off" => Ok(Self::Off),
             "per-packet" => Ok(Self::PerPacket),
             "pool" => Ok(Self::Pool),
-            _ => Err(format!("grants: off, per-packet or pool, not {s:?}")),
+            _ => Err(ParseGrantModeError(s.to_owned())),
         }
     }
 }

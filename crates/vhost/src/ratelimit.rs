@@ -62,6 +62,7 @@ impl RateLimit {
     }
 
     /// Lines held back and not yet reported.
+    #[cfg(test)]
     pub fn held_back(&self) -> u64 {
         self.held_back
     }

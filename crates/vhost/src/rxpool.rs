@@ -10,10 +10,9 @@
 //! successive buffers are contiguous whatever their sizes (the device writes and the driver
 //! reads them in that order). The pool is counted in chunks of [`CHUNK`] bytes, each with the
 //! number of buffers overlapping it: carving may enter a chunk only when none does (a buffer
-//! held longer, or returned out of order, makes the carving skip its chunk). Measured,
-//! 1514-byte frames received in place: 1600-byte buffers carved two to a 4 KiB page, the rest
-//! of each page left over as Linux's page fragments do, went at 7.2 Mpps; carved contiguously,
-//! 15.8.
+//! held longer, or returned out of order, makes the carving skip its chunk). Carved two to a
+//! 4 KiB page instead, the rest of each page left over as Linux's page fragments do, 1514-byte
+//! frames received in place went at half the rate (`docs/no-copy.md`, receive buffers).
 //!
 //! Sizes ([`RxBuffers`]):
 //!
@@ -62,22 +61,34 @@ pub enum RxBuffers {
     Ewma,
 }
 
+/// Why a receive buffer sizing (`fixed:<bytes>` or `ewma`) did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseRxBuffersError {
+    /// Neither `fixed:` nor `ewma` (the text given).
+    #[error("unknown receive buffers {0:?} (fixed:<bytes>, ewma)")]
+    Unknown(String),
+    /// `fixed:` without a number after it (the text after it).
+    #[error("fixed:<bytes> needs a number of bytes, not {0:?}")]
+    NotANumber(String),
+    /// A fixed size that cannot hold a frame, or more than the largest frame needs.
+    #[error("fixed receive buffers of {0} bytes: must be {MIN_FIXED}..={MAX_FIXED}")]
+    OutOfRange(u32),
+}
+
 impl FromStr for RxBuffers {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseRxBuffersError;
+    fn from_str(s: &str) -> Result<Self, ParseRxBuffersError> {
         if s == "ewma" {
             return Ok(Self::Ewma);
         }
         let n = s
             .strip_prefix("fixed:")
-            .ok_or_else(|| format!("unknown receive buffers {s:?} (fixed:<bytes>, ewma)"))?;
+            .ok_or_else(|| ParseRxBuffersError::Unknown(s.to_owned()))?;
         let n: u32 = n
             .parse()
-            .map_err(|_| format!("fixed:<bytes> needs a number of bytes, not {n:?}"))?;
+            .map_err(|_| ParseRxBuffersError::NotANumber(n.to_owned()))?;
         if !(MIN_FIXED..=MAX_FIXED).contains(&n) {
-            return Err(format!(
-                "fixed receive buffers of {n} bytes: must be {MIN_FIXED}..={MAX_FIXED}"
-            ));
+            return Err(ParseRxBuffersError::OutOfRange(n));
         }
         Ok(Self::Fixed(n))
     }
@@ -306,8 +317,7 @@ impl RxPool {
 /// to an odd number of lines. Buffers are carved one after the other, so the slot is the stride
 /// between them; a stride of an even number of lines (2 KiB, say) puts the first lines of
 /// successive buffers into a fraction of the cache's sets, and those are the lines both sides
-/// touch for every frame. Measured, 1514-byte frames received in place: 2048-byte slots
-/// 9.5 Mpps, 1600-byte (25 lines) 15.8.
+/// touch for every frame (`docs/no-copy.md` has 2048-byte slots against 1600-byte ones).
 fn slot_of(headroom: u32, len: u32) -> u32 {
     let s = align(headroom + len);
     if (s / LINE).is_multiple_of(2) {

@@ -5,7 +5,7 @@
 //! negotiated features). Each method branches on the format once per call, and the calls are
 //! per batch or per chain, never per byte: with one format the branch folds away.
 //!
-//! The contract every format keeps (and `tests/formats.rs` checks for each one):
+//! The contract every format keeps (and `tests/seams.rs` checks for each one):
 //! * `available` loads the driver's index once per batch; `pop`/`pop_batch` parse chains up
 //!   to it, reading each descriptor once and validating it; `unpop` gives back the last
 //!   chains popped, unconsumed;
@@ -26,7 +26,7 @@ use crate::xlate::Translate;
 use crate::{packed, split};
 use std::sync::Arc;
 
-pub use crate::config::{Buf, Direction, Format, QueueConfig, RingAddrs};
+use crate::config::{Buf, Format, QueueConfig};
 
 /// Forwards a method to the queue of whatever format it is.
 macro_rules! dispatch {

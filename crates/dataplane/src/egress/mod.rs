@@ -72,9 +72,8 @@ pub const DQL_MIN_BUFFERS: u32 = 64;
 
 /// The device queue limit's floor for a port that moves `batch` packets per round: two
 /// batches (one the frontend is taking while pvnet writes the next; below that the limit
-/// cuts the batches themselves and bulk dequeue is lost: measured against DPDK's rxonly, a
-/// floor of 64 with batches of 64 cost 4% of the rate), and never under
-/// [`DQL_MIN_BUFFERS`].
+/// cuts the batches themselves and bulk dequeue is lost: `docs/egress.md`, the device queue
+/// and its limit), and never under [`DQL_MIN_BUFFERS`].
 pub fn dql_floor(batch: usize) -> u32 {
     u32::try_from(batch.saturating_mul(2))
         .unwrap_or(u32::MAX)

@@ -17,7 +17,7 @@ use crate::pkt::Pkt;
 use crate::sys::pages::Pages;
 use pvnet_net::VnetHdr;
 use std::collections::VecDeque;
-use virtq::mem::read_segs;
+use virtq::read_segs;
 
 /// Bytes of a small slot: a 1500-byte frame, its header and room for VLAN tags.
 pub const SMALL_SLOT: usize = 2048;
@@ -36,13 +36,18 @@ pub enum Qdisc {
     FqCodel,
 }
 
+/// A scheduler name that is neither `fifo` nor `fq_codel` (the text given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown qdisc {0:?} (fifo, fq_codel)")]
+pub struct ParseQdiscError(pub String);
+
 impl std::str::FromStr for Qdisc {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseQdiscError;
+    fn from_str(s: &str) -> Result<Self, ParseQdiscError> {
         match s {
             "fifo" => Ok(Qdisc::Fifo),
             "fq_codel" => Ok(Qdisc::FqCodel),
-            o => Err(format!("unknown qdisc {o:?} (fifo, fq_codel)")),
+            o => Err(ParseQdiscError(o.to_owned())),
         }
     }
 }
@@ -229,11 +234,6 @@ impl Queue {
         }
     }
 
-    /// The settings.
-    pub fn config(&self) -> QueueConfig {
-        self.cfg
-    }
-
     /// Packets waiting (one handed out and given back included).
     #[inline]
     pub fn len(&self) -> u32 {
@@ -247,6 +247,7 @@ impl Queue {
     }
 
     /// Bytes waiting (headers included).
+    #[cfg(test)]
     pub fn bytes(&self) -> u64 {
         self.backlog
     }

@@ -91,33 +91,72 @@ impl fmt::Display for Policy {
     }
 }
 
+/// Why a polling policy did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParsePolicyError {
+    /// No policy of that name (the text given).
+    #[error("unknown policy '{0}' (notify, timer:<us>, spin:<n>, busy, adaptive, coalesce:<us>)")]
+    Unknown(String),
+    /// A policy that takes a value, given without one.
+    #[error("'{name}' needs a value: {name}:<{what}>")]
+    NoValue {
+        /// The policy.
+        name: String,
+        /// What its value counts.
+        what: &'static str,
+    },
+    /// A value that is not a number.
+    #[error("bad {what} in '{text}': {source}")]
+    BadNumber {
+        /// The text given.
+        text: String,
+        /// What the value counts.
+        what: &'static str,
+        /// Why it is not a number.
+        source: std::num::ParseIntError,
+    },
+    /// A period of 0 (what the period is).
+    #[error("{0} must be at least 1 us")]
+    ZeroPeriod(&'static str),
+    /// A spin count over `u32::MAX`.
+    #[error("spin:{0}: at most {max} polls", max = u32::MAX)]
+    TooManyPolls(u64),
+}
+
 impl FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParsePolicyError;
+    fn from_str(s: &str) -> Result<Self, ParsePolicyError> {
         let (name, arg) = s.split_once(':').map_or((s, None), |(a, b)| (a, Some(b)));
-        let num = |what: &str| -> Result<u64, String> {
-            arg.ok_or(format!("'{name}' needs a value: {name}:<{what}>"))?
-                .parse::<u64>()
-                .map_err(|e| format!("bad {what} in '{s}': {e}"))
+        let num = |what: &'static str| -> Result<u64, ParsePolicyError> {
+            let arg = arg.ok_or_else(|| ParsePolicyError::NoValue {
+                name: name.to_owned(),
+                what,
+            })?;
+            arg.parse::<u64>()
+                .map_err(|source| ParsePolicyError::BadNumber {
+                    text: s.to_owned(),
+                    what,
+                    source,
+                })
         };
         match name {
             "notify" => Ok(Policy::Notify),
             "busy" => Ok(Policy::Busy),
             "adaptive" => Ok(Policy::Adaptive),
             "timer" => match num("microseconds")? {
-                0 => Err("timer period must be at least 1 us".into()),
+                0 => Err(ParsePolicyError::ZeroPeriod("timer period")),
                 us => Ok(Policy::Timer(Duration::from_micros(us))),
             },
             "coalesce" => match num("microseconds")? {
-                0 => Err("coalescing bound must be at least 1 us".into()),
+                0 => Err(ParsePolicyError::ZeroPeriod("coalescing bound")),
                 us => Ok(Policy::Coalesce(Duration::from_micros(us))),
             },
-            "spin" => Ok(Policy::Spin(
-                u32::try_from(num("polls")?).map_err(|e| e.to_string())?,
-            )),
-            _ => Err(format!(
-                "unknown policy '{s}' (notify, timer:<us>, spin:<n>, busy, adaptive, coalesce:<us>)"
-            )),
+            "spin" => {
+                let n = num("polls")?;
+                let n = u32::try_from(n).map_err(|_| ParsePolicyError::TooManyPolls(n))?;
+                Ok(Policy::Spin(n))
+            }
+            _ => Err(ParsePolicyError::Unknown(s.to_owned())),
         }
     }
 }
@@ -265,8 +304,8 @@ fn ns(d: Duration) -> f64 {
 }
 
 /// Shortest coalescing period, in wake-ups: its wake-ups cost at most 1/8 of a CPU, and a
-/// stream that half a ring holds for less than that is polled (at four wake-ups, a saturated
-/// 8192-entry ring coalesced at 85 us periods and lost 10 % of its rate).
+/// stream that half a ring holds for less than that is polled (four cost a saturated ring
+/// part of its rate: `docs/scale.md`, CPU that follows the load).
 const COALESCE_MIN_WAKES: u32 = 8;
 
 /// Cycles a queue goes without coalescing after a coalesced cycle brought less than a

@@ -61,11 +61,6 @@ impl Settle {
         self.deadline = Some(self.deadline.map_or(t, |d| d.min(t)));
     }
 
-    /// Whether some queue wants polling.
-    pub fn polling(&self) -> bool {
-        self.poll
-    }
-
     /// The decision.
     pub fn plan(&self) -> Plan {
         if self.poll {

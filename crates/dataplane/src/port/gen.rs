@@ -17,7 +17,7 @@ use pvnet_net::{VnetHdr, HDR_LEN};
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtq::event::Armed;
+use virtq::Armed;
 use virtq::Seg;
 
 /// Longest a generator waiting for buffers lets the shard sleep (its end marker is due when
@@ -190,10 +190,6 @@ impl super::Port for GenPort {
 
     fn tx_stats(&self) -> &PortStats {
         &self.stats
-    }
-
-    fn kind(&self) -> &'static str {
-        "gen"
     }
 
     fn caps(&self) -> Caps {
@@ -376,7 +372,7 @@ mod tests {
         fn burst(&mut self, pkts: &[Pkt<'_>], _stats: &PortStats) -> usize {
             for p in pkts {
                 let mut b = vec![0u8; p.len as usize];
-                virtq::mem::read_segs(p.segs, p.hdr_len, &mut b);
+                virtq::read_segs(p.segs, p.hdr_len, &mut b);
                 self.0.push((p.hash, (flow_hash(&b) >> 32) as u32));
             }
             pkts.len()

@@ -33,8 +33,8 @@ use crate::sys::uring::Batch;
 use pvnet_net::HDR_LEN;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtq::event::Armed;
-use virtq::mem::read_segs;
+use virtq::read_segs;
+use virtq::Armed;
 use virtq::Seg;
 
 /// How often a tap is read while the shard polls other rings and the tap had nothing last
@@ -118,13 +118,18 @@ pub enum HostIo {
     Syscall,
 }
 
+/// A kernel port I/O mode that is neither `uring` nor `syscall` (the text given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown tap io {0:?} (uring, syscall)")]
+pub struct ParseHostIoError(pub String);
+
 impl std::str::FromStr for HostIo {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseHostIoError;
+    fn from_str(s: &str) -> Result<Self, ParseHostIoError> {
         match s {
             "uring" => Ok(HostIo::Uring),
             "syscall" => Ok(HostIo::Syscall),
-            o => Err(format!("unknown tap io {o:?} (uring, syscall)")),
+            o => Err(ParseHostIoError(o.to_owned())),
         }
     }
 }
@@ -341,13 +346,6 @@ impl super::Port for KernelPort {
 
     fn backlogged(&self) -> bool {
         self.egress.backlogged()
-    }
-
-    fn kind(&self) -> &'static str {
-        match self.dev {
-            HostDev::Tap(_) => "tap",
-            HostDev::Packet(_) => "af-packet",
-        }
     }
 
     fn caps(&self) -> Caps {

@@ -10,7 +10,7 @@
 //!
 //! A port hands its packets out in bursts ([`Port::rx_burst`]): each [`Pkt`] borrows the
 //! memory it sits in (a frontend's buffer, a tap's read buffer, a generator's template), so
-//! the one copy of a hop goes straight from there into the receiver ([`Port::tx_pkt`]);
+//! the one copy of a hop goes straight from there into the receiver ([`Port::tx_burst`]);
 //! nothing is staged. A transmit batch is opened once ([`Port::tx_begin`]), filled packet by
 //! packet, and committed once ([`Port::tx_commit`]: one publish and one call decision, or one
 //! batch of writes). The poll loop's hooks ([`Port::idle`], [`Port::arm`], [`Port::disarm`])
@@ -31,7 +31,7 @@ use crate::poll::plan::Settle;
 use crate::stats::PortStats;
 use pvnet_net::VnetHdr;
 use std::time::Instant;
-use virtq::event::Armed;
+use virtq::Armed;
 use virtq::Seg;
 
 /// What receives a port's packets: the switch.
@@ -116,8 +116,6 @@ pub fn offer_each(pkts: &[Pkt<'_>], mut take: impl FnMut(&Pkt<'_>) -> TxOut) -> 
 pub trait Port {
     /// Its id.
     fn id(&self) -> PortId;
-    /// "vhost-user", "tap", "sink" or "gen".
-    fn kind(&self) -> &'static str;
     /// What it takes.
     fn caps(&self) -> Caps;
     /// The counters of the queue it transmits on (software offload work is counted there).
@@ -272,10 +270,6 @@ impl Port for AnyPort {
     #[inline]
     fn id(&self) -> PortId {
         each!(self, p => p.id())
-    }
-    #[inline]
-    fn kind(&self) -> &'static str {
-        each!(self, p => p.kind())
     }
     #[inline]
     fn caps(&self) -> Caps {

@@ -28,12 +28,12 @@ use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::{Policy, Poller, WakeCost};
 use crate::stats::{bump, PortStats};
-use pvnet_vhost::eventfd::Notifier;
+use pvnet_vhost::Notifier;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use virtq::event::Armed;
+use virtq::Armed;
 use virtq::Seg;
 
 /// Bytes of each direction's ring: 16 full-size GSO packets, or thousands of small frames.
@@ -141,7 +141,7 @@ impl Producer {
         let dst = unsafe { std::slice::from_raw_parts_mut(base.add(off), REC + len) };
         dst[..4].copy_from_slice(&p.len.to_ne_bytes());
         dst[4..8].copy_from_slice(&p.hdr_len.to_ne_bytes());
-        virtq::mem::read_segs(p.segs, 0, &mut dst[REC..]);
+        virtq::read_segs(p.segs, 0, &mut dst[REC..]);
         self.tail += need;
         true
     }
@@ -244,10 +244,6 @@ impl TrunkPort {
 impl super::Port for TrunkPort {
     fn id(&self) -> PortId {
         self.id
-    }
-
-    fn kind(&self) -> &'static str {
-        "trunk"
     }
 
     #[inline]

@@ -4,7 +4,7 @@
 //! decides where it goes ([`Router`]): by learned addresses ([`Router::Learn`], `pvnet
 //! switch`) or by a fixed wiring ([`Router::Fixed`], the bench roles of `pvnet backend`). A
 //! route is decided once per run of packets with the same addresses in a burst. The packet is
-//! then offered to each receiver ([`Port::tx_pkt`]), whose transmit batch is opened the first
+//! then offered to each receiver ([`Port::tx_burst`]), whose transmit batch is opened the first
 //! time the burst sends it something and committed once when the burst is done, before the
 //! sender gets its buffers back.
 //!
@@ -31,7 +31,7 @@ use pvnet_net::features::{
 use pvnet_net::offload;
 use pvnet_net::{VnetHdr, HDR_LEN};
 use std::time::{Duration, Instant};
-use virtq::mem::read_segs;
+use virtq::read_segs;
 use virtq::Seg;
 
 pub use mac::MacEntry;

@@ -15,7 +15,7 @@ use tracing::debug;
 use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
 use vmm_sys_util::timerfd::TimerFd;
 
-pub use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+pub use vmm_sys_util::eventfd::EventFd;
 
 /// An epoll set whose events carry a `u64` token, level-triggered, readable only.
 #[derive(Debug)]

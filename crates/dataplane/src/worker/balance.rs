@@ -208,7 +208,7 @@ impl Balancer {
             // (under 1% of before). It may also be the offered load falling: a move back then
             // costs little. Keeping a move that cut the rate costs a lot: seen here when the
             // frontends and both workers share two CPUs, where no worker stays saturated
-            // after the move and the rate falls by half, or, with the frontends niced, to 5%.
+            // after the move (`docs/scale.md`, placement by load).
             let after = s.packets();
             let (a, b) = (after as f64, t.before as f64);
             let fell = a < b * (1.0 - self.cfg.max_loss);

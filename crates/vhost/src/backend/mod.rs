@@ -42,7 +42,7 @@ use crate::eventfd::Notifier;
 use crate::features::{DEVICE_FEATURES, VIRTIO_NET_F_MQ};
 use crate::iotlb::BackendChannel;
 use std::sync::{Arc, Mutex};
-use virtq::queue::DeviceQueue;
+use virtq::DeviceQueue;
 use virtq::MemTable;
 
 /// Identifies a frontend connection (a switch port) for the life of the backend process.

@@ -180,8 +180,8 @@ impl DriverQueue {
             self.write_desc(slot, &b, id, flags);
             self.ndesc[usize::from(id)] = 1;
             self.cap[usize::from(id)] = Some(if b.write { b.len } else { 0 });
-            // One step, not `advance` (its general `by` costs 5.5 instructions a buffer more
-            // here: driver_offer_packed 46.0 against 51.5).
+            // One step, not `advance` (its general `by` costs instructions a buffer here:
+            // docs/callgrind.md, the packed driver's re-posting).
             slot += 1;
             if slot == self.size {
                 slot = 0;

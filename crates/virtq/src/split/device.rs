@@ -5,8 +5,8 @@
 //! entries in a local shadow; [`publish`] writes the batch's entries into the ring in one run,
 //! makes them visible with one release store of `used->idx` and takes the one notification
 //! decision of the batch. (Writing each entry into the ring as its packet completed, between
-//! the packet copies, measured 1-4% slower against DPDK virtio-user: the used-ring lines the
-//! driver reads are then written in one burst, after the batch's data.)
+//! the packet copies, was slower against DPDK virtio-user, `docs/bench-notes.md`: batched, the
+//! used-ring lines the driver reads are written in one burst, after the batch's data.)
 //!
 //! [`pop`]: DeviceQueue::pop
 //! [`push_used`]: DeviceQueue::push_used

@@ -164,7 +164,7 @@ impl VhostPort {
         let id = self.id;
         for qp in self.qps.iter_mut().flatten() {
             for s in [&mut qp.rx, &mut qp.tx].into_iter().flatten() {
-                if pvnet_vhost::mmap::table_faulted(s.q.mem()) {
+                if pvnet_vhost::table_faulted(s.q.mem()) {
                     s.fail(id, &qp.stats, virtq::Error::MemoryFault);
                 }
             }

@@ -42,9 +42,12 @@ mod tx;
 #[cfg(test)]
 mod tests;
 
-pub use iotlb_wait::IOTLB_MISS_BOUND;
+#[cfg(test)]
+use iotlb_wait::IOTLB_MISS_BOUND;
 pub use pair::QueuePair;
-pub use rx::{deliver, header_for, Delivered, RxBatch};
+#[cfg(test)]
+pub(crate) use rx::header_for;
+pub use rx::RxBatch;
 pub use slot::QueueSlot;
 
 use crate::egress::{Egress, EgressConfig};

@@ -9,8 +9,8 @@ use crate::port::offer_each;
 use crate::stats::{bump, DropReason, PortStats};
 use pvnet_net::{VnetHdr, HDR_LEN, NUM_BUFFERS_OFF};
 use std::time::Instant;
-use virtq::mem::{copy_segs, write_segs, Prefetch};
-use virtq::queue::FormatQueue;
+use virtq::FormatQueue;
+use virtq::{copy_segs, write_segs, Prefetch};
 use virtq::{Chain, DeviceQueue, Seg};
 
 /// Outcome of delivering one packet into a receive ring.
@@ -231,7 +231,7 @@ pub(super) fn take_plain(
             break;
         }
         // `fill_chain` without its split-header case: a chain whose first piece does not hold
-        // the header goes through `take` (about 4 instructions a packet less, callgrind).
+        // the header goes through `take` (fewer instructions a packet: docs/callgrind.md).
         let segs = q.writable(&c);
         let Some(first) = segs.first().filter(|s| s.len() >= hdr_len) else {
             break;

@@ -8,7 +8,7 @@ use crate::poll::{Policy, Poller, WakeCost};
 use crate::stats::{bump, PortStats};
 use pvnet_net::QueueIndex;
 use pvnet_vhost::backend::StartedQueue;
-use pvnet_vhost::eventfd::Notifier;
+use pvnet_vhost::Notifier;
 use std::sync::Arc;
 use std::time::Instant;
 use virtq::DeviceQueue;
@@ -38,7 +38,7 @@ pub struct QueueSlot {
     /// A call went out since the shard last looked (`take_called`).
     pub(super) called: bool,
     /// Under an IOMMU: where to ask for missing translations.
-    pub(super) iotlb: Option<Arc<pvnet_vhost::iotlb::BackendChannel>>,
+    pub(super) iotlb: Option<Arc<pvnet_vhost::BackendChannel>>,
     /// The translation the queue waits for, since when, and when it last asked.
     pub(super) waiting: Option<Waiting>,
     /// Under an IOMMU: the ring's own memory was invalidated while it ran (a vIOMMU's
