@@ -141,7 +141,7 @@ pub struct PortStats {
 
 /// Adds `n` to a counter only the caller writes.
 #[inline]
-pub fn bump(c: &AtomicU64, n: u64) {
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
     if n != 0 {
         // Relaxed: a statistic; single writer, so load+store cannot lose an update.
         c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);

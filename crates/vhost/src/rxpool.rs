@@ -36,9 +36,9 @@ use std::fmt;
 use std::str::FromStr;
 
 /// Bytes of a chunk that `Ewma` buffers are carved from.
-pub const CHUNK: u32 = 4096;
+pub(crate) const CHUNK: u32 = 4096;
 /// Buffers start and end on a cache line.
-pub const LINE: u32 = 64;
+pub(crate) const LINE: u32 = 64;
 /// Default bytes reserved in front of each buffer's virtio-net header.
 pub const DEFAULT_HEADROOM: u32 = 64;
 /// The EWMA's weight is `1 / 2^WEIGHT_LOG2` (Linux: `RECEIVE_AVG_WEIGHT` 64).
@@ -106,12 +106,12 @@ impl fmt::Display for RxBuffers {
 /// Exponentially weighted moving average of frame lengths, weight `1 / 2^WEIGHT_LOG2`, with
 /// `FRAC` fractional bits (0: no sample yet).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Ewma(u32);
+pub(crate) struct Ewma(u32);
 
 impl Ewma {
     /// Adds a sample (the first one sets the average).
     #[inline]
-    pub fn add(&mut self, len: u32) {
+    pub(crate) fn add(&mut self, len: u32) {
         let v = len.min(1 << 20) << FRAC;
         self.0 = if self.0 == 0 {
             v
@@ -122,7 +122,7 @@ impl Ewma {
 
     /// The average, rounded up.
     #[inline]
-    pub fn read(&self) -> u32 {
+    pub(crate) fn read(&self) -> u32 {
         self.0.div_ceil(1 << FRAC)
     }
 }
@@ -169,7 +169,7 @@ pub(crate) struct RxPool {
 impl RxPool {
     /// Bookkeeping for a ring of `queue_size` whose device may send frames of up to
     /// `max_frame` bytes behind a header of `hdr_len`.
-    pub fn new(
+    pub(crate) fn new(
         mode: RxBuffers,
         mrg: bool,
         headroom: u32,
@@ -220,18 +220,18 @@ impl RxPool {
     }
 
     /// Bytes of memory the pool needs.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.refs.len() as u64 * u64::from(CHUNK)
     }
 
     /// Bytes in front of the header of every buffer.
-    pub fn headroom(&self) -> u32 {
+    pub(crate) fn headroom(&self) -> u32 {
         self.headroom
     }
 
     /// Bytes the next buffer offers the device.
     #[inline]
-    pub fn next_len(&self) -> u32 {
+    pub(crate) fn next_len(&self) -> u32 {
         if self.mode == RxBuffers::Ewma && self.mrg {
             let avg = self.ewma.read().clamp(self.floor, self.ceil);
             align(self.hdr_len + avg)
@@ -244,7 +244,7 @@ impl RxPool {
     /// ahead is still held, after that chunk; `None` if no room is left (never while at
     /// most one buffer per descriptor is out).
     #[inline]
-    pub fn alloc(&mut self, len: u32) -> Option<Posted> {
+    pub(crate) fn alloc(&mut self, len: u32) -> Option<Posted> {
         let slot = slot_of(self.headroom, len);
         // Most buffers end in the chunk being carved.
         if let Some(c) = self.entered {
@@ -296,7 +296,7 @@ impl RxPool {
 
     /// Gives a buffer back.
     #[inline]
-    pub fn release(&mut self, b: Posted) {
+    pub(crate) fn release(&mut self, b: Posted) {
         let (first, last) = (b.off / CHUNK, (b.off + b.slot - 1) / CHUNK);
         self.refs[first as usize] -= 1;
         if last != first {

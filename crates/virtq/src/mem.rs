@@ -17,7 +17,7 @@
 //! borrows what keeps its memory mapped (the queue that parsed it, or a buffer of ours), so a
 //! segment that outlives its memory does not compile.
 
-pub use crate::config::AddrSpace;
+pub(crate) use crate::config::AddrSpace;
 
 use crate::dirty::DirtyLog;
 use crate::error::{Error, Result};

@@ -17,7 +17,7 @@
 //! [`Translate::generation`] moves (an invalidation), checked once per batch.
 
 use crate::config::AddrSpace;
-pub use crate::config::Perm;
+pub(crate) use crate::config::Perm;
 use crate::error::Error;
 use std::ptr::NonNull;
 

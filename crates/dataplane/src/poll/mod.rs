@@ -34,21 +34,21 @@
 //!
 //! Time is injected ([`Clock`]) so the policy is tested deterministically.
 
-pub mod plan;
+pub(crate) mod plan;
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 /// A source of time (injected, so polling policies are testable).
-pub trait Clock {
+pub(crate) trait Clock {
     /// Now.
     fn now(&self) -> Instant;
 }
 
 /// The real monotonic clock (vDSO `clock_gettime`, no syscall).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct MonoClock;
+pub(crate) struct MonoClock;
 
 impl Clock for MonoClock {
     #[inline]

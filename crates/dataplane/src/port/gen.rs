@@ -22,9 +22,9 @@ use virtq::Seg;
 
 /// Longest a generator waiting for buffers lets the shard sleep (its end marker is due when
 /// its duration ends, whether or not the receiver kicks).
-pub const WAIT_CAP: Duration = Duration::from_millis(10);
+pub(crate) const WAIT_CAP: Duration = Duration::from_millis(10);
 /// Consecutive frames of one flow when a generator spreads its frames over flows.
-pub const FLOW_RUN: u64 = 32;
+pub(crate) const FLOW_RUN: u64 = 32;
 
 /// Generator settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

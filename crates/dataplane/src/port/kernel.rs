@@ -39,7 +39,7 @@ use virtq::Seg;
 
 /// How often a tap is read while the shard polls other rings and the tap had nothing last
 /// time (each look is a `read` syscall).
-pub const TAP_LOOK: Duration = Duration::from_micros(20);
+pub(crate) const TAP_LOOK: Duration = Duration::from_micros(20);
 
 /// How long a packet waits in its sender for the kernel: not at all (the kernel never makes
 /// a writer wait; a packet it has no room for is queued, with a queue, or dropped).
@@ -49,7 +49,7 @@ const KERNEL_HOLD: HoldPolicy = HoldPolicy::Bounded(Duration::ZERO);
 const MAX_IOV: usize = 64;
 
 /// Receive buffers of a batched tap: the most packets one look reads.
-pub const RX_BUFS: usize = 32;
+pub(crate) const RX_BUFS: usize = 32;
 /// Iovecs a batch of writes may use in all (a packet that does not fit waits for the next
 /// submission).
 const TX_IOVS: usize = 512;

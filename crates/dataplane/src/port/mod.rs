@@ -19,11 +19,11 @@
 //! Dispatch is static ([`AnyPort`], an enum): one branch per call, inlined into the switch's
 //! one ingress loop. A port does not know where its packets go; the switch decides.
 
-pub mod gen;
-pub mod kernel;
-pub mod sink;
-pub mod trunk;
-pub mod vhost;
+pub(crate) mod gen;
+pub(crate) mod kernel;
+pub(crate) mod sink;
+pub(crate) mod trunk;
+pub(crate) mod vhost;
 
 use crate::egress::Egress;
 use crate::pkt::{Caps, Pkt, PortId, TxOut, MAX_BURST};
@@ -35,7 +35,7 @@ use virtq::Armed;
 use virtq::Seg;
 
 /// What receives a port's packets: the switch.
-pub trait Ingress {
+pub(crate) trait Ingress {
     /// Decides a burst of packets from the port, in order, and commits what they were sent
     /// to before returning (the receiver sees a packet no later than the sender sees it gone).
     /// Returns how many were taken (delivered, or dropped and counted on `stats`, the counters
@@ -58,7 +58,7 @@ pub trait Ingress {
 
 /// Receive buffers lent to a sender's device (see [`Ingress::lend`]): their chains, in
 /// order, each filled by the device before the next.
-pub trait Lease {
+pub(crate) trait Lease {
     /// Chains lent.
     fn chains(&self) -> usize;
     /// The writable segments of the `k`-th lent chain not completed yet (none past them).
@@ -75,7 +75,7 @@ pub trait Lease {
 
 /// The lease of a receiver that never lends.
 #[derive(Debug)]
-pub enum NoLease {}
+pub(crate) enum NoLease {}
 
 impl Lease for NoLease {
     fn chains(&self) -> usize {
@@ -94,7 +94,7 @@ impl Lease for NoLease {
 
 /// Every receive offload a virtio-net driver can take (`VIRTIO_NET_F_GUEST_*`): what a port
 /// that takes metadata as it is (the kernel, a sink) says it takes.
-pub const RX_OFFLOADS: u64 = pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM
+pub(crate) const RX_OFFLOADS: u64 = pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM
     | pvnet_net::features::VIRTIO_NET_F_GUEST_TSO4
     | pvnet_net::features::VIRTIO_NET_F_GUEST_TSO6
     | pvnet_net::features::VIRTIO_NET_F_GUEST_ECN;
@@ -102,7 +102,10 @@ pub const RX_OFFLOADS: u64 = pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM
 /// Offers `pkts` one by one to `take` until one is not sent: how many were, and what became
 /// of that one (a receiver's `tx_burst` over its per-packet step).
 #[inline]
-pub fn offer_each(pkts: &[Pkt<'_>], mut take: impl FnMut(&Pkt<'_>) -> TxOut) -> (usize, TxOut) {
+pub(crate) fn offer_each(
+    pkts: &[Pkt<'_>],
+    mut take: impl FnMut(&Pkt<'_>) -> TxOut,
+) -> (usize, TxOut) {
     for (k, p) in pkts.iter().enumerate() {
         match take(p) {
             TxOut::Sent => {}
@@ -113,7 +116,7 @@ pub fn offer_each(pkts: &[Pkt<'_>], mut take: impl FnMut(&Pkt<'_>) -> TxOut) -> 
 }
 
 /// A port, whatever it is. See the module docs for the contract.
-pub trait Port {
+pub(crate) trait Port {
     /// Its id.
     fn id(&self) -> PortId;
     /// What it takes.

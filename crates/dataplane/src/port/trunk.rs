@@ -53,7 +53,7 @@ struct Line(AtomicUsize);
 /// One direction of a trunk: bytes `head..tail` (indices that only grow; position = index mod
 /// capacity) hold published records; the producer owns the rest.
 #[derive(Debug)]
-pub struct Ring {
+pub(crate) struct Ring {
     mem: NonNull<u8>,
     cap: usize,
     /// Consumed up to here (written by the consumer only).
@@ -70,7 +70,7 @@ unsafe impl Sync for Ring {}
 
 impl Ring {
     /// An empty ring of `cap` bytes (a power of two, at least a few records).
-    pub fn new(cap: usize) -> Arc<Self> {
+    pub(crate) fn new(cap: usize) -> Arc<Self> {
         let cap = cap.next_power_of_two().max(4 * ALIGN);
         let layout = std::alloc::Layout::from_size_align(cap, ALIGN).expect("ring layout");
         // SAFETY: a non-zero size.
@@ -87,7 +87,7 @@ impl Ring {
     }
 
     /// The largest packet a record can hold.
-    pub fn max_packet(&self) -> usize {
+    pub(crate) fn max_packet(&self) -> usize {
         self.cap / 4 - REC
     }
 }
@@ -179,7 +179,7 @@ pub fn link(cap: usize) -> ((Producer, Consumer), (Producer, Consumer)) {
 }
 
 /// Both ends of a new trunk direction.
-pub fn ring(cap: usize) -> (Producer, Consumer) {
+pub(crate) fn ring(cap: usize) -> (Producer, Consumer) {
     let r = Ring::new(cap);
     (
         Producer {

@@ -39,7 +39,7 @@ fn mac_key(m: [u8; 6]) -> u64 {
 
 /// Group bit: broadcast and multicast.
 #[inline]
-pub fn is_group(m: &[u8]) -> bool {
+pub(crate) fn is_group(m: &[u8]) -> bool {
     m[0] & 1 != 0
 }
 

@@ -16,7 +16,7 @@
 //! Backpressure is the receiver's [`Egress`](crate::egress::Egress) decision: a packet may
 //! wait where it is (the sender keeps it for the next round) or is dropped and counted.
 
-pub mod mac;
+pub(crate) mod mac;
 
 use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
@@ -40,19 +40,19 @@ pub use mac::MacEntry;
 /// the only work whose size the sender picks (`gso_size`), so it is budgeted, and a sender
 /// past its budget waits for the next round while every other port has its turn. At least
 /// one packet per round always goes (745 segments at most, see [`gso_segments`]).
-pub const SEG_BUDGET: usize = 1024;
+pub(crate) const SEG_BUDGET: usize = 1024;
 /// Smallest TCP `gso_size` the switch segments: Linux's smallest MSS (`TCP_MIN_MSS`); no TCP
 /// stack asks for smaller segments, and at 88 bytes a 64 KiB packet makes at most 745.
-pub const MIN_TCP_GSO_SIZE: u16 = 88;
+pub(crate) const MIN_TCP_GSO_SIZE: u16 = 88;
 /// Most segments of one UDP GSO packet (Linux's `UDP_MAX_SEGMENTS`, which
 /// `virtio_net_hdr_to_skb` enforces for `GSO_UDP_L4`).
-pub const MAX_UDP_SEGMENTS: usize = 128;
+pub(crate) const MAX_UDP_SEGMENTS: usize = 128;
 
 /// Segments a GSO packet of `frame_len` bytes asks for, or `None` if the switch refuses to
 /// cut it: a TCP `gso_size` under [`MIN_TCP_GSO_SIZE`], more than [`MAX_UDP_SEGMENTS`] UDP
 /// segments, or a `gso_size` of 0. (A few bytes per segment would turn one packet into tens
 /// of thousands of frames of work: one sender could stop the switch for everyone.)
-pub fn gso_segments(h: &VnetHdr, frame_len: u32) -> Option<usize> {
+pub(crate) fn gso_segments(h: &VnetHdr, frame_len: u32) -> Option<usize> {
     let gso = usize::from(h.gso_size);
     if gso == 0 {
         return None;

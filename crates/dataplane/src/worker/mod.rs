@@ -17,8 +17,8 @@
 //! shard's trunk (a copy into a ring, then the usual copy into the receiver). One shard by
 //! default.
 
-pub mod balance;
-pub mod shard;
+pub(crate) mod balance;
+pub(crate) mod shard;
 
 use crate::pkt::PortId;
 use crate::poll::Policy;

@@ -79,7 +79,7 @@ pub(super) const IOTLB_MISS_GAP: Duration = Duration::from_millis(100);
 
 /// How long a queue waits for the frontend to answer an IOTLB miss before it is stopped
 /// (QEMU answers in microseconds; a frontend that never does must not hold the queue).
-pub const IOTLB_MISS_BOUND: Duration = Duration::from_secs(1);
+pub(super) const IOTLB_MISS_BOUND: Duration = Duration::from_secs(1);
 /// How often a miss still unanswered is asked again.
 pub(super) const IOTLB_MISS_RETRY: Duration = Duration::from_millis(20);
 

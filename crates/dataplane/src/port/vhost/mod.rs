@@ -44,11 +44,11 @@ mod tests;
 
 #[cfg(test)]
 use iotlb_wait::IOTLB_MISS_BOUND;
-pub use pair::QueuePair;
+pub(crate) use pair::QueuePair;
 #[cfg(test)]
 pub(crate) use rx::header_for;
-pub use rx::RxBatch;
-pub use slot::QueueSlot;
+pub(crate) use rx::RxBatch;
+pub(crate) use slot::QueueSlot;
 
 use crate::egress::{Egress, EgressConfig};
 use crate::pkt::PortId;

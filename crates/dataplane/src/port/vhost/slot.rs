@@ -15,7 +15,7 @@ use virtq::DeviceQueue;
 
 /// A running ring and its notifiers.
 #[derive(Debug)]
-pub struct QueueSlot {
+pub(crate) struct QueueSlot {
     /// The ring.
     pub q: DeviceQueue,
     /// Kick fd (None: the frontend polls).
@@ -49,7 +49,7 @@ pub struct QueueSlot {
 
 impl QueueSlot {
     /// Wraps a started queue, polled by `policy`.
-    pub fn new(s: StartedQueue, policy: Policy, wake: WakeCost) -> Self {
+    pub(crate) fn new(s: StartedQueue, policy: Policy, wake: WakeCost) -> Self {
         Self {
             q: s.queue,
             kick: s.kick,
@@ -77,7 +77,7 @@ impl QueueSlot {
     /// Stops the queue for a violation: logged, counted, reported on the err fd. The process
     /// and every other queue go on. A retryable error (a translation not there yet) consumed
     /// nothing and stops nothing.
-    pub fn fail(&mut self, port: PortId, stats: &PortStats, e: virtq::Error) {
+    pub(crate) fn fail(&mut self, port: PortId, stats: &PortStats, e: virtq::Error) {
         let e = match e {
             virtq::Error::TranslationMiss { addr, perm, .. } => {
                 match self.wait_for_grant(port, stats, addr, perm, Instant::now()) {
@@ -106,7 +106,7 @@ impl QueueSlot {
     /// Publishes used entries; calls the frontend if it asked (a transmit-completion call may
     /// be held back, see [`Calls`]).
     #[inline]
-    pub fn publish(&mut self, stats: &PortStats) {
+    pub(crate) fn publish(&mut self, stats: &PortStats) {
         let batches = if self.is_tx() {
             &stats.rx_batches
         } else {
@@ -153,7 +153,7 @@ impl QueueSlot {
 
     /// The slot if it is running and not stopped for a violation.
     #[inline]
-    pub fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
+    pub(crate) fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
         s.as_mut().filter(|s| s.live)
     }
 }
