@@ -33,7 +33,7 @@ pub struct Pkt<'a> {
     pub hdr: VnetHdr,
     /// Destination and source Ethernet addresses, read once with the header.
     pub macs: [u8; 12],
-    /// The flow hash's high 32 bits ([`crate::flow::flow_hash_head`]) when the
+    /// The flow hash's high 32 bits (`flow::flow_hash_head`) when the
     /// source knows it without reading the frame (a generator, per flow: as a NIC's RSS hash
     /// or a socket's `sk_txhash` in Linux); 0 when it does not, and the steering computes it.
     pub hash: u32,

@@ -6,7 +6,7 @@
 //! granted: the pools once (staging grants), or each buffer while it is posted. Transmit buffers are one
 //! per descriptor (descriptor `i` always points at buffer `i`); receive buffers are carved
 //! from chunks and sized by [`RxBuffers`] (an EWMA of the frames received, by default; see
-//! [`crate::rxpool`]). The device is untrusted: used ids and lengths are validated by
+//! `rxpool`). The device is untrusted: used ids and lengths are validated by
 //! [`DriverQueue`].
 //!
 //! A received frame is handed out in place ([`RxFrame`]): its header parsed, its bytes

@@ -78,7 +78,7 @@ impl Mapping {
         })
     }
 
-    /// True once the peer shrank the file and an access faulted (see [`crate::fault`]).
+    /// True once the peer shrank the file and an access faulted (see `fault`).
     pub fn faulted(&self) -> bool {
         crate::fault::faulted(self.slot)
     }

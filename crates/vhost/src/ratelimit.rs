@@ -68,13 +68,13 @@ impl RateLimit {
     }
 }
 
-/// A [`RateLimit`] shared by every session of one listener (a switch port, or a backend
+/// A `RateLimit` shared by every session of one listener (a switch port, or a backend
 /// socket), on the wall clock.
 #[derive(Debug, Default)]
 pub struct PeerLog(Mutex<RateLimit>);
 
 impl PeerLog {
-    /// [`RateLimit::allow`] now.
+    /// `RateLimit::allow` now.
     pub fn allow(&self) -> Option<u64> {
         // A poisoned lock only means a panic elsewhere mid-update: the counts are still
         // usable.

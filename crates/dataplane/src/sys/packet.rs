@@ -5,7 +5,7 @@
 //! The socket carries the same 12-byte virtio-net header as the tap (`PACKET_VNET_HDR` with
 //! `PACKET_VNET_HDR_SZ` 12, Linux 6.5 and later), so a frame moves between a virtio ring and
 //! the interface with its checksum and GSO metadata as is, and the tap port's code serves both
-//! ([`crate::port::tap`]). It ignores the frames the host itself sends out of the interface
+//! (`port::kernel`). It ignores the frames the host itself sends out of the interface
 //! (`PACKET_IGNORE_OUTGOING`: pvnet is the interface's other end, not a sniffer) and puts the
 //! interface in promiscuous mode (a switch port takes every address).
 

@@ -145,7 +145,7 @@ impl VhostPort {
     }
 
     /// Switches every running ring to a new memory table. A ring whose own addresses no
-    /// longer translate is parked until a grant covers them again ([`QueueSlot::set_mem`]).
+    /// longer translate is parked until a grant covers them again (`QueueSlot::set_mem`).
     /// A queue that waited for a grant tries again at once (still under the same wait: a
     /// grant that does not cover the miss is asked again after the retry interval, and the
     /// bound holds).
