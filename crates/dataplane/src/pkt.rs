@@ -42,13 +42,13 @@ pub struct Pkt<'a> {
 impl Pkt<'_> {
     /// The Ethernet frame's length.
     #[inline]
-    pub fn frame_len(&self) -> u32 {
+    pub(crate) fn frame_len(&self) -> u32 {
         self.len - self.hdr_len
     }
 
     /// Whether the header carries offload metadata (a checksum to complete, a GSO packet).
     #[inline]
-    pub fn has_offload(&self) -> bool {
+    pub(crate) fn has_offload(&self) -> bool {
         self.hdr.flags != 0 || self.hdr.gso_type != VnetHdr::GSO_NONE
     }
 }

@@ -254,7 +254,7 @@ impl From<&PortSnapshot> for QueueSnapshot {
 impl PortSnapshot {
     /// The snapshot of a port whose counters are kept per queue pair: their sum (an end
     /// marker: the largest seen; up: any pair), and each pair's traffic if there are several.
-    pub fn sum<'a>(port: u32, qps: impl IntoIterator<Item = &'a PortStats>) -> Self {
+    pub(crate) fn sum<'a>(port: u32, qps: impl IntoIterator<Item = &'a PortStats>) -> Self {
         let mut t = PortSnapshot {
             port,
             ..PortSnapshot::default()
@@ -308,7 +308,7 @@ impl PortSnapshot {
 
 impl PortStats {
     /// Snapshot for port `port`.
-    pub fn snapshot(&self, port: u32) -> PortSnapshot {
+    pub(crate) fn snapshot(&self, port: u32) -> PortSnapshot {
         let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let end = r(&self.end_marker);
         PortSnapshot {

@@ -74,7 +74,7 @@ pub enum Policy {
     /// [`Adaptive`](Self::Adaptive), and while a stream flows that polling would spin on,
     /// drain it every period instead, notifications off, the period as long as half the ring
     /// lasts at the measured rate and never longer than this (interrupt moderation: CPU for
-    /// latency; see [`Poller::took`]).
+    /// latency; see `Poller::took`).
     Coalesce(Duration),
 }
 
@@ -351,12 +351,12 @@ impl Poller {
     }
 
     /// The policy.
-    pub fn policy(&self) -> Policy {
+    pub(crate) fn policy(&self) -> Policy {
         self.policy
     }
 
     /// The current polling window (what `Adaptive` would spin for now).
-    pub fn window(&self) -> Duration {
+    pub(crate) fn window(&self) -> Duration {
         match self.policy {
             Policy::Adaptive | Policy::Coalesce(_) => self.adaptive_window(),
             Policy::Busy => Duration::MAX,
@@ -365,14 +365,14 @@ impl Poller {
     }
 
     /// Smoothed gap and deviation (adaptive), and the probe back-off, for logs.
-    pub fn estimate(&self) -> (Duration, Duration, u32) {
+    pub(crate) fn estimate(&self) -> (Duration, Duration, u32) {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let d = |x: f64| Duration::from_nanos(x.max(0.0) as u64);
         (d(self.srtt), d(self.rttvar), self.probe_every)
     }
 
     /// Gaps that ended while polling / after the window (adaptive bookkeeping).
-    pub fn hits_misses(&self) -> (u64, u64) {
+    pub(crate) fn hits_misses(&self) -> (u64, u64) {
         (self.hits, self.misses)
     }
 
@@ -511,7 +511,7 @@ impl Poller {
     /// Packets a drain of this queue took, from a ring of `ring` entries (what coalescing
     /// measures the rate by; other policies ignore it).
     #[inline]
-    pub fn took(&mut self, n: usize, ring: u16) {
+    pub(crate) fn took(&mut self, n: usize, ring: u16) {
         self.found = self
             .found
             .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
@@ -520,7 +520,7 @@ impl Poller {
 
     /// Whether the queue sleeps with notifications off until its coalescing deadline (the
     /// shard must not arm it).
-    pub fn coalescing(&self) -> bool {
+    pub(crate) fn coalescing(&self) -> bool {
         self.coalesce_until.is_some()
     }
 

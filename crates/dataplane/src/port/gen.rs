@@ -158,11 +158,6 @@ impl GenPort {
         }
     }
 
-    /// True until the end marker went out.
-    pub fn active(&self) -> bool {
-        !self.done
-    }
-
     /// Frames owed by now at the configured rate (all it may send when unpaced).
     fn owed(&self, now: Instant, batch: usize) -> usize {
         let Some(t0) = self.started else { return 0 };

@@ -91,20 +91,12 @@ impl HostDev {
         }
     }
 
-    /// Bounds the bytes of the port's writes the kernel holds (see [`Tap::set_sndbuf`],
-    /// [`PacketSock::set_sndbuf`]): the device queue in front of an egress queue.
+    /// Bounds the bytes of the port's writes the kernel holds (see `Tap::set_sndbuf`,
+    /// `PacketSock::set_sndbuf`): the device queue in front of an egress queue.
     pub fn set_sndbuf(&self, bytes: u32) -> std::io::Result<()> {
         match self {
             HostDev::Tap(t) => t.set_sndbuf(bytes),
             HostDev::Packet(p) => p.set_sndbuf(bytes),
-        }
-    }
-
-    /// The interface's name.
-    pub fn name(&self) -> &str {
-        match self {
-            HostDev::Tap(t) => t.name(),
-            HostDev::Packet(p) => p.name(),
         }
     }
 }
@@ -234,7 +226,13 @@ impl KernelPort {
     /// Wraps an open tap (non-blocking, with the 12-byte virtio-net header), moving packets
     /// as `io` says; where `io_uring` cannot be set up it falls back to a syscall per packet
     /// (logged).
-    pub fn new(id: PortId, stats: Arc<PortStats>, dev: HostDev, io: HostIo, direct: bool) -> Self {
+    pub(crate) fn new(
+        id: PortId,
+        stats: Arc<PortStats>,
+        dev: HostDev,
+        io: HostIo,
+        direct: bool,
+    ) -> Self {
         let uring = match io {
             HostIo::Syscall => None,
             HostIo::Uring => match Uring::new() {
@@ -268,7 +266,7 @@ impl KernelPort {
     /// send buffer) is the device queue: there is no completion to learn a limit from, so
     /// `dql` is off and nothing is held in a sender (a packet that finds the kernel full is
     /// queued here, or dropped).
-    pub fn set_egress(&mut self, e: EgressConfig) {
+    pub(crate) fn set_egress(&mut self, e: EgressConfig) {
         let n = self.egress.purge();
         bump(&self.stats.drops[DropReason::Reconfigured as usize], n);
         self.stats
@@ -284,17 +282,13 @@ impl KernelPort {
     }
 
     /// The kernel end's fd, to wait on it.
-    pub fn fd(&self) -> i32 {
+    pub(crate) fn fd(&self) -> i32 {
         self.dev.fd()
     }
 
-    /// Whether it reads straight into a frontend's receive buffers when it can.
-    pub fn direct(&self) -> bool {
-        self.direct && self.uring.is_some()
-    }
-
     /// How it moves packets now.
-    pub fn io(&self) -> HostIo {
+    #[cfg(test)]
+    pub(crate) fn io(&self) -> HostIo {
         if self.uring.is_some() {
             HostIo::Uring
         } else {

@@ -353,12 +353,12 @@ impl Port for AnyPort {
 impl AnyPort {
     /// Whether it is a trunk to another shard.
     #[inline]
-    pub fn is_trunk(&self) -> bool {
+    pub(crate) fn is_trunk(&self) -> bool {
         matches!(self, AnyPort::Trunk(_))
     }
 
     /// The vhost-user port, if it is one.
-    pub fn as_vhost(&mut self) -> Option<&mut vhost::VhostPort> {
+    pub(crate) fn as_vhost(&mut self) -> Option<&mut vhost::VhostPort> {
         match self {
             AnyPort::Vhost(v) => Some(v),
             _ => None,

@@ -114,7 +114,7 @@ impl Producer {
     /// Copies a packet into the ring as one record (not yet published); false if it has no
     /// room (or the packet could never fit).
     #[inline]
-    pub fn push(&mut self, p: &Pkt<'_>) -> bool {
+    pub(crate) fn push(&mut self, p: &Pkt<'_>) -> bool {
         let cap = self.ring.cap;
         let len = p.len as usize;
         if len > self.ring.max_packet() {
@@ -149,7 +149,7 @@ impl Producer {
     /// Publishes what was pushed. Sequentially consistent: the caller then reads whether the
     /// consumer sleeps (see the module docs).
     #[inline]
-    pub fn publish(&mut self) {
+    pub(crate) fn publish(&mut self) {
         self.ring.tail.0.store(self.tail, Ordering::SeqCst);
     }
 }
@@ -165,7 +165,7 @@ pub struct Consumer {
 impl Consumer {
     /// Whether published records wait (sequentially consistent: see the module docs).
     #[inline]
-    pub fn pending(&self) -> bool {
+    pub(crate) fn pending(&self) -> bool {
         self.ring.tail.0.load(Ordering::SeqCst) != self.head
     }
 }
@@ -236,7 +236,7 @@ impl TrunkPort {
 
     /// Whether the other shard published packets not handed out yet.
     #[inline]
-    pub fn pending(&self) -> bool {
+    pub(crate) fn pending(&self) -> bool {
         self.from.pending()
     }
 }

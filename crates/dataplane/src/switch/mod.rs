@@ -236,12 +236,12 @@ impl Fabric {
     }
 
     /// The router (to add wires, read the learned addresses).
-    pub fn router_mut(&mut self) -> &mut Router {
+    pub(crate) fn router_mut(&mut self) -> &mut Router {
         &mut self.router
     }
 
     /// The learned addresses (none under a fixed wiring).
-    pub fn macs(&self, now: Instant) -> Vec<MacEntry> {
+    pub(crate) fn macs(&self, now: Instant) -> Vec<MacEntry> {
         match &self.router {
             Router::Learn(m) => m.entries(now),
             Router::Fixed(_) => Vec::new(),
@@ -249,7 +249,7 @@ impl Fabric {
     }
 
     /// A port went away: forget what was learned on it and its wires.
-    pub fn port_down(&mut self, port: PortId) {
+    pub(crate) fn port_down(&mut self, port: PortId) {
         match &mut self.router {
             Router::Learn(m) => m.flush_port(port),
             Router::Fixed(w) => w.retain(|&(s, t)| s != port && t != Wire::To(port)),
@@ -271,7 +271,7 @@ impl Fabric {
 
     /// One burst of port `i` (the others receive). Returns the packets moved.
     #[inline(always)]
-    pub fn burst(&mut self, ports: &mut [AnyPort], i: usize, now: Instant) -> usize {
+    pub(crate) fn burst(&mut self, ports: &mut [AnyPort], i: usize, now: Instant) -> usize {
         let (before, rest) = ports.split_at_mut(i);
         let Some((src, after)) = rest.split_first_mut() else {
             return 0;

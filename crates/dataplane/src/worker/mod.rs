@@ -123,7 +123,7 @@ pub enum HostPort {
 
 impl HostPort {
     /// "tap", "sink" or "gen".
-    pub fn kind_name(&self) -> &'static str {
+    pub(crate) fn kind_name(&self) -> &'static str {
         match self {
             HostPort::Kernel(crate::port::kernel::HostDev::Tap(_), _, _) => "tap",
             HostPort::Kernel(crate::port::kernel::HostDev::Packet(_), _, _) => "af-packet",
@@ -537,7 +537,8 @@ impl Dataplane {
 
     /// The shard a port lives on (see the module docs); a new port of the learning switch
     /// is placed here, on the least busy shard.
-    pub fn shard_of(&self, port: PortId) -> usize {
+    #[cfg(test)]
+    pub(crate) fn shard_of(&self, port: PortId) -> usize {
         let mut g = self.routing();
         self.routed(&mut g, port)
     }
