@@ -12,7 +12,7 @@ pub struct Notifier {
 
 impl Notifier {
     /// Wraps a file received over vhost-user (or created with [`Notifier::new`]).
-    pub fn from_file(file: File) -> Self {
+    pub(crate) fn from_file(file: File) -> Self {
         Self { file }
     }
 
@@ -56,7 +56,7 @@ impl Notifier {
     }
 
     /// Makes the fd non-blocking (fds from a peer may not be).
-    pub fn set_nonblocking(&self) -> io::Result<()> {
+    pub(crate) fn set_nonblocking(&self) -> io::Result<()> {
         let fd = self.file.as_raw_fd();
         // SAFETY: fcntl on our own fd with valid flags.
         let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
@@ -117,7 +117,7 @@ impl Stop {
     /// Waits until `fd` has one of `events`, the stop is set, or `timeout` passes (None:
     /// forever). Returns the events `fd` has (0: stopped or timed out; check
     /// [`Stop::is_set`]).
-    pub fn wait(&self, fd: RawFd, events: i16, timeout: Option<std::time::Duration>) -> i16 {
+    pub(crate) fn wait(&self, fd: RawFd, events: i16, timeout: Option<std::time::Duration>) -> i16 {
         let mut fds = [
             libc::pollfd {
                 fd,

@@ -128,7 +128,7 @@ pub struct BackendChannel {
 impl BackendChannel {
     /// Takes the socket the frontend passed (`SET_BACKEND_REQ_FD`), replacing any earlier one.
     /// Writes never block the worker: the socket is made non-blocking.
-    pub fn set(&self, sock: UnixStream) -> io::Result<()> {
+    pub(crate) fn set(&self, sock: UnixStream) -> io::Result<()> {
         sock.set_nonblocking(true)?;
         *self.sock.lock().unwrap_or_else(|p| p.into_inner()) = Some(sock);
         Ok(())

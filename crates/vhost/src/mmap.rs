@@ -79,7 +79,7 @@ impl Mapping {
     }
 
     /// True once the peer shrank the file and an access faulted (see `fault`).
-    pub fn faulted(&self) -> bool {
+    pub(crate) fn faulted(&self) -> bool {
         crate::fault::faulted(self.slot)
     }
 

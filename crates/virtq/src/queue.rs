@@ -138,7 +138,7 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// A split ring resumes from its `used->idx` if that differs from its base (see
-    /// [`split::DeviceQueue::resume_from_used`]); returns `(base, used)` if it did. A packed
+    /// `split::DeviceQueue::resume_from_used`); returns `(base, used)` if it did. A packed
     /// ring has no used index: its base (with the wrap counter) is the only record.
     pub fn resume_from_used(&mut self) -> Option<(u16, u16)> {
         match self {
@@ -376,7 +376,7 @@ impl DriverQueue {
 
     /// Takes up to `max` used buffers into `out`, (id, bytes written) each, validated: the
     /// reclaim of a burst in one call. The packed ring first takes the run of descriptors that
-    /// return one buffer each, reading each once ([`packed::DriverQueue::pop_used_run`]);
+    /// return one buffer each, reading each once (`packed::DriverQueue::pop_used_run`);
     /// the rest (and every split entry: its index is read once per batch anyway) are counted,
     /// then popped.
     #[inline]

@@ -123,7 +123,7 @@ impl BackendConfig {
     /// What `GET_FEATURES` answers: `features`, and `VIRTIO_NET_F_MQ` when more than one
     /// pair is offered (QEMU passes MQ to the guest only if the backend has it; DPDK's
     /// virtio-user sets up more than one pair only then).
-    pub fn offered(&self) -> u64 {
+    pub(crate) fn offered(&self) -> u64 {
         if self.queue_pairs > 1 {
             self.features | VIRTIO_NET_F_MQ
         } else {

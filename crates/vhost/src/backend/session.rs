@@ -176,7 +176,7 @@ pub(super) fn io_err(e: std::io::Error) -> VuError {
 
 impl Session {
     /// A fresh session for `port`; the warnings its frontend causes count against `log`.
-    pub fn new(
+    pub(crate) fn new(
         port: PortId,
         cfg: BackendConfig,
         hooks: Arc<dyn DeviceHooks>,
