@@ -50,6 +50,7 @@ step() { # step NAME CMD...: runs a step that is one test of its own
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --features virtq/mock -q -- -D warnings
 step "no import circle between a crate's modules" python3 scripts/check_imports.py
+step "no function over 100 lines, no file over 900 lines of code" python3 scripts/check_sizes.py
 step "ruff check: the scripts' Python (ruff.toml)" "$PYTOOLS/bin/ruff" check -q scripts tests/interop
 step "pytest scripts/tests: the scripts' figures, report reader, interop checkers, coherence model" \
   "$PYTOOLS/bin/python" -m pytest -q -p no:cacheprovider scripts/tests

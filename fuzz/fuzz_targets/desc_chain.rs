@@ -24,9 +24,9 @@ mod common;
 
 use common::{fold_descs, take};
 use libfuzzer_sys::fuzz_target;
-use virtq::mem::{read_segs, write_segs};
 use virtq::mock::MockQueue;
 use virtq::split::{DeviceQueue, Direction};
+use virtq::{read_segs, write_segs};
 
 const BUF: u32 = 256;
 

@@ -23,10 +23,10 @@ mod common;
 
 use common::{fold_descs, take};
 use libfuzzer_sys::fuzz_target;
-use virtq::mem::{read_segs, write_segs};
 use virtq::mock::MockQueue;
-use virtq::queue::{DeviceQueue, Direction, QueueConfig};
 use virtq::Format;
+use virtq::{read_segs, write_segs};
+use virtq::{DeviceQueue, Direction, QueueConfig};
 
 const BUF: u32 = 256;
 
@@ -51,7 +51,8 @@ fuzz_target!(|data: &[u8]| {
         base: if second_lap { 0 } else { 0x8000 },
         ..mq.config(dir, event_idx, indirect)
     };
-    let mut dev: DeviceQueue = DeviceQueue::new(mq.mem.clone(), &cfg).expect("mock layout is valid");
+    let mut dev: DeviceQueue =
+        DeviceQueue::new(mq.mem.clone(), &cfg).expect("mock layout is valid");
 
     let mut ring = take(&mut data, 16 * n);
     fold_descs(&mut ring, mq.len);

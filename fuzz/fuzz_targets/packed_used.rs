@@ -25,7 +25,7 @@ use common::take_exact as take;
 use libfuzzer_sys::fuzz_target;
 use std::collections::VecDeque;
 use virtq::mock::MockQueue;
-use virtq::queue::{Buf, Direction};
+use virtq::{Buf, Direction};
 use virtq::{Error, Format};
 
 const BUF: u32 = 256;
@@ -87,7 +87,13 @@ fuzz_target!(|data: &[u8]| {
         if add & 4 != 0 {
             let bufs = [next_buf(len), next_buf(len)];
             match drv.add_chain(&bufs) {
-                Ok(id) => record(&mut in_flight, &mut descs_used, &mut order, id, (2 * cap, 2)),
+                Ok(id) => record(
+                    &mut in_flight,
+                    &mut descs_used,
+                    &mut order,
+                    id,
+                    (2 * cap, 2),
+                ),
                 Err(e) => assert_eq!(e, Error::NoFreeDescriptors),
             }
         } else {

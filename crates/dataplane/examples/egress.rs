@@ -18,12 +18,11 @@
 //! writes `latency.csv` (config, p50 and p99 round trip in us, bulk Mpps, requests answered)
 //! and `bulk.csv` (config, dequeue mode, ns per packet) for the plots.
 
-use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
-use pvnet_dataplane::egress::{EgressConfig, HoldPolicy, HOLD};
-use pvnet_dataplane::port::AnyPort;
-use pvnet_dataplane::stats::{DropReason, PortStats};
-use pvnet_dataplane::switch::{Fabric, Router, SwitchConfig};
 use pvnet_dataplane::testing::{frame, mac, MockFe, MODERN};
+use pvnet_dataplane::{
+    AnyPort, DropReason, EgressConfig, Fabric, HoldPolicy, PortStats, Qdisc, QueueConfig, Router,
+    SwitchConfig, HOLD,
+};
 use pvnet_net::VnetHdr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

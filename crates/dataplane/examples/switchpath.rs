@@ -25,15 +25,11 @@
 //! `scripts/callgrind.sh` runs it for N and 2N packets and divides the difference of each
 //! function's inclusive count by N, so set-up cost cancels.
 
-use pvnet_dataplane::egress::{EgressConfig, HoldPolicy};
-use pvnet_dataplane::poll::{Policy, WakeCost};
-use pvnet_dataplane::port::gen::{GenPort, GenSpec};
-use pvnet_dataplane::port::sink::{Counting, SinkPort};
-use pvnet_dataplane::port::trunk::{link, TrunkPort, TRUNK_RING_BYTES};
-use pvnet_dataplane::port::vhost::{VhostConfig, VhostPort};
-use pvnet_dataplane::port::AnyPort;
-use pvnet_dataplane::stats::PortStats;
-use pvnet_dataplane::switch::{Fabric, Router, SwitchConfig, Wire};
+use pvnet_dataplane::{
+    trunk_link, AnyPort, Counting, EgressConfig, Fabric, GenPort, GenSpec, HoldPolicy, Policy,
+    PortStats, Router, SinkPort, SwitchConfig, TrunkPort, VhostConfig, VhostPort, WakeCost, Wire,
+    TRUNK_RING_BYTES,
+};
 use pvnet_net::features::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
 use pvnet_net::QueueIndex;
 use pvnet_vhost::backend::StartedQueue;
@@ -41,7 +37,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use virtq::mock::MockQueue;
-use virtq::queue::{Buf, Direction, DriverQueue, Format};
+use virtq::{Buf, Direction, DriverQueue, Format};
 
 const BATCH: u16 = 32;
 const PKT: u32 = 76;
@@ -444,13 +440,13 @@ fn switch_trunk_vhost(f: &mut [Fabric; 2], p: &mut [Vec<AnyPort>; 2], now: Insta
 
 /// Shard ends of a trunk between two shards (rings of `pvnet switch --workers`).
 fn trunks() -> (AnyPort, AnyPort) {
-    let (at_a, at_b) = link(TRUNK_RING_BYTES);
+    let (at_a, at_b) = trunk_link(TRUNK_RING_BYTES);
     let mk = |id, r| {
         AnyPort::Trunk(TrunkPort::new(
             id,
             Arc::default(),
             r,
-            pvnet_vhost::eventfd::Notifier::new().expect("eventfd"),
+            pvnet_vhost::Notifier::new().expect("eventfd"),
             Arc::default(),
             WakeCost::FALLBACK,
         ))

@@ -5,7 +5,7 @@
 /// A flow hash of an Ethernet frame (fq_codel's classification here, and a multiqueue port's
 /// receive-ring steering): see [`flow_hash_head`]; the frame's first 64 bytes are copied
 /// once.
-pub fn flow_hash(f: &[u8]) -> u64 {
+pub(crate) fn flow_hash(f: &[u8]) -> u64 {
     let mut head = [0u8; 64];
     let n = f.len().min(64);
     head[..n].copy_from_slice(&f[..n]);
@@ -15,14 +15,14 @@ pub fn flow_hash(f: &[u8]) -> u64 {
 /// Whether a frame of this EtherType is hashed past its Ethernet addresses by
 /// [`flow_hash_head`] (IPv4, IPv6, or behind a VLAN tag).
 #[inline]
-pub fn hashes_l3(ethertype: u16) -> bool {
+pub(crate) fn hashes_l3(ethertype: u16) -> bool {
     matches!(ethertype, 0x0800 | 0x86dd | 0x8100 | 0x88a8)
 }
 
 /// [`flow_hash_head`] of a frame that carries no IP (its EtherType fails [`hashes_l3`]):
 /// its destination and source addresses only.
 #[inline]
-pub fn flow_hash_l2(macs: [u8; 12]) -> u64 {
+pub(crate) fn flow_hash_l2(macs: [u8; 12]) -> u64 {
     let mix = |h: u64, w: u64| (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
     let w64 = u64::from_le_bytes(macs[..8].try_into().unwrap_or([0; 8]));
     let w32 = u64::from(u32::from_le_bytes(macs[8..].try_into().unwrap_or([0; 4])));
@@ -34,7 +34,7 @@ pub fn flow_hash_l2(macs: [u8; 12]) -> u64 {
 /// for a fragment: they are in the first fragment only), behind one VLAN tag too; else the
 /// Ethernet addresses. Word loads and one multiply per word: a few tens of instructions.
 #[inline]
-pub fn flow_hash_head(f: &[u8; 64], len: usize) -> u64 {
+pub(crate) fn flow_hash_head(f: &[u8; 64], len: usize) -> u64 {
     let w64 = |at: usize| u64::from_le_bytes(f[at..at + 8].try_into().unwrap_or([0; 8]));
     let w32 = |at: usize| {
         u64::from(u32::from_le_bytes(

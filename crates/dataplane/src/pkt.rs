@@ -9,16 +9,16 @@ use virtq::Seg;
 
 /// A port's id: unique in the process, the same number the vhost-user backend gives the
 /// frontend's connection (`pvnet_vhost::backend::PortId`).
-pub type PortId = u32;
+pub(crate) type PortId = u32;
 
 /// Most packets in one burst: what a source hands over at once (its stack holds them).
-pub const MAX_BURST: usize = 64;
+pub(crate) const MAX_BURST: usize = 64;
 
 /// Most receive chains one packet may span (64 KiB over the smallest sane buffers).
-pub const MAX_MERGE: usize = 64;
+pub(crate) const MAX_MERGE: usize = 64;
 
 /// Bytes of the Ethernet addresses (destination, source) read with the header to switch.
-pub const MACS: u32 = 12;
+pub(crate) const MACS: u32 = 12;
 
 /// One packet on its way through: its bytes wherever they are, the virtio-net header first.
 #[derive(Debug, Clone, Copy)]
@@ -33,7 +33,7 @@ pub struct Pkt<'a> {
     pub hdr: VnetHdr,
     /// Destination and source Ethernet addresses, read once with the header.
     pub macs: [u8; 12],
-    /// The flow hash's high 32 bits ([`crate::flow::flow_hash_head`]) when the
+    /// The flow hash's high 32 bits (`flow::flow_hash_head`) when the
     /// source knows it without reading the frame (a generator, per flow: as a NIC's RSS hash
     /// or a socket's `sk_txhash` in Linux); 0 when it does not, and the steering computes it.
     pub hash: u32,
@@ -42,19 +42,19 @@ pub struct Pkt<'a> {
 impl Pkt<'_> {
     /// The Ethernet frame's length.
     #[inline]
-    pub fn frame_len(&self) -> u32 {
+    pub(crate) fn frame_len(&self) -> u32 {
         self.len - self.hdr_len
     }
 
     /// Whether the header carries offload metadata (a checksum to complete, a GSO packet).
     #[inline]
-    pub fn has_offload(&self) -> bool {
+    pub(crate) fn has_offload(&self) -> bool {
         self.hdr.flags != 0 || self.hdr.gso_type != VnetHdr::GSO_NONE
     }
 }
 
 /// The state of a packet slot before a source fills it.
-pub const EMPTY: Pkt<'static> = Pkt {
+pub(crate) const EMPTY: Pkt<'static> = Pkt {
     segs: &[],
     len: 0,
     hdr_len: HDR_LEN,
@@ -74,7 +74,7 @@ pub const EMPTY: Pkt<'static> = Pkt {
 /// Reads the header and the addresses behind it from a packet's first bytes: one fixed-size
 /// copy when the first segment holds them (nearly always). `None` if the packet is shorter.
 #[inline]
-pub fn read_head(segs: &[Seg<'_>], hdr_len: u32) -> Option<(VnetHdr, [u8; 12])> {
+pub(crate) fn read_head(segs: &[Seg<'_>], hdr_len: u32) -> Option<(VnetHdr, [u8; 12])> {
     if hdr_len == HDR_LEN {
         head::<{ HDR_LEN as usize }, { HDR_LEN as usize + MACS as usize }>(segs)
     } else {
@@ -90,7 +90,7 @@ fn head<const H: usize, const N: usize>(segs: &[Seg<'_>]) -> Option<(VnetHdr, [u
         Some(a) => a,
         None => {
             let mut h = [0u8; N];
-            if !head_split::<H, N>(segs, &mut h) && virtq::mem::read_segs(segs, 0, &mut h) < N {
+            if !head_split::<H, N>(segs, &mut h) && virtq::read_segs(segs, 0, &mut h) < N {
                 return None;
             }
             h
@@ -128,7 +128,7 @@ fn head_split<const H: usize, const N: usize>(segs: &[Seg<'_>], h: &mut [u8; N])
 
 /// What became of one packet offered to a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TxOut {
+pub(crate) enum TxOut {
     /// Taken (and counted by the port).
     Sent,
     /// No room now (see [`crate::egress`] for what happens next).
@@ -139,7 +139,7 @@ pub enum TxOut {
 
 /// What a port can take, so the switch can fit packets to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Caps {
+pub(crate) struct Caps {
     /// Takes packets at all (a generator does not).
     pub receives: bool,
     /// Receive offloads it negotiated (`VIRTIO_NET_F_GUEST_*`): a packet whose metadata it

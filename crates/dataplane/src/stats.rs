@@ -136,12 +136,12 @@ pub struct PortStats {
     pub last_error: std::sync::Mutex<Option<String>>,
     /// The bound on the warnings this port's peers can cause (queues stopped, rings left
     /// idle), across reconnections. Touched only when such a line is written.
-    pub log: pvnet_vhost::ratelimit::PeerLog,
+    pub log: pvnet_vhost::PeerLog,
 }
 
 /// Adds `n` to a counter only the caller writes.
 #[inline]
-pub fn bump(c: &AtomicU64, n: u64) {
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
     if n != 0 {
         // Relaxed: a statistic; single writer, so load+store cannot lose an update.
         c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
@@ -254,7 +254,7 @@ impl From<&PortSnapshot> for QueueSnapshot {
 impl PortSnapshot {
     /// The snapshot of a port whose counters are kept per queue pair: their sum (an end
     /// marker: the largest seen; up: any pair), and each pair's traffic if there are several.
-    pub fn sum<'a>(port: u32, qps: impl IntoIterator<Item = &'a PortStats>) -> Self {
+    pub(crate) fn sum<'a>(port: u32, qps: impl IntoIterator<Item = &'a PortStats>) -> Self {
         let mut t = PortSnapshot {
             port,
             ..PortSnapshot::default()
@@ -308,7 +308,7 @@ impl PortSnapshot {
 
 impl PortStats {
     /// Snapshot for port `port`.
-    pub fn snapshot(&self, port: u32) -> PortSnapshot {
+    pub(crate) fn snapshot(&self, port: u32) -> PortSnapshot {
         let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let end = r(&self.end_marker);
         PortSnapshot {

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use virtq::mock::MockQueue;
-use virtq::queue::{Buf, Direction, DriverQueue, Format};
+use virtq::{Buf, Direction, DriverQueue, Format};
 
 /// Receive buffer size of a mock frontend.
 pub const BUF: u32 = 2048;
@@ -296,7 +296,7 @@ impl Ingress for Collect {
         let n = pkts.len().min(self.room);
         for p in &pkts[..n] {
             let mut b = vec![0u8; p.len as usize];
-            virtq::mem::read_segs(p.segs, 0, &mut b);
+            virtq::read_segs(p.segs, 0, &mut b);
             self.got.push((p.hdr_len, b));
         }
         n

@@ -189,6 +189,41 @@ pub fn segment_while(
     scratch: &mut Vec<u8>,
     mut out: impl FnMut(&mut [u8]) -> bool,
 ) -> Result<usize, OffloadError> {
+    let lay = gso_layout(hdr, frame)?;
+    let gso = usize::from(hdr.gso_size);
+    let payload = &frame[lay.payload..lay.end];
+    // Layout::parse bounds the whole packet; check the largest segment's length fields here
+    // anyway, so that the conversions in the loop cannot fail after the first `out` call.
+    let biggest =
+        lay.payload - lay.l4 + gso.min(payload.len()) + if lay.v4 { lay.l4 - lay.l3 } else { 0 };
+    if biggest > MAX_GSO_LEN {
+        return Err(OffloadError::TooLarge(biggest));
+    }
+    let mut heads = SegHeaders::new(frame, lay);
+
+    scratch.clear();
+    scratch.extend_from_slice(&frame[..lay.payload]);
+    let mut off = 0usize;
+    let mut count = 0usize;
+    loop {
+        let n = gso.min(payload.len() - off);
+        let last = off + n == payload.len();
+        scratch.truncate(lay.payload);
+        scratch.extend_from_slice(&payload[off..off + n]);
+        heads.write(scratch, off, n, last)?;
+
+        let more = out(scratch);
+        count += 1;
+        off += n;
+        if last || !more {
+            return Ok(count);
+        }
+    }
+}
+
+/// The layout of a frame [`segment_while`] is asked to segment, once `hdr` and the frame's
+/// headers are checked against each other.
+fn gso_layout(hdr: &VnetHdr, frame: &[u8]) -> Result<Layout, OffloadError> {
     let want_tcp_v4 = match hdr.gso_type & !GSO_ECN {
         GSO_TCPV4 => Some((true, Some(true))),
         GSO_TCPV6 => Some((true, Some(false))),
@@ -214,59 +249,71 @@ pub fn segment_while(
             packet: lay.name(),
         });
     }
+    Ok(lay)
+}
 
-    let gso = usize::from(hdr.gso_size);
-    let payload = &frame[lay.payload..lay.end];
-    let l3_hdr_len = lay.l4 - lay.l3;
-    let l4_hdr_len = lay.payload - lay.l4;
-    // Layout::parse bounds the whole packet; check the largest segment's length fields here
-    // anyway, so that the conversions in the loop cannot fail after the first `out` call.
-    let biggest = l4_hdr_len + gso.min(payload.len()) + if lay.v4 { l3_hdr_len } else { 0 };
-    if biggest > MAX_GSO_LEN {
-        return Err(OffloadError::TooLarge(biggest));
+/// What each segment's headers are computed from: the original's, read once.
+struct SegHeaders {
+    lay: Layout,
+    /// Addresses and protocol of the pseudo-header; each segment adds its L4 length.
+    pseudo: u64,
+    /// The next segment's IPv4 id.
+    ip_id: u16,
+    /// The original's TCP sequence number and flags.
+    seq0: u32,
+    tcp_flags: u8,
+}
+
+impl SegHeaders {
+    fn new(frame: &[u8], lay: Layout) -> Self {
+        let pseudo = if lay.v4 {
+            sum_be(&frame[lay.l3 + 12..lay.l3 + 20])
+        } else {
+            sum_be(&frame[lay.l3 + 8..lay.l3 + 40])
+        } + u64::from(if lay.tcp { IPPROTO_TCP } else { IPPROTO_UDP });
+        SegHeaders {
+            lay,
+            pseudo,
+            ip_id: if lay.v4 { get16(frame, lay.l3 + 4) } else { 0 },
+            seq0: if lay.tcp { get32(frame, lay.l4 + 4) } else { 0 },
+            tcp_flags: if lay.tcp { frame[lay.l4 + 13] } else { 0 },
+        }
     }
-    // Addresses and protocol of the pseudo-header; each segment adds its L4 length.
-    let pseudo = if lay.v4 {
-        sum_be(&frame[lay.l3 + 12..lay.l3 + 20])
-    } else {
-        sum_be(&frame[lay.l3 + 8..lay.l3 + 40])
-    } + u64::from(if lay.tcp { IPPROTO_TCP } else { IPPROTO_UDP });
-    let mut ip_id = if lay.v4 { get16(frame, lay.l3 + 4) } else { 0 };
-    let seq0 = if lay.tcp { get32(frame, lay.l4 + 4) } else { 0 };
-    let tcp_flags = if lay.tcp { frame[lay.l4 + 13] } else { 0 };
 
-    scratch.clear();
-    scratch.extend_from_slice(&frame[..lay.payload]);
-    let mut off = 0usize;
-    let mut count = 0usize;
-    loop {
-        let n = gso.min(payload.len() - off);
-        let first = off == 0;
-        let last = off + n == payload.len();
-        scratch.truncate(lay.payload);
-        scratch.extend_from_slice(&payload[off..off + n]);
-
-        // Cannot fail: checked against `biggest` above.
+    /// Fixes the headers in `scratch` (the original's, then `n` payload bytes from `off`)
+    /// for that segment: lengths, IPv4 id and checksum, TCP sequence and flags, L4 checksum.
+    #[inline]
+    fn write(
+        &mut self,
+        scratch: &mut [u8],
+        off: usize,
+        n: usize,
+        last: bool,
+    ) -> Result<(), OffloadError> {
+        let lay = self.lay;
+        let l3_hdr_len = lay.l4 - lay.l3;
+        let l4_hdr_len = lay.payload - lay.l4;
+        // Cannot fail: checked against `biggest` in `segment_while`.
         let l4_len =
             u16::try_from(l4_hdr_len + n).map_err(|_| OffloadError::TooLarge(l4_hdr_len + n))?;
         if lay.v4 {
             let tot = u16::try_from(l3_hdr_len + n + l4_hdr_len)
                 .map_err(|_| OffloadError::TooLarge(l3_hdr_len + l4_hdr_len + n))?;
             put16(scratch, lay.l3 + 2, tot);
-            put16(scratch, lay.l3 + 4, ip_id);
+            put16(scratch, lay.l3 + 4, self.ip_id);
             put16(scratch, lay.l3 + 10, 0);
             let c = !fold(sum_be(&scratch[lay.l3..lay.l4]));
             put16(scratch, lay.l3 + 10, c);
-            ip_id = ip_id.wrapping_add(1);
+            self.ip_id = self.ip_id.wrapping_add(1);
         } else {
             put16(scratch, lay.l3 + 4, l4_len);
         }
 
         let sum_field = if lay.tcp {
             let adv = u32::try_from(off).map_err(|_| OffloadError::TooLarge(off))?;
-            put32(scratch, lay.l4 + 4, seq0.wrapping_add(adv));
-            let mut f = tcp_flags;
-            if !first {
+            put32(scratch, lay.l4 + 4, self.seq0.wrapping_add(adv));
+            let mut f = self.tcp_flags;
+            if off != 0 {
                 f &= !TCP_CWR;
             }
             if !last {
@@ -279,19 +326,13 @@ pub fn segment_while(
             lay.l4 + 6
         };
         put16(scratch, sum_field, 0);
-        let mut c = !fold(pseudo + u64::from(l4_len) + sum_be(&scratch[lay.l4..]));
+        let mut c = !fold(self.pseudo + u64::from(l4_len) + sum_be(&scratch[lay.l4..]));
         if c == 0 && !lay.tcp {
             // RFC 768: a computed 0 is sent as all ones (0 means "no checksum").
             c = 0xffff;
         }
         put16(scratch, sum_field, c);
-
-        let more = out(scratch);
-        count += 1;
-        off += n;
-        if last || !more {
-            return Ok(count);
-        }
+        Ok(())
     }
 }
 

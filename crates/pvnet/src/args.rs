@@ -5,7 +5,7 @@
 //! builds a child's command line stops compiling.
 
 use clap::{ArgMatches, Args, Command, ValueEnum};
-use pvnet_dataplane::poll::Policy;
+use pvnet_dataplane::Policy;
 use pvnet_vhost::frontend::{GrantMode, RxBuffers};
 use std::fmt;
 use std::path::PathBuf;

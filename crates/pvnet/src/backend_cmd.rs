@@ -4,8 +4,8 @@ use crate::args::{self, DataplaneArgs, ToArgs, TrafficArgs};
 use crate::error::{io, usage, Result};
 use crate::proc;
 use clap::{Args, ValueEnum};
-use pvnet_dataplane::poll::Policy;
-use pvnet_dataplane::worker::{Dataplane, GenConfig, Role, WorkerConfig};
+use pvnet_dataplane::Policy;
+use pvnet_dataplane::{Dataplane, GenConfig, Role, WorkerConfig};
 use pvnet_vhost::backend::{connect_loop, serve, BackendConfig, DeviceHooks};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -126,11 +126,9 @@ fn worker_config(a: &BackendArgs) -> Result<WorkerConfig> {
         ),
         shards: workers,
         // Bench roles hold packets in their senders (no egress queue).
-        egress: pvnet_dataplane::egress::EgressConfig::hold(
-            pvnet_dataplane::egress::HoldPolicy::Forever,
-        ),
+        egress: pvnet_dataplane::EgressConfig::hold(pvnet_dataplane::HoldPolicy::Forever),
         // Bench roles place ports by id (forwarding pairs together) and never move them.
-        rebalance: pvnet_dataplane::worker::balance::RebalanceConfig {
+        rebalance: pvnet_dataplane::RebalanceConfig {
             enabled: false,
             ..Default::default()
         },
@@ -144,7 +142,7 @@ pub fn run(a: &BackendArgs) -> Result<()> {
     let dp = Dataplane::start(cfg).map_err(io("starting the dataplane"))?;
     dp.keep_control_off_workers();
     let hooks: Arc<dyn DeviceHooks> = dp.clone();
-    let stop = pvnet_vhost::eventfd::Stop::new().map_err(io("eventfd"))?;
+    let stop = pvnet_vhost::Stop::new().map_err(io("eventfd"))?;
     let watcher = {
         let stop = stop.clone();
         std::thread::spawn(move || {

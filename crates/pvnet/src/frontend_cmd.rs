@@ -14,7 +14,7 @@ use crate::proc;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use pvnet_dataplane::frame::{self, SeqCheck};
-use pvnet_dataplane::poll::{Idle, Poller, WakeCost};
+use pvnet_dataplane::{Idle, Poller, WakeCost};
 use pvnet_vhost::frontend::{
     ClientConfig, NetClient, RxBuffers, RxFrame, TxMode, DEFAULT_HEADROOM,
 };
@@ -22,7 +22,7 @@ use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use virtq::event::Armed;
+use virtq::Armed;
 
 /// What the frontend does.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]

@@ -135,7 +135,7 @@ impl Waiter<'_> {
     }
 }
 
-pub use pvnet_dataplane::sys::pin_current_thread;
+pub use pvnet_dataplane::pin_current_thread;
 
 /// Median of the finite values in `v` (mean of the middle two for an even count), or NaN if
 /// there are none.

@@ -1,6 +1,10 @@
 //! `pvnet`: a vhost-user virtio-net backend, its own userspace frontend, and the benchmark
 //! that runs them against each other and against this machine's limits.
 
+// The argument structs' doc comments are `--help` text (clap prints them as written), not
+// rustdoc: `<us>` and `[switch]` there are a placeholder and a TOML table.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 mod args;
 mod backend_cmd;
 mod bench;
@@ -117,7 +121,7 @@ mod tests {
     use crate::args::{Sizes, RENAMED};
     use crate::backend_cmd::{BackendArgs, RoleArg};
     use crate::frontend_cmd::{FrontRole, FrontendArgs, RxMode, TxModeArg};
-    use pvnet_dataplane::poll::Policy;
+    use pvnet_dataplane::Policy;
     use pvnet_vhost::frontend::{GrantMode, RxBuffers};
     use std::time::Duration;
 

@@ -965,7 +965,7 @@ fn a_ring_set_up_before_the_memory_table_starts_when_it_arrives() {
 /// or counted in the next line's `held_back`, and a good frontend is then served exactly.
 #[test]
 fn a_peer_cannot_flood_the_log() {
-    const BURST: usize = 10; // pvnet_vhost::ratelimit::BURST
+    const BURST: usize = 10; // pvnet_vhost::BURST
     const PEER_LINES: [&str; 3] = ["closing session", "request refused", "refusing a frontend"];
     let dir = common::TestDir::new("logflood");
     let (mut b, sock) = backend(&dir, "b", &["--role", "sink"]);
@@ -1133,9 +1133,9 @@ fn a_gso_flood_leaves_a_paced_port_its_rate() {
     let mut posted: u16 = 0;
     let mut flood = |gso_size: u16| {
         let mut hdr = [0u8; 12];
-        pvnet_net::hdr::VnetHdr {
-            flags: pvnet_net::hdr::VnetHdr::F_NEEDS_CSUM,
-            gso_type: pvnet_net::hdr::VnetHdr::GSO_TCPV4,
+        pvnet_net::VnetHdr {
+            flags: pvnet_net::VnetHdr::F_NEEDS_CSUM,
+            gso_type: pvnet_net::VnetHdr::GSO_TCPV4,
             hdr_len: 54,
             gso_size,
             csum_start: 34,

@@ -12,7 +12,7 @@ pub struct Notifier {
 
 impl Notifier {
     /// Wraps a file received over vhost-user (or created with [`Notifier::new`]).
-    pub fn from_file(file: File) -> Self {
+    pub(crate) fn from_file(file: File) -> Self {
         Self { file }
     }
 
@@ -56,7 +56,7 @@ impl Notifier {
     }
 
     /// Makes the fd non-blocking (fds from a peer may not be).
-    pub fn set_nonblocking(&self) -> io::Result<()> {
+    pub(crate) fn set_nonblocking(&self) -> io::Result<()> {
         let fd = self.file.as_raw_fd();
         // SAFETY: fcntl on our own fd with valid flags.
         let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
@@ -87,7 +87,7 @@ impl AsRawFd for Notifier {
 /// A stop request that threads blocked in `poll` see at once: a flag, and an eventfd signalled
 /// when it is set (a listener waiting for frontends, a connector waiting on its session).
 /// Waiting costs nothing while nothing happens: no periodic wake-ups, which with a thread per
-/// port added up (64 idle ports took 3.4% of a CPU in 20 ms sleeps before).
+/// port added up (`docs/scale.md`, idle ports).
 #[derive(Debug)]
 pub struct Stop {
     flag: std::sync::atomic::AtomicBool,
@@ -117,7 +117,7 @@ impl Stop {
     /// Waits until `fd` has one of `events`, the stop is set, or `timeout` passes (None:
     /// forever). Returns the events `fd` has (0: stopped or timed out; check
     /// [`Stop::is_set`]).
-    pub fn wait(&self, fd: RawFd, events: i16, timeout: Option<std::time::Duration>) -> i16 {
+    pub(crate) fn wait(&self, fd: RawFd, events: i16, timeout: Option<std::time::Duration>) -> i16 {
         let mut fds = [
             libc::pollfd {
                 fd,

@@ -13,7 +13,7 @@ use std::sync::Once;
 
 /// Peer mappings covered at once: 128 ports with 32 regions each, or 64 of them mid-way
 /// through a memory-table change. A mapping past this is refused ([`crate::mmap`]).
-pub const SLOTS: usize = 4096;
+pub(crate) const SLOTS: usize = 4096;
 
 struct Slot {
     start: AtomicUsize,
@@ -33,7 +33,7 @@ static INSTALL: Once = Once::new();
 
 /// Registers `start..start+len` as peer memory; returns its slot (None if all are taken: the
 /// caller must not use such a mapping, as a fault there would be fatal).
-pub fn register(start: usize, len: usize) -> Option<usize> {
+pub(crate) fn register(start: usize, len: usize) -> Option<usize> {
     INSTALL.call_once(install);
     for (i, s) in TABLE.iter().enumerate() {
         // Claim a free slot; Relaxed/AcqRel: the handler only needs to see start before end.
@@ -50,7 +50,7 @@ pub fn register(start: usize, len: usize) -> Option<usize> {
 }
 
 /// Forgets a slot (before the range is unmapped).
-pub fn unregister(slot: usize) {
+pub(crate) fn unregister(slot: usize) {
     if let Some(s) = TABLE.get(slot) {
         s.end.store(0, Ordering::Release);
         s.start.store(0, Ordering::Release);
@@ -58,7 +58,7 @@ pub fn unregister(slot: usize) {
 }
 
 /// True once a fault hit this slot's range.
-pub fn faulted(slot: usize) -> bool {
+pub(crate) fn faulted(slot: usize) -> bool {
     TABLE
         .get(slot)
         .is_some_and(|s| s.faulted.load(Ordering::Acquire))

@@ -20,7 +20,7 @@ pub const VIRTIO_F_RING_PACKED: u64 = 1 << 34;
 
 /// The device reaches memory only through the platform's IOMMU (virtio 1.x 6; formerly
 /// `VIRTIO_F_IOMMU_PLATFORM`): over vhost-user, every ring address is an IOVA translated by
-/// the IOTLB the frontend fills ([`crate::iotlb`]).
+/// the IOTLB the frontend fills (`iotlb`).
 pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
 
 /// vhost: the device marks the pages it writes in the dirty log (live migration; vhost-user

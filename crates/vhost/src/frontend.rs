@@ -6,7 +6,7 @@
 //! granted: the pools once (staging grants), or each buffer while it is posted. Transmit buffers are one
 //! per descriptor (descriptor `i` always points at buffer `i`); receive buffers are carved
 //! from chunks and sized by [`RxBuffers`] (an EWMA of the frames received, by default; see
-//! [`crate::rxpool`]). The device is untrusted: used ids and lengths are validated by
+//! `rxpool`). The device is untrusted: used ids and lengths are validated by
 //! [`DriverQueue`].
 //!
 //! A received frame is handed out in place ([`RxFrame`]): its header parsed, its bytes
@@ -21,34 +21,31 @@
 //! TX buffers are reclaimed from the send path (poll context); the caller arms the TX
 //! interrupt only when the ring is full and it must wait.
 
-use crate::features::{
-    RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_ACCESS_PLATFORM,
-    VIRTIO_F_EVENT_IDX, VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1,
-    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
-    VIRTIO_NET_F_MRG_RXBUF,
-};
-pub use crate::iotlb::GrantMode;
-use crate::iotlb::{GrantStats, Granter};
+use crate::features::{RX_QUEUE, TX_QUEUE, VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_NET_F_MRG_RXBUF};
+use crate::iotlb::Granter;
+pub use crate::iotlb::{GrantMode, GrantStats, ParseGrantModeError};
+pub use crate::rxpool::{ParseRxBuffersError, RxBuffers, DEFAULT_HEADROOM};
 use crate::rxpool::{Posted, RxPool};
-pub use crate::rxpool::{RxBuffers, DEFAULT_HEADROOM};
-use pvnet_net::hdr::{hdr_len, VnetHdr, HDR_LEN};
-use std::fs::File;
+use pvnet_net::{hdr_len, VnetHdr, HDR_LEN};
+use setup::{grant_fixed, negotiate, queues, rx_pool, set_vrings, share_memory, Watchdog};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
-use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use virtq::event::Armed;
-use virtq::mem::AddrSpace;
-use virtq::queue::{Buf, Direction, DriverQueue, Format, QueueConfig, RingAddrs};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::VhostBackend;
 use virtq::split::ring_sizes;
-use virtq::{MemTable, RegionSpec};
+use virtq::AddrSpace;
+use virtq::Armed;
+use virtq::MemTable;
+use virtq::{Buf, DriverQueue, RingAddrs};
 use virtq::{Perm, Seg, Translate};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+mod setup;
 
 /// Errors of the frontend.
 #[derive(Debug, thiserror::Error)]
@@ -205,63 +202,6 @@ struct ToUser(u64);
 impl ToUser {
     fn at(self, a: u64) -> u64 {
         a.wrapping_add(self.0)
-    }
-}
-
-/// The memfd and its mapping.
-#[derive(Debug)]
-struct SharedMem {
-    file: File,
-    base: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: plain shared memory; access is governed by the MemTable built over it.
-unsafe impl Send for SharedMem {}
-// SAFETY: as above.
-unsafe impl Sync for SharedMem {}
-
-impl SharedMem {
-    fn new(len: u64) -> Result<Self, Error> {
-        let name = c"pvnet-frontend";
-        // SAFETY: valid C string; the fd is checked and then owned by the File.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::Os {
-                what: "memfd_create",
-                source: io::Error::last_os_error(),
-            });
-        }
-        // SAFETY: fd is fresh and owned by nobody else.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(len).map_err(os("ftruncate memfd"))?;
-        let len = usize::try_from(len).map_err(|_| Error::Config("memory too large"))?;
-        // SAFETY: new shared mapping of our own memfd; result checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::Os {
-                what: "mmap memfd",
-                source: io::Error::last_os_error(),
-            });
-        }
-        let base = NonNull::new(p.cast::<u8>()).ok_or(Error::Config("mmap returned null"))?;
-        Ok(Self { file, base, len })
-    }
-}
-
-impl Drop for SharedMem {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, no longer referenced once the table drops.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 
@@ -435,7 +375,7 @@ impl<'a> RxFrame<'a> {
 
 /// Stops a queue on its first violation: records the error, which every later operation on
 /// that queue returns again (the device cannot restart a queue by repairing its ring).
-fn stop_on<T>(stopped: &mut Option<virtq::Error>, r: virtq::error::Result<T>) -> Result<T, Error> {
+fn stop_on<T>(stopped: &mut Option<virtq::Error>, r: virtq::Result<T>) -> Result<T, Error> {
     r.map_err(|e| {
         *stopped = Some(e);
         Error::Queue(e)
@@ -445,43 +385,6 @@ fn stop_on<T>(stopped: &mut Option<virtq::Error>, r: virtq::error::Result<T>) ->
 /// `Err` with the recorded violation if the queue is stopped.
 fn check(stopped: Option<virtq::Error>) -> Result<(), Error> {
     stopped.map_or(Ok(()), |e| Err(Error::Queue(e)))
-}
-
-/// Shuts the vhost-user socket down unless dropped within `after`: a backend that stops
-/// answering turns a request that would wait forever into an error. (The `vhost` crate
-/// retries a receive that times out, so `SO_RCVTIMEO` cannot do this.)
-struct Watchdog {
-    done: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Watchdog {
-    fn arm(sock: &UnixStream, after: Duration) -> Result<Self, Error> {
-        let sock = sock.try_clone().map_err(os("socket"))?;
-        let (done, wait) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("vu-watchdog".into())
-            .spawn(move || {
-                if wait.recv_timeout(after) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-                    let _ = sock.shutdown(std::net::Shutdown::Both);
-                }
-            })
-            .map_err(os("watchdog thread"))?;
-        Ok(Self {
-            done: Some(done),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        // Disconnecting the channel ends the wait at once.
-        drop(self.done.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// A connected virtio-net frontend with one queue pair.
@@ -549,54 +452,8 @@ impl NetClient {
         let _dog = Watchdog::arm(&ctl, cfg.reply_timeout)?;
         let mut fe = Frontend::from_stream(sock, 2);
         fe.set_owner()?;
-        let offered = fe.get_features()?;
-        if offered & VIRTIO_F_VERSION_1 == 0 && !cfg.legacy_hdr {
-            return Err(Error::Missing("VIRTIO_F_VERSION_1"));
-        }
-        let mut want = VHOST_USER_F_PROTOCOL_FEATURES;
-        if !cfg.legacy_hdr {
-            want |= VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF;
-        }
-        if cfg.guest_tso {
-            want |= VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4 | VIRTIO_NET_F_GUEST_TSO6;
-        }
-        if cfg.packed {
-            // IN_ORDER with the packed ring: the device may return a transmit batch with one
-            // used descriptor (one cache line read per batch instead of one per buffer).
-            want |= VIRTIO_F_RING_PACKED | VIRTIO_F_IN_ORDER;
-        }
-        if cfg.event_idx {
-            want |= VIRTIO_F_EVENT_IDX;
-        }
-        if cfg.grants != GrantMode::Off {
-            if offered & VIRTIO_F_ACCESS_PLATFORM == 0 {
-                return Err(Error::Missing("VIRTIO_F_ACCESS_PLATFORM (grants)"));
-            }
-            want |= VIRTIO_F_ACCESS_PLATFORM;
-        }
-        let mut features = offered & want;
-        if features & VIRTIO_F_RING_PACKED == 0 {
-            // The split driver takes every used buffer on its own entry: no IN_ORDER there.
-            features &= !VIRTIO_F_IN_ORDER;
-        }
-        // With an IOMMU: misses come on the backend channel, and every grant is acked.
-        let iotlb_proto =
-            VhostUserProtocolFeatures::BACKEND_REQ | VhostUserProtocolFeatures::REPLY_ACK;
+        let features = negotiate(&mut fe, &cfg)?;
         let iommu = cfg.grants != GrantMode::Off;
-        if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
-            let p = fe.get_protocol_features()?;
-            let mut ask = VhostUserProtocolFeatures::MQ;
-            if iommu {
-                if !p.contains(iotlb_proto) {
-                    return Err(Error::Missing("BACKEND_REQ and REPLY_ACK (grants)"));
-                }
-                ask |= iotlb_proto;
-            }
-            fe.set_protocol_features(p & ask)?;
-        } else if iommu {
-            return Err(Error::Missing("protocol features (grants)"));
-        }
-        fe.set_features(features)?;
         let mut granter = None;
         if iommu {
             let (ours, theirs) = UnixStream::pair().map_err(os("socketpair"))?;
@@ -607,59 +464,12 @@ impl NetClient {
         }
 
         let hdr = hdr_len(features);
-        let big = VIRTIO_NET_F_GUEST_TSO4 | VIRTIO_NET_F_GUEST_TSO6;
-        // The largest frame the device may send: 64 KiB with TSO, else an MTU of 1500, behind
-        // an Ethernet header and a VLAN tag.
-        let max_frame = 14 + 4 + if features & big != 0 { 65535 } else { 1500 };
-        let rxp = RxPool::new(
-            cfg.rx_buffers,
-            features & VIRTIO_NET_F_MRG_RXBUF != 0,
-            cfg.rx_headroom.min(1024),
-            hdr,
-            cfg.queue_size,
-            max_frame,
-        );
+        let rxp = rx_pool(&cfg, features, hdr);
         // Under an IOMMU the rings carry IOVAs; our own table maps them as the device's does.
         let base = if iommu { IOVA_BASE } else { GPA_BASE };
         let lay = Layout::new(&cfg, rxp.bytes(), base);
-        let shm = SharedMem::new(lay.len)?;
-        let uaddr = shm.base.as_ptr() as u64;
-        let region = VhostUserMemoryRegionInfo {
-            guest_phys_addr: GPA_BASE,
-            memory_size: lay.len,
-            userspace_addr: uaddr,
-            mmap_offset: 0,
-            mmap_handle: shm.file.as_raw_fd(),
-        };
-        fe.set_mem_table(&[region])?;
-        let spec = RegionSpec {
-            gpa: base,
-            len: lay.len,
-            uaddr,
-            host: shm.base,
-        };
-        // SAFETY: the spec is exactly the mapping owned by `shm`, which moves into the table.
-        let mem = Arc::new(unsafe { MemTable::new(&[spec], Box::new(shm)) }?);
-        let event_idx = features & VIRTIO_F_EVENT_IDX != 0;
-        let format = if features & VIRTIO_F_RING_PACKED != 0 {
-            Format::Packed
-        } else {
-            Format::Split
-        };
-        let qcfg = |addrs, direction| QueueConfig {
-            format,
-            size: cfg.queue_size,
-            addrs,
-            space: AddrSpace::Guest,
-            base: 0,
-            event_idx,
-            indirect: false,
-            // Asked for with the packed ring only (above).
-            in_order: features & VIRTIO_F_IN_ORDER != 0,
-            direction,
-        };
-        let rx = DriverQueue::new(mem.clone(), &qcfg(lay.rx, Direction::DeviceWrites))?;
-        let tx = DriverQueue::new(mem.clone(), &qcfg(lay.tx, Direction::DeviceReads))?;
+        let (mem, uaddr) = share_memory(&mut fe, &lay, base)?;
+        let (format, rx, tx) = queues(&mem, &cfg, &lay, features)?;
         let pool = |at, len| {
             mem.translate_range(AddrSpace::Guest, at, len, Perm::ReadWrite)
                 .map_err(|m| mem.miss_error(m))
@@ -668,50 +478,15 @@ impl NetClient {
         let (rx_pool, tx_pool) = (pool(lay.rx_bufs, rxp.bytes())?, pool(lay.tx_bufs, tx_len)?);
         let to_user = ToUser(uaddr.wrapping_sub(base));
         if let Some(g) = granter.as_mut() {
-            let grant = |g: &mut Granter, at: u64, len: u64, perm| {
-                g.grant(at, len, to_user.at(at), perm)
-                    .map_err(os("IOTLB update"))
-            };
-            // The rings are granted for good (a driver's coherent allocation): each ring's
-            // parts, which lie together.
-            for a in [lay.rx, lay.tx] {
-                let (_, _, ul) = ring_sizes(cfg.queue_size);
-                grant(g, a.desc, a.used + ul - a.desc, Perm::ReadWrite)?;
-            }
-            // Staging grants: both pools, once. Per packet: each buffer while it is posted.
-            // Receive buffers are granted read-write, as a Linux guest's VT-d mappings are
-            // (intel-iommu sets read permission on every mapping when the IOMMU lacks
-            // zero-length-read support, as QEMU's does), and as DPDK's vhost asks when it
-            // fills one; pvnet's own device asks only for write.
-            if cfg.grants == GrantMode::Pool {
-                grant(g, lay.rx_bufs, rxp.bytes(), Perm::ReadWrite)?;
-                grant(g, lay.tx_bufs, tx_len, Perm::Read)?;
-            }
+            grant_fixed(g, &cfg, &lay, rxp.bytes(), to_user)?;
         }
         let ev = || EventFd::new(EFD_NONBLOCK).map_err(os("eventfd"));
         let kick = [ev()?, ev()?];
         let call = [ev()?, ev()?];
-        for (q, addrs) in [(RX_QUEUE, lay.rx), (TX_QUEUE, lay.tx)] {
-            // Ring addresses: our user addresses, or under an IOMMU the IOVAs themselves.
-            let to_u = |a: u64| if iommu { a } else { to_user.at(a) };
-            fe.set_vring_num(q, cfg.queue_size)?;
-            fe.set_vring_base(q, format.fresh_base())?;
-            fe.set_vring_addr(
-                q,
-                &VringConfigData {
-                    queue_max_size: cfg.queue_size,
-                    queue_size: cfg.queue_size,
-                    flags: 0,
-                    desc_table_addr: to_u(addrs.desc),
-                    used_ring_addr: to_u(addrs.used),
-                    avail_ring_addr: to_u(addrs.avail),
-                    log_addr: None,
-                },
-            )?;
-            fe.set_vring_call(q, &call[q])?;
-            fe.set_vring_kick(q, &kick[q])?;
-        }
-        let mut c = Self {
+        // Ring addresses: our user addresses, or under an IOMMU the IOVAs themselves.
+        let to_u = |a: u64| if iommu { a } else { to_user.at(a) };
+        set_vrings(&mut fe, &cfg, &lay, format, to_u, [&kick, &call])?;
+        let c = Self {
             fe,
             ctl,
             cfg,
@@ -734,18 +509,24 @@ impl NetClient {
             to_user,
             stats: ClientStats::default(),
         };
-        c.refill_rx()?;
-        if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
-            c.fe.set_vring_enable(RX_QUEUE, true)?;
-            c.fe.set_vring_enable(TX_QUEUE, true)?;
+        c.start()
+    }
+
+    /// The last step of [`connect`](Self::connect): every RX buffer posted, both queues
+    /// enabled, TX interrupts as the mode wants them.
+    fn start(mut self) -> Result<Self, Error> {
+        self.refill_rx()?;
+        if self.features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
+            self.fe.set_vring_enable(RX_QUEUE, true)?;
+            self.fe.set_vring_enable(TX_QUEUE, true)?;
         }
         // Only `Irq` takes TX interrupts; every other mode reclaims from a poll path.
-        if cfg.tx_mode == TxMode::Irq {
-            let _ = stop_on(&mut c.tx_err, c.tx.arm_used_notify())?;
+        if self.cfg.tx_mode == TxMode::Irq {
+            let _ = stop_on(&mut self.tx_err, self.tx.arm_used_notify())?;
         } else {
-            c.tx.disable_used_notify();
+            self.tx.disable_used_notify();
         }
-        Ok(c)
+        Ok(self)
     }
 
     /// Negotiated feature bits.
@@ -968,7 +749,7 @@ impl NetClient {
             // Start loading the buffer's first two lines (no effect on correctness).
             let at = self.rxp.posted[usize::from(id)].off as usize + head;
             if let Some(p) = NonNull::new(self.rx_pool.as_ptr().wrapping_add(at)) {
-                virtq::mem::prefetch_range(p, 128, false);
+                virtq::prefetch_range(p, 128, false);
             }
         }
         let mrg = self.features & VIRTIO_NET_F_MRG_RXBUF != 0;

@@ -19,26 +19,26 @@ use std::sync::Mutex;
 use virtq::Perm;
 
 /// Main channel: `VHOST_USER_SET_BACKEND_REQ_FD`.
-pub const SET_BACKEND_REQ_FD: u32 = 21;
+pub(crate) const SET_BACKEND_REQ_FD: u32 = 21;
 /// Main channel: `VHOST_USER_IOTLB_MSG`.
-pub const IOTLB_MSG: u32 = 22;
+pub(crate) const IOTLB_MSG: u32 = 22;
 /// Backend channel: `VHOST_USER_BACKEND_IOTLB_MSG`.
-pub const BACKEND_IOTLB_MSG: u32 = 1;
+pub(crate) const BACKEND_IOTLB_MSG: u32 = 1;
 /// `struct vhost_iotlb_msg` on the wire.
-pub const BODY_LEN: usize = 32;
+pub(crate) const BODY_LEN: usize = 32;
 /// Header flags: protocol version 1, reply, need-reply (vhost-user spec, "Header"). These and
 /// the header length serve every message pvnet frames itself (the session's too).
-pub const HDR_VERSION: u32 = 0x1;
+pub(crate) const HDR_VERSION: u32 = 0x1;
 /// Reply flag.
-pub const HDR_REPLY: u32 = 0x4;
+pub(crate) const HDR_REPLY: u32 = 0x4;
 /// Need-reply flag.
-pub const HDR_NEED_REPLY: u32 = 0x8;
+pub(crate) const HDR_NEED_REPLY: u32 = 0x8;
 /// Header length: request, flags, body size (u32 each).
-pub const HDR_LEN: usize = 12;
+pub(crate) const HDR_LEN: usize = 12;
 
 /// `type` of a `vhost_iotlb_msg`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Backend -> frontend: no translation for `iova` with `perm`.
     Miss = 1,
     /// Frontend -> backend: grant `iova .. iova + size` at `uaddr` with `perm`.
@@ -52,7 +52,7 @@ pub enum Kind {
 /// One `vhost_iotlb_msg`, parsed. `perm` is kept raw: what it means is checked by whoever
 /// acts on the message (an update with no or unknown access bits is refused there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IotlbMsg {
+pub(crate) struct IotlbMsg {
     /// Start of the range.
     pub iova: u64,
     /// Its length.
@@ -67,7 +67,7 @@ pub struct IotlbMsg {
 
 impl IotlbMsg {
     /// Parses a body; `None` if it is not 32 bytes or its type is unknown.
-    pub fn parse(b: &[u8]) -> Option<Self> {
+    pub(crate) fn parse(b: &[u8]) -> Option<Self> {
         if b.len() != BODY_LEN {
             return None;
         }
@@ -89,7 +89,7 @@ impl IotlbMsg {
     }
 
     /// The body on the wire.
-    pub fn body(&self) -> [u8; BODY_LEN] {
+    pub(crate) fn body(&self) -> [u8; BODY_LEN] {
         let mut b = [0u8; BODY_LEN];
         b[0..8].copy_from_slice(&self.iova.to_le_bytes());
         b[8..16].copy_from_slice(&self.size.to_le_bytes());
@@ -100,7 +100,7 @@ impl IotlbMsg {
     }
 
     /// A whole message: header (`request`, `flags`, size 32) and body.
-    pub fn message(&self, request: u32, flags: u32) -> [u8; HDR_LEN + BODY_LEN] {
+    pub(crate) fn message(&self, request: u32, flags: u32) -> [u8; HDR_LEN + BODY_LEN] {
         let mut m = [0u8; HDR_LEN + BODY_LEN];
         m[0..4].copy_from_slice(&request.to_le_bytes());
         m[4..8].copy_from_slice(&flags.to_le_bytes());
@@ -128,7 +128,7 @@ pub struct BackendChannel {
 impl BackendChannel {
     /// Takes the socket the frontend passed (`SET_BACKEND_REQ_FD`), replacing any earlier one.
     /// Writes never block the worker: the socket is made non-blocking.
-    pub fn set(&self, sock: UnixStream) -> io::Result<()> {
+    pub(crate) fn set(&self, sock: UnixStream) -> io::Result<()> {
         sock.set_nonblocking(true)?;
         *self.sock.lock().unwrap_or_else(|p| p.into_inner()) = Some(sock);
         Ok(())
@@ -218,14 +218,19 @@ pub enum GrantMode {
     Pool,
 }
 
+/// A grant mode that is none of `off`, `per-packet`, `pool` (the text given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("grants: off, per-packet or pool, not {0:?}")]
+pub struct ParseGrantModeError(pub String);
+
 impl std::str::FromStr for GrantMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseGrantModeError;
+    fn from_str(s: &str) -> Result<Self, ParseGrantModeError> {
         match s {
             "off" => Ok(Self::Off),
             "per-packet" => Ok(Self::PerPacket),
             "pool" => Ok(Self::Pool),
-            _ => Err(format!("grants: off, per-packet or pool, not {s:?}")),
+            _ => Err(ParseGrantModeError(s.to_owned())),
         }
     }
 }
@@ -267,7 +272,7 @@ const PIPELINE: usize = 256;
 /// not one each, as Xen's netback mapped a batch of grants in one hypercall: the per-packet
 /// cost left is the device's work per message, which is what the mode measures.
 #[derive(Debug)]
-pub struct Granter {
+pub(crate) struct Granter {
     /// The main channel (a clone of the socket the `vhost` crate's frontend uses; the calls
     /// never interleave, the client is single-threaded).
     main: UnixStream,
@@ -290,7 +295,7 @@ pub struct Granter {
 impl Granter {
     /// Over the main channel `main`, with our end of the backend channel `backend`;
     /// `per_packet`: buffers are granted one at a time (see [`GrantMode`]).
-    pub fn new(main: UnixStream, backend: UnixStream, per_packet: bool) -> io::Result<Self> {
+    pub(crate) fn new(main: UnixStream, backend: UnixStream, per_packet: bool) -> io::Result<Self> {
         backend.set_nonblocking(true)?;
         Ok(Self {
             main,
@@ -306,14 +311,20 @@ impl Granter {
 
     /// Grants `iova .. iova + len` at our user address `uaddr` with `perm`, and waits for the
     /// ack (with everything queued before it).
-    pub fn grant(&mut self, iova: u64, len: u64, uaddr: u64, perm: Perm) -> io::Result<()> {
+    pub(crate) fn grant(&mut self, iova: u64, len: u64, uaddr: u64, perm: Perm) -> io::Result<()> {
         self.queue_grant(iova, len, uaddr, perm)?;
         self.flush()
     }
 
     /// Queues a grant of `iova .. iova + len` at our user address `uaddr` with `perm`: the
     /// device may be given the range once [`flush`](Self::flush) has returned.
-    pub fn queue_grant(&mut self, iova: u64, len: u64, uaddr: u64, perm: Perm) -> io::Result<()> {
+    pub(crate) fn queue_grant(
+        &mut self,
+        iova: u64,
+        len: u64,
+        uaddr: u64,
+        perm: Perm,
+    ) -> io::Result<()> {
         self.held
             .update(virtq::Grant {
                 iova,
@@ -334,7 +345,7 @@ impl Granter {
 
     /// Queues the revocation of `iova .. iova + len`: the device no longer reaches it once
     /// [`flush`](Self::flush) has returned (until then the range must not be reused).
-    pub fn queue_revoke(&mut self, iova: u64, len: u64) -> io::Result<()> {
+    pub(crate) fn queue_revoke(&mut self, iova: u64, len: u64) -> io::Result<()> {
         self.held.invalidate(iova, len);
         self.stats.invalidates += 1;
         self.queue(IotlbMsg {
@@ -358,7 +369,7 @@ impl Granter {
 
     /// Sends what is queued (one write) and reads an ack for each message; an error names the
     /// first message refused.
-    pub fn flush(&mut self) -> io::Result<()> {
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
         use std::io::Read;
         if self.queued.is_empty() {
             return Ok(());
@@ -385,7 +396,7 @@ impl Granter {
     /// Answers the misses the device sent (non-blocking): a range still granted is granted
     /// again, anything else is counted and left unanswered (the device then stops the queue
     /// after its bound). Returns how many messages were read.
-    pub fn serve_misses(&mut self) -> io::Result<usize> {
+    pub(crate) fn serve_misses(&mut self) -> io::Result<usize> {
         use std::io::Read;
         let mut n = 0;
         loop {

@@ -78,8 +78,8 @@ impl Mapping {
         })
     }
 
-    /// True once the peer shrank the file and an access faulted (see [`crate::fault`]).
-    pub fn faulted(&self) -> bool {
+    /// True once the peer shrank the file and an access faulted (see `fault`).
+    pub(crate) fn faulted(&self) -> bool {
         crate::fault::faulted(self.slot)
     }
 
@@ -100,7 +100,7 @@ impl Drop for Mapping {
 
 /// A region as the peer describes it, with its fd.
 #[derive(Debug)]
-pub struct PeerRegion {
+pub(crate) struct PeerRegion {
     /// Guest physical address.
     pub gpa: u64,
     /// Size.
@@ -114,7 +114,7 @@ pub struct PeerRegion {
 }
 
 /// Maps all regions and builds the table that owns the mappings.
-pub fn map_regions(regions: Vec<PeerRegion>) -> io::Result<Arc<MemTable>> {
+pub(crate) fn map_regions(regions: Vec<PeerRegion>) -> io::Result<Arc<MemTable>> {
     let mut specs = Vec::with_capacity(regions.len());
     let mut maps = Vec::with_capacity(regions.len());
     for r in regions {

@@ -13,13 +13,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Lines let through at once before the limit applies.
-pub const BURST: u32 = 10;
+pub(crate) const BURST: u32 = 10;
 /// One more line may go out per period after the burst is spent.
-pub const PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const PERIOD: Duration = Duration::from_secs(1);
 
 /// A token bucket of log lines: [`BURST`] deep, refilled one per [`PERIOD`].
 #[derive(Debug)]
-pub struct RateLimit {
+pub(crate) struct RateLimit {
     tokens: u32,
     /// When the bucket last gained a token (or was first used).
     refilled: Option<Instant>,
@@ -39,7 +39,7 @@ impl Default for RateLimit {
 impl RateLimit {
     /// May a line be written at `now`? `Some(n)`: yes, and `n` lines were held back since the
     /// last one written (say so in the line). `None`: no; it is counted.
-    pub fn allow(&mut self, now: Instant) -> Option<u64> {
+    pub(crate) fn allow(&mut self, now: Instant) -> Option<u64> {
         let since = *self.refilled.get_or_insert(now);
         let periods = now.saturating_duration_since(since).as_nanos() / PERIOD.as_nanos();
         if periods > 0 {
@@ -62,18 +62,19 @@ impl RateLimit {
     }
 
     /// Lines held back and not yet reported.
-    pub fn held_back(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn held_back(&self) -> u64 {
         self.held_back
     }
 }
 
-/// A [`RateLimit`] shared by every session of one listener (a switch port, or a backend
+/// A `RateLimit` shared by every session of one listener (a switch port, or a backend
 /// socket), on the wall clock.
 #[derive(Debug, Default)]
 pub struct PeerLog(Mutex<RateLimit>);
 
 impl PeerLog {
-    /// [`RateLimit::allow`] now.
+    /// `RateLimit::allow` now.
     pub fn allow(&self) -> Option<u64> {
         // A poisoned lock only means a panic elsewhere mid-update: the counts are still
         // usable.

@@ -10,10 +10,9 @@
 //! successive buffers are contiguous whatever their sizes (the device writes and the driver
 //! reads them in that order). The pool is counted in chunks of [`CHUNK`] bytes, each with the
 //! number of buffers overlapping it: carving may enter a chunk only when none does (a buffer
-//! held longer, or returned out of order, makes the carving skip its chunk). Measured,
-//! 1514-byte frames received in place: 1600-byte buffers carved two to a 4 KiB page, the rest
-//! of each page left over as Linux's page fragments do, went at 7.2 Mpps; carved contiguously,
-//! 15.8.
+//! held longer, or returned out of order, makes the carving skip its chunk). Carved two to a
+//! 4 KiB page instead, the rest of each page left over as Linux's page fragments do, 1514-byte
+//! frames received in place went at half the rate (`docs/no-copy.md`, receive buffers).
 //!
 //! Sizes ([`RxBuffers`]):
 //!
@@ -37,9 +36,9 @@ use std::fmt;
 use std::str::FromStr;
 
 /// Bytes of a chunk that `Ewma` buffers are carved from.
-pub const CHUNK: u32 = 4096;
+pub(crate) const CHUNK: u32 = 4096;
 /// Buffers start and end on a cache line.
-pub const LINE: u32 = 64;
+pub(crate) const LINE: u32 = 64;
 /// Default bytes reserved in front of each buffer's virtio-net header.
 pub const DEFAULT_HEADROOM: u32 = 64;
 /// The EWMA's weight is `1 / 2^WEIGHT_LOG2` (Linux: `RECEIVE_AVG_WEIGHT` 64).
@@ -62,22 +61,34 @@ pub enum RxBuffers {
     Ewma,
 }
 
+/// Why a receive buffer sizing (`fixed:<bytes>` or `ewma`) did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseRxBuffersError {
+    /// Neither `fixed:` nor `ewma` (the text given).
+    #[error("unknown receive buffers {0:?} (fixed:<bytes>, ewma)")]
+    Unknown(String),
+    /// `fixed:` without a number after it (the text after it).
+    #[error("fixed:<bytes> needs a number of bytes, not {0:?}")]
+    NotANumber(String),
+    /// A fixed size that cannot hold a frame, or more than the largest frame needs.
+    #[error("fixed receive buffers of {0} bytes: must be {MIN_FIXED}..={MAX_FIXED}")]
+    OutOfRange(u32),
+}
+
 impl FromStr for RxBuffers {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseRxBuffersError;
+    fn from_str(s: &str) -> Result<Self, ParseRxBuffersError> {
         if s == "ewma" {
             return Ok(Self::Ewma);
         }
         let n = s
             .strip_prefix("fixed:")
-            .ok_or_else(|| format!("unknown receive buffers {s:?} (fixed:<bytes>, ewma)"))?;
+            .ok_or_else(|| ParseRxBuffersError::Unknown(s.to_owned()))?;
         let n: u32 = n
             .parse()
-            .map_err(|_| format!("fixed:<bytes> needs a number of bytes, not {n:?}"))?;
+            .map_err(|_| ParseRxBuffersError::NotANumber(n.to_owned()))?;
         if !(MIN_FIXED..=MAX_FIXED).contains(&n) {
-            return Err(format!(
-                "fixed receive buffers of {n} bytes: must be {MIN_FIXED}..={MAX_FIXED}"
-            ));
+            return Err(ParseRxBuffersError::OutOfRange(n));
         }
         Ok(Self::Fixed(n))
     }
@@ -95,12 +106,12 @@ impl fmt::Display for RxBuffers {
 /// Exponentially weighted moving average of frame lengths, weight `1 / 2^WEIGHT_LOG2`, with
 /// `FRAC` fractional bits (0: no sample yet).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Ewma(u32);
+pub(crate) struct Ewma(u32);
 
 impl Ewma {
     /// Adds a sample (the first one sets the average).
     #[inline]
-    pub fn add(&mut self, len: u32) {
+    pub(crate) fn add(&mut self, len: u32) {
         let v = len.min(1 << 20) << FRAC;
         self.0 = if self.0 == 0 {
             v
@@ -111,7 +122,7 @@ impl Ewma {
 
     /// The average, rounded up.
     #[inline]
-    pub fn read(&self) -> u32 {
+    pub(crate) fn read(&self) -> u32 {
         self.0.div_ceil(1 << FRAC)
     }
 }
@@ -158,7 +169,7 @@ pub(crate) struct RxPool {
 impl RxPool {
     /// Bookkeeping for a ring of `queue_size` whose device may send frames of up to
     /// `max_frame` bytes behind a header of `hdr_len`.
-    pub fn new(
+    pub(crate) fn new(
         mode: RxBuffers,
         mrg: bool,
         headroom: u32,
@@ -209,18 +220,18 @@ impl RxPool {
     }
 
     /// Bytes of memory the pool needs.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.refs.len() as u64 * u64::from(CHUNK)
     }
 
     /// Bytes in front of the header of every buffer.
-    pub fn headroom(&self) -> u32 {
+    pub(crate) fn headroom(&self) -> u32 {
         self.headroom
     }
 
     /// Bytes the next buffer offers the device.
     #[inline]
-    pub fn next_len(&self) -> u32 {
+    pub(crate) fn next_len(&self) -> u32 {
         if self.mode == RxBuffers::Ewma && self.mrg {
             let avg = self.ewma.read().clamp(self.floor, self.ceil);
             align(self.hdr_len + avg)
@@ -233,7 +244,7 @@ impl RxPool {
     /// ahead is still held, after that chunk; `None` if no room is left (never while at
     /// most one buffer per descriptor is out).
     #[inline]
-    pub fn alloc(&mut self, len: u32) -> Option<Posted> {
+    pub(crate) fn alloc(&mut self, len: u32) -> Option<Posted> {
         let slot = slot_of(self.headroom, len);
         // Most buffers end in the chunk being carved.
         if let Some(c) = self.entered {
@@ -285,7 +296,7 @@ impl RxPool {
 
     /// Gives a buffer back.
     #[inline]
-    pub fn release(&mut self, b: Posted) {
+    pub(crate) fn release(&mut self, b: Posted) {
         let (first, last) = (b.off / CHUNK, (b.off + b.slot - 1) / CHUNK);
         self.refs[first as usize] -= 1;
         if last != first {
@@ -306,8 +317,7 @@ impl RxPool {
 /// to an odd number of lines. Buffers are carved one after the other, so the slot is the stride
 /// between them; a stride of an even number of lines (2 KiB, say) puts the first lines of
 /// successive buffers into a fraction of the cache's sets, and those are the lines both sides
-/// touch for every frame. Measured, 1514-byte frames received in place: 2048-byte slots
-/// 9.5 Mpps, 1600-byte (25 lines) 15.8.
+/// touch for every frame (`docs/no-copy.md` has 2048-byte slots against 1600-byte ones).
 fn slot_of(headroom: u32, len: u32) -> u32 {
     let s = align(headroom + len);
     if (s / LINE).is_multiple_of(2) {

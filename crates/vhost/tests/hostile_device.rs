@@ -29,7 +29,7 @@ use pvnet_vhost::features::{
     VIRTIO_NET_F_MRG_RXBUF,
 };
 use pvnet_vhost::frontend::{ClientConfig, Error, NetClient, RxBuffers, RxFrame};
-use pvnet_vhost::mmap::Mapping;
+use pvnet_vhost::Mapping;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;

@@ -16,8 +16,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use std::time::Duration;
-use virtq::mem::read_segs;
 use virtq::mock::{MockQueue, OwnedMem};
+use virtq::read_segs;
 use virtq::split::{Buf, Direction};
 use virtq::{MemTable, Perm, RegionSpec, Translate};
 

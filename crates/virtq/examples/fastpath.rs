@@ -8,10 +8,10 @@
 //! device-side inclusive counts by N, so set-up cost cancels out.
 
 use std::hint::black_box;
-use virtq::mem::read_segs;
 use virtq::mock::MockQueue;
-use virtq::queue::{Buf, DeviceQueue, Direction, DriverQueue, Format};
+use virtq::read_segs;
 use virtq::Chain;
+use virtq::{Buf, DeviceQueue, Direction, DriverQueue, Format};
 
 const BATCH: u16 = 32;
 const PKT: u32 = 76;

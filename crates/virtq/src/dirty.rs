@@ -104,7 +104,7 @@ impl DirtyLog {
     /// Marks the pages of guest physical `gpa .. gpa + len`. Pages past the end of the bitmap
     /// are not marked (the frontend sized it for its memory: a guest cannot make us write
     /// outside it).
-    pub fn mark_gpa(&self, gpa: u64, len: u64) {
+    pub(crate) fn mark_gpa(&self, gpa: u64, len: u64) {
         if len == 0 {
             return;
         }
@@ -127,7 +127,7 @@ impl DirtyLog {
     }
 
     /// Marks the pages behind host `ptr .. ptr + len` (memory the device wrote).
-    pub fn mark_host(&self, ptr: *const u8, len: usize) {
+    pub(crate) fn mark_host(&self, ptr: *const u8, len: usize) {
         let mut p = ptr as usize;
         let Some(end) = p.checked_add(len) else {
             return;

@@ -17,7 +17,7 @@
 //! borrows what keeps its memory mapped (the queue that parsed it, or a buffer of ours), so a
 //! segment that outlives its memory does not compile.
 
-pub use crate::config::AddrSpace;
+pub(crate) use crate::config::AddrSpace;
 
 use crate::dirty::DirtyLog;
 use crate::error::{Error, Result};
@@ -599,7 +599,7 @@ pub struct Prefetch {
 impl Prefetch {
     /// Prefetches for reading.
     #[inline]
-    pub fn read() -> Self {
+    pub(crate) fn read() -> Self {
         Self { exclusive: false }
     }
 
@@ -618,7 +618,7 @@ impl Prefetch {
 
     /// The first `lines` cache lines of a segment.
     #[inline(always)]
-    pub fn seg(self, s: &Seg<'_>, lines: u32) {
+    pub(crate) fn seg(self, s: &Seg<'_>, lines: u32) {
         self.range(s.ptr, s.len.min(lines * 64));
     }
 
@@ -636,7 +636,7 @@ impl Prefetch {
 
     /// `len` bytes at `p`, line by line.
     #[inline(always)]
-    pub fn range(self, p: NonNull<u8>, len: u32) {
+    pub(crate) fn range(self, p: NonNull<u8>, len: u32) {
         #[cfg(feature = "coherence")]
         self.traced(p, len);
         #[cfg(all(target_arch = "x86_64", not(feature = "coherence")))]
@@ -828,7 +828,7 @@ pub fn write_segs(segs: &[Seg<'_>], mut off: u32, src: &[u8]) -> usize {
 /// crate's (it sits below `mem`: the memory table holds the log).
 impl DirtyLog {
     /// Marks the first `len` bytes of `segs` (a receive chain the device filled).
-    pub fn mark_segs(&self, segs: &[Seg<'_>], len: u32) {
+    pub(crate) fn mark_segs(&self, segs: &[Seg<'_>], len: u32) {
         let mut left = len;
         for s in segs {
             if left == 0 {

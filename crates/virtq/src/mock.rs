@@ -1,9 +1,10 @@
 //! A mock over owned memory: one region laid out with a queue's rings and a buffer pool,
 //! and both roles built on it. Shared by the unit tests, property tests, benches and fuzzers.
 
+use crate::config::Format;
 use crate::error::Result;
 use crate::mem::{AddrSpace, MemTable, RegionSpec};
-use crate::queue::{self, Format};
+use crate::queue;
 use crate::split::{ring_sizes, DeviceQueue, Direction, DriverQueue, QueueConfig, RingAddrs};
 use crate::xlate::{Perm, Translate};
 use std::ptr::NonNull;

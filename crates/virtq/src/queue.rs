@@ -5,7 +5,7 @@
 //! negotiated features). Each method branches on the format once per call, and the calls are
 //! per batch or per chain, never per byte: with one format the branch folds away.
 //!
-//! The contract every format keeps (and `tests/formats.rs` checks for each one):
+//! The contract every format keeps (and `tests/seams.rs` checks for each one):
 //! * `available` loads the driver's index once per batch; `pop`/`pop_batch` parse chains up
 //!   to it, reading each descriptor once and validating it; `unpop` gives back the last
 //!   chains popped, unconsumed;
@@ -26,7 +26,7 @@ use crate::xlate::Translate;
 use crate::{packed, split};
 use std::sync::Arc;
 
-pub use crate::config::{Buf, Direction, Format, QueueConfig, RingAddrs};
+use crate::config::{Buf, Format, QueueConfig};
 
 /// Forwards a method to the queue of whatever format it is.
 macro_rules! dispatch {
@@ -138,7 +138,7 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// A split ring resumes from its `used->idx` if that differs from its base (see
-    /// [`split::DeviceQueue::resume_from_used`]); returns `(base, used)` if it did. A packed
+    /// `split::DeviceQueue::resume_from_used`); returns `(base, used)` if it did. A packed
     /// ring has no used index: its base (with the wrap counter) is the only record.
     pub fn resume_from_used(&mut self) -> Option<(u16, u16)> {
         match self {
@@ -376,7 +376,7 @@ impl DriverQueue {
 
     /// Takes up to `max` used buffers into `out`, (id, bytes written) each, validated: the
     /// reclaim of a burst in one call. The packed ring first takes the run of descriptors that
-    /// return one buffer each, reading each once ([`packed::DriverQueue::pop_used_run`]);
+    /// return one buffer each, reading each once (`packed::DriverQueue::pop_used_run`);
     /// the rest (and every split entry: its index is read once per batch anyway) are counted,
     /// then popped.
     #[inline]

@@ -4,7 +4,7 @@
 //! load and store with its address. What the trace cannot tell by itself is *who* made an
 //! access (pvnet's device side or the driver the harness plays) and which loads were
 //! prefetches (valgrind drops prefetch instructions). So the harness stores to one word of
-//! [`MARKS`] when it hands the thread to the other side, and (with the `coherence` feature)
+//! `MARKS` when it hands the thread to the other side, and (with the `coherence` feature)
 //! [`Prefetch`](crate::mem::Prefetch) turns each hint into a marked one-byte load of the line
 //! it names. The analyser reads the markers' addresses from the harness's output and each
 //! store to them as the event its index names.

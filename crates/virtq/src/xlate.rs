@@ -17,7 +17,7 @@
 //! [`Translate::generation`] moves (an invalidation), checked once per batch.
 
 use crate::config::AddrSpace;
-pub use crate::config::Perm;
+pub(crate) use crate::config::Perm;
 use crate::error::Error;
 use std::ptr::NonNull;
 
@@ -61,7 +61,7 @@ impl<'t> Window<'t> {
     /// `addr`'s host pointer and how many bytes stay contiguous from there, if it falls in
     /// the window (what [`Translate::translate`] would answer for it).
     #[inline(always)]
-    pub fn get(&self, addr: u64) -> Option<(NonNull<u8>, u64)> {
+    pub(crate) fn get(&self, addr: u64) -> Option<(NonNull<u8>, u64)> {
         if addr < self.start || addr >= self.end {
             return None;
         }

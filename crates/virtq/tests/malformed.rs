@@ -23,12 +23,12 @@
 //!   than the scratch holds to keep that fixed.
 
 use std::sync::Arc;
-use virtq::mem::{read_segs, AddrSpace};
 use virtq::mock::{MockQueue, OwnedMem, GPA_BASE};
 use virtq::split::{
     Buf, DeviceQueue, Direction, DriverQueue, QueueConfig, RingAddrs, DESC_F_INDIRECT, DESC_F_NEXT,
     DESC_F_WRITE,
 };
+use virtq::{read_segs, AddrSpace};
 use virtq::{Error, MemTable, Perm, RegionSpec, Translate};
 
 const SIZE: u16 = 8;
@@ -908,7 +908,7 @@ fn buffers_across_regions() {
     assert_eq!(segs.len(), 2, "split at the region boundary");
     assert_eq!((segs[0].len(), segs[1].len()), (16, 16));
     let data: Vec<u8> = (0..32).collect();
-    assert_eq!(virtq::mem::write_segs(segs, 0, &data), 32);
+    assert_eq!(virtq::write_segs(segs, 0, &data), 32);
     let mut back = [0u8; 32];
     assert_eq!(read_segs(segs, 0, &mut back), 32);
     assert_eq!(&back[..], &data[..]);

@@ -21,11 +21,11 @@
 
 use proptest::prelude::*;
 use std::collections::VecDeque;
-use virtq::event::{need_event, Armed};
-use virtq::mem::{read_segs, write_segs};
 use virtq::mock::MockQueue;
 use virtq::split::{Buf, DeviceQueue, Direction, DriverQueue};
 use virtq::Error;
+use virtq::{need_event, Armed};
+use virtq::{read_segs, write_segs};
 
 /// Bytes per mock buffer (each descriptor uses one buffer slot).
 const BUF: u32 = 64;

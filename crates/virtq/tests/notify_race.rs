@@ -27,10 +27,10 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex, OnceLock};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
-use virtq::event::Armed;
 use virtq::mock::MockQueue;
-use virtq::queue::{Buf, DeviceQueue, Direction, DriverQueue, QueueConfig};
+use virtq::Armed;
 use virtq::Format;
+use virtq::{Buf, DeviceQueue, Direction, DriverQueue, QueueConfig};
 
 /// A counting wake-up primitive: `kick` adds one and wakes the registered waiter, `wait`
 /// consumes everything pending or times out.

@@ -6,11 +6,11 @@
 // Indexes and byte values here are small by construction.
 #![allow(clippy::cast_possible_truncation)]
 
-use virtq::event::Armed;
-use virtq::mem::{read_segs, write_segs};
 use virtq::mock::MockQueue;
 use virtq::packed::{PackedDesc, DESC_F_AVAIL, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_USED};
-use virtq::queue::{Buf, DeviceQueue, Direction, DriverQueue, QueueConfig};
+use virtq::Armed;
+use virtq::{read_segs, write_segs};
+use virtq::{Buf, DeviceQueue, Direction, DriverQueue, QueueConfig};
 use virtq::{Error, Format};
 
 const SIZE: u16 = 8;

@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use virtq::event::Armed;
-use virtq::mem::{read_segs, write_segs, AddrSpace};
 use virtq::mock::MockQueue;
-use virtq::queue::{Buf, DeviceQueue, Direction, QueueConfig};
+use virtq::Armed;
+use virtq::{read_segs, write_segs, AddrSpace};
+use virtq::{Buf, DeviceQueue, Direction, QueueConfig};
 use virtq::{Error, Format, Grant, Iotlb, MemTable, Miss, Perm, Translate};
 
 fn offer(drv: &mut virtq::DriverQueue, mq: &MockQueue, ids: std::ops::Range<u16>, write: bool) {

@@ -18,10 +18,10 @@
 //! they may wrap. The clock is the caller's (`now` in nanoseconds): tests drive it.
 
 /// Largest limit (Linux `DQL_MAX_LIMIT`: half the counter range less the largest object).
-pub const MAX_LIMIT: u32 = (u32::MAX / 2) - (u32::MAX / 16);
+pub(crate) const MAX_LIMIT: u32 = (u32::MAX / 2) - (u32::MAX / 16);
 
 /// How long the lowest slack is watched before the limit shrinks by it (Linux: `HZ`).
-pub const SLACK_HOLD_NS: u64 = 1_000_000_000;
+pub(crate) const SLACK_HOLD_NS: u64 = 1_000_000_000;
 
 /// `a - b` if positive, else 0 (free-running counters).
 #[inline]
@@ -42,7 +42,7 @@ fn after_eq(a: u32, b: u32) -> bool {
 
 /// One device queue's limit state.
 #[derive(Debug, Clone)]
-pub struct Dql {
+pub(crate) struct Dql {
     // Producer side.
     num_queued: u32,
     adj_limit: u32,
@@ -62,7 +62,7 @@ pub struct Dql {
 
 impl Dql {
     /// A queue whose limit stays within `min_limit..=MAX_LIMIT`, starting at `min_limit`.
-    pub fn new(min_limit: u32, now: u64) -> Self {
+    pub(crate) fn new(min_limit: u32, now: u64) -> Self {
         Self {
             num_queued: 0,
             adj_limit: min_limit,
@@ -82,7 +82,7 @@ impl Dql {
 
     /// `count` objects went into the device queue (one queuing operation).
     #[inline]
-    pub fn queued(&mut self, count: u32) {
+    pub(crate) fn queued(&mut self, count: u32) {
         self.last_obj_cnt = count;
         self.num_queued = self.num_queued.wrapping_add(count);
     }
@@ -90,24 +90,24 @@ impl Dql {
     /// How many more objects may be queued: negative once over the limit (the producer then
     /// stops; the queue that crossed the limit was allowed, as in Linux).
     #[inline]
-    pub fn avail(&self) -> i64 {
+    pub(crate) fn avail(&self) -> i64 {
         i64::from(self.adj_limit.wrapping_sub(self.num_queued) as i32)
     }
 
     /// Objects queued and not completed.
     #[inline]
-    pub fn in_flight(&self) -> u32 {
+    pub(crate) fn in_flight(&self) -> u32 {
         self.num_queued.wrapping_sub(self.num_completed)
     }
 
     /// The current limit.
     #[inline]
-    pub fn limit(&self) -> u32 {
+    pub(crate) fn limit(&self) -> u32 {
         self.limit
     }
 
     /// `count` objects completed at `now` (at most what is in flight): recomputes the limit.
-    pub fn completed(&mut self, count: u32, now: u64) {
+    pub(crate) fn completed(&mut self, count: u32, now: u64) {
         let num_queued = self.num_queued;
         let count = count.min(self.in_flight());
         let completed = self.num_completed.wrapping_add(count);

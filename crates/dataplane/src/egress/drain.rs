@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 /// A transmit side with an egress queue, as the drain sees it.
-pub trait Sender {
+pub(crate) trait Sender {
     /// The port's id (for the log).
     fn id(&self) -> PortId;
     /// Opens a transmit batch for about `hint` packets. False if it cannot take packets now.
@@ -33,7 +33,7 @@ pub trait Sender {
 /// and no queue: `no_buffer`). The one mapping from "no room" to waiting, queueing or
 /// dropping, for the switch and for a port that sends to itself (hairpin).
 #[inline]
-pub fn backpressure(
+pub(crate) fn backpressure(
     out: TxOut,
     egress: Option<&mut Egress>,
     offer: Offer,
@@ -53,13 +53,13 @@ pub fn backpressure(
 /// Copies `pkts` into `egress`'s queue at `now` (each queued or dropped), counted on `stats`
 /// with the backlog gauge.
 #[inline(never)]
-pub fn enqueue(egress: &mut Egress, stats: &PortStats, pkts: &[Pkt<'_>], now: Instant) {
+pub(crate) fn enqueue(egress: &mut Egress, stats: &PortStats, pkts: &[Pkt<'_>], now: Instant) {
     let c = egress.enqueue(pkts, now);
     count_enqueued(stats, &c, egress.queue_len());
 }
 
 /// Counts what an enqueue did (`c`) on `stats`, and the queue's length after it (`backlog`).
-pub fn count_enqueued(stats: &PortStats, c: &QueueCounts, backlog: Option<u32>) {
+pub(crate) fn count_enqueued(stats: &PortStats, c: &QueueCounts, backlog: Option<u32>) {
     count_queue(stats, c, 0);
     if let Some(q) = backlog {
         stats.backlog.store(u64::from(q), Relaxed);
@@ -72,7 +72,7 @@ pub fn count_enqueued(stats: &PortStats, c: &QueueCounts, backlog: Option<u32>) 
 /// packets sent. A queue that sends nothing for [`STALL`](super::STALL) while packets wait is
 /// emptied (`no_buffer`). Out of line: it runs only while packets wait.
 #[inline(never)]
-pub fn drain(tx: &mut impl Sender, batch: usize, now: Instant) -> usize {
+pub(crate) fn drain(tx: &mut impl Sender, batch: usize, now: Instant) -> usize {
     let Some(e) = tx.egress() else {
         return 0;
     };
@@ -173,7 +173,7 @@ fn drain_batch(
 }
 
 /// Adds an egress queue's counts to the port's counters (`dequeues`: drains that sent).
-pub fn count_queue(stats: &PortStats, c: &QueueCounts, dequeues: u64) {
+pub(crate) fn count_queue(stats: &PortStats, c: &QueueCounts, dequeues: u64) {
     bump(&stats.queued, c.queued);
     bump(&stats.dequeued, c.dequeued);
     bump(&stats.dequeues, dequeues);

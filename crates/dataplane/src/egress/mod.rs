@@ -24,9 +24,9 @@
 //! pvnet writes it until the frontend gives the buffer back (posts it again), which is the
 //! completion DQL learns from, in buffers.
 
-pub mod dql;
-pub mod drain;
-pub mod queue;
+pub(crate) mod dql;
+pub(crate) mod drain;
+pub(crate) mod queue;
 
 use crate::pkt::Pkt;
 use crate::stats::DropReason;
@@ -45,7 +45,7 @@ pub enum HoldPolicy {
 
 /// Who offers a packet, as far as waiting goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Offer {
+pub(crate) enum Offer {
     /// One copy of a flooded packet: never waits in its sender (the others went out).
     Flood,
     /// A unicast packet from a sender whose other traffic waits behind it.
@@ -56,7 +56,7 @@ pub enum Offer {
 
 /// What to do with a packet the port had no room for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backpressure {
+pub(crate) enum Backpressure {
     /// Leave it where it is; it is offered again next round.
     Wait,
     /// Copy it (and what follows in its run) into the egress queue.
@@ -68,14 +68,13 @@ pub enum Backpressure {
 /// Fewest buffers the device queue limit goes down to, whatever the batch: a Linux guest
 /// gives receive buffers back only once more than half its NAPI budget (64) is used, so a
 /// limit under that could wait for a completion that never comes.
-pub const DQL_MIN_BUFFERS: u32 = 64;
+pub(crate) const DQL_MIN_BUFFERS: u32 = 64;
 
 /// The device queue limit's floor for a port that moves `batch` packets per round: two
 /// batches (one the frontend is taking while pvnet writes the next; below that the limit
-/// cuts the batches themselves and bulk dequeue is lost: measured against DPDK's rxonly, a
-/// floor of 64 with batches of 64 cost 4% of the rate), and never under
-/// [`DQL_MIN_BUFFERS`].
-pub fn dql_floor(batch: usize) -> u32 {
+/// cuts the batches themselves and bulk dequeue is lost: `docs/egress.md`, the device queue
+/// and its limit), and never under [`DQL_MIN_BUFFERS`].
+pub(crate) fn dql_floor(batch: usize) -> u32 {
     u32::try_from(batch.saturating_mul(2))
         .unwrap_or(u32::MAX)
         .max(DQL_MIN_BUFFERS)
@@ -87,7 +86,7 @@ pub const HOLD: Duration = Duration::from_millis(2);
 
 /// Longest the queue may fail to send anything while packets wait; then they are dropped
 /// (`no_buffer`) and their memory freed (a receiver that stopped taking packets).
-pub const STALL: Duration = Duration::from_secs(1);
+pub(crate) const STALL: Duration = Duration::from_secs(1);
 
 /// A port's egress settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +126,7 @@ impl EgressConfig {
 
 /// The transmit side's queue state of one port.
 #[derive(Debug)]
-pub struct Egress {
+pub(crate) struct Egress {
     policy: HoldPolicy,
     /// Since when a packet has waited for room (None: nothing waits).
     held_since: Option<Instant>,
@@ -151,13 +150,13 @@ pub struct Egress {
 
 impl Egress {
     /// An empty egress with no queue.
-    pub fn new(policy: HoldPolicy) -> Self {
+    pub(crate) fn new(policy: HoldPolicy) -> Self {
         Self::with(EgressConfig::hold(policy), DQL_MIN_BUFFERS)
     }
 
     /// An empty egress as configured (the queue's memory is allocated here), whose device
     /// queue limit stays at or above `floor` buffers (see [`dql_floor`]).
-    pub fn with(cfg: EgressConfig, floor: u32) -> Self {
+    pub(crate) fn with(cfg: EgressConfig, floor: u32) -> Self {
         let epoch = Instant::now();
         Self {
             policy: cfg.hold,
@@ -177,13 +176,13 @@ impl Egress {
 
     /// Nanoseconds since this egress began (its queue's and DQL's clock).
     #[inline]
-    pub fn ns(&self, now: Instant) -> u64 {
+    pub(crate) fn ns(&self, now: Instant) -> u64 {
         u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The port took a packet.
     #[inline]
-    pub fn sent(&mut self) {
+    pub(crate) fn sent(&mut self) {
         // Nearly always nothing waited: no store then.
         if self.blocked || self.held_since.is_some() {
             self.held_since = None;
@@ -193,7 +192,7 @@ impl Egress {
 
     /// The port had no room for a packet offered as `offer` at `now`.
     #[inline]
-    pub fn no_room(&mut self, offer: Offer, now: Instant) -> Backpressure {
+    pub(crate) fn no_room(&mut self, offer: Offer, now: Instant) -> Backpressure {
         self.blocked = true;
         if self.has_queue && offer != Offer::Patient {
             return Backpressure::Queue;
@@ -215,19 +214,19 @@ impl Egress {
 
     /// Whether it keeps a queue.
     #[inline]
-    pub fn has_queue(&self) -> bool {
+    pub(crate) fn has_queue(&self) -> bool {
         self.has_queue
     }
 
     /// Packets wait in the queue: new ones must queue behind them.
     #[inline]
-    pub fn backlogged(&self) -> bool {
+    pub(crate) fn backlogged(&self) -> bool {
         self.has_queue && self.queue.as_ref().is_some_and(|q| !q.is_empty())
     }
 
     /// Copies `pkts` into the queue at `now`; returns the counts (drops included). Without a
     /// queue every packet is dropped (`no_buffer`) and counted as `drop_limit`.
-    pub fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) -> QueueCounts {
+    pub(crate) fn enqueue(&mut self, pkts: &[Pkt<'_>], now: Instant) -> QueueCounts {
         let t = self.ns(now);
         self.blocked = true;
         match self.queue.as_mut() {
@@ -245,18 +244,18 @@ impl Egress {
     }
 
     /// Packets waiting, if there is a queue.
-    pub fn queue_len(&self) -> Option<u32> {
+    pub(crate) fn queue_len(&self) -> Option<u32> {
         self.queue.as_ref().map(|q| q.len())
     }
 
     /// Takes the queue out to drain it (the port lends it packets from it while delivering).
-    pub fn take_queue(&mut self) -> Option<Box<Queue>> {
+    pub(crate) fn take_queue(&mut self) -> Option<Box<Queue>> {
         self.queue.take()
     }
 
     /// Puts the queue back after a drain that sent `sent` packets at `now`; `true` if it has
     /// failed to send anything for [`STALL`] while packets waited (the caller purges it).
-    pub fn put_queue(&mut self, q: Box<Queue>, sent: usize, now: Instant) -> bool {
+    pub(crate) fn put_queue(&mut self, q: Box<Queue>, sent: usize, now: Instant) -> bool {
         let stalled = if q.is_empty() || sent > 0 {
             self.stalled_since = None;
             false
@@ -273,12 +272,12 @@ impl Egress {
 
     /// Packets per drain: all the limit allows, or one.
     #[inline]
-    pub fn bulk(&self) -> bool {
+    pub(crate) fn bulk(&self) -> bool {
         self.bulk
     }
 
     /// The device-queue limit, if one is kept.
-    pub fn dql_limit(&self) -> Option<u32> {
+    pub(crate) fn dql_limit(&self) -> Option<u32> {
         self.dql.as_ref().map(Dql::limit)
     }
 
@@ -288,7 +287,7 @@ impl Egress {
     /// limit is not reached, one more than it allows (Linux lets the queuing that crosses the
     /// limit through), then none.
     #[inline]
-    pub fn cap(&mut self, avail: u16, now: Instant) -> usize {
+    pub(crate) fn cap(&mut self, avail: u16, now: Instant) -> usize {
         if self.dql.is_none() {
             return usize::MAX;
         }
@@ -316,7 +315,7 @@ impl Egress {
 
     /// `bufs` buffers were used in one batch (its publish).
     #[inline]
-    pub fn used(&mut self, bufs: u32) {
+    pub(crate) fn used(&mut self, bufs: u32) {
         if bufs != 0 {
             self.used = self.used.wrapping_add(bufs);
             if let Some(d) = self.dql.as_mut() {
@@ -326,7 +325,7 @@ impl Egress {
     }
 
     /// The device ring started again: nothing of it is in flight, its counts start over.
-    pub fn ring_restarted(&mut self) {
+    pub(crate) fn ring_restarted(&mut self) {
         self.posted = None;
         self.used = 0;
         if let Some(d) = self.dql.as_mut() {
@@ -336,7 +335,7 @@ impl Egress {
 
     /// Drops everything waiting (the receiver went away or stopped taking packets): returns
     /// how many, for the caller to count under its reason.
-    pub fn purge(&mut self) -> u64 {
+    pub(crate) fn purge(&mut self) -> u64 {
         self.stalled_since = None;
         self.queue.as_mut().map_or(0, |q| {
             let n = q.purge();
@@ -349,7 +348,7 @@ impl Egress {
     /// Whether the port ran out of room since the last [`new_round`](Self::new_round): the
     /// poll loop then waits on its buffers.
     #[inline]
-    pub fn blocked(&self) -> bool {
+    pub(crate) fn blocked(&self) -> bool {
         self.blocked
     }
 
@@ -357,7 +356,7 @@ impl Egress {
     /// again; one that gave up (a generator that finished) no longer keeps it watched; a
     /// queue with packets keeps it watched.
     #[inline]
-    pub fn new_round(&mut self) {
+    pub(crate) fn new_round(&mut self) {
         self.blocked = self.backlogged();
     }
 }

@@ -17,15 +17,15 @@ use crate::pkt::Pkt;
 use crate::sys::pages::Pages;
 use pvnet_net::VnetHdr;
 use std::collections::VecDeque;
-use virtq::mem::read_segs;
+use virtq::read_segs;
 
 /// Bytes of a small slot: a 1500-byte frame, its header and room for VLAN tags.
-pub const SMALL_SLOT: usize = 2048;
+pub(crate) const SMALL_SLOT: usize = 2048;
 /// Bytes of a large slot: the largest GSO packet and its header.
-pub const LARGE_SLOT: usize = 65536 + 64;
+pub(crate) const LARGE_SLOT: usize = 65536 + 64;
 /// Large slots per queue (4 MiB, touched only when used): a tap hands over TSO packets of up
 /// to 64 KiB, so a few large slots would make a short queue of a bulk TCP flow.
-pub const LARGE_SLOTS: usize = 64;
+pub(crate) const LARGE_SLOTS: usize = 64;
 
 /// The scheduler of an egress queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,13 +36,18 @@ pub enum Qdisc {
     FqCodel,
 }
 
+/// A scheduler name that is neither `fifo` nor `fq_codel` (the text given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown qdisc {0:?} (fifo, fq_codel)")]
+pub struct ParseQdiscError(pub String);
+
 impl std::str::FromStr for Qdisc {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseQdiscError;
+    fn from_str(s: &str) -> Result<Self, ParseQdiscError> {
         match s {
             "fifo" => Ok(Qdisc::Fifo),
             "fq_codel" => Ok(Qdisc::FqCodel),
-            o => Err(format!("unknown qdisc {o:?} (fifo, fq_codel)")),
+            o => Err(ParseQdiscError(o.to_owned())),
         }
     }
 }
@@ -88,7 +93,7 @@ impl Default for QueueConfig {
 
 /// What happened to packets in the queue since the counts were last taken.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct QueueCounts {
+pub(crate) struct QueueCounts {
     /// Packets copied in.
     pub queued: u64,
     /// Packets handed out.
@@ -165,7 +170,7 @@ impl Flow {
 
 /// An egress queue. See the module docs.
 #[derive(Debug)]
-pub struct Queue {
+pub(crate) struct Queue {
     cfg: QueueConfig,
     small: Pages,
     large: Pages,
@@ -186,11 +191,11 @@ pub struct Queue {
 /// A handed-out packet's place in the queue: give it back with [`Queue::requeue`] or let it
 /// go with [`Queue::release`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Handle(u32);
+pub(crate) struct Handle(u32);
 
 impl Queue {
     /// An empty queue; every slot and list is allocated here.
-    pub fn new(cfg: QueueConfig) -> Self {
+    pub(crate) fn new(cfg: QueueConfig) -> Self {
         let limit = cfg.limit.max(1);
         let nflows = if cfg.qdisc == Qdisc::Fifo {
             1
@@ -229,36 +234,32 @@ impl Queue {
         }
     }
 
-    /// The settings.
-    pub fn config(&self) -> QueueConfig {
-        self.cfg
-    }
-
     /// Packets waiting (one handed out and given back included).
     #[inline]
-    pub fn len(&self) -> u32 {
+    pub(crate) fn len(&self) -> u32 {
         self.qlen + u32::from(self.requeued.is_some())
     }
 
     /// Nothing waits.
     #[inline]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.qlen == 0 && self.requeued.is_none()
     }
 
     /// Bytes waiting (headers included).
-    pub fn bytes(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> u64 {
         self.backlog
     }
 
     /// Takes the counts accumulated since the last call.
-    pub fn take_counts(&mut self) -> QueueCounts {
+    pub(crate) fn take_counts(&mut self) -> QueueCounts {
         std::mem::take(&mut self.counts)
     }
 
     /// Copies `p` in at `now` (ns). False if it was dropped instead (`queue_limit`, counted;
     /// under fq_codel the drop may hit another flow's packets instead of this one).
-    pub fn enqueue(&mut self, p: &Pkt<'_>, now: u64) -> bool {
+    pub(crate) fn enqueue(&mut self, p: &Pkt<'_>, now: u64) -> bool {
         let len = p.len as usize;
         let slot = if len <= SMALL_SLOT && self.qlen < self.cfg.limit {
             self.free_small.pop()
@@ -314,7 +315,7 @@ impl Queue {
 
     /// The next packet to send at `now` (ns), taken out of its flow: CoDel may drop packets
     /// (counted) before it. `None` when nothing is left.
-    pub fn dequeue(&mut self, now: u64) -> Option<Handle> {
+    pub(crate) fn dequeue(&mut self, now: u64) -> Option<Handle> {
         if let Some(e) = self.requeued.take() {
             self.counts.dequeued += 1;
             return Some(Handle(e));
@@ -360,7 +361,7 @@ impl Queue {
     }
 
     /// The packet behind `h`, as a [`Pkt`] over its slot.
-    pub fn get(&mut self, h: Handle) -> (virtq::Seg<'_>, Pkt<'static>) {
+    pub(crate) fn get(&mut self, h: Handle) -> (virtq::Seg<'_>, Pkt<'static>) {
         let e = self.ents[h.0 as usize];
         let seg = virtq::Seg::from_mut(&mut self.slot_mut(e.slot)[..e.len as usize]);
         let meta = Pkt {
@@ -375,14 +376,14 @@ impl Queue {
     }
 
     /// `h` found no room: it goes out first next time.
-    pub fn requeue(&mut self, h: Handle) {
+    pub(crate) fn requeue(&mut self, h: Handle) {
         debug_assert!(self.requeued.is_none());
         self.counts.dequeued -= 1;
         self.requeued = Some(h.0);
     }
 
     /// `h` left (sent, or dropped by the receiver): its slot is free again.
-    pub fn release(&mut self, h: Handle) {
+    pub(crate) fn release(&mut self, h: Handle) {
         let e = self.ents[h.0 as usize];
         self.free_slot(e.slot);
         self.free_ents.push(h.0);
@@ -390,7 +391,7 @@ impl Queue {
 
     /// Drops everything waiting (the receiver went away): returns the packets dropped, which
     /// the caller counts under its own reason.
-    pub fn purge(&mut self) -> u64 {
+    pub(crate) fn purge(&mut self) -> u64 {
         let mut n = 0;
         if let Some(e) = self.requeued.take() {
             self.release(Handle(e));

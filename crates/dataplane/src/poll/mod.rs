@@ -34,21 +34,21 @@
 //!
 //! Time is injected ([`Clock`]) so the policy is tested deterministically.
 
-pub mod plan;
+pub(crate) mod plan;
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 /// A source of time (injected, so polling policies are testable).
-pub trait Clock {
+pub(crate) trait Clock {
     /// Now.
     fn now(&self) -> Instant;
 }
 
 /// The real monotonic clock (vDSO `clock_gettime`, no syscall).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct MonoClock;
+pub(crate) struct MonoClock;
 
 impl Clock for MonoClock {
     #[inline]
@@ -74,7 +74,7 @@ pub enum Policy {
     /// [`Adaptive`](Self::Adaptive), and while a stream flows that polling would spin on,
     /// drain it every period instead, notifications off, the period as long as half the ring
     /// lasts at the measured rate and never longer than this (interrupt moderation: CPU for
-    /// latency; see [`Poller::took`]).
+    /// latency; see `Poller::took`).
     Coalesce(Duration),
 }
 
@@ -91,33 +91,72 @@ impl fmt::Display for Policy {
     }
 }
 
+/// Why a polling policy did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParsePolicyError {
+    /// No policy of that name (the text given).
+    #[error("unknown policy '{0}' (notify, timer:<us>, spin:<n>, busy, adaptive, coalesce:<us>)")]
+    Unknown(String),
+    /// A policy that takes a value, given without one.
+    #[error("'{name}' needs a value: {name}:<{what}>")]
+    NoValue {
+        /// The policy.
+        name: String,
+        /// What its value counts.
+        what: &'static str,
+    },
+    /// A value that is not a number.
+    #[error("bad {what} in '{text}': {source}")]
+    BadNumber {
+        /// The text given.
+        text: String,
+        /// What the value counts.
+        what: &'static str,
+        /// Why it is not a number.
+        source: std::num::ParseIntError,
+    },
+    /// A period of 0 (what the period is).
+    #[error("{0} must be at least 1 us")]
+    ZeroPeriod(&'static str),
+    /// A spin count over `u32::MAX`.
+    #[error("spin:{0}: at most {max} polls", max = u32::MAX)]
+    TooManyPolls(u64),
+}
+
 impl FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParsePolicyError;
+    fn from_str(s: &str) -> Result<Self, ParsePolicyError> {
         let (name, arg) = s.split_once(':').map_or((s, None), |(a, b)| (a, Some(b)));
-        let num = |what: &str| -> Result<u64, String> {
-            arg.ok_or(format!("'{name}' needs a value: {name}:<{what}>"))?
-                .parse::<u64>()
-                .map_err(|e| format!("bad {what} in '{s}': {e}"))
+        let num = |what: &'static str| -> Result<u64, ParsePolicyError> {
+            let arg = arg.ok_or_else(|| ParsePolicyError::NoValue {
+                name: name.to_owned(),
+                what,
+            })?;
+            arg.parse::<u64>()
+                .map_err(|source| ParsePolicyError::BadNumber {
+                    text: s.to_owned(),
+                    what,
+                    source,
+                })
         };
         match name {
             "notify" => Ok(Policy::Notify),
             "busy" => Ok(Policy::Busy),
             "adaptive" => Ok(Policy::Adaptive),
             "timer" => match num("microseconds")? {
-                0 => Err("timer period must be at least 1 us".into()),
+                0 => Err(ParsePolicyError::ZeroPeriod("timer period")),
                 us => Ok(Policy::Timer(Duration::from_micros(us))),
             },
             "coalesce" => match num("microseconds")? {
-                0 => Err("coalescing bound must be at least 1 us".into()),
+                0 => Err(ParsePolicyError::ZeroPeriod("coalescing bound")),
                 us => Ok(Policy::Coalesce(Duration::from_micros(us))),
             },
-            "spin" => Ok(Policy::Spin(
-                u32::try_from(num("polls")?).map_err(|e| e.to_string())?,
-            )),
-            _ => Err(format!(
-                "unknown policy '{s}' (notify, timer:<us>, spin:<n>, busy, adaptive, coalesce:<us>)"
-            )),
+            "spin" => {
+                let n = num("polls")?;
+                let n = u32::try_from(n).map_err(|_| ParsePolicyError::TooManyPolls(n))?;
+                Ok(Policy::Spin(n))
+            }
+            _ => Err(ParsePolicyError::Unknown(s.to_owned())),
         }
     }
 }
@@ -265,8 +304,8 @@ fn ns(d: Duration) -> f64 {
 }
 
 /// Shortest coalescing period, in wake-ups: its wake-ups cost at most 1/8 of a CPU, and a
-/// stream that half a ring holds for less than that is polled (at four wake-ups, a saturated
-/// 8192-entry ring coalesced at 85 us periods and lost 10 % of its rate).
+/// stream that half a ring holds for less than that is polled (four cost a saturated ring
+/// part of its rate: `docs/scale.md`, CPU that follows the load).
 const COALESCE_MIN_WAKES: u32 = 8;
 
 /// Cycles a queue goes without coalescing after a coalesced cycle brought less than a
@@ -312,12 +351,12 @@ impl Poller {
     }
 
     /// The policy.
-    pub fn policy(&self) -> Policy {
+    pub(crate) fn policy(&self) -> Policy {
         self.policy
     }
 
     /// The current polling window (what `Adaptive` would spin for now).
-    pub fn window(&self) -> Duration {
+    pub(crate) fn window(&self) -> Duration {
         match self.policy {
             Policy::Adaptive | Policy::Coalesce(_) => self.adaptive_window(),
             Policy::Busy => Duration::MAX,
@@ -326,14 +365,14 @@ impl Poller {
     }
 
     /// Smoothed gap and deviation (adaptive), and the probe back-off, for logs.
-    pub fn estimate(&self) -> (Duration, Duration, u32) {
+    pub(crate) fn estimate(&self) -> (Duration, Duration, u32) {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let d = |x: f64| Duration::from_nanos(x.max(0.0) as u64);
         (d(self.srtt), d(self.rttvar), self.probe_every)
     }
 
     /// Gaps that ended while polling / after the window (adaptive bookkeeping).
-    pub fn hits_misses(&self) -> (u64, u64) {
+    pub(crate) fn hits_misses(&self) -> (u64, u64) {
         (self.hits, self.misses)
     }
 
@@ -472,7 +511,7 @@ impl Poller {
     /// Packets a drain of this queue took, from a ring of `ring` entries (what coalescing
     /// measures the rate by; other policies ignore it).
     #[inline]
-    pub fn took(&mut self, n: usize, ring: u16) {
+    pub(crate) fn took(&mut self, n: usize, ring: u16) {
         self.found = self
             .found
             .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
@@ -481,7 +520,7 @@ impl Poller {
 
     /// Whether the queue sleeps with notifications off until its coalescing deadline (the
     /// shard must not arm it).
-    pub fn coalescing(&self) -> bool {
+    pub(crate) fn coalescing(&self) -> bool {
         self.coalesce_until.is_some()
     }
 

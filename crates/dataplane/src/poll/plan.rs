@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// What the shard does after a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// Some queue wants polling: run another round now.
     Poll,
     /// Every queue may sleep: arm, re-check, then sleep until this (None: until an event).
@@ -22,21 +22,21 @@ pub enum Plan {
 
 /// The answers of one round's queues, combined.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Settle {
+pub(crate) struct Settle {
     poll: bool,
     deadline: Option<Instant>,
 }
 
 impl Settle {
     /// A round's answers so far: none.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// One queue's answer: `worked` if it had work this round (its poller learns the end of a
     /// gap), else, if the shard waits on it (`wanted`), what its poller wants now.
     #[inline]
-    pub fn queue(&mut self, poller: &mut Poller, worked: bool, wanted: bool, now: Instant) {
+    pub(crate) fn queue(&mut self, poller: &mut Poller, worked: bool, wanted: bool, now: Instant) {
         if worked {
             poller.on_work(now);
             self.poll = true;
@@ -47,7 +47,7 @@ impl Settle {
 
     /// An answer given directly (a port that is not a ring: a tap, a generator).
     #[inline]
-    pub fn idle(&mut self, idle: Idle) {
+    pub(crate) fn idle(&mut self, idle: Idle) {
         match idle {
             Idle::Poll => self.poll = true,
             Idle::Arm => {}
@@ -57,17 +57,12 @@ impl Settle {
 
     /// The shard must be awake by `t` (an owed call, a paced generator).
     #[inline]
-    pub fn wake_by(&mut self, t: Instant) {
+    pub(crate) fn wake_by(&mut self, t: Instant) {
         self.deadline = Some(self.deadline.map_or(t, |d| d.min(t)));
     }
 
-    /// Whether some queue wants polling.
-    pub fn polling(&self) -> bool {
-        self.poll
-    }
-
     /// The decision.
-    pub fn plan(&self) -> Plan {
+    pub(crate) fn plan(&self) -> Plan {
         if self.poll {
             Plan::Poll
         } else {
@@ -83,7 +78,7 @@ impl Settle {
 /// owed, or at once when the driver is called anyway (received packets) or is waiting for
 /// buffers. Every other call goes out at once.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Calls {
+pub(crate) struct Calls {
     owed_since: Option<Instant>,
     owed: bool,
 }
@@ -92,14 +87,14 @@ impl Calls {
     /// A completion call is owed (not sent yet). The bound starts at the first flush that
     /// sees it (the end of the round that owed it).
     #[inline]
-    pub fn owe(&mut self) {
+    pub(crate) fn owe(&mut self) {
         self.owed = true;
     }
 
     /// Whether the owed call (if any) goes out now: when `force`d (the driver was called for
     /// something else) or once it has been owed for `bound`.
     #[inline]
-    pub fn flush(&mut self, now: Instant, bound: Duration, force: bool) -> bool {
+    pub(crate) fn flush(&mut self, now: Instant, bound: Duration, force: bool) -> bool {
         if !self.owed {
             return false;
         }
@@ -114,14 +109,14 @@ impl Calls {
 
     /// When the owed call falls due (the shard must be awake then).
     #[inline]
-    pub fn due(&self, bound: Duration) -> Option<Instant> {
+    pub(crate) fn due(&self, bound: Duration) -> Option<Instant> {
         self.owed_since.filter(|_| self.owed).map(|t| t + bound)
     }
 }
 
 /// How long completion calls are held back: the configured delay, at least two wake-ups (the
 /// adaptive polling window's own bound), so coalescing never costs less than sleeping would.
-pub fn call_bound(delay: Duration, wake: Duration) -> Duration {
+pub(crate) fn call_bound(delay: Duration, wake: Duration) -> Duration {
     delay.max(wake * 2)
 }
 

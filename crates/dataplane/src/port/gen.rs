@@ -17,14 +17,14 @@ use pvnet_net::{VnetHdr, HDR_LEN};
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtq::event::Armed;
+use virtq::Armed;
 use virtq::Seg;
 
 /// Longest a generator waiting for buffers lets the shard sleep (its end marker is due when
 /// its duration ends, whether or not the receiver kicks).
-pub const WAIT_CAP: Duration = Duration::from_millis(10);
+pub(crate) const WAIT_CAP: Duration = Duration::from_millis(10);
 /// Consecutive frames of one flow when a generator spreads its frames over flows.
-pub const FLOW_RUN: u64 = 32;
+pub(crate) const FLOW_RUN: u64 = 32;
 
 /// Generator settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,11 +158,6 @@ impl GenPort {
         }
     }
 
-    /// True until the end marker went out.
-    pub fn active(&self) -> bool {
-        !self.done
-    }
-
     /// Frames owed by now at the configured rate (all it may send when unpaced).
     fn owed(&self, now: Instant, batch: usize) -> usize {
         let Some(t0) = self.started else { return 0 };
@@ -190,10 +185,6 @@ impl super::Port for GenPort {
 
     fn tx_stats(&self) -> &PortStats {
         &self.stats
-    }
-
-    fn kind(&self) -> &'static str {
-        "gen"
     }
 
     fn caps(&self) -> Caps {
@@ -376,7 +367,7 @@ mod tests {
         fn burst(&mut self, pkts: &[Pkt<'_>], _stats: &PortStats) -> usize {
             for p in pkts {
                 let mut b = vec![0u8; p.len as usize];
-                virtq::mem::read_segs(p.segs, p.hdr_len, &mut b);
+                virtq::read_segs(p.segs, p.hdr_len, &mut b);
                 self.0.push((p.hash, (flow_hash(&b) >> 32) as u32));
             }
             pkts.len()

@@ -33,13 +33,13 @@ use crate::sys::uring::Batch;
 use pvnet_net::HDR_LEN;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtq::event::Armed;
-use virtq::mem::read_segs;
+use virtq::read_segs;
+use virtq::Armed;
 use virtq::Seg;
 
 /// How often a tap is read while the shard polls other rings and the tap had nothing last
 /// time (each look is a `read` syscall).
-pub const TAP_LOOK: Duration = Duration::from_micros(20);
+pub(crate) const TAP_LOOK: Duration = Duration::from_micros(20);
 
 /// How long a packet waits in its sender for the kernel: not at all (the kernel never makes
 /// a writer wait; a packet it has no room for is queued, with a queue, or dropped).
@@ -49,7 +49,7 @@ const KERNEL_HOLD: HoldPolicy = HoldPolicy::Bounded(Duration::ZERO);
 const MAX_IOV: usize = 64;
 
 /// Receive buffers of a batched tap: the most packets one look reads.
-pub const RX_BUFS: usize = 32;
+pub(crate) const RX_BUFS: usize = 32;
 /// Iovecs a batch of writes may use in all (a packet that does not fit waits for the next
 /// submission).
 const TX_IOVS: usize = 512;
@@ -91,20 +91,12 @@ impl HostDev {
         }
     }
 
-    /// Bounds the bytes of the port's writes the kernel holds (see [`Tap::set_sndbuf`],
-    /// [`PacketSock::set_sndbuf`]): the device queue in front of an egress queue.
+    /// Bounds the bytes of the port's writes the kernel holds (see `Tap::set_sndbuf`,
+    /// `PacketSock::set_sndbuf`): the device queue in front of an egress queue.
     pub fn set_sndbuf(&self, bytes: u32) -> std::io::Result<()> {
         match self {
             HostDev::Tap(t) => t.set_sndbuf(bytes),
             HostDev::Packet(p) => p.set_sndbuf(bytes),
-        }
-    }
-
-    /// The interface's name.
-    pub fn name(&self) -> &str {
-        match self {
-            HostDev::Tap(t) => t.name(),
-            HostDev::Packet(p) => p.name(),
         }
     }
 }
@@ -118,13 +110,18 @@ pub enum HostIo {
     Syscall,
 }
 
+/// A kernel port I/O mode that is neither `uring` nor `syscall` (the text given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown tap io {0:?} (uring, syscall)")]
+pub struct ParseHostIoError(pub String);
+
 impl std::str::FromStr for HostIo {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseHostIoError;
+    fn from_str(s: &str) -> Result<Self, ParseHostIoError> {
         match s {
             "uring" => Ok(HostIo::Uring),
             "syscall" => Ok(HostIo::Syscall),
-            o => Err(format!("unknown tap io {o:?} (uring, syscall)")),
+            o => Err(ParseHostIoError(o.to_owned())),
         }
     }
 }
@@ -233,7 +230,13 @@ impl KernelPort {
     /// Wraps an open tap (non-blocking, with the 12-byte virtio-net header), moving packets
     /// as `io` says; where `io_uring` cannot be set up it falls back to a syscall per packet
     /// (logged).
-    pub fn new(id: PortId, stats: Arc<PortStats>, dev: HostDev, io: HostIo, direct: bool) -> Self {
+    pub(crate) fn new(
+        id: PortId,
+        stats: Arc<PortStats>,
+        dev: HostDev,
+        io: HostIo,
+        direct: bool,
+    ) -> Self {
         let uring = match io {
             HostIo::Syscall => None,
             HostIo::Uring => match Uring::new() {
@@ -247,10 +250,18 @@ impl KernelPort {
                 }
             },
         };
-        let mtu = crate::sys::tap::link_mtu(dev.name())
-            .map_err(|e| tracing::warn!(port = id, "no MTU check: {e}"))
-            .ok()
-            .and_then(|m| u16::try_from(m).ok());
+        let mtu = match &dev {
+            HostDev::Tap(t) => crate::sys::tap::link_mtu(t.name())
+                .ok()
+                .and_then(|m| u16::try_from(m).ok()),
+            HostDev::Packet(p) => p.mtu(),
+        };
+        if mtu.is_none() {
+            tracing::warn!(
+                port = id,
+                "the interface's MTU could not be read: no MTU check"
+            );
+        }
         Self {
             uring,
             id,
@@ -272,7 +283,7 @@ impl KernelPort {
     /// send buffer) is the device queue: there is no completion to learn a limit from, so
     /// `dql` is off and nothing is held in a sender (a packet that finds the kernel full is
     /// queued here, or dropped).
-    pub fn set_egress(&mut self, e: EgressConfig) {
+    pub(crate) fn set_egress(&mut self, e: EgressConfig) {
         let n = self.egress.purge();
         bump(&self.stats.drops[DropReason::Reconfigured as usize], n);
         self.stats
@@ -288,17 +299,13 @@ impl KernelPort {
     }
 
     /// The kernel end's fd, to wait on it.
-    pub fn fd(&self) -> i32 {
+    pub(crate) fn fd(&self) -> i32 {
         self.dev.fd()
     }
 
-    /// Whether it reads straight into a frontend's receive buffers when it can.
-    pub fn direct(&self) -> bool {
-        self.direct && self.uring.is_some()
-    }
-
     /// How it moves packets now.
-    pub fn io(&self) -> HostIo {
+    #[cfg(test)]
+    pub(crate) fn io(&self) -> HostIo {
         if self.uring.is_some() {
             HostIo::Uring
         } else {
@@ -350,13 +357,6 @@ impl super::Port for KernelPort {
 
     fn backlogged(&self) -> bool {
         self.egress.backlogged()
-    }
-
-    fn kind(&self) -> &'static str {
-        match self.dev {
-            HostDev::Tap(_) => "tap",
-            HostDev::Packet(_) => "af-packet",
-        }
     }
 
     fn mtu(&self) -> Option<u16> {

@@ -11,7 +11,7 @@
 //!
 //! A port hands its packets out in bursts ([`Port::rx_burst`]): each [`Pkt`] borrows the
 //! memory it sits in (a frontend's buffer, a tap's read buffer, a generator's template), so
-//! the one copy of a hop goes straight from there into the receiver ([`Port::tx_pkt`]);
+//! the one copy of a hop goes straight from there into the receiver ([`Port::tx_burst`]);
 //! nothing is staged. A transmit batch is opened once ([`Port::tx_begin`]), filled packet by
 //! packet, and committed once ([`Port::tx_commit`]: one publish and one call decision, or one
 //! batch of writes). The poll loop's hooks ([`Port::idle`], [`Port::arm`], [`Port::disarm`])
@@ -20,12 +20,12 @@
 //! Dispatch is static ([`AnyPort`], an enum): one branch per call, inlined into the switch's
 //! one ingress loop. A port does not know where its packets go; the switch decides.
 
-pub mod afxdp;
-pub mod gen;
-pub mod kernel;
-pub mod sink;
-pub mod trunk;
-pub mod vhost;
+pub(crate) mod afxdp;
+pub(crate) mod gen;
+pub(crate) mod kernel;
+pub(crate) mod sink;
+pub(crate) mod trunk;
+pub(crate) mod vhost;
 
 use crate::egress::Egress;
 use crate::pkt::{Caps, Pkt, PortId, TxOut, MAX_BURST};
@@ -33,11 +33,11 @@ use crate::poll::plan::Settle;
 use crate::stats::PortStats;
 use pvnet_net::VnetHdr;
 use std::time::Instant;
-use virtq::event::Armed;
+use virtq::Armed;
 use virtq::Seg;
 
 /// What receives a port's packets: the switch.
-pub trait Ingress {
+pub(crate) trait Ingress {
     /// Decides a burst of packets from the port, in order, and commits what they were sent
     /// to before returning (the receiver sees a packet no later than the sender sees it gone).
     /// Returns how many were taken (delivered, or dropped and counted on `stats`, the counters
@@ -60,7 +60,7 @@ pub trait Ingress {
 
 /// Receive buffers lent to a sender's device (see [`Ingress::lend`]): their chains, in
 /// order, each filled by the device before the next.
-pub trait Lease {
+pub(crate) trait Lease {
     /// Chains lent.
     fn chains(&self) -> usize;
     /// The writable segments of the `k`-th lent chain not completed yet (none past them).
@@ -77,7 +77,7 @@ pub trait Lease {
 
 /// The lease of a receiver that never lends.
 #[derive(Debug)]
-pub enum NoLease {}
+pub(crate) enum NoLease {}
 
 impl Lease for NoLease {
     fn chains(&self) -> usize {
@@ -96,7 +96,7 @@ impl Lease for NoLease {
 
 /// Every receive offload a virtio-net driver can take (`VIRTIO_NET_F_GUEST_*`): what a port
 /// that takes metadata as it is (the kernel, a sink) says it takes.
-pub const RX_OFFLOADS: u64 = pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM
+pub(crate) const RX_OFFLOADS: u64 = pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM
     | pvnet_net::features::VIRTIO_NET_F_GUEST_TSO4
     | pvnet_net::features::VIRTIO_NET_F_GUEST_TSO6
     | pvnet_net::features::VIRTIO_NET_F_GUEST_ECN;
@@ -104,7 +104,10 @@ pub const RX_OFFLOADS: u64 = pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM
 /// Offers `pkts` one by one to `take` until one is not sent: how many were, and what became
 /// of that one (a receiver's `tx_burst` over its per-packet step).
 #[inline]
-pub fn offer_each(pkts: &[Pkt<'_>], mut take: impl FnMut(&Pkt<'_>) -> TxOut) -> (usize, TxOut) {
+pub(crate) fn offer_each(
+    pkts: &[Pkt<'_>],
+    mut take: impl FnMut(&Pkt<'_>) -> TxOut,
+) -> (usize, TxOut) {
     for (k, p) in pkts.iter().enumerate() {
         match take(p) {
             TxOut::Sent => {}
@@ -115,11 +118,9 @@ pub fn offer_each(pkts: &[Pkt<'_>], mut take: impl FnMut(&Pkt<'_>) -> TxOut) -> 
 }
 
 /// A port, whatever it is. See the module docs for the contract.
-pub trait Port {
+pub(crate) trait Port {
     /// Its id.
     fn id(&self) -> PortId;
-    /// "vhost-user", "tap", "sink" or "gen".
-    fn kind(&self) -> &'static str;
     /// What it takes.
     fn caps(&self) -> Caps;
     /// The largest IP packet it takes (its MTU), if it has one: the switch drops a frame
@@ -286,10 +287,6 @@ impl Port for AnyPort {
         each!(self, p => p.id())
     }
     #[inline]
-    fn kind(&self) -> &'static str {
-        each!(self, p => p.kind())
-    }
-    #[inline]
     fn caps(&self) -> Caps {
         each!(self, p => p.caps())
     }
@@ -372,12 +369,12 @@ impl Port for AnyPort {
 impl AnyPort {
     /// Whether it is a trunk to another shard.
     #[inline]
-    pub fn is_trunk(&self) -> bool {
+    pub(crate) fn is_trunk(&self) -> bool {
         matches!(self, AnyPort::Trunk(_))
     }
 
     /// The vhost-user port, if it is one.
-    pub fn as_vhost(&mut self) -> Option<&mut vhost::VhostPort> {
+    pub(crate) fn as_vhost(&mut self) -> Option<&mut vhost::VhostPort> {
         match self {
             AnyPort::Vhost(v) => Some(v),
             _ => None,

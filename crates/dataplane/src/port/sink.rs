@@ -10,8 +10,8 @@ use crate::stats::{bump, PortStats};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-use virtq::event::Armed;
-use virtq::mem::read_segs;
+use virtq::read_segs;
+use virtq::Armed;
 
 /// Whether a sink or generator is a port of its own or stands behind a frontend's port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,10 +54,6 @@ impl super::Port for SinkPort {
 
     fn tx_stats(&self) -> &PortStats {
         &self.stats
-    }
-
-    fn kind(&self) -> &'static str {
-        "sink"
     }
 
     fn caps(&self) -> Caps {

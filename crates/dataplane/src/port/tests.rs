@@ -14,7 +14,7 @@ use crate::testing::{frame, get, mac, Collect, MockFe, MODERN};
 use pvnet_net::{VnetHdr, HDR_LEN};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtq::event::Armed;
+use virtq::Armed;
 use virtq::Seg;
 
 /// One-segment packets over `segs` (each a 12-byte header and a 64-byte frame).
@@ -303,9 +303,9 @@ fn round_trip(dev: super::kernel::HostDev, tap_mac: [u8; 6], net: u8, io: super:
 fn a_kick_counts_once_whatever_the_frontend_wrote() {
     use crate::testing::vhost_config;
     use pvnet_vhost::backend::StartedQueue;
-    use pvnet_vhost::eventfd::Notifier;
+    use pvnet_vhost::Notifier;
     use virtq::mock::MockQueue;
-    use virtq::queue::{Direction, Format};
+    use virtq::{Direction, Format};
     let stats: Arc<PortStats> = Arc::default();
     let mut port =
         super::vhost::VhostPort::new(0, vhost_config(HoldPolicy::Forever), vec![stats.clone()]);

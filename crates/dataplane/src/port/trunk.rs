@@ -28,12 +28,12 @@ use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::{Policy, Poller, WakeCost};
 use crate::stats::{bump, PortStats};
-use pvnet_vhost::eventfd::Notifier;
+use pvnet_vhost::Notifier;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use virtq::event::Armed;
+use virtq::Armed;
 use virtq::Seg;
 
 /// Bytes of each direction's ring: 16 full-size GSO packets, or thousands of small frames.
@@ -53,7 +53,7 @@ struct Line(AtomicUsize);
 /// One direction of a trunk: bytes `head..tail` (indices that only grow; position = index mod
 /// capacity) hold published records; the producer owns the rest.
 #[derive(Debug)]
-pub struct Ring {
+pub(crate) struct Ring {
     mem: NonNull<u8>,
     cap: usize,
     /// Consumed up to here (written by the consumer only).
@@ -70,7 +70,7 @@ unsafe impl Sync for Ring {}
 
 impl Ring {
     /// An empty ring of `cap` bytes (a power of two, at least a few records).
-    pub fn new(cap: usize) -> Arc<Self> {
+    pub(crate) fn new(cap: usize) -> Arc<Self> {
         let cap = cap.next_power_of_two().max(4 * ALIGN);
         let layout = std::alloc::Layout::from_size_align(cap, ALIGN).expect("ring layout");
         // SAFETY: a non-zero size.
@@ -87,7 +87,7 @@ impl Ring {
     }
 
     /// The largest packet a record can hold.
-    pub fn max_packet(&self) -> usize {
+    pub(crate) fn max_packet(&self) -> usize {
         self.cap / 4 - REC
     }
 }
@@ -114,7 +114,7 @@ impl Producer {
     /// Copies a packet into the ring as one record (not yet published); false if it has no
     /// room (or the packet could never fit).
     #[inline]
-    pub fn push(&mut self, p: &Pkt<'_>) -> bool {
+    pub(crate) fn push(&mut self, p: &Pkt<'_>) -> bool {
         let cap = self.ring.cap;
         let len = p.len as usize;
         if len > self.ring.max_packet() {
@@ -141,7 +141,7 @@ impl Producer {
         let dst = unsafe { std::slice::from_raw_parts_mut(base.add(off), REC + len) };
         dst[..4].copy_from_slice(&p.len.to_ne_bytes());
         dst[4..8].copy_from_slice(&p.hdr_len.to_ne_bytes());
-        virtq::mem::read_segs(p.segs, 0, &mut dst[REC..]);
+        virtq::read_segs(p.segs, 0, &mut dst[REC..]);
         self.tail += need;
         true
     }
@@ -149,7 +149,7 @@ impl Producer {
     /// Publishes what was pushed. Sequentially consistent: the caller then reads whether the
     /// consumer sleeps (see the module docs).
     #[inline]
-    pub fn publish(&mut self) {
+    pub(crate) fn publish(&mut self) {
         self.ring.tail.0.store(self.tail, Ordering::SeqCst);
     }
 }
@@ -165,7 +165,7 @@ pub struct Consumer {
 impl Consumer {
     /// Whether published records wait (sequentially consistent: see the module docs).
     #[inline]
-    pub fn pending(&self) -> bool {
+    pub(crate) fn pending(&self) -> bool {
         self.ring.tail.0.load(Ordering::SeqCst) != self.head
     }
 }
@@ -179,7 +179,7 @@ pub fn link(cap: usize) -> ((Producer, Consumer), (Producer, Consumer)) {
 }
 
 /// Both ends of a new trunk direction.
-pub fn ring(cap: usize) -> (Producer, Consumer) {
+pub(crate) fn ring(cap: usize) -> (Producer, Consumer) {
     let r = Ring::new(cap);
     (
         Producer {
@@ -236,7 +236,7 @@ impl TrunkPort {
 
     /// Whether the other shard published packets not handed out yet.
     #[inline]
-    pub fn pending(&self) -> bool {
+    pub(crate) fn pending(&self) -> bool {
         self.from.pending()
     }
 }
@@ -244,10 +244,6 @@ impl TrunkPort {
 impl super::Port for TrunkPort {
     fn id(&self) -> PortId {
         self.id
-    }
-
-    fn kind(&self) -> &'static str {
-        "trunk"
     }
 
     #[inline]

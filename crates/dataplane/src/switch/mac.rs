@@ -39,7 +39,7 @@ fn mac_key(m: [u8; 6]) -> u64 {
 
 /// Group bit: broadcast and multicast.
 #[inline]
-pub fn is_group(m: &[u8]) -> bool {
+pub(crate) fn is_group(m: &[u8]) -> bool {
     m[0] & 1 != 0
 }
 
@@ -48,7 +48,7 @@ impl MacTable {
     pub const PROBE: usize = 8;
 
     /// A table of `slots` entries (rounded up to a power of two, at least 16).
-    pub fn new(slots: usize, aging: Duration) -> Self {
+    pub(crate) fn new(slots: usize, aging: Duration) -> Self {
         let n = slots.max(16).next_power_of_two();
         Self {
             slots: vec![None; n].into_boxed_slice(),
@@ -64,7 +64,7 @@ impl MacTable {
     }
 
     /// Records that `mac` was seen on `port`. A group address is never learned.
-    pub fn learn(&mut self, mac: [u8; 6], port: PortId, now: Instant) {
+    pub(crate) fn learn(&mut self, mac: [u8; 6], port: PortId, now: Instant) {
         if is_group(&mac) {
             return;
         }
@@ -100,7 +100,7 @@ impl MacTable {
 
     /// The port `mac` was last seen on, unless it is a group address, unknown, or aged out.
     #[inline]
-    pub fn lookup(&self, mac: [u8; 6], now: Instant) -> Option<PortId> {
+    pub(crate) fn lookup(&self, mac: [u8; 6], now: Instant) -> Option<PortId> {
         if is_group(&mac) {
             return None;
         }
@@ -115,7 +115,7 @@ impl MacTable {
     }
 
     /// Forgets every address learned on `port` (it went down).
-    pub fn flush_port(&mut self, port: PortId) {
+    pub(crate) fn flush_port(&mut self, port: PortId) {
         for s in self.slots.iter_mut() {
             if s.is_some_and(|e| e.port == port) {
                 *s = None;
@@ -124,7 +124,7 @@ impl MacTable {
     }
 
     /// Every live entry.
-    pub fn entries(&self, now: Instant) -> Vec<MacEntry> {
+    pub(crate) fn entries(&self, now: Instant) -> Vec<MacEntry> {
         let mut v: Vec<MacEntry> = self
             .slots
             .iter()

@@ -4,7 +4,7 @@
 //! decides where it goes ([`Router`]): by learned addresses ([`Router::Learn`], `pvnet
 //! switch`) or by a fixed wiring ([`Router::Fixed`], the bench roles of `pvnet backend`). A
 //! route is decided once per run of packets with the same addresses in a burst. The packet is
-//! then offered to each receiver ([`Port::tx_pkt`]), whose transmit batch is opened the first
+//! then offered to each receiver ([`Port::tx_burst`]), whose transmit batch is opened the first
 //! time the burst sends it something and committed once when the burst is done, before the
 //! sender gets its buffers back.
 //!
@@ -16,7 +16,7 @@
 //! Backpressure is the receiver's [`Egress`](crate::egress::Egress) decision: a packet may
 //! wait where it is (the sender keeps it for the next round) or is dropped and counted.
 
-pub mod mac;
+pub(crate) mod mac;
 
 use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
@@ -31,7 +31,7 @@ use pvnet_net::features::{
 use pvnet_net::offload;
 use pvnet_net::{VnetHdr, HDR_LEN};
 use std::time::{Duration, Instant};
-use virtq::mem::read_segs;
+use virtq::read_segs;
 use virtq::Seg;
 
 pub use mac::MacEntry;
@@ -40,19 +40,19 @@ pub use mac::MacEntry;
 /// the only work whose size the sender picks (`gso_size`), so it is budgeted, and a sender
 /// past its budget waits for the next round while every other port has its turn. At least
 /// one packet per round always goes (745 segments at most, see [`gso_segments`]).
-pub const SEG_BUDGET: usize = 1024;
+pub(crate) const SEG_BUDGET: usize = 1024;
 /// Smallest TCP `gso_size` the switch segments: Linux's smallest MSS (`TCP_MIN_MSS`); no TCP
 /// stack asks for smaller segments, and at 88 bytes a 64 KiB packet makes at most 745.
-pub const MIN_TCP_GSO_SIZE: u16 = 88;
+pub(crate) const MIN_TCP_GSO_SIZE: u16 = 88;
 /// Most segments of one UDP GSO packet (Linux's `UDP_MAX_SEGMENTS`, which
 /// `virtio_net_hdr_to_skb` enforces for `GSO_UDP_L4`).
-pub const MAX_UDP_SEGMENTS: usize = 128;
+pub(crate) const MAX_UDP_SEGMENTS: usize = 128;
 
 /// Segments a GSO packet of `frame_len` bytes asks for, or `None` if the switch refuses to
 /// cut it: a TCP `gso_size` under [`MIN_TCP_GSO_SIZE`], more than [`MAX_UDP_SEGMENTS`] UDP
 /// segments, or a `gso_size` of 0. (A few bytes per segment would turn one packet into tens
 /// of thousands of frames of work: one sender could stop the switch for everyone.)
-pub fn gso_segments(h: &VnetHdr, frame_len: u32) -> Option<usize> {
+pub(crate) fn gso_segments(h: &VnetHdr, frame_len: u32) -> Option<usize> {
     let gso = usize::from(h.gso_size);
     if gso == 0 {
         return None;
@@ -236,12 +236,12 @@ impl Fabric {
     }
 
     /// The router (to add wires, read the learned addresses).
-    pub fn router_mut(&mut self) -> &mut Router {
+    pub(crate) fn router_mut(&mut self) -> &mut Router {
         &mut self.router
     }
 
     /// The learned addresses (none under a fixed wiring).
-    pub fn macs(&self, now: Instant) -> Vec<MacEntry> {
+    pub(crate) fn macs(&self, now: Instant) -> Vec<MacEntry> {
         match &self.router {
             Router::Learn(m) => m.entries(now),
             Router::Fixed(_) => Vec::new(),
@@ -249,7 +249,7 @@ impl Fabric {
     }
 
     /// A port went away: forget what was learned on it and its wires.
-    pub fn port_down(&mut self, port: PortId) {
+    pub(crate) fn port_down(&mut self, port: PortId) {
         match &mut self.router {
             Router::Learn(m) => m.flush_port(port),
             Router::Fixed(w) => w.retain(|&(s, t)| s != port && t != Wire::To(port)),
@@ -271,7 +271,7 @@ impl Fabric {
 
     /// One burst of port `i` (the others receive). Returns the packets moved.
     #[inline(always)]
-    pub fn burst(&mut self, ports: &mut [AnyPort], i: usize, now: Instant) -> usize {
+    pub(crate) fn burst(&mut self, ports: &mut [AnyPort], i: usize, now: Instant) -> usize {
         let (before, rest) = ports.split_at_mut(i);
         let Some((src, after)) = rest.split_first_mut() else {
             return 0;

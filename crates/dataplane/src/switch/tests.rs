@@ -1149,7 +1149,7 @@ fn shards_joined_by_trunks_switch_as_one_and_floods_do_not_loop() {
                     id,
                     stats.clone(),
                     r,
-                    pvnet_vhost::eventfd::Notifier::new().expect("eventfd"),
+                    pvnet_vhost::Notifier::new().expect("eventfd"),
                     Arc::new(AtomicBool::new(false)),
                     crate::poll::WakeCost::FALLBACK,
                 ))

@@ -4,9 +4,9 @@
 //! makes no syscall of its own.
 
 pub mod packet;
-pub mod pages;
+pub(crate) mod pages;
 pub mod tap;
-pub mod uring;
+pub(crate) mod uring;
 pub mod xdp;
 
 use std::io;
@@ -16,21 +16,21 @@ use tracing::debug;
 use vmm_sys_util::epoll::{ControlOperation, EpollEvent, EventSet};
 use vmm_sys_util::timerfd::TimerFd;
 
-pub use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+pub(crate) use vmm_sys_util::eventfd::EventFd;
 
 /// An epoll set whose events carry a `u64` token, level-triggered, readable only.
 #[derive(Debug)]
-pub struct Epoll(vmm_sys_util::epoll::Epoll);
+pub(crate) struct Epoll(vmm_sys_util::epoll::Epoll);
 
 impl Epoll {
     /// A new, empty set.
-    pub fn new() -> io::Result<Self> {
+    pub(crate) fn new() -> io::Result<Self> {
         vmm_sys_util::epoll::Epoll::new().map(Self)
     }
 
     /// Watches `fd` for input; its events carry `token`. A failure is logged, not returned:
     /// the fd is then polled, never waited on, which costs latency, not correctness.
-    pub fn add(&self, fd: RawFd, token: u64) {
+    pub(crate) fn add(&self, fd: RawFd, token: u64) {
         let ev = EpollEvent::new(EventSet::IN, token);
         if let Err(e) = self.0.ctl(ControlOperation::Add, fd, ev) {
             debug!("epoll add {fd}: {e}");
@@ -38,7 +38,7 @@ impl Epoll {
     }
 
     /// Stops watching `fd`.
-    pub fn remove(&self, fd: RawFd) {
+    pub(crate) fn remove(&self, fd: RawFd) {
         if let Err(e) = self
             .0
             .ctl(ControlOperation::Delete, fd, EpollEvent::default())
@@ -49,7 +49,7 @@ impl Epoll {
 
     /// Waits for events (`timeout_ms` -1: forever); returns the tokens of those that fired,
     /// written into `out` (at most its length). An interrupted wait returns none.
-    pub fn wait(&self, timeout_ms: i32, evs: &mut [EpollEvent]) -> usize {
+    pub(crate) fn wait(&self, timeout_ms: i32, evs: &mut [EpollEvent]) -> usize {
         self.0.wait(timeout_ms, evs).unwrap_or(0)
     }
 }
@@ -57,28 +57,28 @@ impl Epoll {
 /// A one-shot monotonic timer to put in an epoll set: epoll's own timeout has millisecond
 /// resolution, too coarse for `timer:<us>` policies and call coalescing.
 #[derive(Debug)]
-pub struct Timer(TimerFd);
+pub(crate) struct Timer(TimerFd);
 
 impl Timer {
     /// A disarmed timer.
-    pub fn new() -> io::Result<Self> {
+    pub(crate) fn new() -> io::Result<Self> {
         TimerFd::new().map(Self).map_err(io::Error::from)
     }
 
     /// Fires once after `d` (at least 1 ns: zero would disarm it).
-    pub fn set(&mut self, d: Duration) {
+    pub(crate) fn set(&mut self, d: Duration) {
         // A failure only means a late wake-up (the next event wakes the worker anyway).
         let _ = self.0.reset(d.max(Duration::from_nanos(1)), None);
     }
 
     /// Disarms it and forgets an expiry not yet read (setting a timerfd resets its count), so
     /// a level-triggered epoll stops reporting it.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         let _ = self.0.clear();
     }
 
     /// The fd, for the epoll set.
-    pub fn fd(&self) -> RawFd {
+    pub(crate) fn fd(&self) -> RawFd {
         std::os::fd::AsRawFd::as_raw_fd(&self.0)
     }
 }
@@ -107,7 +107,7 @@ pub fn pin_current_thread(cpu: usize) -> bool {
 /// result), unless that would leave no CPU. Returns the CPUs it keeps, or `None` if it
 /// changed nothing.
 #[cfg(target_os = "linux")]
-pub fn avoid_cpus(avoid: &[usize]) -> Option<Vec<usize>> {
+pub(crate) fn avoid_cpus(avoid: &[usize]) -> Option<Vec<usize>> {
     let setsize = usize::try_from(libc::CPU_SETSIZE).ok()?;
     // SAFETY: cpu_set_t is a plain array of integers; all-zero bytes is the valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -149,13 +149,13 @@ pub fn pin_current_thread(cpu: usize) -> bool {
 }
 
 /// The CPU the calling thread runs on now (0 if unknown).
-pub fn current_cpu() -> usize {
+pub(crate) fn current_cpu() -> usize {
     // SAFETY: sched_getcpu has no preconditions.
     usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0)
 }
 
 /// CPUs online (at least 1).
-pub fn online_cpus() -> usize {
+pub(crate) fn online_cpus() -> usize {
     // SAFETY: sysconf has no preconditions.
     usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
         .unwrap_or(1)
@@ -165,7 +165,7 @@ pub fn online_cpus() -> usize {
 /// The machine's CPU time so far, from `/proc/stat`, in ticks: what was to spare (idle and
 /// iowait) and the total. None if it cannot be read. (Time of niced processes is not spare:
 /// a frontend may be niced, and a worker that polls takes all of its CPU.)
-pub fn cpu_ticks() -> Option<(u64, u64)> {
+pub(crate) fn cpu_ticks() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     parse_cpu_ticks(stat.lines().next()?)
 }

@@ -5,7 +5,7 @@
 //! The socket carries the same 12-byte virtio-net header as the tap (`PACKET_VNET_HDR` with
 //! `PACKET_VNET_HDR_SZ` 12, Linux 6.5 and later), so a frame moves between a virtio ring and
 //! the interface with its checksum and GSO metadata as is, and the tap port's code serves both
-//! ([`crate::port::tap`]). It ignores the frames the host itself sends out of the interface
+//! (`port::kernel`). It ignores the frames the host itself sends out of the interface
 //! (`PACKET_IGNORE_OUTGOING`: pvnet is the interface's other end, not a sniffer) and puts the
 //! interface in promiscuous mode (a switch port takes every address).
 
@@ -18,7 +18,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 #[derive(Debug)]
 pub struct PacketSock {
     fd: OwnedFd,
-    name: String,
+    /// The interface's MTU when the socket was opened.
+    mtu: Option<u16>,
 }
 
 fn setopt(fd: RawFd, opt: libc::c_int, val: &impl Sized, what: &str) -> io::Result<()> {
@@ -114,17 +115,22 @@ pub fn open(name: &str) -> io::Result<PacketSock> {
         &mreq,
         "promiscuous mode",
     )?;
-    Ok(PacketSock {
-        fd,
-        name: name.to_string(),
-    })
+    let mtu = crate::sys::tap::link_mtu(name)
+        .ok()
+        .and_then(|m| u16::try_from(m).ok());
+    Ok(PacketSock { fd, mtu })
 }
 
 impl PacketSock {
+    /// The interface's MTU when the socket was opened (`SIOCGIFMTU`), if it could be read.
+    pub(crate) fn mtu(&self) -> Option<u16> {
+        self.mtu
+    }
+
     /// Bounds the bytes of its writes the kernel holds and has not sent yet (`SO_SNDBUF`;
     /// the kernel doubles it for its bookkeeping): past it a write finds no room (`EAGAIN`)
     /// and the port's egress decides. `net.core.wmem_default` by default.
-    pub fn set_sndbuf(&self, bytes: u32) -> io::Result<()> {
+    pub(crate) fn set_sndbuf(&self, bytes: u32) -> io::Result<()> {
         let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
         let len = libc::socklen_t::try_from(size_of_val(&v)).unwrap_or(0);
         // SAFETY: `v` is a live int for the call; the kernel only reads it.
@@ -144,19 +150,14 @@ impl PacketSock {
         Ok(())
     }
 
-    /// The interface it is bound to.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Reads one frame (header first); `Ok(None)` when none is queued.
-    pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         crate::sys::tap::read_fd(self.fd.as_raw_fd(), buf)
     }
 
     /// Sends one frame gathered from `iov` (header first) out of the interface; `Ok(None)`
     /// when the kernel cannot take it now.
-    pub fn send_iovecs(&self, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
+    pub(crate) fn send_iovecs(&self, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
         crate::sys::tap::writev_fd(self.fd.as_raw_fd(), iov)
     }
 }

@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 /// must clear, touching every page, and which stays resident after the free: a port's egress
 /// queue (6 MiB) would then cost its whole size for as long as the process lives, used or not.
 #[derive(Debug)]
-pub struct Pages {
+pub(crate) struct Pages {
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -21,7 +21,7 @@ unsafe impl Sync for Pages {}
 
 impl Pages {
     /// `len` zero bytes. Panics if the kernel has no address space left (as `vec!` aborts).
-    pub fn zeroed(len: usize) -> Self {
+    pub(crate) fn zeroed(len: usize) -> Self {
         if len == 0 {
             return Self {
                 ptr: NonNull::dangling(),

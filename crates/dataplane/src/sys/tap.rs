@@ -9,7 +9,7 @@
 //!
 //! * Written packets: the kernel honours `NEEDS_CSUM` (`csum_start`/`csum_offset`, the
 //!   pseudo-header sum in the checksum field) and `GSO_TCPV4/6` (`gso_size`, `hdr_len`) whatever
-//!   [`Tap::set_offloads`] says; a malformed header fails the write with `EINVAL`.
+//!   `Tap::set_offloads` says; a malformed header fails the write with `EINVAL`.
 //!   `num_buffers` is ignored.
 //! * Read packets: with the offloads on, the kernel may hand us partial-checksum packets
 //!   (`NEEDS_CSUM`) and TCP GSO packets of up to 64 KiB; with them off it completes checksums
@@ -23,7 +23,9 @@
 
 use pvnet_net::HDR_LEN;
 use std::fs::OpenOptions;
-use std::io::{self, IoSlice};
+use std::io;
+#[cfg(test)]
+use std::io::IoSlice;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -59,7 +61,7 @@ pub struct Tap {
 /// `name` is the interface name: empty (the kernel picks `tapN`), fixed, or a pattern such as
 /// `pvtap%d`; [`Tap::name`] gives the name the kernel chose. With `offloads` the kernel may
 /// send us partial-checksum and TSO packets (`TUN_F_CSUM | TSO4 | TSO6 | TSO_ECN`); if it
-/// refuses, a warning is logged and the tap works without them ([`Tap::offloads`] is 0).
+/// refuses, a warning is logged and the tap works without them (`Tap::offloads` is 0).
 /// The link is down: see [`Tap::link_up`].
 pub fn open(name: &str, offloads: bool) -> io::Result<Tap> {
     let mut ifr = ifreq(name)?;
@@ -125,7 +127,7 @@ impl Tap {
     /// Bounds the bytes of this tap's writes the kernel holds and has not consumed yet
     /// (`TUNSETSNDBUF`, as QEMU's `sndbuf=`): past it a write finds no room (`EAGAIN`) and
     /// the port's egress decides. Unbounded by default (a write always goes in).
-    pub fn set_sndbuf(&self, bytes: u32) -> io::Result<()> {
+    pub(crate) fn set_sndbuf(&self, bytes: u32) -> io::Result<()> {
         let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
         // SAFETY: TUNSETSNDBUF reads one int through the pointer, live for the call.
         let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::TUNSETSNDBUF, &v) };
@@ -144,7 +146,8 @@ impl Tap {
     }
 
     /// `TUN_F_*` bits of what the kernel may send us (0: whole packets, complete checksums).
-    pub fn offloads(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn offloads(&self) -> u32 {
         self.offloads.load(Ordering::Relaxed)
     }
 
@@ -152,7 +155,7 @@ impl Tap {
     /// (`tso`, which needs `csum`). Narrow it when a receiver cannot take GSO; the kernel then
     /// segments (and checksums) in software. Packets already queued on the tap keep their
     /// form. What we may write is not affected.
-    pub fn set_offloads(&self, csum: bool, tso: bool) -> io::Result<()> {
+    pub(crate) fn set_offloads(&self, csum: bool, tso: bool) -> io::Result<()> {
         if tso && !csum {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -197,7 +200,8 @@ impl Tap {
     }
 
     /// The tap's MAC address (`SIOCGIFHWADDR`): the host side's address on this link.
-    pub fn mac(&self) -> io::Result<[u8; 6]> {
+    #[cfg(test)]
+    pub(crate) fn mac(&self) -> io::Result<[u8; 6]> {
         hw_addr(&self.name)
     }
 
@@ -208,7 +212,7 @@ impl Tap {
     /// packet: the kernel fills a shorter buffer, returns its length and drops the rest of
     /// the packet, with no error. A buffer shorter than the vnet header fails with `EINVAL`.
     /// See the module documentation for `num_buffers`.
-    pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         read_fd(self.fd.as_raw_fd(), buf)
     }
 
@@ -217,7 +221,8 @@ impl Tap {
     /// `Ok(None)` when the kernel cannot take it now (`EAGAIN`). `EINVAL`: a malformed vnet
     /// header (e.g. a checksum offset past the packet, GSO with `gso_size` 0) or a frame
     /// shorter than an Ethernet header. `EIO`: the link is down.
-    pub fn send(&self, iov: &[IoSlice<'_>]) -> io::Result<Option<usize>> {
+    #[cfg(test)]
+    pub(crate) fn send(&self, iov: &[IoSlice<'_>]) -> io::Result<Option<usize>> {
         // SAFETY: `IoSlice` is ABI-compatible with `struct iovec` on Unix (std guarantees it).
         let raw = unsafe { std::slice::from_raw_parts(iov.as_ptr().cast(), iov.len()) };
         self.send_iovecs(raw)
@@ -226,7 +231,7 @@ impl Tap {
     /// [`Tap::send`] for raw `iovec`s, e.g. straight from a frontend's mapped memory. The
     /// kernel only reads through them; an address that is not mapped fails the write with
     /// `EFAULT` rather than faulting us.
-    pub fn send_iovecs(&self, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
+    pub(crate) fn send_iovecs(&self, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
         writev_fd(self.fd.as_raw_fd(), iov)
     }
 }

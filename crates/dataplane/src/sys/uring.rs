@@ -11,10 +11,10 @@ use std::io;
 use std::os::fd::RawFd;
 
 /// Requests one submission may carry.
-pub const DEPTH: u32 = 128;
+pub(crate) const DEPTH: u32 = 128;
 
 /// A submission queue and its completions, for one fd.
-pub struct Batch {
+pub(crate) struct Batch {
     ring: IoUring,
     queued: u32,
 }
@@ -31,7 +31,7 @@ impl Batch {
     /// A ring of [`DEPTH`] entries. Fails where `io_uring` is not available (an old kernel,
     /// `kernel.io_uring_disabled`, a seccomp filter): the caller then does a syscall per
     /// packet.
-    pub fn new() -> io::Result<Self> {
+    pub(crate) fn new() -> io::Result<Self> {
         Ok(Self {
             ring: IoUring::new(DEPTH)?,
             queued: 0,
@@ -39,12 +39,12 @@ impl Batch {
     }
 
     /// Requests queued and not yet submitted.
-    pub fn queued(&self) -> u32 {
+    pub(crate) fn queued(&self) -> u32 {
         self.queued
     }
 
     /// Whether another request fits.
-    pub fn has_room(&self) -> bool {
+    pub(crate) fn has_room(&self) -> bool {
         self.queued < DEPTH
     }
 
@@ -54,7 +54,7 @@ impl Batch {
     ///
     /// `iov` and the memory it describes must stay valid and unchanged until the next
     /// [`complete`](Self::complete) returns.
-    pub unsafe fn writev(&mut self, fd: RawFd, iov: &[libc::iovec], user: u64) -> bool {
+    pub(crate) unsafe fn writev(&mut self, fd: RawFd, iov: &[libc::iovec], user: u64) -> bool {
         let Ok(n) = u32::try_from(iov.len()) else {
             return false;
         };
@@ -72,7 +72,7 @@ impl Batch {
     ///
     /// `buf` must be valid for writes of `len` bytes, and not otherwise accessed, until the
     /// next [`complete`](Self::complete) returns.
-    pub unsafe fn read(&mut self, fd: RawFd, buf: *mut u8, len: u32, user: u64) -> bool {
+    pub(crate) unsafe fn read(&mut self, fd: RawFd, buf: *mut u8, len: u32, user: u64) -> bool {
         let e = opcode::Read::new(types::Fd(fd), buf, len)
             .rw_flags(libc::RWF_NOWAIT)
             .build()
@@ -87,7 +87,7 @@ impl Batch {
     ///
     /// `iov` and the memory it describes must stay valid, and not otherwise accessed, until
     /// the next [`complete`](Self::complete) returns.
-    pub unsafe fn readv(&mut self, fd: RawFd, iov: &[libc::iovec], user: u64) -> bool {
+    pub(crate) unsafe fn readv(&mut self, fd: RawFd, iov: &[libc::iovec], user: u64) -> bool {
         let Ok(n) = u32::try_from(iov.len()) else {
             return false;
         };
@@ -111,7 +111,7 @@ impl Batch {
     /// Submits what is queued and hands every completion to `each(user, result)` (a result
     /// is the bytes moved or `-errno`), in the order the kernel completed them. Returns the
     /// `io_uring_enter` calls made (0 when nothing was queued; normally 1).
-    pub fn complete(&mut self, mut each: impl FnMut(u64, i32)) -> io::Result<u32> {
+    pub(crate) fn complete(&mut self, mut each: impl FnMut(u64, i32)) -> io::Result<u32> {
         if self.queued == 0 {
             return Ok(0);
         }

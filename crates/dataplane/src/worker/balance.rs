@@ -75,7 +75,7 @@ impl Default for RebalanceConfig {
 
 /// One port as measured over an interval.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PortLoad {
+pub(crate) struct PortLoad {
     /// The port.
     pub id: PortId,
     /// The shard it is on.
@@ -88,7 +88,7 @@ pub struct PortLoad {
 
 /// One interval's measurement.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Each shard's busy share, 0 to 1.
     pub busy: Vec<f64>,
     /// Every port, trunks included (their packets are their shard's work too).
@@ -111,7 +111,7 @@ impl Default for Sample {
 impl Sample {
     /// Packets moved by the switch over the interval (user ports only: a packet that
     /// crossed a trunk is counted once).
-    pub fn packets(&self) -> u64 {
+    pub(crate) fn packets(&self) -> u64 {
         self.ports
             .iter()
             .filter(|p| p.movable)
@@ -127,7 +127,7 @@ impl Sample {
 
 /// What the balancer decided.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Nothing to do.
     Stay,
     /// Move `port` from shard `from` to shard `to`; `busy` is the predicted busy share of
@@ -166,7 +166,7 @@ struct Trial {
 
 /// The rebalancing state machine (pure: the caller measures and moves).
 #[derive(Debug)]
-pub struct Balancer {
+pub(crate) struct Balancer {
     cfg: RebalanceConfig,
     /// Intervals running each shard has been saturated.
     hot_for: Vec<u32>,
@@ -179,7 +179,7 @@ pub struct Balancer {
 
 impl Balancer {
     /// A balancer over `shards` shards.
-    pub fn new(cfg: RebalanceConfig, shards: usize) -> Self {
+    pub(crate) fn new(cfg: RebalanceConfig, shards: usize) -> Self {
         Self {
             cfg,
             hot_for: vec![0; shards],
@@ -191,7 +191,7 @@ impl Balancer {
 
     /// Takes one interval's measurement; says what to do. The caller reports a move it
     /// could not make with [`Balancer::failed`].
-    pub fn step(&mut self, s: &Sample, now: Instant) -> Decision {
+    pub(crate) fn step(&mut self, s: &Sample, now: Instant) -> Decision {
         for (k, h) in self.hot_for.iter_mut().enumerate() {
             *h = if s.busy_of(k) >= self.cfg.hot {
                 *h + 1
@@ -208,7 +208,7 @@ impl Balancer {
             // (under 1% of before). It may also be the offered load falling: a move back then
             // costs little. Keeping a move that cut the rate costs a lot: seen here when the
             // frontends and both workers share two CPUs, where no worker stays saturated
-            // after the move and the rate falls by half, or, with the frontends niced, to 5%.
+            // after the move (`docs/scale.md`, placement by load).
             let after = s.packets();
             let (a, b) = (after as f64, t.before as f64);
             let fell = a < b * (1.0 - self.cfg.max_loss);
@@ -244,7 +244,7 @@ impl Balancer {
     }
 
     /// A move or undo the caller could not make: forget it (the port stays put a while).
-    pub fn failed(&mut self, port: PortId, now: Instant) {
+    pub(crate) fn failed(&mut self, port: PortId, now: Instant) {
         if self.trial.is_some_and(|t| t.port == port) {
             self.trial = None;
         }
@@ -294,7 +294,7 @@ impl Balancer {
 
 /// The shard a new port goes to: the least busy; among those within 5 points of it, the
 /// one with the fewest ports; then the lowest index.
-pub fn least_loaded(busy: &[f64], ports: &[usize]) -> usize {
+pub(crate) fn least_loaded(busy: &[f64], ports: &[usize]) -> usize {
     let n = busy.len().max(ports.len()).max(1);
     let b = |k: usize| busy.get(k).copied().unwrap_or(0.0);
     let floor = (0..n).map(b).fold(f64::INFINITY, f64::min);

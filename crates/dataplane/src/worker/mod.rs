@@ -17,8 +17,8 @@
 //! shard's trunk (a copy into a ring, then the usual copy into the receiver). One shard by
 //! default.
 
-pub mod balance;
-pub mod shard;
+pub(crate) mod balance;
+pub(crate) mod shard;
 
 use crate::pkt::PortId;
 use crate::poll::Policy;
@@ -27,7 +27,7 @@ use crate::stats::{PortSnapshot, PortStats};
 use crate::switch::{MacEntry, SwitchConfig};
 use balance::{Balancer, Decision, PortLoad, RebalanceConfig, Sample};
 use pvnet_vhost::backend::{DeviceHooks, StartedQueue};
-use pvnet_vhost::eventfd::Notifier;
+use pvnet_vhost::Notifier;
 use shard::{Cmd, Load, Shard};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -125,7 +125,7 @@ pub enum HostPort {
 
 impl HostPort {
     /// "tap", "sink" or "gen".
-    pub fn kind_name(&self) -> &'static str {
+    pub(crate) fn kind_name(&self) -> &'static str {
         match self {
             HostPort::Kernel(crate::port::kernel::HostDev::Tap(_), _, _) => "tap",
             HostPort::Kernel(crate::port::kernel::HostDev::Packet(_), _, _) => "af-packet",
@@ -376,8 +376,8 @@ impl Dataplane {
     /// Moves a vhost-user port to shard `to`, with its rings, egress queue and counters.
     /// Returns the shard it left (the same if it was there already).
     ///
-    /// Every other shard is paused for the move (at a round boundary; a move took 74-155 us
-    /// here, a few milliseconds when the CPUs were oversubscribed). The old shard first
+    /// Every other shard is paused for the move (at a round boundary; `docs/scale.md` has how
+    /// long, with the CPUs free and oversubscribed). The old shard first
     /// switches what the paused ones had sent it, so what was on its way to the port reaches
     /// it, then hands the port over and sends its addresses to the new shard. Each paused shard, before going on, learns
     /// where the port's addresses are now and switches what waits in its trunk from the old
@@ -540,7 +540,8 @@ impl Dataplane {
 
     /// The shard a port lives on (see the module docs); a new port of the learning switch
     /// is placed here, on the least busy shard.
-    pub fn shard_of(&self, port: PortId) -> usize {
+    #[cfg(test)]
+    pub(crate) fn shard_of(&self, port: PortId) -> usize {
         let mut g = self.routing();
         self.routed(&mut g, port)
     }

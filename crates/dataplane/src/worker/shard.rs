@@ -22,14 +22,14 @@ use crate::switch::{Fabric, MacEntry, Router, Wire};
 use crate::sys::{pin_current_thread, Epoll, Timer};
 use pvnet_net::QueueIndex;
 use pvnet_vhost::backend::StartedQueue;
-use pvnet_vhost::eventfd::Notifier;
+use pvnet_vhost::Notifier;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
-use virtq::event::Armed;
+use virtq::Armed;
 use virtq::MemTable;
 use vmm_sys_util::epoll::EpollEvent;
 
@@ -169,7 +169,7 @@ pub(crate) struct Shard {
     epoll: Epoll,
     timer: Timer,
     quit: bool,
-    /// Last seen SIGBUS-guard generation (see `pvnet_vhost::fault`).
+    /// Last seen SIGBUS-guard generation (see `pvnet_vhost::fault_generation`).
     faults: u64,
     /// Measured sleep/wake cost (bounds the adaptive window and call coalescing).
     wake: WakeCost,
@@ -417,25 +417,7 @@ impl Shard {
         while let Ok(c) = self.rx.try_recv() {
             match c {
                 Cmd::AddPort(id) => self.add_vhost(id),
-                Cmd::Start(id, q) => {
-                    if let Some(fd) = q.kick.as_ref().map(AsRawFd::as_raw_fd) {
-                        self.epoll.add(fd, token(id, q.index));
-                    }
-                    let pair = QueueIndex(q.index).pair();
-                    let new_pair = self
-                        .vhost(id)
-                        .is_some_and(|p| usize::from(p.pairs()) <= pair);
-                    let stats = new_pair.then(|| self.pair_stats(id, pair));
-                    match self.vhost(id) {
-                        Some(p) => {
-                            if let Some(stats) = stats {
-                                p.add_pairs(stats);
-                            }
-                            p.start(*q);
-                        }
-                        None => warn!(port = id, "queue for unknown port"),
-                    }
-                }
+                Cmd::Start(id, q) => self.start_queue(id, *q),
                 Cmd::Stop(id, index, reply) => {
                     if QueueIndex(index).is_tx() {
                         self.drain(id, now);
@@ -461,25 +443,8 @@ impl Shard {
                     self.policy.remove(&id);
                     let _ = reply.send(());
                 }
-                Cmd::Egress(id, e) => {
-                    self.egress.insert(id, e);
-                    let cfg = self.vhost_config(id).egress;
-                    match self.index_of(id).map(|i| &mut self.ports[i]) {
-                        Some(AnyPort::Vhost(p)) => p.set_egress(cfg),
-                        Some(AnyPort::Kernel(p)) => p.set_egress(e),
-                        _ => {}
-                    }
-                }
-                Cmd::Policy(id, policy) => {
-                    match policy {
-                        Some(p) => self.policy.insert(id, p),
-                        None => self.policy.remove(&id),
-                    };
-                    let p = self.vhost_config(id).tx_policy;
-                    if let Some(v) = self.vhost(id) {
-                        v.set_tx_policy(p);
-                    }
-                }
+                Cmd::Egress(id, e) => self.set_egress(id, e),
+                Cmd::Policy(id, policy) => self.set_policy(id, policy),
                 Cmd::Learn(id, mac) => {
                     if self.learn(id, &[mac], now) {
                         info!(
@@ -502,23 +467,72 @@ impl Shard {
                 Cmd::Macs(reply) => {
                     let _ = reply.send(self.fabric.macs(now));
                 }
-                Cmd::Trunk(t) => {
-                    let id = trunk_id(self.index, t.peer);
-                    let stats = self.pair_stats(id, 0).swap_remove(0);
-                    stats.up.store(1, Ordering::Relaxed);
-                    info!(shard = self.index, peer = t.peer, "trunk to shard up");
-                    self.add(AnyPort::Trunk(TrunkPort::new(
-                        id,
-                        stats,
-                        t.ring,
-                        t.peer_wake,
-                        t.peer_asleep,
-                        self.wake,
-                    )));
-                }
+                Cmd::Trunk(t) => self.add_trunk(*t),
                 Cmd::Shutdown => self.quit = true,
             }
         }
+    }
+
+    /// A started queue of port `id`: its kick joins the epoll set, and its pair gets its
+    /// counters if it is the port's first queue of that pair.
+    fn start_queue(&mut self, id: PortId, q: StartedQueue) {
+        if let Some(fd) = q.kick.as_ref().map(AsRawFd::as_raw_fd) {
+            self.epoll.add(fd, token(id, q.index));
+        }
+        let pair = QueueIndex(q.index).pair();
+        let new_pair = self
+            .vhost(id)
+            .is_some_and(|p| usize::from(p.pairs()) <= pair);
+        let stats = new_pair.then(|| self.pair_stats(id, pair));
+        match self.vhost(id) {
+            Some(p) => {
+                if let Some(stats) = stats {
+                    p.add_pairs(stats);
+                }
+                p.start(q);
+            }
+            None => warn!(port = id, "queue for unknown port"),
+        }
+    }
+
+    /// Port `id`'s egress queue settings: kept for its next connection, applied now if it is
+    /// here.
+    fn set_egress(&mut self, id: PortId, e: EgressConfig) {
+        self.egress.insert(id, e);
+        let cfg = self.vhost_config(id).egress;
+        match self.index_of(id).map(|i| &mut self.ports[i]) {
+            Some(AnyPort::Vhost(p)) => p.set_egress(cfg),
+            Some(AnyPort::Kernel(p)) => p.set_egress(e),
+            _ => {}
+        }
+    }
+
+    /// Port `id`'s own polling policy of its transmit rings (None: the shard's).
+    fn set_policy(&mut self, id: PortId, policy: Option<Policy>) {
+        match policy {
+            Some(p) => self.policy.insert(id, p),
+            None => self.policy.remove(&id),
+        };
+        let p = self.vhost_config(id).tx_policy;
+        if let Some(v) = self.vhost(id) {
+            v.set_tx_policy(p);
+        }
+    }
+
+    /// This shard's end of the trunk to shard `t.peer`, a port of its own.
+    fn add_trunk(&mut self, t: TrunkEnd) {
+        let id = trunk_id(self.index, t.peer);
+        let stats = self.pair_stats(id, 0).swap_remove(0);
+        stats.up.store(1, Ordering::Relaxed);
+        info!(shard = self.index, peer = t.peer, "trunk to shard up");
+        self.add(AnyPort::Trunk(TrunkPort::new(
+            id,
+            stats,
+            t.ring,
+            t.peer_wake,
+            t.peer_asleep,
+            self.wake,
+        )));
     }
 
     /// Hands a vhost-user port over for shard `to`, between rounds (every batch of it is
@@ -622,7 +636,7 @@ impl Shard {
     /// A peer shrank memory it shared and an access faulted: stop every queue whose memory
     /// table holds a faulted mapping. Everything else goes on.
     fn check_faults(&mut self) {
-        let g = pvnet_vhost::fault::generation();
+        let g = pvnet_vhost::fault_generation();
         if g == self.faults {
             return;
         }

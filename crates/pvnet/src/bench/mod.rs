@@ -20,7 +20,7 @@ use crate::proc;
 use child::{wait_socket, Proc};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use pvnet_dataplane::poll::Policy;
+use pvnet_dataplane::Policy;
 use report::{drops_of, f, ns_per, per_k, print_table, result, total, u};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

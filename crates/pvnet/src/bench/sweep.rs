@@ -11,7 +11,7 @@ use crate::error::{failed, io, usage, Result};
 use crate::frontend_cmd::{FrontRole, FrontendArgs};
 use crate::proc;
 use clap::Args;
-use pvnet_dataplane::poll::Policy;
+use pvnet_dataplane::Policy;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -10,10 +10,10 @@ use crate::ctl;
 use crate::error::{io, usage, Result};
 use crate::proc;
 use clap::Args;
-use pvnet_dataplane::egress::EgressConfig;
-use pvnet_dataplane::poll::Policy;
-use pvnet_dataplane::switch::SwitchConfig;
-use pvnet_dataplane::worker::{Dataplane, Role, WorkerConfig};
+use pvnet_dataplane::EgressConfig;
+use pvnet_dataplane::Policy;
+use pvnet_dataplane::SwitchConfig;
+use pvnet_dataplane::{Dataplane, Role, WorkerConfig};
 use pvnet_vhost::backend::MIN_MTU;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -276,7 +276,7 @@ fn load(a: &SwitchArgs) -> Result<Config> {
         ),
         shards: workers,
         egress: EgressConfig::switch_default(),
-        rebalance: pvnet_dataplane::worker::balance::RebalanceConfig {
+        rebalance: pvnet_dataplane::RebalanceConfig {
             enabled: a.rebalance.or(sw.rebalance).unwrap_or(true),
             hot: hot / 100.0,
             spare,

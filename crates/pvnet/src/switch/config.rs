@@ -2,11 +2,11 @@
 //! `--port KIND:key=value,...` specs (the same model), and the checks of one port's settings.
 
 use crate::error::{usage, Result};
-use pvnet_dataplane::egress::queue::{Qdisc, QueueConfig};
-use pvnet_dataplane::egress::EgressConfig;
-use pvnet_dataplane::poll::Policy;
-use pvnet_dataplane::port::kernel::HostIo;
-use pvnet_dataplane::port::vhost::MAX_STEER;
+use pvnet_dataplane::EgressConfig;
+use pvnet_dataplane::HostIo;
+use pvnet_dataplane::Policy;
+use pvnet_dataplane::MAX_STEER;
+use pvnet_dataplane::{Qdisc, QueueConfig};
 use pvnet_vhost::backend::MIN_MTU;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -175,7 +175,7 @@ fn bool_or_str<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<St
 }
 
 /// An `af-xdp` port's settings as the dataplane takes them.
-pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::sys::xdp::XdpConfig>> {
+pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::XdpConfig>> {
     let PortConfig::AfXdp {
         name,
         ifname,
@@ -189,7 +189,7 @@ pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::sys::
     if *queues == 0 || *queues > 256 {
         return Err(usage(format!("port {name}: queues must be 1 to 256")));
     }
-    Ok(Some(pvnet_dataplane::sys::xdp::XdpConfig {
+    Ok(Some(pvnet_dataplane::xdp::XdpConfig {
         ifname: ifname.clone(),
         queues: *queues,
         mode: mode
@@ -634,7 +634,7 @@ mod tests {
 
     #[test]
     fn af_xdp_spec_parses_with_defaults_and_refuses_bad_values() {
-        use pvnet_dataplane::sys::xdp::{ModeReq, ZeroCopy};
+        use pvnet_dataplane::xdp::{ModeReq, ZeroCopy};
         let p = parse_port_spec("af-xdp:name=w,ifname=v0").unwrap();
         assert_eq!(p.kind(), "af-xdp");
         assert_eq!(p.resource().as_deref(), Some("interface v0"));

@@ -14,17 +14,17 @@ use super::config::{
 };
 use crate::ctl::{self, PortInfo, Reply};
 use crate::error::{io, usage, Result};
-use pvnet_dataplane::egress::EgressConfig;
-use pvnet_dataplane::poll::Policy;
-use pvnet_dataplane::port::gen::GenSpec;
-use pvnet_dataplane::port::kernel::HostDev;
-use pvnet_dataplane::stats::PortSnapshot;
-use pvnet_dataplane::worker::{Dataplane, HostPort};
+use pvnet_dataplane::EgressConfig;
+use pvnet_dataplane::GenSpec;
+use pvnet_dataplane::HostDev;
+use pvnet_dataplane::Policy;
+use pvnet_dataplane::PortSnapshot;
+use pvnet_dataplane::{Dataplane, HostPort};
 use pvnet_vhost::backend::{
     connect_loop, serve_port, BackendConfig, DeviceHooks, Listener, PortId, SharedConfig,
 };
-use pvnet_vhost::eventfd::Stop;
 use pvnet_vhost::features::{DEVICE_FEATURES, OFFLOAD_FEATURES};
+use pvnet_vhost::Stop;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -203,7 +203,7 @@ impl Runtime {
                 ..
             } => {
                 let pio = host_io(name, pio)?;
-                let sock = pvnet_dataplane::sys::packet::open(ifname)
+                let sock = pvnet_dataplane::packet::open(ifname)
                     .map_err(io(format!("port {name}: AF_PACKET")))?;
                 info!(port = %name, ifname = %ifname, "AF_PACKET socket bound");
                 let dev = HostDev::Packet(sock);
@@ -224,7 +224,7 @@ impl Runtime {
             PortConfig::AfXdp { name, ifname, .. } => {
                 let cfg =
                     xdp_config(p)?.ok_or_else(|| usage(format!("port {name}: not af-xdp")))?;
-                let dev = pvnet_dataplane::sys::xdp::XdpDev::open(&cfg)
+                let dev = pvnet_dataplane::xdp::XdpDev::open(&cfg)
                     .map_err(io(format!("port {name}: AF_XDP")))?;
                 let detail = dev.describe();
                 info!(port = %name, ifname = %ifname, mode = dev.mode().name(), zerocopy = dev.zerocopy(), "AF_XDP sockets bound");
@@ -302,7 +302,7 @@ impl Runtime {
         let at = |what: &dyn std::fmt::Display| io(format!("port {name}: {what}"));
         let tap_io = host_io(name, tap_io)?;
         let want = ifname.clone().unwrap_or_else(|| "pvtap%d".into());
-        let tap = pvnet_dataplane::sys::tap::open(&want, *offloads).map_err(at(&"tap"))?;
+        let tap = pvnet_dataplane::tap::open(&want, *offloads).map_err(at(&"tap"))?;
         tap.link_up(*mtu).map_err(at(&"link up"))?;
         let keep = if *persist {
             tap.set_persist(true).map_err(at(&"persist"))?;
@@ -433,7 +433,7 @@ impl Runtime {
                 }
             }
         } else if let Running::Host { persist: Some(fd) } = &run {
-            if let Err(e) = pvnet_dataplane::sys::tap::set_persist_fd(fd.as_fd(), false, name) {
+            if let Err(e) = pvnet_dataplane::tap::set_persist_fd(fd.as_fd(), false, name) {
                 warn!(port = %name, "{e}");
             }
         }

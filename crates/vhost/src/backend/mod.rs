@@ -42,7 +42,7 @@ use crate::eventfd::Notifier;
 use crate::features::{DEVICE_FEATURES, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MTU};
 use crate::iotlb::BackendChannel;
 use std::sync::{Arc, Mutex};
-use virtq::queue::DeviceQueue;
+use virtq::DeviceQueue;
 use virtq::MemTable;
 
 /// Identifies a frontend connection (a switch port) for the life of the backend process.
@@ -132,7 +132,7 @@ impl BackendConfig {
     /// sets up more than one pair only then), and `VIRTIO_NET_F_MTU` when an MTU is
     /// configured (not otherwise: a frontend that takes the bit reads an MTU from its config
     /// space, which over vhost-user only it can fill).
-    pub fn offered(&self) -> u64 {
+    pub(crate) fn offered(&self) -> u64 {
         let mut f = self.features;
         if self.queue_pairs > 1 {
             f |= VIRTIO_NET_F_MQ;

@@ -16,7 +16,7 @@ use vhost::vhost_user::{
     Error as VuError, GpuBackend, Result as VuResult, VhostUserBackendReqHandlerMut,
     VhostUserProtocolFeatures,
 };
-use virtq::queue::RingAddrs;
+use virtq::RingAddrs;
 use virtq::{DirtyLog, Iotlb};
 
 fn invalid(what: &'static str) -> VuError {

@@ -16,7 +16,7 @@ use vhost::vhost_user::{BackendReqHandler, Error as VuError, VhostUserBackendReq
 /// Runs one session to its end on the calling thread: answers messages until the frontend
 /// disconnects or breaks the protocol, then stops the port's queues and tells the dataplane.
 /// The warnings the frontend causes count against `log` (one per listener: see
-/// [`crate::ratelimit`]).
+/// `ratelimit`).
 pub fn run_session(
     stream: UnixStream,
     port: PortId,

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use tracing::{debug, info};
 use vhost::vhost_user::message::VhostUserSingleMemoryRegion;
 use vhost::vhost_user::{Error as VuError, Result as VuResult};
-use virtq::mem::AddrSpace;
-use virtq::queue::{DeviceQueue, Direction, Format, QueueConfig, RingAddrs};
+use virtq::AddrSpace;
+use virtq::{DeviceQueue, Direction, Format, QueueConfig, RingAddrs};
 use virtq::{DirtyLog, Grant, Iotlb, MemTable, Perm};
 
 #[derive(Debug, Default)]
@@ -189,7 +189,7 @@ pub(super) fn io_err(e: std::io::Error) -> VuError {
 
 impl Session {
     /// A fresh session for `port`; the warnings its frontend causes count against `log`.
-    pub fn new(
+    pub(crate) fn new(
         port: PortId,
         cfg: BackendConfig,
         hooks: Arc<dyn DeviceHooks>,

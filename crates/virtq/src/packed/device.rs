@@ -72,7 +72,7 @@ impl<M: Translate> DeviceQueue<M> {
     /// Starts the device side: the ring validated and translated once; `cfg.base` is the next
     /// slot in bits 0-14 and the avail wrap counter in bit 15 (vhost-user's encoding); every
     /// buffer before it has been returned.
-    pub fn new(mem: Arc<M>, cfg: &QueueConfig) -> Result<Self> {
+    pub(crate) fn new(mem: Arc<M>, cfg: &QueueConfig) -> Result<Self> {
         let m = Mapped::new(mem, cfg)?;
         let idx = cfg.base & 0x7fff;
         if idx >= cfg.size {
@@ -109,22 +109,22 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// Queue size.
-    pub fn size(&self) -> u16 {
+    pub(crate) fn size(&self) -> u16 {
         self.size
     }
 
     /// Next slot to consume with the wrap counter in bit 15 (what `GET_VRING_BASE` returns).
-    pub fn last_avail(&self) -> u16 {
+    pub(crate) fn last_avail(&self) -> u16 {
         self.last_avail | (u16::from(self.avail_wrap) << 15)
     }
 
     /// The translator.
-    pub fn mem(&self) -> &Arc<M> {
+    pub(crate) fn mem(&self) -> &Arc<M> {
         &self.m.mem
     }
 
     /// Switches to a new translator, re-translating the ring.
-    pub fn set_mem(&mut self, mem: Arc<M>) -> Result<()> {
+    pub(crate) fn set_mem(&mut self, mem: Arc<M>) -> Result<()> {
         self.segs.clear();
         self.forget_walk();
         self.m.remap(mem)
@@ -154,7 +154,7 @@ impl<M: Translate> DeviceQueue<M> {
     /// ring has no index to read: the walk touches the lines the parse reads next, and is
     /// bounded so that a full ring does not cost a walk of all of it per batch).
     #[inline]
-    pub fn available(&mut self) -> Result<u16> {
+    pub(crate) fn available(&mut self) -> Result<u16> {
         // Chains the last walk counted that the batch since did not take (`popped` holds the
         // chains taken, those given back already removed).
         let taken = u16::try_from(self.popped.len()).unwrap_or(u16::MAX);
@@ -211,13 +211,13 @@ impl<M: Translate> DeviceQueue<M> {
 
     /// Chains left in the current batch.
     #[inline]
-    pub fn pending(&self) -> u16 {
+    pub(crate) fn pending(&self) -> u16 {
         self.pending
     }
 
     /// Parses the next chain of the batch (`None`: the batch is done).
     #[inline]
-    pub fn pop(&mut self) -> Result<Option<Chain>> {
+    pub(crate) fn pop(&mut self) -> Result<Option<Chain>> {
         if self.pending == 0 {
             return Ok(None);
         }
@@ -262,7 +262,7 @@ impl<M: Translate> DeviceQueue<M> {
     /// `pop_singles`; anything else, errors included, the general walk.
     /// Out of line: a batch pays one call, and the split ring's callers keep their inlining.
     #[inline(never)]
-    pub fn pop_batch(
+    pub(crate) fn pop_batch(
         &mut self,
         out: &mut Vec<Chain>,
         max: usize,
@@ -367,7 +367,7 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// Takes back the last `n` chains popped, unconsumed.
-    pub fn unpop(&mut self, n: u16) {
+    pub(crate) fn unpop(&mut self, n: u16) {
         let n = usize::from(n).min(self.popped.len());
         let back: u32 = self
             .popped
@@ -381,19 +381,19 @@ impl<M: Translate> DeviceQueue<M> {
 
     /// All segments of a chain.
     #[inline]
-    pub fn segs(&self, c: &Chain) -> &[Seg<'_>] {
+    pub(crate) fn segs(&self, c: &Chain) -> &[Seg<'_>] {
         self.segs.of(c)
     }
 
     /// The device-readable segments of a chain.
     #[inline]
-    pub fn readable(&self, c: &Chain) -> &[Seg<'_>] {
+    pub(crate) fn readable(&self, c: &Chain) -> &[Seg<'_>] {
         self.segs.readable(c)
     }
 
     /// The device-writable segments of a chain.
     #[inline]
-    pub fn writable(&self, c: &Chain) -> &[Seg<'_>] {
+    pub(crate) fn writable(&self, c: &Chain) -> &[Seg<'_>] {
         self.segs.writable(c)
     }
 
@@ -461,21 +461,21 @@ impl<M: Translate> DeviceQueue<M> {
     /// Records a used entry for buffer `id` (popped in this queue); nothing reaches the ring
     /// until [`publish`](Self::publish).
     #[inline]
-    pub fn push_used(&mut self, id: u16, len: u32) {
+    pub(crate) fn push_used(&mut self, id: u16, len: u32) {
         let n = self.ndesc.get(usize::from(id)).copied().unwrap_or(1).max(1);
         self.shadow.push((id, len, n));
     }
 
     /// Used entries pushed and not yet published.
     #[inline]
-    pub fn unpublished(&self) -> u16 {
+    pub(crate) fn unpublished(&self) -> u16 {
         u16::try_from(self.shadow.len()).unwrap_or(u16::MAX)
     }
 
     /// Writes the batch's used descriptors, the first one's flags last (one release store
     /// makes the batch visible), then takes the batch's one call decision.
     #[inline]
-    pub fn publish(&mut self) -> bool {
+    pub(crate) fn publish(&mut self) -> bool {
         if self.shadow.is_empty() {
             return false;
         }
@@ -538,13 +538,13 @@ impl<M: Translate> DeviceQueue<M> {
     /// only reads, since the last call (DPDK's packed transmit tables: the chain module's
     /// `table_entry_writable`).
     #[inline]
-    pub fn take_write_ignored(&mut self) -> u64 {
+    pub(crate) fn take_write_ignored(&mut self) -> u64 {
         std::mem::take(&mut self.write_ignored)
     }
 
     /// Whether a dirty log is on (see the split ring's).
     #[inline(always)]
-    pub fn logging(&self) -> bool {
+    pub(crate) fn logging(&self) -> bool {
         self.m.logging
     }
 
@@ -580,13 +580,13 @@ impl<M: Translate> DeviceQueue<M> {
 
     /// Not known for a packed ring: callers must assume the driver may be waiting.
     #[inline]
-    pub fn driver_backlog(&self) -> Option<u16> {
+    pub(crate) fn driver_backlog(&self) -> Option<u16> {
         None
     }
 
     /// Stops asking for kicks (we are polling).
     #[inline]
-    pub fn disable_notify(&mut self) {
+    pub(crate) fn disable_notify(&mut self) {
         if !self.notify_on {
             return;
         }
@@ -603,7 +603,7 @@ impl<M: Translate> DeviceQueue<M> {
 
     /// Arm, fence, re-check: asks for a kick at the next slot, then looks at it again.
     #[inline]
-    pub fn arm_notify(&mut self) -> Result<Armed> {
+    pub(crate) fn arm_notify(&mut self) -> Result<Armed> {
         self.notify_on = true;
         let dev = self.m.ring.device;
         if self.event_idx {

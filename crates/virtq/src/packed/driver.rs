@@ -53,7 +53,7 @@ pub struct DriverQueue {
 
 impl DriverQueue {
     /// Lays out a fresh queue (every slot unavailable, both wrap counters 1).
-    pub fn new(mem: Arc<MemTable>, cfg: &QueueConfig) -> Result<Self> {
+    pub(crate) fn new(mem: Arc<MemTable>, cfg: &QueueConfig) -> Result<Self> {
         let m: Mapped<MemTable, Ring> = Mapped::new(mem, cfg)?;
         for i in 0..cfg.size {
             m.ring.set_body(i, 0, 0, 0);
@@ -91,18 +91,18 @@ impl DriverQueue {
     }
 
     /// Free buffer ids.
-    pub fn free_count(&self) -> usize {
+    pub(crate) fn free_count(&self) -> usize {
         self.free.len.min(usize::from(self.free_slots))
     }
 
     /// The id the next add will use, if any is free.
     #[inline]
-    pub fn next_free(&self) -> Option<u16> {
+    pub(crate) fn next_free(&self) -> Option<u16> {
         self.free.front()
     }
 
     /// Buffers the device holds.
-    pub fn in_flight(&self) -> u16 {
+    pub(crate) fn in_flight(&self) -> u16 {
         self.in_flight
     }
 
@@ -151,7 +151,7 @@ impl DriverQueue {
 
     /// Adds a one-descriptor buffer (unpublished). Returns its id.
     #[inline(always)]
-    pub fn add_one(&mut self, b: Buf) -> Result<u16> {
+    pub(crate) fn add_one(&mut self, b: Buf) -> Result<u16> {
         if self.free_slots == 0 {
             return Err(Error::NoFreeDescriptors);
         }
@@ -169,7 +169,11 @@ impl DriverQueue {
     /// the free list once, and the slot, wrap counter and counts kept in registers until the
     /// end (the re-posting of a receive burst).
     #[inline]
-    pub fn add_run(&mut self, max: usize, mut buf: impl FnMut(usize, u16) -> Option<Buf>) -> usize {
+    pub(crate) fn add_run(
+        &mut self,
+        max: usize,
+        mut buf: impl FnMut(usize, u16) -> Option<Buf>,
+    ) -> usize {
         let room = max.min(usize::from(self.free_slots)).min(self.free.len);
         let (mut slot, mut wrap) = (self.next_avail, self.avail_wrap);
         let mut n = 0;
@@ -180,8 +184,8 @@ impl DriverQueue {
             self.write_desc(slot, &b, id, flags);
             self.ndesc[usize::from(id)] = 1;
             self.cap[usize::from(id)] = Some(if b.write { b.len } else { 0 });
-            // One step, not `advance` (its general `by` costs 5.5 instructions a buffer more
-            // here: driver_offer_packed 46.0 against 51.5).
+            // One step, not `advance` (its general `by` costs instructions a buffer here:
+            // docs/callgrind.md, the packed driver's re-posting).
             slot += 1;
             if slot == self.size {
                 slot = 0;
@@ -199,7 +203,7 @@ impl DriverQueue {
     }
 
     /// Adds a chain in consecutive slots (readable buffers first). Returns its id.
-    pub fn add_chain(&mut self, bufs: &[Buf]) -> Result<u16> {
+    pub(crate) fn add_chain(&mut self, bufs: &[Buf]) -> Result<u16> {
         let n = u16::try_from(bufs.len()).map_err(|_| Error::NoFreeDescriptors)?;
         if n == 0 || n > self.free_slots {
             return Err(Error::NoFreeDescriptors);
@@ -221,7 +225,7 @@ impl DriverQueue {
     /// Makes every added descriptor available with one release store (the first one's flags),
     /// then decides whether the device wants a kick.
     #[inline]
-    pub fn publish(&mut self) -> bool {
+    pub(crate) fn publish(&mut self) -> bool {
         let Some((slot, flags)) = self.held.take() else {
             return false;
         };
@@ -245,7 +249,7 @@ impl DriverQueue {
     /// Walks the used descriptors from the next used slot (one acquire load each) and
     /// returns how many buffers came back, validating each id against what is in flight.
     #[inline]
-    pub fn used_available(&mut self) -> Result<u16> {
+    pub(crate) fn used_available(&mut self) -> Result<u16> {
         if self.in_order {
             return self.used_available_in_order();
         }
@@ -369,7 +373,7 @@ impl DriverQueue {
 
     /// Takes the next used buffer of the batch: (id, len), validated, its slots freed.
     #[inline]
-    pub fn pop_used(&mut self) -> Result<Option<(u16, u32)>> {
+    pub(crate) fn pop_used(&mut self) -> Result<Option<(u16, u32)>> {
         if self.in_order {
             return self.pop_used_in_order();
         }
@@ -404,7 +408,7 @@ impl DriverQueue {
     /// [`used_available`](Self::used_available) then [`pop_used`](Self::pop_used) read it
     /// twice. Stops at anything else (one descriptor for a batch, a batch partly popped),
     /// which those two take. Returns how many were taken.
-    pub fn pop_used_run(&mut self, out: &mut Vec<(u16, u32)>, max: usize) -> Result<usize> {
+    pub(crate) fn pop_used_run(&mut self, out: &mut Vec<(u16, u32)>, max: usize) -> Result<usize> {
         if self.batch_descs != 0 {
             return Ok(0);
         }
@@ -455,7 +459,7 @@ impl DriverQueue {
 
     /// Asks the device not to interrupt us.
     #[inline]
-    pub fn disable_used_notify(&mut self) {
+    pub(crate) fn disable_used_notify(&mut self) {
         if !self.irq_on {
             return;
         }
@@ -469,7 +473,7 @@ impl DriverQueue {
 
     /// Arm, fence, re-check for used buffers.
     #[inline]
-    pub fn arm_used_notify(&mut self) -> Result<Armed> {
+    pub(crate) fn arm_used_notify(&mut self) -> Result<Armed> {
         self.irq_on = true;
         let drv = self.m.ring.driver;
         if self.event_idx {

@@ -5,8 +5,8 @@
 //! entries in a local shadow; [`publish`] writes the batch's entries into the ring in one run,
 //! makes them visible with one release store of `used->idx` and takes the one notification
 //! decision of the batch. (Writing each entry into the ring as its packet completed, between
-//! the packet copies, measured 1-4% slower against DPDK virtio-user: the used-ring lines the
-//! driver reads are then written in one burst, after the batch's data.)
+//! the packet copies, was slower against DPDK virtio-user, `docs/bench-notes.md`: batched, the
+//! used-ring lines the driver reads are written in one burst, after the batch's data.)
 //!
 //! [`pop`]: DeviceQueue::pop
 //! [`push_used`]: DeviceQueue::push_used
@@ -99,7 +99,7 @@ impl<M: Translate> DeviceQueue<M> {
     /// starts over from there (as DPDK's vhost library does): a transmit chain taken but not
     /// yet returned is taken again (sent again), a receive buffer is reused. Nothing is
     /// completed twice, nothing is lost from the ring. Called once, before the first batch.
-    pub fn resume_from_used(&mut self) -> Option<(u16, u16)> {
+    pub(crate) fn resume_from_used(&mut self) -> Option<(u16, u16)> {
         // Acquire: whatever the previous device wrote before its last used->idx store.
         let used = self.m.ring.used_idx().load(Ordering::Acquire);
         if used == self.used_idx {
@@ -126,12 +126,12 @@ impl<M: Translate> DeviceQueue<M> {
     }
 
     /// The translator the queue goes through.
-    pub fn mem(&self) -> &Arc<M> {
+    pub(crate) fn mem(&self) -> &Arc<M> {
         &self.m.mem
     }
 
     /// Switches to a new translator (after `SET_MEM_TABLE`), re-translating the rings.
-    pub fn set_mem(&mut self, mem: Arc<M>) -> Result<()> {
+    pub(crate) fn set_mem(&mut self, mem: Arc<M>) -> Result<()> {
         self.segs.clear();
         self.m.remap(mem)
     }
@@ -229,7 +229,7 @@ impl<M: Translate> DeviceQueue<M> {
     /// never on the stack; anything else, errors included, through the simple parser and the
     /// general walk.
     #[inline]
-    pub fn pop_batch(
+    pub(crate) fn pop_batch(
         &mut self,
         out: &mut Vec<Chain>,
         max: usize,
@@ -359,7 +359,7 @@ impl<M: Translate> DeviceQueue<M> {
 
     /// Takes back the last `n` chains popped, unconsumed: they are popped again next batch.
     /// For a consumer that found no room for them downstream (backpressure).
-    pub fn unpop(&mut self, n: u16) {
+    pub(crate) fn unpop(&mut self, n: u16) {
         self.last_avail = self.last_avail.wrapping_sub(n);
         self.avail_idx = self.last_avail;
     }
@@ -484,7 +484,7 @@ impl<M: Translate> DeviceQueue<M> {
 
     /// Used entries pushed and not yet published (the current batch's).
     #[inline]
-    pub fn unpublished(&self) -> u16 {
+    pub(crate) fn unpublished(&self) -> u16 {
         self.used_idx.wrapping_sub(self.published)
     }
 
@@ -527,7 +527,7 @@ impl<M: Translate> DeviceQueue<M> {
     /// Whether a dirty log is on (live migration): the caller marks what it writes into the
     /// buffers ([`crate::DirtyLog::mark_segs`] through [`Translate::dirty_log`]).
     #[inline(always)]
-    pub fn logging(&self) -> bool {
+    pub(crate) fn logging(&self) -> bool {
         self.m.logging
     }
 
@@ -537,7 +537,7 @@ impl<M: Translate> DeviceQueue<M> {
     /// it asked for an interrupt well ahead. `None` without EVENT_IDX. Two loads of the
     /// driver's lines: for the rare publish that must decide about a call, not per batch.
     #[inline]
-    pub fn driver_backlog(&self) -> Option<u16> {
+    pub(crate) fn driver_backlog(&self) -> Option<u16> {
         self.event_idx.then(|| {
             let event = self.m.ring.used_event().load(Ordering::Relaxed);
             let avail = self.m.ring.avail_idx().load(Ordering::Relaxed);

@@ -85,7 +85,7 @@ impl DriverQueue {
     /// The id the next [`add_one`](Self::add_one) will use, if any is free. A driver with a
     /// persistent buffer per descriptor fills buffer `id` first, then adds it.
     #[inline]
-    pub fn next_free(&self) -> Option<u16> {
+    pub(crate) fn next_free(&self) -> Option<u16> {
         self.free.front()
     }
 

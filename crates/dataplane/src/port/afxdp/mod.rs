@@ -43,8 +43,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtq::event::Armed;
-use virtq::mem::read_segs;
+use virtq::read_segs;
+use virtq::Armed;
 use virtq::Seg;
 
 /// How long a packet waits in its sender for a transmit frame (the kernel returns them as it
@@ -360,10 +360,6 @@ fn frame_seg<'m>(base: NonNull<u8>, size: usize, d: libc::xdp_desc) -> Option<Se
 impl super::Port for AfXdpPort {
     fn id(&self) -> PortId {
         self.id
-    }
-
-    fn kind(&self) -> &'static str {
-        "af-xdp"
     }
 
     fn mtu(&self) -> Option<u16> {

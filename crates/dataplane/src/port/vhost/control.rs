@@ -33,13 +33,13 @@ impl VhostPort {
     }
 
     /// How many pairs it has counters for (every pair one of whose queues started).
-    pub fn pairs(&self) -> u16 {
+    pub(crate) fn pairs(&self) -> u16 {
         u16::try_from(self.qps.len()).unwrap_or(u16::MAX)
     }
 
     /// Takes the counters of pairs it did not have yet (`stats[k]` counts pair `k`; the ones
     /// it has are kept).
-    pub fn add_pairs(&mut self, stats: Vec<Arc<PortStats>>) {
+    pub(crate) fn add_pairs(&mut self, stats: Vec<Arc<PortStats>>) {
         for s in stats.into_iter().skip(self.stats.len()) {
             self.stats.push(s);
             self.qps.push(None);
@@ -95,7 +95,7 @@ impl VhostPort {
 
     /// New egress settings (`pvnet ctl port set`): each running pair gets a fresh egress;
     /// what waited in the old queue is dropped, counted as `reconfigured`.
-    pub fn set_egress(&mut self, e: EgressConfig) {
+    pub(crate) fn set_egress(&mut self, e: EgressConfig) {
         self.cfg.egress = e;
         let batch = self.cfg.batch;
         for qp in self.qps.iter_mut().flatten() {
@@ -106,7 +106,7 @@ impl VhostPort {
     }
 
     /// Polls its transmit rings by `p` from now on (running ones start afresh).
-    pub fn set_tx_policy(&mut self, p: Policy) {
+    pub(crate) fn set_tx_policy(&mut self, p: Policy) {
         if self.cfg.tx_policy == p {
             return;
         }
@@ -125,7 +125,7 @@ impl VhostPort {
 
     /// Takes a queue back; returns its next avail index (what `GET_VRING_BASE` answers) and
     /// its kick fd's number (to leave the epoll set).
-    pub fn stop(&mut self, index: u16) -> Option<(u16, Option<i32>)> {
+    pub(crate) fn stop(&mut self, index: u16) -> Option<(u16, Option<i32>)> {
         let q = QueueIndex(index);
         let qp = self.qps.get_mut(q.pair())?.as_mut()?;
         let slot = if q.is_rx() {
@@ -147,11 +147,11 @@ impl VhostPort {
     }
 
     /// Switches every running ring to a new memory table. A ring whose own addresses no
-    /// longer translate is parked until a grant covers them again ([`QueueSlot::set_mem`]).
+    /// longer translate is parked until a grant covers them again (`QueueSlot::set_mem`).
     /// A queue that waited for a grant tries again at once (still under the same wait: a
     /// grant that does not cover the miss is asked again after the retry interval, and the
     /// bound holds).
-    pub fn set_mem(&mut self, mem: &Arc<MemTable>) {
+    pub(crate) fn set_mem(&mut self, mem: &Arc<MemTable>) {
         let (id, now) = (self.id, Instant::now());
         for qp in self.qps.iter_mut().flatten() {
             for s in [&mut qp.rx, &mut qp.tx].into_iter().flatten() {
@@ -162,11 +162,11 @@ impl VhostPort {
 
     /// Stops every ring whose memory table holds a mapping that faulted (the peer shrank what
     /// it shared).
-    pub fn check_faults(&mut self) {
+    pub(crate) fn check_faults(&mut self) {
         let id = self.id;
         for qp in self.qps.iter_mut().flatten() {
             for s in [&mut qp.rx, &mut qp.tx].into_iter().flatten() {
-                if pvnet_vhost::mmap::table_faulted(s.q.mem()) {
+                if pvnet_vhost::table_faulted(s.q.mem()) {
                     s.fail(id, &qp.stats, virtq::Error::MemoryFault);
                 }
             }
@@ -175,7 +175,7 @@ impl VhostPort {
 
     /// Every running ring's vhost-user index and kick fd (to enter or leave a shard's epoll
     /// set when the port moves between shards).
-    pub fn kick_fds(&self) -> Vec<(u16, i32)> {
+    pub(crate) fn kick_fds(&self) -> Vec<(u16, i32)> {
         self.qps
             .iter()
             .flatten()
@@ -189,14 +189,14 @@ impl VhostPort {
     }
 
     /// The shard is going to sleep with this port armed (counted on every pair).
-    pub fn count_sleep(&self) {
+    pub(crate) fn count_sleep(&self) {
         for s in &self.stats {
             bump(&s.sleeps, 1);
         }
     }
 
     /// The size of its transmit ring (0 if none runs): how much a drain may have to take.
-    pub fn tx_ring_size(&self) -> u16 {
+    pub(crate) fn tx_ring_size(&self) -> u16 {
         self.qps
             .iter()
             .flatten()

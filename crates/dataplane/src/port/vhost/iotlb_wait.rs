@@ -22,7 +22,7 @@ pub(super) struct Asked {
 impl Asked {
     /// Asks for `addr` now, in a wait that began at `since`.
     pub(super) fn now(
-        ch: &pvnet_vhost::iotlb::BackendChannel,
+        ch: &pvnet_vhost::BackendChannel,
         stats: &PortStats,
         addr: u64,
         perm: virtq::Perm,
@@ -43,7 +43,7 @@ impl Asked {
     /// passed.
     pub(super) fn keep(
         &mut self,
-        ch: &pvnet_vhost::iotlb::BackendChannel,
+        ch: &pvnet_vhost::BackendChannel,
         stats: &PortStats,
         now: Instant,
     ) -> bool {
@@ -79,7 +79,7 @@ pub(super) const IOTLB_MISS_GAP: Duration = Duration::from_millis(100);
 
 /// How long a queue waits for the frontend to answer an IOTLB miss before it is stopped
 /// (QEMU answers in microseconds; a frontend that never does must not hold the queue).
-pub const IOTLB_MISS_BOUND: Duration = Duration::from_secs(1);
+pub(super) const IOTLB_MISS_BOUND: Duration = Duration::from_secs(1);
 /// How often a miss still unanswered is asked again.
 pub(super) const IOTLB_MISS_RETRY: Duration = Duration::from_millis(20);
 
@@ -144,7 +144,7 @@ impl QueueSlot {
         // vIOMMU that flushes everything every few milliseconds, Linux's lazy mode, takes it
         // again) is a new miss with a bound of its own, not the old wait going on.
         if let Some(Waiting { ask, .. }) = self.waiting {
-            if virtq::xlate::Translate::translate(&**mem, ask.addr, ask.perm, &mut 0).is_ok() {
+            if virtq::Translate::translate(&**mem, ask.addr, ask.perm, &mut 0).is_ok() {
                 self.waiting = None;
                 self.worked = true; // polled again before any sleep
             }

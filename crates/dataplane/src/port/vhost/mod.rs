@@ -42,10 +42,13 @@ mod tx;
 #[cfg(test)]
 mod tests;
 
-pub use iotlb_wait::IOTLB_MISS_BOUND;
-pub use pair::QueuePair;
-pub use rx::{deliver, header_for, Delivered, RxBatch};
-pub use slot::QueueSlot;
+#[cfg(test)]
+use iotlb_wait::IOTLB_MISS_BOUND;
+pub(crate) use pair::QueuePair;
+#[cfg(test)]
+pub(crate) use rx::header_for;
+pub(crate) use rx::RxBatch;
+pub(crate) use slot::QueueSlot;
 
 use crate::egress::{Egress, EgressConfig};
 use crate::pkt::PortId;

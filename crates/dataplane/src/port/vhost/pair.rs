@@ -13,7 +13,7 @@ use virtq::Chain;
 /// One queue pair of a port: the frontend's transmit ring (our ingress), its receive ring
 /// (our egress) and what each side keeps between batches.
 #[derive(Debug)]
-pub struct QueuePair {
+pub(crate) struct QueuePair {
     /// Receive queue (device writes), index `2k`.
     pub rx: Option<QueueSlot>,
     /// Transmit queue (device reads), index `2k + 1`.

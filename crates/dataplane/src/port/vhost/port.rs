@@ -11,16 +11,12 @@ use crate::port::{Ingress, Port, RX_OFFLOADS};
 use crate::stats::{bump, PortStats};
 use pvnet_net::QueueIndex;
 use std::time::Instant;
-use virtq::event::Armed;
+use virtq::Armed;
 use virtq::Seg;
 
 impl Port for VhostPort {
     fn id(&self) -> PortId {
         self.id
-    }
-
-    fn kind(&self) -> &'static str {
-        "vhost-user"
     }
 
     fn tx_stats(&self) -> &PortStats {

@@ -9,13 +9,13 @@ use crate::port::offer_each;
 use crate::stats::{bump, DropReason, PortStats};
 use pvnet_net::{VnetHdr, HDR_LEN, NUM_BUFFERS_OFF};
 use std::time::Instant;
-use virtq::mem::{copy_segs, write_segs, Prefetch};
-use virtq::queue::FormatQueue;
+use virtq::FormatQueue;
+use virtq::{copy_segs, write_segs, Prefetch};
 use virtq::{Chain, DeviceQueue, Seg};
 
 /// Outcome of delivering one packet into a receive ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delivered {
+pub(super) enum Delivered {
     /// Written and its used entries pushed.
     Done,
     /// Not enough receive chains in this batch: nothing consumed.
@@ -27,7 +27,7 @@ pub enum Delivered {
 /// Receive chains popped for one batch, each already being loaded for writing, consumed in
 /// order; what is left goes back to the ring at [`finish`](RxBatch::finish).
 #[derive(Debug)]
-pub struct RxBatch {
+pub(crate) struct RxBatch {
     pub(super) chains: Vec<Chain>,
     pub(super) next: usize,
     /// Most chains one packet may take: 1 without `VIRTIO_NET_F_MRG_RXBUF`.
@@ -54,7 +54,7 @@ impl RxBatch {
     /// than `cap` allows given the chains available (the device-queue limit), and prefetches
     /// the first lines of each for writing.
     #[inline]
-    pub fn fill(
+    pub(crate) fn fill(
         &mut self,
         rx: &mut QueueSlot,
         (id, stats): (PortId, &PortStats),
@@ -100,13 +100,13 @@ impl RxBatch {
     }
 
     /// Chains not consumed yet.
-    pub fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.chains.len() - self.next
     }
 
     /// Gives the unconsumed chains back (they are the last ones popped); returns the chains
     /// used.
-    pub fn finish(&mut self, q: &mut DeviceQueue) -> u32 {
+    pub(crate) fn finish(&mut self, q: &mut DeviceQueue) -> u32 {
         if self.logging && self.next > 0 {
             self.log_used(q);
         }
@@ -124,7 +124,7 @@ impl RxBatch {
 /// headers) and pushes the used entries. One copy call per chain. On `NoRoom` nothing is
 /// consumed.
 #[inline(always)]
-pub fn deliver(
+pub(super) fn deliver(
     rx: &mut DeviceQueue,
     b: &mut RxBatch,
     len: u32,
@@ -231,7 +231,7 @@ pub(super) fn take_plain(
             break;
         }
         // `fill_chain` without its split-header case: a chain whose first piece does not hold
-        // the header goes through `take` (about 4 instructions a packet less, callgrind).
+        // the header goes through `take` (fewer instructions a packet: docs/callgrind.md).
         let segs = q.writable(&c);
         let Some(first) = segs.first().filter(|s| s.len() >= hdr_len) else {
             break;
@@ -270,7 +270,7 @@ fn copy_unless_equal(p: &Pkt<'_>, first: &Seg<'_>, segs: &[Seg<'_>]) -> u32 {
 
 /// The header a receiver with `features` and a `len`-byte header is given for a packet that
 /// passes as it is: its metadata, less what the receiver did not negotiate.
-pub fn header_for(h: &VnetHdr, features: u64) -> [u8; VnetHdr::LEN] {
+pub(crate) fn header_for(h: &VnetHdr, features: u64) -> [u8; VnetHdr::LEN] {
     let mut out = *h;
     out.num_buffers = 0;
     if features & pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM == 0 {

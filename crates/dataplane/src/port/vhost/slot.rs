@@ -8,14 +8,14 @@ use crate::poll::{Policy, Poller, WakeCost};
 use crate::stats::{bump, PortStats};
 use pvnet_net::QueueIndex;
 use pvnet_vhost::backend::StartedQueue;
-use pvnet_vhost::eventfd::Notifier;
+use pvnet_vhost::Notifier;
 use std::sync::Arc;
 use std::time::Instant;
 use virtq::DeviceQueue;
 
 /// A running ring and its notifiers.
 #[derive(Debug)]
-pub struct QueueSlot {
+pub(crate) struct QueueSlot {
     /// The ring.
     pub q: DeviceQueue,
     /// Kick fd (None: the frontend polls).
@@ -38,7 +38,7 @@ pub struct QueueSlot {
     /// A call went out since the shard last looked (`take_called`).
     pub(super) called: bool,
     /// Under an IOMMU: where to ask for missing translations.
-    pub(super) iotlb: Option<Arc<pvnet_vhost::iotlb::BackendChannel>>,
+    pub(super) iotlb: Option<Arc<pvnet_vhost::BackendChannel>>,
     /// The translation the queue waits for, since when, and when it last asked.
     pub(super) waiting: Option<Waiting>,
     /// Under an IOMMU: the ring's own memory was invalidated while it ran (a vIOMMU's
@@ -49,7 +49,7 @@ pub struct QueueSlot {
 
 impl QueueSlot {
     /// Wraps a started queue, polled by `policy`.
-    pub fn new(s: StartedQueue, policy: Policy, wake: WakeCost) -> Self {
+    pub(crate) fn new(s: StartedQueue, policy: Policy, wake: WakeCost) -> Self {
         Self {
             q: s.queue,
             kick: s.kick,
@@ -77,7 +77,7 @@ impl QueueSlot {
     /// Stops the queue for a violation: logged, counted, reported on the err fd. The process
     /// and every other queue go on. A retryable error (a translation not there yet) consumed
     /// nothing and stops nothing.
-    pub fn fail(&mut self, port: PortId, stats: &PortStats, e: virtq::Error) {
+    pub(crate) fn fail(&mut self, port: PortId, stats: &PortStats, e: virtq::Error) {
         let e = match e {
             virtq::Error::TranslationMiss { addr, perm, .. } => {
                 match self.wait_for_grant(port, stats, addr, perm, Instant::now()) {
@@ -106,7 +106,7 @@ impl QueueSlot {
     /// Publishes used entries; calls the frontend if it asked (a transmit-completion call may
     /// be held back, see [`Calls`]).
     #[inline]
-    pub fn publish(&mut self, stats: &PortStats) {
+    pub(crate) fn publish(&mut self, stats: &PortStats) {
         let batches = if self.is_tx() {
             &stats.rx_batches
         } else {
@@ -153,7 +153,7 @@ impl QueueSlot {
 
     /// The slot if it is running and not stopped for a violation.
     #[inline]
-    pub fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
+    pub(crate) fn usable(s: &mut Option<QueueSlot>) -> Option<&mut QueueSlot> {
         s.as_mut().filter(|s| s.live)
     }
 }

@@ -52,7 +52,7 @@ impl VhostPort {
                 Some(b) => b,
                 None => {
                     let mut b = [0u8; 64];
-                    virtq::mem::read_segs(p.segs, p.hdr_len, &mut b);
+                    virtq::read_segs(p.segs, p.hdr_len, &mut b);
                     b
                 }
             };

@@ -12,12 +12,12 @@ use crate::stats::PortStats;
 use crate::testing::{MockFe, BUF, MODERN};
 use pvnet_net::{VnetHdr, HDR_LEN};
 use pvnet_vhost::backend::StartedQueue;
-use pvnet_vhost::iotlb::BackendChannel;
+use pvnet_vhost::BackendChannel;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use virtq::mock::MockQueue;
-use virtq::queue::{Direction, Format};
+use virtq::{Direction, Format};
 use virtq::{Perm, Seg};
 
 const MS: Duration = Duration::from_millis(1);

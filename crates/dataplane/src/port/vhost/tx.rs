@@ -5,8 +5,8 @@ use super::QueueSlot;
 use crate::pkt::{read_head, Pkt, PortId, EMPTY, MACS, MAX_BURST};
 use crate::port::Ingress;
 use crate::stats::{bump, DropReason, PortStats};
-use virtq::mem::Prefetch;
-use virtq::queue::FormatQueue;
+use virtq::FormatQueue;
+use virtq::Prefetch;
 use virtq::{Chain, DeviceQueue};
 
 /// One batch from a frontend's transmit ring to `to`: one `available()` load, the batch
