@@ -5,7 +5,7 @@
 //!   to a port, what a port takes, a port's id, the burst sizes.
 //! * `flow`: the flow hash (egress queue classification, receive-ring steering).
 //! * `port`: everything packets enter and leave through, behind one `Port` interface
-//!   (vhost-user, tap, sink, gen).
+//!   (vhost-user, tap, AF_PACKET, AF_XDP, sink, gen, the trunk between shards).
 //! * `switch`: one ingress loop over every port; learned or fixed routes; offload fitting.
 //! * `egress`: where backpressure is decided: packets wait in their senders or in a
 //!   per-port queue (fifo or fq_codel, drained in bulk under a dynamic queue limit).
@@ -13,7 +13,8 @@
 //!   ([`Dataplane`]).
 //! * `poll`: policies, the adaptive window, the clock, and the poll loop's pure decisions.
 //! * `stats`: counters per (port, queue pair), one writer each, summed for display.
-//! * `sys`: the operating system (epoll, timerfd, eventfd, pinning, the tap device).
+//! * `sys`: the operating system (epoll, timerfd, eventfd, pinning, the tap device,
+//!   `AF_PACKET`, `io_uring`, the XDP program and the AF_XDP sockets).
 //! * [`frame`]: the benchmark frame format (sequence numbers and the end marker).
 //!
 //! The modules are private but [`frame`] (a format other programs speak) and `testing`; what
