@@ -599,24 +599,34 @@ host_ns_done() { [ -n "$HNS" ] && netns_del "$HNS"; HNS=; }
 host_addr() { ip -n "$HNS" addr add 10.77.0.1/24 dev "$TAPIF"; }
 # hx CMD... : CMD on the host side of the tap (in the case's namespace).
 hx() { ip netns exec "$HNS" "$@"; }
+# tap_guest_start NAME ROLE VM_OPTS TAP_OPTS DEVICE_OPTIONS KERNEL_APPEND [QEMU_ARG...] : the guest
+# program ROLE (guest_script) booted against a switch with a vm port (VM_OPTS appended to its
+# spec) and a tap (TAP_OPTS) in the case's namespace, the tap's end at 10.77.0.1 with an iperf3
+# server (IPERF3_PID); the guest's QEMU is GUEST_PID. Returns 1, the case failed, if the switch
+# does not come up.
+tap_guest_start() {
+  local name="$1" role="$2" vmo="$3" tapo="$4" dopt="$5" gappend="$6" vec=""
+  shift 6
+  case "$(guest_accel)" in *tcg*) vec=",vectors=0" ;; esac
+  guest_script "$role" > "$D/$name.run.sh"; make_initrd "$D/$name.run.sh" "$D/$name.initrd.gz"
+  host_ns "$name"
+  switch_start "$name" --port "vhost-user:name=vm,socket=$D/$name.sock$vmo" --port "tap:name=host,ifname=$TAPIF$tapo" \
+    || { fail "$name" "pvnet switch did not start (log: $D/$name.pvnet.log)"; return 1; }
+  wait_for 5 test -S "$D/$name.sock" || { fail "$name" "vm port socket missing"; return 1; }
+  host_addr
+  timeout -k 2 120 ip netns exec "$HNS" iperf3 -s -B 10.77.0.1 > "$D/$name.iperf3s.log" 2>&1 &
+  IPERF3_PID=$!; PIDS+=("$IPERF3_PID")
+  guest_start 120 "$D/$name.initrd.gz" "$D/$name.console.log" "pvg.timeout=100 ipv6.disable=1 $gappend" \
+    "virtio-net-pci,netdev=n0,mac=$GMAC$vec$dopt" -chardev socket,id=c0,path="$D/$name.sock" \
+    -netdev vhost-user,id=n0,chardev=c0 "$@"
+  PIDS+=("$GUEST_PID")
+}
 guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_ARG...]]]
-  local name="$1" dopt="${2:-}" gappend="${3:-}" t0 tag glog acc vec=""
+  local name="$1" dopt="${2:-}" gappend="${3:-}" t0 tag glog
   shift; shift || true; shift || true
   t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
-  acc=$(guest_accel)
-  case "$acc" in *tcg*) vec=",vectors=0" ;; esac
-  guest_script tap > "$D/$tag.run.sh"; make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
-  host_ns "$name"
-  switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.sock" --port "tap:name=host,ifname=$TAPIF${TAP_OPTS:-}" \
-    || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
-  wait_for 5 test -S "$D/$tag.sock" || { fail "$name" "vm port socket missing"; return; }
-  host_addr
-  timeout -k 2 120 ip netns exec "$HNS" iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
-  local ip3=$!; PIDS+=("$ip3")
-  guest_start 120 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=100 ipv6.disable=1 $gappend" \
-    "virtio-net-pci,netdev=n0,mac=$GMAC$vec$dopt" -chardev socket,id=c0,path="$D/$tag.sock" \
-    -netdev vhost-user,id=n0,chardev=c0 "$@"
-  local qp=$GUEST_PID; PIDS+=("$qp")
+  tap_guest_start "$name" tap "" "${TAP_OPTS:-}" "$dopt" "$gappend" "$@" || return
+  local ip3=$IPERF3_PID qp=$GUEST_PID
   local hping="no reply"
   if wait_for 60 grep -q GUEST_NET_READY "$glog"; then
     hping=$(hx ping -c 3 -W 5 10.77.0.2 | grep -o '[0-9]* received')
@@ -694,28 +704,16 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
 # MTU, within the tap's): pvnet does not send them to the guest, it counts them too_big at the
 # host port, exactly 3, and the guest sees none of them.
 guest_mtu() {
-  local name="$1" t0 tag glog acc vec=""
+  local name="$1" t0 tag glog
   t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
-  acc=$(guest_accel)
-  case "$acc" in *tcg*) vec=",vectors=0" ;; esac
-  guest_script mtu > "$D/$tag.run.sh"; make_initrd "$D/$tag.run.sh" "$D/$tag.initrd.gz"
-  host_ns "$name"
-  switch_start "$tag" --port "vhost-user:name=vm,socket=$D/$tag.sock,mtu=9000" --port "tap:name=host,ifname=$TAPIF,mtu=9100" \
-    || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; return; }
-  wait_for 5 test -S "$D/$tag.sock" || { fail "$name" "vm port socket missing"; return; }
-  host_addr
-  timeout -k 2 120 ip netns exec "$HNS" iperf3 -s -B 10.77.0.1 > "$D/$tag.iperf3s.log" 2>&1 &
-  local ip3=$!; PIDS+=("$ip3")
-  guest_start 120 "$D/$tag.initrd.gz" "$glog" "pvg.timeout=100 ipv6.disable=1" \
-    "virtio-net-pci,netdev=n0,mac=$GMAC,host_mtu=9000$vec" -chardev socket,id=c0,path="$D/$tag.sock" \
-    -netdev vhost-user,id=n0,chardev=c0
-  local qp=$GUEST_PID; PIDS+=("$qp")
+  tap_guest_start "$name" mtu ",mtu=9000" ",mtu=9100" ",host_mtu=9000" "" || return
+  local ip3=$IPERF3_PID qp=$GUEST_PID
   local hping="no reply" hbig=""
   if wait_for 60 grep -q GUEST_NET_READY "$glog"; then
-    hping=$(hx ping -c 3 -W 5 -s 8972 -M do 10.77.0.2 | grep -o '[0-9]* received')
+    hping=$(hx ping -c 3 -W 5 -s 8972 -M "do" 10.77.0.2 | grep -o '[0-9]* received')
   fi
   if wait_for 90 grep -q GUEST_BIG_WAIT "$glog"; then
-    hbig=$(hx ping -c 3 -W 1 -s 9000 -M do 10.77.0.2 2>&1 | grep -o '[0-9]* received')
+    hbig=$(hx ping -c 3 -W 1 -s 9000 -M "do" 10.77.0.2 2>&1 | grep -o '[0-9]* received')
   fi
   wait_pid "$qp" 130; local qrc=$?
   tr -d '\r' < "$glog" > "$glog.txt"

@@ -8,7 +8,6 @@
 echo "4096 4194304 16777216" > /proc/sys/net/ipv4/tcp_rmem
 wget -q -O /tmp/recv.bin http://10.77.0.1:8077/stream &
 w=$!
-inechos() { awk '/^Icmp:/{if(!h){for(i=1;i<=NF;i++)if($i=="InEchos")c=i;h=1}else{print $c}}' /proc/net/snmp; }
 snmp() { awk -v t="$1:" -v f="$2" '$1==t{if(!h){for(i=1;i<=NF;i++)if($i==f)c=i;h=1}else{print $c}}' /proc/net/snmp; }
 sleep 1; e0=$(inechos); ip link set eth0 down; echo "GUEST_DOWN"
 # A fixed amount of churn, not a time: the guest's clock is not to be trusted across the

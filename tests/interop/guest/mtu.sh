@@ -4,7 +4,6 @@
 echo "GUEST_MTU $(cat /sys/class/net/eth0/mtu)"
 ip addr add 10.77.0.2/24 dev eth0
 echo "GUEST_NET_READY"
-inechos() { awk '/^Icmp:/{if(!h){for(i=1;i<=NF;i++)if($i=="InEchos")c=i;h=1}else{print $c}}' /proc/net/snmp; }
 i=0; while [ "$(inechos)" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 echo "GUEST_ECHOS_IN $(inechos)"
 # (busybox ping has no -M: at the guest's MTU of 9000 a 9000-byte IP packet goes whole anyway)

@@ -6,3 +6,5 @@ echo "GUEST_PROBE driver=$(basename "$(readlink $N/device/driver)") features=$(c
 ip link set eth0 up
 i=0; while [ "$(cat $N/operstate)" != up ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 echo "GUEST_LINK carrier=$(cat $N/carrier) operstate=$(cat $N/operstate)"
+# inechos: the ICMP echo requests the guest has taken in (/proc/net/snmp Icmp InEchos).
+inechos() { awk '/^Icmp:/{if(!h){for(i=1;i<=NF;i++)if($i=="InEchos")c=i;h=1}else{print $c}}' /proc/net/snmp; }

@@ -3,7 +3,6 @@
 # through pvnet switch to the host's tap (10.77.0.1): ping both ways, TCP and UDP both ways
 ip addr add 10.77.0.2/24 dev eth0
 echo "GUEST_NET_READY"
-inechos() { awk '/^Icmp:/{if(!h){for(i=1;i<=NF;i++)if($i=="InEchos")c=i;h=1}else{print $c}}' /proc/net/snmp; }
 i=0; while [ "$(inechos)" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 echo "GUEST_ECHOS_IN $(inechos)"
 echo "GUEST_PING $(ping -c 3 -W 5 10.77.0.1 | grep -o '[0-9]* packets received')"
