@@ -16,6 +16,8 @@ import json
 import statistics
 import sys
 
+from pvnet_report import fields
+
 
 def snap(port, status):
     c = next(p for p in status["ports"] if p["name"] == port)["counters"]
@@ -46,7 +48,7 @@ def summary(lines):
     for line in lines:
         if not line.startswith("RESULT "):
             continue
-        kv = dict(x.split("=", 1) for x in line.split()[1:])
+        kv = fields(line)
         rows.setdefault((kv["cfg"], kv["size"]), []).append(kv)
 
     def med(key, k):

@@ -19,7 +19,7 @@ import re
 import statistics
 import sys
 
-from pvnet_report import final
+from pvnet_report import fields, final, write_table
 
 NAN = float("nan")
 
@@ -121,7 +121,7 @@ def parse(lines):
     """RESULT lines as dicts, with their c2c state and numbers."""
     rows = []
     for line in lines:
-        d = dict(kv.split("=", 1) for kv in line.split()[1:])
+        d = fields(line)
         d["state"] = state(d["c2c_ns"])
         d["mpps"], d["ns"] = float(d["mpps"]), float(d["cpu_ns_per_pkt"])
         d.setdefault("size", "64")
@@ -207,9 +207,7 @@ def main(argv):
     elif cmd == "summary":
         with open(a[0]) as f:
             out = summary(parse(f))
-        with open(a[1], "w") as f:
-            f.write("\n".join(out) + "\n")
-        print("\n".join(out))
+        write_table(out, a[1])
     else:
         sys.exit("bench_dpdk.py: unknown command %s" % cmd)
 

@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 
-from pvnet_report import counters, final
+from pvnet_report import counters, final, results, write_table
 
 
 def _load(path):
@@ -66,7 +66,7 @@ def state(v):
 
 
 def parse(lines):
-    return [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in lines if line.startswith("RESULT")]
+    return results(lines)
 
 
 class Rows:
@@ -170,9 +170,7 @@ def main(argv):
             rows = parse(f)
         fn = bulk_summary if part == "bulk" else latency_summary
         out = fn(rows, int(send) / 1e6, int(recv) / 1e6)
-        with open(out_path, "w") as f:
-            f.write("\n".join(out) + "\n")
-        print("\n".join(out))
+        write_table(out, out_path)
     else:
         sys.exit("bench_egress_paced.py: unknown command %s" % cmd)
 

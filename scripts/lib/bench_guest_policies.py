@@ -20,6 +20,8 @@ import statistics
 import sys
 import time
 
+from pvnet_report import fields, write_table
+
 NAN = float("nan")
 
 
@@ -83,7 +85,7 @@ def parse(lines, omax, meta):
             meta["smp"] = m.group(5) or "1"
         if not line.startswith("RESULT"):
             continue
-        d = dict(kv.split("=", 1) for kv in line.split()[1:])
+        d = fields(line)
         try:
             d["bad"] = d.get("disturbed") == "1" or float(d["other_pct"]) > float(omax)
         except ValueError:
@@ -214,9 +216,7 @@ def main(argv):
             allrows = parse(f, omax, meta)
         when = datetime.datetime.fromtimestamp(os.path.getmtime(res), datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
         out = summary(allrows, meta, when, omax)
-        with open(out_path, "w") as f:
-            f.write("\n".join(out) + "\n")
-        print("\n".join(out))
+        write_table(out, out_path)
     else:
         sys.exit("bench_guest_policies.py: unknown command %s" % cmd)
 

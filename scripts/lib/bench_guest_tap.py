@@ -15,7 +15,7 @@ import re
 import statistics
 import sys
 
-from pvnet_report import counters, final, port_named
+from pvnet_report import counters, final, port_named, results, write_table
 
 NAN = float("nan")
 
@@ -169,11 +169,9 @@ def main(argv):
         print(result(text, a[1], a[2], a[3], a[5].split(), a[6]))
     elif cmd == "summary":
         with open(a[0]) as f:
-            rows = [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in f if line.startswith("RESULT")]
+            rows = results(f)
         out = summary(rows)
-        with open(a[1], "w") as f:
-            f.write("\n".join(out) + "\n")
-        print("\n".join(out))
+        write_table(out, a[1])
     else:
         sys.exit("bench_guest_tap.py: unknown command %s" % cmd)
 

@@ -15,7 +15,7 @@ import re
 import statistics
 import sys
 
-from pvnet_report import finals
+from pvnet_report import finals, write_table
 
 
 def run(rnd, reb, c2, fin, log, cpu_ns):
@@ -74,9 +74,7 @@ def main(argv):
         with open(a[0]) as f:
             rows = [json.loads(line) for line in f if line.startswith("{")]
         out = summary(rows, a[2], a[3], os.environ)
-        with open(a[1], "w") as f:
-            f.write("\n".join(out) + "\n")
-        print("\n".join(out))
+        write_table(out, a[1])
     else:
         sys.exit("bench_rebalance.py: unknown command %s" % cmd)
 

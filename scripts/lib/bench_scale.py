@@ -16,7 +16,7 @@ import re
 import statistics
 import sys
 
-from pvnet_report import finals
+from pvnet_report import finals, write_table
 
 NAN = float("nan")
 
@@ -183,12 +183,8 @@ def main(argv):
             rows, idle = parse(f)
         out, cout = summary(rows, idle, os.environ.get("MQ_FLOWS", "64"))
         if cout is not None:
-            with open(a[2], "w") as f:
-                f.write("\n".join(cout) + "\n")
-            print("\n".join(cout))
-        with open(a[1], "w") as f:
-            f.write("\n".join(out) + "\n")
-        print("\n".join(out))
+            write_table(cout, a[2])
+        write_table(out, a[1])
     else:
         sys.exit("bench_scale.py: unknown command %s" % cmd)
 

@@ -11,6 +11,8 @@
 import statistics
 import sys
 
+from pvnet_report import results, write_table
+
 WARMUP = 1000  # the warm-up packets each run sends first
 
 
@@ -49,11 +51,9 @@ def main(argv):
         print(result(a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5]), int(a[6]), a[7], int(a[8]), int(a[9])))
     elif cmd == "summary":
         with open(a[0]) as f:
-            rows = [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in f if line.startswith("RESULT")]
+            rows = results(f)
         out = summary(rows, a[2])
-        with open(a[1], "w") as f:
-            f.write("\n".join(out) + "\n")
-        print("\n".join(out))
+        write_table(out, a[1])
     else:
         sys.exit("bench_tap_rx.py: unknown command %s" % cmd)
 

@@ -20,12 +20,32 @@ the benchmark modules import the functions.
 
 A final report or port that is not there prints "missing"; a counter the port lacks "none"
 (port, ctl-port without DEFAULT). `final` and `ready` exit non-zero when the field is absent.
+
+The benchmark scripts' own lines (`RESULT key=value ...`) are read here too ([`fields`],
+[`results`]), and their tables written ([`write_table`]).
 """
 
 import json
 import sys
 
 MISSING = "missing"
+
+
+def fields(line):
+    """The key=value fields of a benchmark line (its first word, e.g. RESULT, is its kind)."""
+    return dict(kv.split("=", 1) for kv in line.split()[1:])
+
+
+def results(lines):
+    """The fields of every RESULT line among LINES."""
+    return [fields(line) for line in lines if line.startswith("RESULT")]
+
+
+def write_table(out, path):
+    """A table's lines OUT: written to PATH and printed."""
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+    print("\n".join(out))
 
 
 def finals(path):
