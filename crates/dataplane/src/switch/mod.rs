@@ -453,31 +453,19 @@ impl Cx<'_, '_> {
     /// takes the run up to its first frame too big for it, which is dropped (`too_big`).
     #[inline]
     fn emit(&mut self, j: usize, run: &[Pkt<'_>], offer: Offer) -> (usize, Out) {
-        let Some(port) = self.others.get(j) else {
-            return (0, Out::Dropped(DropReason::PortDown));
-        };
-        let Some(mtu) = port.mtu() else {
-            return self.emit_fitting(j, run, offer);
-        };
-        let fit = run.iter().position(|p| !fits_mtu(p, mtu));
-        let Some(k) = fit else {
-            return self.emit_fitting(j, run, offer);
-        };
-        if k == 0 {
-            return (0, Out::Dropped(DropReason::TooBig));
-        }
-        match self.emit_fitting(j, &run[..k], offer) {
-            (n, Out::Sent) if n == k => (k, Out::Dropped(DropReason::TooBig)),
-            other => other,
-        }
-    }
-
-    /// [`Self::emit`] of a run that fits the port's MTU.
-    #[inline]
-    fn emit_fitting(&mut self, j: usize, run: &[Pkt<'_>], offer: Offer) -> (usize, Out) {
         let now = self.now;
         let Some(port) = self.others.get(j) else {
             return (0, Out::Dropped(DropReason::PortDown));
+        };
+        // The part of the run that fits the port's MTU, and what becomes of the packet after
+        // it once that part is taken.
+        let (run, after) = match port
+            .mtu()
+            .and_then(|m| run.iter().position(|p| !fits_mtu(p, m)))
+        {
+            Some(0) => return (0, Out::Dropped(DropReason::TooBig)),
+            Some(k) => (&run[..k], Out::Dropped(DropReason::TooBig)),
+            None => (run, Out::Sent),
         };
 
         let touched = &mut self.f.touched;
@@ -519,7 +507,7 @@ impl Cx<'_, '_> {
             _ => port.tx_burst(run),
         };
         if n == run.len() {
-            return (n, Out::Sent);
+            return (n, after);
         }
 
         let out = match backpressure(out, port.egress(), offer, now) {
@@ -528,7 +516,7 @@ impl Cx<'_, '_> {
             Some(Backpressure::Queue) => {
                 // The rest of the run waits in the receiver's queue; the sender is free.
                 port.enqueue(&run[n..], now);
-                return (run.len(), Out::Sent);
+                return (run.len(), after);
             }
             Some(Backpressure::Drop(r)) => Out::Dropped(r),
         };
