@@ -505,6 +505,11 @@ pub struct Switch {
 impl Switch {
     /// Starts it (with `PVNET_LOG=info`).
     pub fn start(dir: &TestDir, extra: &[&str]) -> Self {
+        Self::start_env(dir, extra, &[])
+    }
+
+    /// [`Switch::start`] with more environment for the switch.
+    pub fn start_env(dir: &TestDir, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let (a, b, ctl) = (dir.sock("a"), dir.sock("b"), dir.sock("ctl"));
         let spec = |n: &str, s: &Path| format!("vhost-user:name={n},socket={}", s.display());
         let (pa, pb) = (spec("a", &a), spec("b", &b));
@@ -521,7 +526,9 @@ impl Switch {
             c,
         ];
         args.extend_from_slice(extra);
-        let mut proc = Proc::spawn("switch", &args, &[("PVNET_LOG", "info")]);
+        let mut envs = vec![("PVNET_LOG", "info")];
+        envs.extend_from_slice(env);
+        let mut proc = Proc::spawn("switch", &args, &envs);
         for s in [&a, &b, &ctl] {
             wait_socket(&mut proc, s);
         }
