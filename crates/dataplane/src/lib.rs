@@ -5,7 +5,7 @@
 //!   to a port, what a port takes, a port's id, the burst sizes.
 //! * `flow`: the flow hash (egress queue classification, receive-ring steering).
 //! * `port`: everything packets enter and leave through, behind one `Port` interface
-//!   (vhost-user, tap, AF_PACKET, AF_XDP, sink, gen, the trunk between shards).
+//!   (vhost-user, tap, AF_PACKET, AF_XDP, VXLAN, sink, gen, the trunk between shards).
 //! * `switch`: one ingress loop over every port; learned or fixed routes; offload fitting.
 //! * `egress`: where backpressure is decided: packets wait in their senders or in a
 //!   per-port queue (fifo or fq_codel, drained in bulk under a dynamic queue limit).
@@ -14,7 +14,7 @@
 //! * `poll`: policies, the adaptive window, the clock, and the poll loop's pure decisions.
 //! * `stats`: counters per (port, queue pair), one writer each, summed for display.
 //! * `sys`: the operating system (epoll, timerfd, eventfd, pinning, the tap device,
-//!   `AF_PACKET`, `io_uring`, the XDP program and the AF_XDP sockets).
+//!   `AF_PACKET`, `io_uring`, the XDP program and the AF_XDP sockets, batched UDP).
 //! * [`frame`]: the benchmark frame format (sequence numbers and the end marker).
 //!
 //! The modules are private but [`frame`] (a format other programs speak) and `testing`; what
@@ -50,10 +50,18 @@ pub use port::kernel::{HostDev, HostIo, KernelPort, ParseHostIoError};
 pub use port::sink::{Counting, SinkPort};
 pub use port::trunk::{link as trunk_link, Consumer, Producer, TrunkPort, TRUNK_RING_BYTES};
 pub use port::vhost::{VhostConfig, VhostPort, MAX_STEER};
+pub use port::vxlan::{Underlay as VxlanUnderlay, VxlanConfig, VxlanPort};
 pub use port::AnyPort;
 pub use stats::{DropReason, PortSnapshot, PortStats, QueueSnapshot};
 pub use switch::mac::MacTable;
 pub use switch::{Fabric, MacEntry, Router, SwitchConfig, Wire};
-pub use sys::{packet, pin_current_thread, tap, xdp};
+pub use sys::{packet, pin_current_thread, tap, udp, xdp};
 pub use worker::balance::RebalanceConfig;
 pub use worker::{Dataplane, GenConfig, HostPort, MoveError, Role, WorkerConfig, WorkerInfo};
+
+/// The VXLAN port's settings and limits, for the command line.
+pub mod vxlan {
+    pub use crate::port::vxlan::{
+        Underlay, VxlanConfig, VxlanPort, DEFAULT_PORT, MAX_REMOTES, MAX_SRCPORTS, OVERHEAD,
+    };
+}

@@ -1,6 +1,6 @@
 //! The vocabulary every layer of the dataplane shares: a packet on its way through ([`Pkt`]),
 //! what became of one offered to a port ([`TxOut`]), what a port takes ([`Caps`]), a port's
-//! id, and the sizes of a burst. It names nothing above it (only `stats`' drop reasons), so
+//! id, and the sizes of a burst. It names nothing above it (only `stats`' drop reasons and `flow`'s hash), so
 //! `egress`, `port`, `switch` and `worker` all build on it.
 
 use crate::stats::DropReason;
@@ -124,6 +124,33 @@ fn head_split<const H: usize, const N: usize>(segs: &[Seg<'_>], h: &mut [u8; N])
         }
         _ => false,
     }
+}
+
+/// The high 32 bits of a packet's flow hash (`flow::flow_hash_head`), from its bytes: for a
+/// packet whose source did not stamp one ([`Pkt::hash`] 0).
+#[inline]
+pub(crate) fn flow_hash_of(p: &Pkt<'_>) -> u64 {
+    use crate::flow::{flow_hash_head, flow_hash_l2, hashes_l3};
+    let first = p.segs.first();
+    // A frame without IP hashes its addresses, which the packet carries already: only
+    // its EtherType is read.
+    let et = first.and_then(|s| s.read_array::<2>(p.hdr_len + 12));
+    let h = if et.is_some_and(|e| !hashes_l3(u16::from_be_bytes(e))) {
+        flow_hash_l2(p.macs)
+    } else {
+        // The addresses and ports lie within the frame's first 64 bytes (VLAN and IPv6
+        // included): one fixed-size copy when the first segment holds them (nearly always).
+        let b = match first.and_then(|s| s.read_array::<64>(p.hdr_len)) {
+            Some(b) => b,
+            None => {
+                let mut b = [0u8; 64];
+                virtq::read_segs(p.segs, p.hdr_len, &mut b);
+                b
+            }
+        };
+        flow_hash_head(&b, p.frame_len() as usize)
+    };
+    h >> 32
 }
 
 /// What became of one packet offered to a port.

@@ -326,7 +326,7 @@ fn refusal(errno: i32) -> DropReason {
 
 /// The iovecs of a packet's bytes from `skip` on (its frame, when the header in front is
 /// replaced). Returns how many, or `None` if they do not fit.
-fn iovecs(segs: &[Seg<'_>], mut skip: u32, iov: &mut [libc::iovec]) -> Option<usize> {
+pub(super) fn iovecs(segs: &[Seg<'_>], mut skip: u32, iov: &mut [libc::iovec]) -> Option<usize> {
     let mut n = 0;
     for s in segs {
         if skip >= s.len() {

@@ -5,6 +5,7 @@
 //! | [`vhost`] | a frontend's transmit ring | its receive ring (mergeable buffers) |
 //! | [`kernel`] (a tap, or an `AF_PACKET` socket on a veth or NIC) | reads from the kernel, in bursts | gathered writes to the kernel, in bursts |
 //! | [`afxdp`] (an interface through `AF_XDP` sockets and pvnet's XDP program) | the receive rings' frames, in place | copied into the UMEM, one ring publish per batch |
+//! | [`vxlan`] (UDP tunnels to other hosts, RFC 7348) | `recvmmsg` bursts, decapsulated in place | one datagram per remote, gathered from the sender's memory, `sendmmsg` per batch |
 //! | [`sink`] | — | reads and checks every byte (bench frames) |
 //! | [`gen`] | numbered bench frames, paced or not | — |
 //! | [`trunk`] | what another shard sent over | copies into the ring to another shard |
@@ -26,6 +27,7 @@ pub(crate) mod kernel;
 pub(crate) mod sink;
 pub(crate) mod trunk;
 pub(crate) mod vhost;
+pub(crate) mod vxlan;
 
 use crate::egress::Egress;
 use crate::pkt::{Caps, Pkt, PortId, TxOut, MAX_BURST};
@@ -259,6 +261,8 @@ pub enum AnyPort {
     Kernel(kernel::KernelPort),
     /// An interface through `AF_XDP`.
     AfXdp(afxdp::AfXdpPort),
+    /// UDP tunnels to other hosts (VXLAN).
+    Vxlan(vxlan::VxlanPort),
     /// Consumes and checks.
     Sink(sink::SinkPort),
     /// Produces.
@@ -274,6 +278,7 @@ macro_rules! each {
             AnyPort::Vhost($p) => $e,
             AnyPort::Kernel($p) => $e,
             AnyPort::AfXdp($p) => $e,
+            AnyPort::Vxlan($p) => $e,
             AnyPort::Sink($p) => $e,
             AnyPort::Gen($p) => $e,
             AnyPort::Trunk($p) => $e,

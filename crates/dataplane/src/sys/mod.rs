@@ -1,11 +1,12 @@
 //! The operating system, in one place: epoll, the timer, eventfds, CPU pinning and the tap
-//! device ([`tap`]), `AF_PACKET` sockets ([`packet`]), `AF_XDP` sockets and their XDP program ([`xdp`]), batched I/O on both ([`uring`]) and
+//! device ([`tap`]), `AF_PACKET` sockets ([`packet`]), `AF_XDP` sockets and their XDP program ([`xdp`]), batched I/O on both ([`uring`]), UDP sockets moved in batches ([`udp`]) and
 //! zero-filled pages from the kernel ([`pages`]). Built on `vmm-sys-util` where it has the call; the rest of the dataplane
 //! makes no syscall of its own.
 
 pub mod packet;
 pub(crate) mod pages;
 pub mod tap;
+pub mod udp;
 pub(crate) mod uring;
 pub mod xdp;
 

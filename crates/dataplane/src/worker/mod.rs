@@ -117,6 +117,8 @@ pub enum HostPort {
     ),
     /// An interface through `AF_XDP`, its program attached and sockets bound.
     AfXdp(crate::sys::xdp::XdpDev),
+    /// VXLAN tunnels, their sockets bound.
+    Vxlan(crate::port::vxlan::Underlay),
     /// Consumes and checks.
     Sink,
     /// Produces.
@@ -130,6 +132,7 @@ impl HostPort {
             HostPort::Kernel(crate::port::kernel::HostDev::Tap(_), _, _) => "tap",
             HostPort::Kernel(crate::port::kernel::HostDev::Packet(_), _, _) => "af-packet",
             HostPort::AfXdp(_) => "af-xdp",
+            HostPort::Vxlan(_) => "vxlan",
             HostPort::Sink => "sink",
             HostPort::Gen(_) => "gen",
         }

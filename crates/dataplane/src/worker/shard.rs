@@ -353,6 +353,15 @@ impl Shard {
                 }
                 AnyPort::AfXdp(p)
             }
+            HostPort::Vxlan(u) => {
+                let aging = match self.cfg.role {
+                    Role::Switch(sw) => sw.aging,
+                    _ => crate::switch::SwitchConfig::default().aging,
+                };
+                let p = crate::port::vxlan::VxlanPort::new(id, stats, u, aging);
+                self.epoll.add(p.fd(), token(id, HOST_QUEUE));
+                AnyPort::Vxlan(p)
+            }
             HostPort::Sink => AnyPort::Sink(SinkPort::new(
                 id,
                 stats,
@@ -376,6 +385,9 @@ impl Shard {
                     for fd in x.fds() {
                         self.epoll.remove(fd);
                     }
+                }
+                if let AnyPort::Vxlan(x) = &p {
+                    self.epoll.remove(x.fd());
                 }
             }
             self.fabric.port_down(pid);

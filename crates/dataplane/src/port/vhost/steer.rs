@@ -38,27 +38,7 @@ impl VhostPort {
     /// The high 32 bits of a packet's flow hash, from its bytes (its source did not say).
     #[inline]
     pub(super) fn hash_of(p: &Pkt<'_>) -> u64 {
-        use crate::flow::{flow_hash_head, flow_hash_l2, hashes_l3};
-        let first = p.segs.first();
-        // A frame without IP hashes its addresses, which the packet carries already: only
-        // its EtherType is read.
-        let et = first.and_then(|s| s.read_array::<2>(p.hdr_len + 12));
-        let h = if et.is_some_and(|e| !hashes_l3(u16::from_be_bytes(e))) {
-            flow_hash_l2(p.macs)
-        } else {
-            // The addresses and ports lie within the frame's first 64 bytes (VLAN and IPv6
-            // included): one fixed-size copy when the first segment holds them (nearly always).
-            let b = match first.and_then(|s| s.read_array::<64>(p.hdr_len)) {
-                Some(b) => b,
-                None => {
-                    let mut b = [0u8; 64];
-                    virtq::read_segs(p.segs, p.hdr_len, &mut b);
-                    b
-                }
-            };
-            flow_hash_head(&b, p.frame_len() as usize)
-        };
-        h >> 32
+        crate::pkt::flow_hash_of(p)
     }
 
     /// The runs of consecutive packets (at most [`MAX_BURST`]) that go to one ring, in order,

@@ -1,0 +1,740 @@
+//! A VXLAN port (RFC 7348): the switch's segment stretched to other hosts through UDP
+//! tunnels, speaking the same wire format as Linux's `vxlan` device, OVS and VPP.
+//!
+//! To the switch it is a plain L2 port: decapsulated Ethernet frames come out of it, frames
+//! sent to it are encapsulated. One VNI per port.
+//!
+//! Underlay: the host's own UDP stack ([`crate::sys::udp`]); the kernel builds and strips the
+//! outer IPv4 and UDP headers, routes, resolves neighbours and fragments nothing (a datagram
+//! past the path's MTU is refused). pvnet writes and checks the 8-byte VXLAN header.
+//!
+//! Receiving: one `recvmmsg` of up to [`MAX_BURST`] datagrams into the port's own slots, each
+//! read 4 bytes into its slot so that, once the VXLAN header is checked, the 12 bytes in front
+//! of the inner frame become its virtio-net header (all zero: no offload metadata) and the
+//! frame is handed out where it lies, no copy. A datagram whose flags are not exactly the I
+//! flag (Linux drops those too), whose VNI is not the port's, that is shorter than a VXLAN
+//! header and an Ethernet header, or that did not fit its slot, is dropped and counted
+//! (`invalid`, `too_big`); one from an address that is not one of the port's remotes is
+//! dropped as `filtered`. Every inner source address is learned to the remote it came from
+//! ([`fdb`]), aged as the switch's table is. Frames the switch makes wait stay in their
+//! slots, in order, and no datagram is read until they are gone.
+//!
+//! Transmitting: each frame becomes one datagram per destination remote, gathered straight
+//! from the sender's memory behind one shared 8-byte header (the kernel's copy is the only
+//! one): to the remote its destination address was learned behind, or, for broadcast,
+//! multicast and unknown unicast, to every remote (head-end replication). The batch goes out
+//! at [`Port::tx_commit`](super::Port::tx_commit), one `sendmmsg` per source socket (more
+//! only if the kernel stops part-way). A frame whose datagram would be longer than the
+//! underlay's path MTU is refused (`too_big`, at its sender); a datagram the kernel refuses
+//! is counted at the port (`no_buffer` when its buffer is full, `too_big`, `port_down`).
+//! `tx_packets` counts datagrams, as Linux's vxlan does: a frame flooded to N remotes counts
+//! N.
+//!
+//! Outer source ports: a plain UDP socket sends from the port it is bound to. To spread flows
+//! over the underlay's paths (ECMP, RSS on the far host), the port opens `srcports` sockets
+//! on free ports the kernel picks and sends each inner flow (its flow hash) from one of them;
+//! with `srcports=1` everything goes from the receiving socket (source port = `dstport`).
+//! Building the outer headers itself (over AF_PACKET or AF_XDP) would give any source port
+//! per packet, at the price of routing, ARP and fragmentation of its own: not done.
+//!
+//! MTU: the encapsulation costs 50 bytes of the underlay's MTU (outer IPv4 20, UDP 8, VXLAN 8,
+//! the inner Ethernet header 14): [`Port::mtu`](super::Port::mtu) is the underlay path's MTU
+//! less 50, so a guest behind a 1500-byte underlay needs an MTU of 1450 (`mtu=1450` on its
+//! vhost-user port, or the switch's `--mtu`).
+//!
+//! Offloads: none either way (a datagram carries no metadata): the switch completes
+//! checksums and segments GSO packets before they reach the port (`sw_csum`, `sw_gso`).
+
+mod fdb;
+#[cfg(test)]
+mod tests;
+
+use super::kernel::{iovecs, TAP_LOOK};
+use super::{offer_each, Ingress};
+use crate::pkt::{flow_hash_of, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_BURST};
+use crate::poll::plan::Settle;
+use crate::poll::Idle;
+use crate::stats::{bump, DropReason, PortStats};
+use crate::sys::udp::{self, UdpSock};
+use fdb::Fdb;
+use pvnet_net::HDR_LEN;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use virtq::Armed;
+use virtq::Seg;
+
+/// The IANA port for VXLAN.
+pub const DEFAULT_PORT: u16 = 4789;
+/// Bytes of the VXLAN header.
+pub const VXLAN_HDR: u32 = 8;
+/// Bytes in front of the inner frame on the wire: outer IPv4 (20), UDP (8), VXLAN (8).
+const ENCAP: u32 = 20 + 8 + VXLAN_HDR;
+/// What the encapsulation takes of the underlay's MTU, seen from an inner IP packet: the
+/// outer headers and the inner Ethernet header (14).
+pub const OVERHEAD: u32 = ENCAP + 14;
+/// Most remotes of one port.
+pub const MAX_REMOTES: usize = 64;
+/// Most source sockets of one port.
+pub const MAX_SRCPORTS: u16 = 64;
+/// Datagrams queued per source socket before they are sent (a flood takes one per remote).
+const TX_MSGS: usize = 256;
+/// Iovecs of a transmit batch in all (the kernel takes at most 1024 per datagram).
+const TX_IOVS: usize = 1024;
+/// The kernel's buffers for the port's sockets, each way (capped by `net.core.rmem_max` and
+/// `wmem_max`).
+const SOCK_BUF: u32 = 4 << 20;
+/// Learned inner addresses.
+const FDB_SLOTS: usize = 4096;
+/// The flag byte of a VXLAN header with a valid VNI (the I flag, RFC 7348 section 5).
+const FLAG_I: u8 = 0x08;
+
+/// A VXLAN port's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanConfig {
+    /// The address the port's sockets are bound to (the outer source address).
+    pub local: Ipv4Addr,
+    /// The tunnel endpoints: where flooded frames go, and the only senders taken.
+    pub remotes: Vec<Ipv4Addr>,
+    /// The VXLAN network identifier (24 bits).
+    pub vni: u32,
+    /// The UDP port datagrams go to and are received on.
+    pub dstport: u16,
+    /// Sockets on kernel-picked ports that flows are spread over as their source port
+    /// (1: the receiving socket sends, from `dstport`).
+    pub srcports: u16,
+    /// The network namespace the sockets are opened in (`ip netns` name or a path), if not
+    /// the switch's.
+    pub netns: Option<String>,
+}
+
+/// The port's sockets, opened (before the port goes to its shard).
+#[derive(Debug)]
+pub struct Underlay {
+    cfg: VxlanConfig,
+    /// `[0]`: bound to `dstport`, receives (and sends when there is no other); then the
+    /// source sockets.
+    socks: Vec<UdpSock>,
+    /// The smallest path MTU towards the remotes.
+    mtu: u32,
+}
+
+impl Underlay {
+    /// Binds the sockets (in `cfg.netns` if given) and reads the path MTU to every remote.
+    pub fn open(cfg: &VxlanConfig) -> std::io::Result<Self> {
+        let c = cfg.clone();
+        let open = move || -> std::io::Result<(Vec<UdpSock>, u32)> {
+            let rx = UdpSock::bind(c.local, c.dstport)?;
+            rx.set_buffers(SOCK_BUF);
+            let mut socks = vec![rx];
+            if c.srcports > 1 {
+                for _ in 0..c.srcports {
+                    let s = UdpSock::bind(c.local, 0)?;
+                    s.set_buffers(SOCK_BUF);
+                    socks.push(s);
+                }
+            }
+            let mut mtu = u32::MAX;
+            for &r in &c.remotes {
+                mtu = mtu.min(udp::path_mtu(c.local, r)?);
+            }
+            Ok((socks, mtu))
+        };
+        let (socks, mtu) = match &cfg.netns {
+            Some(ns) => udp::in_netns(ns, open)?,
+            None => open()?,
+        };
+        if mtu < ENCAP + 14 + 68 {
+            return Err(std::io::Error::other(format!(
+                "the underlay's MTU ({mtu}) leaves no room for a frame"
+            )));
+        }
+        Ok(Self {
+            cfg: cfg.clone(),
+            socks,
+            mtu,
+        })
+    }
+
+    /// The inner MTU: the largest IP packet a frame through the tunnel may carry.
+    pub fn inner_mtu(&self) -> u32 {
+        self.mtu - OVERHEAD
+    }
+
+    /// The source ports datagrams go out from.
+    pub fn source_ports(&self) -> Vec<u16> {
+        if self.socks.len() == 1 {
+            vec![self.socks[0].port()]
+        } else {
+            self.socks[1..].iter().map(UdpSock::port).collect()
+        }
+    }
+
+    /// For `pvnet ctl ports`.
+    pub fn describe(&self) -> String {
+        let remotes: Vec<String> = self.cfg.remotes.iter().map(ToString::to_string).collect();
+        let sp = self.source_ports();
+        format!(
+            "vni {}, {}:{} -> {}, source ports {}, underlay MTU {} (inner {}){}",
+            self.cfg.vni,
+            self.cfg.local,
+            self.cfg.dstport,
+            remotes.join(" "),
+            if sp.len() == 1 {
+                sp[0].to_string()
+            } else {
+                format!("{} ({} sockets)", sp[0], sp.len())
+            },
+            self.mtu,
+            self.inner_mtu(),
+            self.cfg
+                .netns
+                .as_ref()
+                .map_or(String::new(), |n| format!(", netns {n}"))
+        )
+    }
+}
+
+/// The receive side: the slots, the headers `recvmmsg` fills, the frames not handed out.
+struct Rx {
+    /// Bytes per slot.
+    slot: usize,
+    buf: Vec<u8>,
+    iov: Vec<libc::iovec>,
+    names: Vec<libc::sockaddr_in>,
+    msgs: Vec<libc::mmsghdr>,
+    /// Decapsulated frames not handed out yet: (slot, frame bytes), in order; `at..n` wait.
+    ready: [(u16, u32); MAX_BURST],
+    at: usize,
+    n: usize,
+}
+
+/// One source socket's queued datagrams.
+struct Lane {
+    /// Index of its socket in the port's.
+    sock: usize,
+    msgs: Vec<libc::mmsghdr>,
+    /// Frame bytes of each.
+    lens: Vec<u32>,
+    n: usize,
+}
+
+/// The transmit side: the shared header, the iovecs and the queued datagrams.
+struct Tx {
+    /// The VXLAN header every datagram starts with (boxed: queued iovecs point at it).
+    hdr: Box<[u8; VXLAN_HDR as usize]>,
+    /// The remotes' addresses (boxed: queued headers point at them).
+    remotes: Box<[libc::sockaddr_in]>,
+    iov: Vec<libc::iovec>,
+    iov_used: usize,
+    lanes: Vec<Lane>,
+}
+
+// SAFETY: the raw pointers in `Rx` point into its own boxed buffers (never reallocated) and
+// are used only by the thread that owns the port, within one call. Those in `Tx` point into
+// its own boxes and, between a queued datagram and the flush that sends it (both within one
+// batch on the shard thread that owns the port), into the sender's packet memory; between
+// batches they are stale and never dereferenced.
+unsafe impl Send for Rx {}
+// SAFETY: as for `Rx`.
+unsafe impl Send for Tx {}
+
+impl std::fmt::Debug for Rx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rx")
+            .field("slot", &self.slot)
+            .field("waiting", &(self.n - self.at))
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Tx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tx")
+            .field("lanes", &self.lanes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn zeroed_msg() -> libc::mmsghdr {
+    // SAFETY: mmsghdr is plain data (pointers and integers): all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Bytes of a `sockaddr_in`.
+const SOCKADDR_LEN: libc::socklen_t = 16;
+const _: () = assert!(size_of::<libc::sockaddr_in>() == SOCKADDR_LEN as usize);
+
+impl Rx {
+    fn new(underlay_mtu: u32) -> Box<Self> {
+        // A datagram's payload is at most the MTU less 28; 4 bytes in front of it. The slot
+        // takes a little more, so that a datagram too big shows as cut (MSG_TRUNC).
+        let slot = (underlay_mtu as usize).next_multiple_of(64).max(2048);
+        let mut rx = Box::new(Self {
+            slot,
+            buf: vec![0u8; slot * MAX_BURST],
+            iov: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                };
+                MAX_BURST
+            ],
+            names: vec![udp::sockaddr(Ipv4Addr::UNSPECIFIED, 0); MAX_BURST],
+            msgs: (0..MAX_BURST).map(|_| zeroed_msg()).collect(),
+            ready: [(0, 0); MAX_BURST],
+            at: 0,
+            n: 0,
+        });
+        let r = &mut *rx;
+        for i in 0..MAX_BURST {
+            r.iov[i] = libc::iovec {
+                iov_base: r.buf[i * slot + 4..].as_mut_ptr().cast(),
+                iov_len: slot - 4,
+            };
+            let h = &mut r.msgs[i].msg_hdr;
+            h.msg_iov = &raw mut r.iov[i];
+            h.msg_iovlen = 1;
+            h.msg_name = (&raw mut r.names[i]).cast();
+            h.msg_namelen = SOCKADDR_LEN;
+        }
+        rx
+    }
+}
+
+/// The VXLAN header for `vni`.
+pub(crate) fn header(vni: u32) -> [u8; VXLAN_HDR as usize] {
+    let v = vni.to_be_bytes();
+    [FLAG_I, 0, 0, 0, v[1], v[2], v[3], 0]
+}
+
+/// Checks a datagram of `len` bytes (VXLAN header first) for `vni`: its inner frame's length,
+/// or why it is dropped.
+#[inline]
+pub(crate) fn decap(d: &[u8], len: usize, vni: u32) -> Result<u32, DropReason> {
+    if len < (VXLAN_HDR + MACS + 2) as usize || d.len() < len {
+        return Err(DropReason::Invalid);
+    }
+    // Exactly the I flag and zero reserved bytes: what Linux takes without extensions.
+    if d[..4] != [FLAG_I, 0, 0, 0] || d[7] != 0 {
+        return Err(DropReason::Invalid);
+    }
+    if u32::from_be_bytes([0, d[4], d[5], d[6]]) != vni {
+        return Err(DropReason::Invalid);
+    }
+    u32::try_from(len)
+        .map(|l| l - VXLAN_HDR)
+        .map_err(|_| DropReason::TooBig)
+}
+
+/// Why the kernel refused a datagram, from its errno.
+fn refusal(errno: i32) -> DropReason {
+    match errno {
+        libc::EAGAIN | libc::ENOBUFS => DropReason::NoBuffer,
+        libc::EMSGSIZE => DropReason::TooBig,
+        _ => DropReason::PortDown,
+    }
+}
+
+/// The port.
+#[derive(Debug)]
+pub struct VxlanPort {
+    id: PortId,
+    stats: Arc<PortStats>,
+    vni: u32,
+    socks: Vec<UdpSock>,
+    /// The remotes' addresses as the kernel gives them (network order), to match senders.
+    remote_ips: Box<[u32]>,
+    /// The underlay path's MTU.
+    underlay_mtu: u32,
+    fdb: Fdb,
+    /// The time of the open transmit batch.
+    now: Instant,
+    rx: Box<Rx>,
+    tx: Box<Tx>,
+    /// Read again at once (the last read filled every slot, or the shard just woke).
+    look: bool,
+    last_look: Option<Instant>,
+    /// What the settings said, for messages.
+    desc: String,
+}
+
+impl VxlanPort {
+    /// The port over opened sockets; addresses learned live `aging` without traffic.
+    pub fn new(id: PortId, stats: Arc<PortStats>, u: Underlay, aging: Duration) -> Self {
+        let desc = u.describe();
+        let remotes: Box<[libc::sockaddr_in]> = u
+            .cfg
+            .remotes
+            .iter()
+            .map(|&r| udp::sockaddr(r, u.cfg.dstport))
+            .collect();
+        let remote_ips = remotes.iter().map(|s| s.sin_addr.s_addr).collect();
+        let lane = |sock| Lane {
+            sock,
+            msgs: (0..TX_MSGS).map(|_| zeroed_msg()).collect(),
+            lens: vec![0; TX_MSGS],
+            n: 0,
+        };
+        let lanes = if u.socks.len() == 1 {
+            vec![lane(0)]
+        } else {
+            (1..u.socks.len()).map(lane).collect()
+        };
+        Self {
+            id,
+            stats,
+            vni: u.cfg.vni,
+            rx: Rx::new(u.mtu),
+            tx: Box::new(Tx {
+                hdr: Box::new(header(u.cfg.vni)),
+                remotes,
+                iov: vec![
+                    libc::iovec {
+                        iov_base: std::ptr::null_mut(),
+                        iov_len: 0,
+                    };
+                    TX_IOVS
+                ],
+                iov_used: 0,
+                lanes,
+            }),
+            socks: u.socks,
+            remote_ips,
+            underlay_mtu: u.mtu,
+            fdb: Fdb::new(FDB_SLOTS, aging),
+            now: Instant::now(),
+            look: true,
+            last_look: None,
+            desc,
+        }
+    }
+
+    /// The receiving socket's fd, to wait on it.
+    pub fn fd(&self) -> RawFd {
+        self.socks[0].as_raw_fd()
+    }
+
+    /// The inner addresses learned and the remote each is behind.
+    pub fn learned(&self, now: Instant) -> Vec<([u8; 6], Ipv4Addr)> {
+        self.fdb
+            .entries(now)
+            .into_iter()
+            .filter_map(|(m, r)| {
+                let ip = self.remote_ips.get(usize::from(r))?;
+                Some((m, Ipv4Addr::from(u32::from_be(*ip))))
+            })
+            .collect()
+    }
+
+    /// One `recvmmsg` of up to `max` datagrams: checks and decapsulates each, learns its
+    /// inner source; the good ones wait in `rx.ready`. Returns the datagrams dropped (work
+    /// done: they count as taken).
+    fn read(&mut self, max: usize, now: Instant) -> usize {
+        let k = max.clamp(1, MAX_BURST);
+        let rx = &mut *self.rx;
+        for m in &mut rx.msgs[..k] {
+            m.msg_hdr.msg_namelen = SOCKADDR_LEN;
+            m.msg_hdr.msg_flags = 0;
+            m.msg_len = 0;
+        }
+        bump(&self.stats.syscalls, 1);
+        // SAFETY: every header points at its own slot (`slot - 4` bytes from offset 4) and
+        // address of `rx` (set up in `Rx::new`, never reallocated); no frame is waiting
+        // (`at == n`), so nothing else uses them during the call.
+        let got = match unsafe { self.socks[0].recv_many(&mut rx.msgs[..k]) } {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!(port = self.id, "vxlan read: {e}");
+                0
+            }
+        };
+        self.look = got == k;
+        rx.at = 0;
+        rx.n = 0;
+        let mut dropped = [0u64; DropReason::ALL.len()];
+        let slot = rx.slot;
+        for i in 0..got {
+            let m = &rx.msgs[i];
+            let buf = &mut rx.buf[i * slot..(i + 1) * slot];
+            let verdict = if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                Err(DropReason::TooBig)
+            } else {
+                decap(&buf[4..], m.msg_len as usize, self.vni)
+            };
+            let from = rx.names[i].sin_addr.s_addr;
+            let verdict = verdict.and_then(|l| {
+                self.remote_ips
+                    .iter()
+                    .position(|&r| r == from)
+                    .map(|r| (l, r))
+                    .ok_or(DropReason::Filtered)
+            });
+            match verdict {
+                Ok((flen, r)) => {
+                    let mut src = [0u8; 6];
+                    let at = HDR_LEN as usize + 6;
+                    src.copy_from_slice(&buf[at..at + 6]);
+                    self.fdb
+                        .learn(src, u16::try_from(r).unwrap_or(u16::MAX), now);
+                    // The VXLAN header's bytes become the frame's virtio-net header.
+                    buf[..HDR_LEN as usize].fill(0);
+                    rx.ready[rx.n] = (u16::try_from(i).unwrap_or(0), flen);
+                    rx.n += 1;
+                }
+                Err(why) => dropped[why as usize] += 1,
+            }
+        }
+        let total: u64 = dropped.iter().sum();
+        bump(&self.stats.rx_packets, total);
+        for r in DropReason::ALL {
+            bump(&self.stats.drops[r as usize], dropped[r as usize]);
+        }
+        usize::try_from(total).unwrap_or(0)
+    }
+
+    /// Hands out up to `max` of the decapsulated frames waiting, in order, in place. Returns
+    /// the frames taken.
+    fn hand_out(&mut self, max: usize, to: &mut impl Ingress) -> usize {
+        let rx = &mut *self.rx;
+        let stats = &*self.stats;
+        let mut done = 0;
+        while done < max && rx.at < rx.n {
+            let want = (rx.n - rx.at).min(max - done);
+            let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
+            let mut pkts = [EMPTY; MAX_BURST];
+            let mut m = 0;
+            {
+                let mut chunks = rx.buf.chunks_exact_mut(rx.slot).enumerate();
+                for &(i, flen) in &rx.ready[rx.at..rx.at + want] {
+                    let Some(buf) = chunks
+                        .by_ref()
+                        .find_map(|(k, c)| (k == usize::from(i)).then_some(c))
+                    else {
+                        break;
+                    };
+                    let len = HDR_LEN + flen;
+                    let mut macs = [0u8; 12];
+                    macs.copy_from_slice(&buf[HDR_LEN as usize..(HDR_LEN + MACS) as usize]);
+                    segs[m] = Seg::from_mut(&mut buf[..len as usize]);
+                    pkts[m] = Pkt {
+                        len,
+                        hdr_len: HDR_LEN,
+                        macs,
+                        ..EMPTY
+                    };
+                    m += 1;
+                }
+            }
+            for (p, s) in pkts.iter_mut().zip(segs.iter()).take(m) {
+                p.segs = std::slice::from_ref(s);
+            }
+            let taken = to.burst(&pkts[..m], stats);
+            let bytes: u64 = pkts[..taken].iter().map(|p| u64::from(p.frame_len())).sum();
+            bump(&stats.rx_packets, taken as u64);
+            bump(&stats.rx_bytes, bytes);
+            rx.at += taken;
+            done += taken;
+            if taken < m {
+                break;
+            }
+        }
+        done
+    }
+
+    /// Queues one frame as a datagram to each of its remotes, gathered from its memory
+    /// behind the shared header.
+    fn put(&mut self, p: &Pkt<'_>) -> TxOut {
+        let flen = p.frame_len();
+        if flen + ENCAP > self.underlay_mtu {
+            return TxOut::Dropped(DropReason::TooBig);
+        }
+        let need = 1 + p.segs.len();
+        if need > TX_IOVS {
+            return TxOut::Dropped(DropReason::TooBig);
+        }
+        let mut dst = [0u8; 6];
+        dst.copy_from_slice(&p.macs[..6]);
+        let one = self.fdb.lookup(dst, self.now);
+        let copies = one.map_or(self.tx.remotes.len(), |_| 1);
+        let lanes = self.tx.lanes.len();
+        let li = if lanes == 1 {
+            0
+        } else {
+            let h = if p.hash != 0 {
+                u64::from(p.hash)
+            } else {
+                flow_hash_of(p)
+            };
+            // Multiply-shift onto 0..lanes (no division).
+            usize::try_from(((h & 0xffff_ffff) * lanes as u64) >> 32).unwrap_or(0)
+        };
+        if self.tx.iov_used + need > TX_IOVS || self.tx.lanes[li].n + copies > TX_MSGS {
+            self.flush();
+        }
+        let tx = &mut *self.tx;
+        let start = tx.iov_used;
+        tx.iov[start] = libc::iovec {
+            iov_base: tx.hdr.as_mut_ptr().cast(),
+            iov_len: VXLAN_HDR as usize,
+        };
+        let Some(n) = iovecs(p.segs, p.hdr_len, &mut tx.iov[start + 1..]) else {
+            return TxOut::Dropped(DropReason::TooBig);
+        };
+        tx.iov_used += 1 + n;
+        let iov = tx.iov[start..].as_mut_ptr();
+        let targets = match one {
+            Some(r) => usize::from(r)..usize::from(r) + 1,
+            None => 0..tx.remotes.len(),
+        };
+        let lane = &mut tx.lanes[li];
+        for r in targets {
+            let h = &mut lane.msgs[lane.n].msg_hdr;
+            h.msg_name = (&raw mut tx.remotes[r]).cast();
+            h.msg_namelen = SOCKADDR_LEN;
+            h.msg_iov = iov;
+            h.msg_iovlen = 1 + n;
+            lane.lens[lane.n] = flen;
+            lane.n += 1;
+        }
+        TxOut::Sent
+    }
+
+    /// Sends every queued datagram (one `sendmmsg` per source socket, more if the kernel
+    /// stops part-way) and counts what the kernel took and refused.
+    fn flush(&mut self) {
+        let tx = &mut *self.tx;
+        let (mut ok, mut bytes, mut calls) = (0u64, 0u64, 0u64);
+        let mut refused = [0u64; DropReason::ALL.len()];
+        for lane in &mut tx.lanes {
+            let sock = &self.socks[lane.sock];
+            let mut at = 0;
+            while at < lane.n {
+                calls += 1;
+                // SAFETY: each queued header points at an address in `tx.remotes` and at
+                // iovecs in `tx.iov` (boxed, never reallocated) over `tx.hdr` and the memory
+                // of packets the switch holds until this batch is committed (this flush is
+                // part of the commit, or of the batch itself).
+                match unsafe { sock.send_many(&mut lane.msgs[at..lane.n]) } {
+                    Ok(k) if k > 0 => {
+                        ok += k as u64;
+                        bytes += lane.lens[at..at + k]
+                            .iter()
+                            .map(|&l| u64::from(l))
+                            .sum::<u64>();
+                        at += k;
+                    }
+                    Ok(_) => {
+                        refused[DropReason::PortDown as usize] += (lane.n - at) as u64;
+                        break;
+                    }
+                    Err(errno) => {
+                        let why = refusal(errno);
+                        if why == DropReason::NoBuffer {
+                            refused[why as usize] += (lane.n - at) as u64;
+                            break;
+                        }
+                        let e = std::io::Error::from_raw_os_error(errno);
+                        tracing::debug!(port = self.id, "datagram refused: {e}");
+                        refused[why as usize] += 1;
+                        at += 1;
+                    }
+                }
+            }
+            lane.n = 0;
+        }
+        tx.iov_used = 0;
+        bump(&self.stats.syscalls, calls);
+        bump(&self.stats.tx_packets, ok);
+        bump(&self.stats.tx_bytes, bytes);
+        for r in DropReason::ALL {
+            bump(&self.stats.drops[r as usize], refused[r as usize]);
+        }
+    }
+}
+
+impl super::Port for VxlanPort {
+    fn id(&self) -> PortId {
+        self.id
+    }
+
+    fn caps(&self) -> Caps {
+        // No offload: a datagram carries no metadata (see the module docs).
+        Caps {
+            receives: true,
+            ..Caps::default()
+        }
+    }
+
+    fn mtu(&self) -> Option<u16> {
+        u16::try_from(self.underlay_mtu - OVERHEAD).ok()
+    }
+
+    fn tx_stats(&self) -> &PortStats {
+        &self.stats
+    }
+
+    /// Out of line, as a kernel port's: a syscall's work.
+    #[inline(never)]
+    fn rx_burst(&mut self, max: usize, now: Instant, to: &mut impl Ingress) -> usize {
+        let mut done = 0;
+        if self.rx.at == self.rx.n {
+            if !self.look
+                && self
+                    .last_look
+                    .is_some_and(|l| now.saturating_duration_since(l) < TAP_LOOK)
+            {
+                return 0;
+            }
+            self.last_look = Some(now);
+            done += self.read(max, now);
+        }
+        done + self.hand_out(max.saturating_sub(done), to)
+    }
+
+    fn tx_begin(&mut self, now: Instant, _hint: usize) -> bool {
+        self.now = now;
+        true
+    }
+
+    fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut) {
+        offer_each(pkts, |p| self.put(p))
+    }
+
+    fn tx_commit(&mut self) {
+        self.flush();
+    }
+
+    /// `Poll` while frames wait in their slots or the last read filled every slot; else it
+    /// may sleep: epoll waits on the receiving socket (level-triggered).
+    fn idle(&mut self, _now: Instant, settle: &mut Settle) {
+        if self.look || self.rx.at < self.rx.n {
+            settle.idle(Idle::Poll);
+        }
+    }
+
+    fn arm(&mut self) -> Armed {
+        if self.rx.at < self.rx.n {
+            Armed::NotEmpty
+        } else {
+            Armed::Empty
+        }
+    }
+
+    fn disarm(&mut self, slept: bool) {
+        if slept {
+            self.look = true;
+        }
+    }
+
+    fn event(&mut self, _token: u16) {
+        self.look = true;
+    }
+}
+
+impl std::fmt::Display for VxlanPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.desc)
+    }
+}

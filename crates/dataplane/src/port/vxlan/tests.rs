@@ -1,0 +1,251 @@
+//! The VXLAN port over loopback in the test thread's private network namespace
+//! ([`crate::sys::tap::tests::private_netns`], `lo` at MTU 1500): two ports and a plain UDP
+//! socket standing for a third endpoint. Head-end replication, learning, the wire format byte
+//! for byte, the checks on what arrives, the MTU, and the source ports.
+
+use super::{header, Underlay, VxlanConfig, VxlanPort, OVERHEAD, VXLAN_HDR};
+use crate::pkt::{Pkt, TxOut};
+use crate::port::{AnyPort, Port};
+use crate::stats::{DropReason, PortStats};
+use crate::sys::tap::tests::{ip, private_netns};
+use crate::testing::{frame, get, mac, Collect};
+use pvnet_net::{VnetHdr, HDR_LEN};
+use std::net::{Ipv4Addr, UdpSocket};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use virtq::Seg;
+
+const PORT: u16 = 4789;
+
+fn lo(k: u8) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, k)
+}
+
+/// A port bound to 127.0.0.`local` with these remotes.
+fn port(local: u8, remotes: &[u8], vni: u32, srcports: u16) -> (AnyPort, Arc<PortStats>) {
+    let cfg = VxlanConfig {
+        local: lo(local),
+        remotes: remotes.iter().map(|&r| lo(r)).collect(),
+        vni,
+        dstport: PORT,
+        srcports,
+        netns: None,
+    };
+    let u = Underlay::open(&cfg).unwrap_or_else(|e| panic!("open: {e}"));
+    let stats: Arc<PortStats> = Arc::default();
+    let p = VxlanPort::new(u32::from(local), stats.clone(), u, Duration::from_secs(300));
+    (AnyPort::Vxlan(p), stats)
+}
+
+/// Sends `frames` (each behind a 12-byte header, `hash` its flow hash) through `p` as one
+/// batch: what became of each.
+fn send(p: &mut AnyPort, frames: &[Vec<u8>], hash: &[u32]) -> Vec<TxOut> {
+    let mut bufs: Vec<Vec<u8>> = frames
+        .iter()
+        .map(|f| {
+            let mut b = vec![0u8; HDR_LEN as usize];
+            b.extend_from_slice(f);
+            b
+        })
+        .collect();
+    let segs: Vec<[Seg<'_>; 1]> = bufs.iter_mut().map(|b| [Seg::from_mut(b)]).collect();
+    let pkts: Vec<Pkt<'_>> = segs
+        .iter()
+        .zip(frames)
+        .enumerate()
+        .map(|(k, (s, f))| {
+            let mut macs = [0u8; 12];
+            macs.copy_from_slice(&f[..12]);
+            Pkt {
+                segs: s,
+                len: HDR_LEN + u32::try_from(f.len()).unwrap_or(0),
+                hdr_len: HDR_LEN,
+                hdr: VnetHdr::default(),
+                macs,
+                hash: hash.get(k).copied().unwrap_or(0),
+            }
+        })
+        .collect();
+    assert!(p.tx_begin(Instant::now(), pkts.len()));
+    let out = pkts
+        .iter()
+        .map(|q| p.tx_burst(std::slice::from_ref(q)).1)
+        .collect();
+    p.tx_commit();
+    out
+}
+
+/// Receives what arrived at `p` within a second, until `n` frames came.
+fn recv(p: &mut AnyPort, n: usize) -> Vec<Vec<u8>> {
+    let mut c = Collect::all();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while c.got.len() < n && Instant::now() < deadline {
+        p.event(0);
+        p.rx_burst(64, Instant::now(), &mut c);
+    }
+    c.got
+        .into_iter()
+        .map(|(h, b)| {
+            assert_eq!(h, HDR_LEN);
+            assert!(b[..HDR_LEN as usize].iter().all(|&x| x == 0), "no metadata");
+            b[HDR_LEN as usize..].to_vec()
+        })
+        .collect()
+}
+
+/// Every datagram waiting on `s`: (payload, source).
+fn datagrams(s: &UdpSocket) -> Vec<(Vec<u8>, std::net::SocketAddr)> {
+    let mut out = Vec::new();
+    let mut b = [0u8; 2048];
+    while let Ok((n, from)) = s.recv_from(&mut b) {
+        out.push((b[..n].to_vec(), from));
+    }
+    out
+}
+
+fn setup() {
+    private_netns();
+    ip(&["link", "set", "lo", "mtu", "1500"]);
+}
+
+fn observer(k: u8) -> UdpSocket {
+    let s = UdpSocket::bind((lo(k), PORT)).expect("bind observer");
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    s
+}
+
+#[test]
+fn floods_to_every_remote_learns_and_sends_unicast_to_one() {
+    setup();
+    let (mut a, sa) = port(1, &[2, 3], 5, 1);
+    let (mut b, sb) = port(2, &[1], 5, 1);
+    let c = observer(3);
+    assert_eq!(a.mtu(), Some(1500 - 50));
+    assert_eq!(OVERHEAD, 50);
+    assert!(a.caps().receives && a.caps().offloads == 0);
+
+    // A broadcast from X: to both remotes, byte for byte behind the VXLAN header.
+    let x = mac(0x11);
+    let bcast = frame([0xff; 6], x, 1, 60);
+    assert_eq!(send(&mut a, &[bcast.clone()], &[]), [TxOut::Sent]);
+    assert_eq!(get(&sa.tx_packets), 2, "one datagram per remote");
+    assert_eq!(get(&sa.tx_bytes), 120);
+    assert_eq!(recv(&mut b, 1), [bcast.clone()]);
+    let got = datagrams(&c);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0[..8], header(5));
+    assert_eq!(got[0].0[..8], [0x08, 0, 0, 0, 0, 0, 5, 0]);
+    assert_eq!(got[0].0[8..], bcast[..]);
+    assert_eq!(got[0].1.port(), PORT, "srcports=1: from dstport");
+    assert_eq!((get(&sb.rx_packets), get(&sb.rx_bytes)), (1, 60));
+
+    // The third endpoint (a plain socket) sends from Y: A learns Y behind it.
+    let y = mac(0x22);
+    let mut d = header(5).to_vec();
+    d.extend_from_slice(&frame(x, y, 2, 60));
+    c.send_to(&d, (lo(1), PORT)).expect("send");
+    let from_y = recv(&mut a, 1);
+    assert_eq!(from_y.len(), 1);
+    assert_eq!(from_y[0][6..12], y);
+    if let AnyPort::Vxlan(v) = &a {
+        assert_eq!(v.learned(Instant::now()), [(y, lo(3))]);
+    }
+    // Unicast to Y: to the third endpoint only; to an unknown address: to both.
+    let to_y = frame(y, x, 3, 100);
+    assert_eq!(send(&mut a, &[to_y.clone()], &[]), [TxOut::Sent]);
+    let got = datagrams(&c);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0[8..], to_y[..]);
+    let unknown = frame(mac(0x33), x, 4, 80);
+    assert_eq!(send(&mut a, &[unknown.clone()], &[]), [TxOut::Sent]);
+    assert_eq!(
+        recv(&mut b, 1),
+        [unknown.clone()],
+        "B gets the unknown unicast only"
+    );
+    assert_eq!(datagrams(&c).len(), 1);
+    assert_eq!(get(&sa.tx_packets), 2 + 1 + 2);
+    assert_eq!(get(&sb.rx_packets), 2, "nothing else reached B");
+    // B learned X behind A; its answer goes to A.
+    let back = frame(x, mac(0x44), 5, 64);
+    assert_eq!(send(&mut b, &[back.clone()], &[]), [TxOut::Sent]);
+    assert_eq!(recv(&mut a, 1), [back]);
+    let drops: u64 = sa.drops.iter().map(get).sum();
+    assert_eq!(drops + drops_of(&sb), 0);
+}
+
+fn drops_of(s: &PortStats) -> u64 {
+    s.drops.iter().map(get).sum()
+}
+
+#[test]
+fn drops_and_counts_what_is_not_its_vxlan() {
+    setup();
+    let (mut a, sa) = port(11, &[12], 7, 1);
+    let peer = observer(12);
+    let stranger = observer(13);
+    let inner = frame(mac(1), mac(2), 0, 60);
+    let with = |h: [u8; 8]| {
+        let mut d = h.to_vec();
+        d.extend_from_slice(&inner);
+        d
+    };
+    let to = (lo(11), PORT);
+    peer.send_to(&with(header(8)), to).expect("send"); // another VNI
+    peer.send_to(&with([0x0c, 0, 0, 0, 0, 0, 7, 0]), to)
+        .expect("send"); // a reserved flag
+    peer.send_to(&with([0, 0, 0, 0, 0, 0, 7, 0]), to)
+        .expect("send"); // no I flag
+    peer.send_to(&with([0x08, 0, 0, 0, 0, 0, 7, 1]), to)
+        .expect("send"); // reserved byte
+    peer.send_to(&header(7)[..], to).expect("send"); // no frame
+    peer.send_to(&with(header(7))[..8 + 13], to).expect("send"); // a short one
+    stranger.send_to(&with(header(7)), to).expect("send"); // not a remote
+    peer.send_to(&with(header(7)), to).expect("send"); // the one good one
+    let got = recv(&mut a, 1);
+    assert_eq!(got, [inner.clone()]);
+    // Everything counted: 8 in, 1 delivered, 6 invalid, 1 filtered.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while get(&sa.rx_packets) < 8 && Instant::now() < deadline {
+        a.event(0);
+        a.rx_burst(64, Instant::now(), &mut Collect::all());
+    }
+    assert_eq!(get(&sa.rx_packets), 8);
+    assert_eq!(get(&sa.rx_bytes), 60);
+    assert_eq!(get(&sa.drops[DropReason::Invalid as usize]), 6);
+    assert_eq!(get(&sa.drops[DropReason::Filtered as usize]), 1);
+    assert_eq!(drops_of(&sa), 7);
+}
+
+#[test]
+fn a_frame_past_the_underlay_mtu_is_too_big_and_flows_spread_over_source_ports() {
+    setup();
+    let (mut a, _sa) = port(21, &[22], 9, 4);
+    let c = observer(22);
+    // 1450 + 14: the largest frame; a tagged one 4 bytes longer passes the switch's check
+    // (MTU + 18) but not the underlay's.
+    let fits = frame(mac(1), mac(2), 0, 1450 + 14);
+    let over = frame(mac(1), mac(2), 0, 1450 + 18);
+    assert_eq!(
+        send(&mut a, &[fits.clone(), over], &[]),
+        [TxOut::Sent, TxOut::Dropped(DropReason::TooBig)]
+    );
+    let got = datagrams(&c);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0.len(), fits.len() + VXLAN_HDR as usize);
+    // 64 flows: several source ports, none of them dstport, one per flow.
+    let frames: Vec<Vec<u8>> = (0..64u8).map(|k| frame(mac(1), mac(2), k, 60)).collect();
+    let hashes: Vec<u32> = (0..64u32).map(|k| k.wrapping_mul(0x9e37_79b9)).collect();
+    send(&mut a, &frames, &hashes);
+    let got = datagrams(&c);
+    assert_eq!(got.len(), 64);
+    let ports: std::collections::BTreeSet<u16> = got.iter().map(|d| d.1.port()).collect();
+    assert!(ports.len() > 1 && !ports.contains(&PORT), "{ports:?}");
+    // The same flow again: the same source port (datagrams of several sockets arrive in any
+    // order: a frame is known by its fill byte).
+    let port_of = |k: u8| got.iter().find(|d| d.0[8 + 14] == k).map(|d| d.1.port());
+    send(&mut a, &frames[..1], &hashes[..1]);
+    let again = datagrams(&c);
+    assert_eq!(Some(again[0].1.port()), port_of(0));
+}
