@@ -148,6 +148,12 @@ pub(crate) trait Port {
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut);
     /// Commits the batch: one publish and call decision, one burst of writes.
     fn tx_commit(&mut self);
+    /// The packet just taken lives in memory the switch reuses before the commit (its
+    /// staging for software offloads: a completed checksum, a segment): a port that reads
+    /// packets only at [`tx_commit`](Self::tx_commit) copies it now. Others read in
+    /// [`tx_burst`](Self::tx_burst) and need nothing.
+    #[inline]
+    fn staged(&mut self) {}
 
     /// Sends up to `max` of the packets it receives straight back out of itself, within
     /// the port (request/response benchmarks; only a port whose [`Caps::hairpin`] says so).
@@ -320,6 +326,10 @@ impl Port for AnyPort {
     #[inline]
     fn tx_commit(&mut self) {
         each!(self, p => p.tx_commit())
+    }
+    #[inline]
+    fn staged(&mut self) {
+        each!(self, p => p.staged())
     }
     #[inline]
     fn lend(&mut self, now: Instant, want: usize) -> Option<usize> {

@@ -572,7 +572,10 @@ fn csum_then(
         macs: pkt.macs,
         hash: 0,
     };
-    put_one(port, &p, offer, now)
+    let out = put_one(port, &p, offer, now);
+    // The staging buffer is reused by the next packet.
+    port.staged();
+    out
 }
 
 /// Segments a GSO packet (each segment with full checksums and a plain header), offering
@@ -603,6 +606,8 @@ fn gso_then(
             hash: 0,
         };
         out = put_one(port, &p, offer, now);
+        // The segment buffer is reused by the next segment.
+        port.staged();
         out == TxOut::Sent
     });
     if r.is_err() {

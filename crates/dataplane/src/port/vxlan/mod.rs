@@ -28,7 +28,10 @@
 //! underlay's path MTU is refused (`too_big`, at its sender); a datagram the kernel refuses
 //! is counted at the port (`no_buffer` when its buffer is full, `too_big`, `port_down`).
 //! `tx_packets` counts datagrams, as Linux's vxlan does: a frame flooded to N remotes counts
-//! N.
+//! N. A packet the switch made in its own staging memory (a checksum it completed, a segment
+//! of a GSO packet: the port takes no offload) is copied into the batch's own memory when
+//! the switch says so ([`Port::staged`](super::Port::staged)), since that memory is reused
+//! before the commit.
 //!
 //! Outer source ports: a plain UDP socket sends from the port it is bound to. To spread flows
 //! over the underlay's paths (ECMP, RSS on the far host), the port opens `srcports` sockets
@@ -82,6 +85,9 @@ pub const MAX_SRCPORTS: u16 = 64;
 const TX_MSGS: usize = 256;
 /// Iovecs of a transmit batch in all (the kernel takes at most 1024 per datagram).
 const TX_IOVS: usize = 1024;
+/// Bytes of the transmit batch's own copies (packets the switch staged: see
+/// [`Port::staged`](super::Port::staged)).
+const ARENA: usize = 256 << 10;
 /// The kernel's buffers for the port's sockets, each way (capped by `net.core.rmem_max` and
 /// `wmem_max`).
 const SOCK_BUF: u32 = 4 << 20;
@@ -220,6 +226,19 @@ struct Lane {
     n: usize,
 }
 
+/// Where the last packet taken was queued (for [`VxlanPort::detach`]).
+#[derive(Clone, Copy)]
+struct Last {
+    /// Its header's iovec; the packet's own follow.
+    start: usize,
+    /// Iovecs of the packet's own.
+    n: usize,
+    lane: usize,
+    /// Its first datagram in the lane, and how many (one per remote).
+    first: usize,
+    copies: usize,
+}
+
 /// The transmit side: the shared header, the iovecs and the queued datagrams.
 struct Tx {
     /// The VXLAN header every datagram starts with (boxed: queued iovecs point at it).
@@ -229,6 +248,10 @@ struct Tx {
     iov: Vec<libc::iovec>,
     iov_used: usize,
     lanes: Vec<Lane>,
+    /// Copies of staged packets, until the flush (never reallocated: iovecs point into it).
+    arena: Vec<u8>,
+    arena_used: usize,
+    last: Option<Last>,
 }
 
 // SAFETY: the raw pointers in `Rx` point into its own boxed buffers (never reallocated) and
@@ -399,6 +422,9 @@ impl VxlanPort {
                 ],
                 iov_used: 0,
                 lanes,
+                arena: vec![0u8; ARENA],
+                arena_used: 0,
+                last: None,
             }),
             socks: u.socks,
             remote_ips,
@@ -546,6 +572,7 @@ impl VxlanPort {
     /// Queues one frame as a datagram to each of its remotes, gathered from its memory
     /// behind the shared header.
     fn put(&mut self, p: &Pkt<'_>) -> TxOut {
+        self.tx.last = None;
         let flen = p.frame_len();
         if flen + ENCAP > self.underlay_mtu {
             return TxOut::Dropped(DropReason::TooBig);
@@ -589,6 +616,13 @@ impl VxlanPort {
             None => 0..tx.remotes.len(),
         };
         let lane = &mut tx.lanes[li];
+        tx.last = Some(Last {
+            start,
+            n,
+            lane: li,
+            first: lane.n,
+            copies: targets.len(),
+        });
         for r in targets {
             let h = &mut lane.msgs[lane.n].msg_hdr;
             h.msg_name = (&raw mut tx.remotes[r]).cast();
@@ -599,6 +633,43 @@ impl VxlanPort {
             lane.n += 1;
         }
         TxOut::Sent
+    }
+
+    /// Copies the last packet taken into the batch's own memory and points its datagrams
+    /// there: the switch reuses the memory it is in before the commit ([`Port::staged`]).
+    /// When the copies fill up, the batch is sent at once instead (the packet's memory still
+    /// holds it now).
+    ///
+    /// [`Port::staged`]: super::Port::staged
+    fn detach(&mut self) {
+        let Some(l) = self.tx.last.take() else {
+            return;
+        };
+        let tx = &mut *self.tx;
+        let iov = &tx.iov[l.start + 1..l.start + 1 + l.n];
+        let total: usize = iov.iter().map(|v| v.iov_len).sum();
+        if tx.arena_used + total > ARENA {
+            self.flush();
+            return;
+        }
+        let at = tx.arena_used;
+        let mut k = at;
+        for v in iov {
+            // SAFETY: the iovec was made in `put` from a segment of the packet the switch
+            // just offered, `iov_len` bytes of memory it holds until it returns from the
+            // call that made it call `staged` (it reuses the memory only after that).
+            let src = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
+            tx.arena[k..k + src.len()].copy_from_slice(src);
+            k += src.len();
+        }
+        tx.iov[l.start + 1] = libc::iovec {
+            iov_base: tx.arena[at..].as_mut_ptr().cast(),
+            iov_len: total,
+        };
+        for m in &mut tx.lanes[l.lane].msgs[l.first..l.first + l.copies] {
+            m.msg_hdr.msg_iovlen = 2;
+        }
+        tx.arena_used = k;
     }
 
     /// Sends every queued datagram (one `sendmmsg` per source socket, more if the kernel
@@ -645,6 +716,8 @@ impl VxlanPort {
             lane.n = 0;
         }
         tx.iov_used = 0;
+        tx.arena_used = 0;
+        tx.last = None;
         bump(&self.stats.syscalls, calls);
         bump(&self.stats.tx_packets, ok);
         bump(&self.stats.tx_bytes, bytes);
@@ -704,6 +777,11 @@ impl super::Port for VxlanPort {
 
     fn tx_commit(&mut self) {
         self.flush();
+    }
+
+    /// Copies the packet just taken: its memory is reused before the commit.
+    fn staged(&mut self) {
+        self.detach();
     }
 
     /// `Poll` while frames wait in their slots or the last read filled every slot; else it

@@ -249,3 +249,40 @@ fn a_frame_past_the_underlay_mtu_is_too_big_and_flows_spread_over_source_ports()
     let again = datagrams(&c);
     assert_eq!(Some(again[0].1.port()), port_of(0));
 }
+
+/// A packet the switch staged (a completed checksum, a segment) is copied when the switch
+/// says so (`staged`): the datagram carries what the packet held then, though its memory is
+/// overwritten before the commit.
+#[test]
+fn a_staged_packet_is_sent_as_it_was_when_taken() {
+    setup();
+    let (mut a, sa) = port(31, &[32], 3, 1);
+    let c = observer(32);
+    let first = frame(mac(1), mac(2), 1, 60);
+    let mut buf = vec![0u8; HDR_LEN as usize];
+    buf.extend_from_slice(&first);
+    let mut macs = [0u8; 12];
+    macs.copy_from_slice(&first[..12]);
+    assert!(a.tx_begin(Instant::now(), 2));
+    for k in 0..2u8 {
+        let seg = [Seg::from_mut(&mut buf)];
+        let p = Pkt {
+            segs: &seg,
+            len: HDR_LEN + 60,
+            hdr_len: HDR_LEN,
+            hdr: VnetHdr::default(),
+            macs,
+            hash: 0,
+        };
+        assert_eq!(a.tx_burst(&[p]), (1, TxOut::Sent));
+        a.staged();
+        // The switch's staging buffer: the next packet overwrites it.
+        buf[HDR_LEN as usize + 14..].fill(k + 2);
+    }
+    a.tx_commit();
+    let got = datagrams(&c);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].0[8..], first[..]);
+    assert_eq!(got[1].0[8 + 14..], [2u8; 60 - 14]);
+    assert_eq!(get(&sa.tx_packets), 2);
+}
