@@ -80,6 +80,19 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md). XDP
       frames carry no checksum metadata: on a veth, turn the kernel's end's transmit
       checksum offload off (ethtool -K PEER tx off), or its TCP/UDP arrive unfinished.
+  vxlan:name=t,local=IP,remote=IP[,remote=IP...][,vni=1][,dstport=4789][,srcports=4][,netns=NS]
+      VXLAN tunnels (RFC 7348) to other hosts over the host's UDP stack, interoperating
+      with Linux's vxlan device, OVS and VPP: one VNI per port, a plain L2 port to the
+      switch. Sockets bound to local:dstport (receives; datagrams from addresses other than
+      the remotes are dropped, filtered); frames to an inner address learned behind a
+      remote go to it alone, broadcast/multicast/unknown unicast to every remote (head-end
+      replication). srcports=N: N sockets on free ports that flows are spread over as
+      their outer source port (by inner flow hash); 1: all from dstport. The port's MTU is
+      the underlay path's less 50 (outer IPv4, UDP, VXLAN and the inner Ethernet header):
+      behind a 1500-byte underlay, give guests mtu=1450 (a longer frame is dropped,
+      too_big). netns=NS opens the sockets in another network namespace (ip netns). Wrong
+      VNI or flags: invalid. No offloads (checksums and GSO completed in software).
+      tx_packets counts datagrams (a frame flooded to N remotes counts N). docs/overlay.md.
   sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
   gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC][,flows=1]
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),
@@ -114,7 +127,13 @@ TOML:
   [[port]]
   kind = \"vhost-user\"
   name = \"vm1\"
-  socket = \"/tmp/vm1.sock\"";
+  socket = \"/tmp/vm1.sock\"
+  [[port]]
+  kind = \"vxlan\"
+  name = \"t\"
+  local = \"192.0.2.1\"
+  remote = [\"192.0.2.2\", \"192.0.2.3\"]
+  vni = 42";
 
 /// `pvnet switch` arguments. Flags override the `[switch]` table of `--config`; `--port`
 /// adds to its `[[port]]` list.

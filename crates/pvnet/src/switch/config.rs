@@ -131,6 +131,27 @@ pub(crate) enum PortConfig {
         #[serde(default = "auto", deserialize_with = "bool_or_str")]
         zerocopy: String,
     },
+    Vxlan {
+        name: String,
+        /// The outer source address the sockets are bound to.
+        local: String,
+        /// The tunnel endpoints (one, or several: `remote=` repeated, a TOML array).
+        #[serde(deserialize_with = "one_or_many")]
+        remote: Vec<String>,
+        /// The VXLAN network identifier (0 to 2^24 - 1).
+        #[serde(default = "one_vni")]
+        vni: u32,
+        /// The UDP port datagrams go to and arrive on.
+        #[serde(default = "vxlan_port")]
+        dstport: u16,
+        /// Sockets whose ports flows are spread over as their outer source port (1: one
+        /// socket, source port = dstport).
+        #[serde(default = "four")]
+        srcports: u16,
+        /// Open the sockets in this network namespace (`ip netns` name or a path).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        netns: Option<String>,
+    },
     Sink {
         name: String,
     },
@@ -155,6 +176,87 @@ pub(crate) enum PortConfig {
 
 fn one_queue() -> u32 {
     1
+}
+fn one_vni() -> u32 {
+    1
+}
+fn vxlan_port() -> u16 {
+    pvnet_dataplane::vxlan::DEFAULT_PORT
+}
+fn four() -> u16 {
+    4
+}
+
+/// A key that takes one string or an array of them (`remote=` given more than once).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
+}
+
+/// A `vxlan` port's settings as the dataplane takes them, checked.
+pub(crate) fn vxlan_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::VxlanConfig>> {
+    use pvnet_dataplane::vxlan::{MAX_REMOTES, MAX_SRCPORTS};
+    let PortConfig::Vxlan {
+        name,
+        local,
+        remote,
+        vni,
+        dstport,
+        srcports,
+        netns,
+    } = p
+    else {
+        return Ok(None);
+    };
+    let ip = |s: &str| {
+        s.parse::<std::net::Ipv4Addr>()
+            .map_err(|_| usage(format!("port {name}: '{s}' is not an IPv4 address")))
+    };
+    let local = ip(local)?;
+    let mut remotes = Vec::with_capacity(remote.len());
+    for r in remote {
+        let r = ip(r)?;
+        if r == local || remotes.contains(&r) {
+            return Err(usage(format!(
+                "port {name}: remote {r} is the local address or given twice"
+            )));
+        }
+        remotes.push(r);
+    }
+    if remotes.is_empty() || remotes.len() > MAX_REMOTES {
+        return Err(usage(format!(
+            "port {name}: 1 to {MAX_REMOTES} remotes (remote=IP, repeated)"
+        )));
+    }
+    if *vni >= 1 << 24 {
+        return Err(usage(format!("port {name}: vni must be 0 to 16777215")));
+    }
+    if *dstport == 0 {
+        return Err(usage(format!("port {name}: dstport must not be 0")));
+    }
+    if *srcports == 0 || *srcports > MAX_SRCPORTS {
+        return Err(usage(format!(
+            "port {name}: srcports must be 1 to {MAX_SRCPORTS}"
+        )));
+    }
+    Ok(Some(pvnet_dataplane::VxlanConfig {
+        local,
+        remotes,
+        vni: *vni,
+        dstport: *dstport,
+        srcports: *srcports,
+        netns: netns.clone(),
+    }))
 }
 fn auto() -> String {
     "auto".into()
@@ -328,6 +430,7 @@ impl PortConfig {
             | PortConfig::Tap { name, .. }
             | PortConfig::AfPacket { name, .. }
             | PortConfig::AfXdp { name, .. }
+            | PortConfig::Vxlan { name, .. }
             | PortConfig::Sink { name }
             | PortConfig::Gen { name, .. } => name,
         }
@@ -338,6 +441,7 @@ impl PortConfig {
             PortConfig::Tap { .. } => "tap",
             PortConfig::AfPacket { .. } => "af-packet",
             PortConfig::AfXdp { .. } => "af-xdp",
+            PortConfig::Vxlan { .. } => "vxlan",
             PortConfig::Sink { .. } => "sink",
             PortConfig::Gen { .. } => "gen",
         }
@@ -350,6 +454,11 @@ impl PortConfig {
             let kv: Vec<String> = t
                 .iter()
                 .filter(|(k, _)| k.as_str() != "kind")
+                .flat_map(|(k, v)| match v {
+                    // An array is its key repeated (`remote=a,remote=b`).
+                    toml::Value::Array(a) => a.iter().map(|v| (k, v.clone())).collect(),
+                    v => vec![(k, v.clone())],
+                })
                 .map(|(k, v)| match v {
                     toml::Value::String(s) => format!("{k}={s}"),
                     v => format!("{k}={v}"),
@@ -369,6 +478,17 @@ impl PortConfig {
             }
             | PortConfig::AfPacket { ifname: i, .. }
             | PortConfig::AfXdp { ifname: i, .. } => Some(format!("interface {i}")),
+            PortConfig::Vxlan {
+                local,
+                dstport,
+                netns,
+                ..
+            } => Some(format!(
+                "UDP {local}:{dstport}{}",
+                netns
+                    .as_ref()
+                    .map_or(String::new(), |n| format!(" in netns {n}"))
+            )),
             _ => None,
         }
     }
@@ -440,6 +560,9 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
         PortConfig::AfXdp { .. } => {
             xdp_config(p)?;
         }
+        PortConfig::Vxlan { .. } => {
+            vxlan_config(p)?;
+        }
         PortConfig::Sink { .. } => {}
     }
     Ok(())
@@ -478,7 +601,15 @@ pub(crate) fn parse_port_spec(spec: &str) -> Result<PortConfig> {
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| usage(format!("--port {spec}: '{kv}' is not key=value")))?;
-        t.insert(k.trim().into(), spec_value(v));
+        let (k, v) = (k.trim(), spec_value(v));
+        // A key given again makes an array (`remote=a,remote=b`).
+        match t.get_mut(k) {
+            Some(toml::Value::Array(a)) => a.push(v),
+            Some(old) => *old = toml::Value::Array(vec![old.clone(), v]),
+            None => {
+                t.insert(k.into(), v);
+            }
+        }
     }
     PortConfig::deserialize(toml::Value::Table(t)).map_err(|e| usage(format!("--port {spec}: {e}")))
 }
@@ -662,5 +793,63 @@ mod tests {
             parse_port_spec("af-xdp:name=w").is_err(),
             "ifname is needed"
         );
+    }
+
+    #[test]
+    fn vxlan_spec_parses_remotes_repeated_and_refuses_bad_values() {
+        let p = parse_port_spec("vxlan:name=t,local=10.1.0.1,remote=10.1.0.2").unwrap();
+        assert_eq!(p.kind(), "vxlan");
+        assert_eq!(p.resource().as_deref(), Some("UDP 10.1.0.1:4789"));
+        let c = vxlan_config(&p).unwrap().unwrap();
+        assert_eq!(
+            (c.remotes.len(), c.vni, c.dstport, c.srcports, c.netns),
+            (1, 1, 4789, 4, None)
+        );
+        let spec = "vxlan:name=t,local=10.1.0.1,remote=10.1.0.2,remote=10.1.0.3,vni=42,dstport=8472,srcports=1,netns=far";
+        let p = parse_port_spec(spec).unwrap();
+        let c = vxlan_config(&p).unwrap().unwrap();
+        assert_eq!(
+            c.remotes,
+            [
+                "10.1.0.2".parse::<std::net::Ipv4Addr>().unwrap(),
+                "10.1.0.3".parse().unwrap()
+            ]
+        );
+        assert_eq!((c.vni, c.dstport, c.srcports), (42, 8472, 1));
+        assert_eq!(c.netns.as_deref(), Some("far"));
+        // The spec it prints parses back to the same port (remotes as the key repeated).
+        assert!(
+            p.spec().contains("remote=10.1.0.2,remote=10.1.0.3"),
+            "{}",
+            p.spec()
+        );
+        assert_eq!(parse_port_spec(&p.spec()).unwrap(), p);
+        // The TOML form: one remote as a string, or an array.
+        let f: FileConfig = toml::from_str(
+            "[[port]]\nkind = \"vxlan\"\nname = \"t\"\nlocal = \"10.1.0.1\"\nremote = [\"10.1.0.2\", \"10.1.0.3\"]\nvni = 7\n",
+        )
+        .unwrap();
+        let c = vxlan_config(&f.port[0]).unwrap().unwrap();
+        assert_eq!((c.remotes.len(), c.vni), (2, 7));
+        for bad in [
+            "vxlan:name=t,local=10.1.0.1,remote=10.1.0.2,vni=16777216",
+            "vxlan:name=t,local=10.1.0.1,remote=10.1.0.1",
+            "vxlan:name=t,local=10.1.0.1,remote=10.1.0.2,remote=10.1.0.2",
+            "vxlan:name=t,local=host,remote=10.1.0.2",
+            "vxlan:name=t,local=10.1.0.1,remote=10.1.0.2,dstport=0",
+            "vxlan:name=t,local=10.1.0.1,remote=10.1.0.2,srcports=0",
+            "vxlan:name=t,local=10.1.0.1,remote=10.1.0.2,srcports=65",
+        ] {
+            let p = parse_port_spec(bad);
+            assert!(
+                p.is_err() || p.is_ok_and(|p| check_port(&p).is_err()),
+                "{bad}"
+            );
+        }
+        assert!(
+            parse_port_spec("vxlan:name=t,local=10.1.0.1").is_err(),
+            "a remote is needed"
+        );
+        assert!(parse_port_spec("vxlan:name=t,local=10.1.0.1,remote=10.1.0.2,vni=-1").is_err());
     }
 }

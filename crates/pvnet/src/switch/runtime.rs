@@ -10,7 +10,7 @@
 
 use super::config::{
     check_port, egress_of, fmt_mac, host_io, io_name, kernel_egress, parse_mac, parse_port_spec,
-    port_policy, spec_value, xdp_config, FileConfig, PortConfig,
+    port_policy, spec_value, vxlan_config, xdp_config, FileConfig, PortConfig,
 };
 use crate::ctl::{self, PortInfo, Reply};
 use crate::error::{io, usage, Result};
@@ -229,6 +229,16 @@ impl Runtime {
                 let detail = dev.describe();
                 info!(port = %name, ifname = %ifname, mode = dev.mode().name(), zerocopy = dev.zerocopy(), "AF_XDP sockets bound");
                 self.dp.add_host(id, HostPort::AfXdp(dev));
+                Ok((Running::Host { persist: None }, detail))
+            }
+            PortConfig::Vxlan { name, .. } => {
+                let cfg =
+                    vxlan_config(p)?.ok_or_else(|| usage(format!("port {name}: not vxlan")))?;
+                let u = pvnet_dataplane::VxlanUnderlay::open(&cfg)
+                    .map_err(io(format!("port {name}: VXLAN")))?;
+                let detail = u.describe();
+                info!(port = %name, %detail, "VXLAN sockets bound");
+                self.dp.add_host(id, HostPort::Vxlan(u));
                 Ok((Running::Host { persist: None }, detail))
             }
             PortConfig::Sink { .. } => {

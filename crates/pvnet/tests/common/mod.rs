@@ -120,8 +120,20 @@ impl Proc {
     /// Spawns `pvnet <args>` with extra environment variables.
     pub fn spawn(name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .env("NO_COLOR", "1")
+        cmd.args(args);
+        Self::spawn_cmd(name, cmd, env)
+    }
+
+    /// [`Proc::spawn`] inside the network namespace `netns` (`ip netns exec`, which execs
+    /// pvnet in its place: the process is pvnet's).
+    pub fn spawn_netns(netns: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", netns, BIN]).args(args);
+        Self::spawn_cmd(name, cmd, env)
+    }
+
+    fn spawn_cmd(name: &str, mut cmd: Command, env: &[(&str, &str)]) -> Self {
+        cmd.env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
