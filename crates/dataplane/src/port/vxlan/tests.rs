@@ -128,10 +128,13 @@ fn floods_to_every_remote_learns_and_sends_unicast_to_one() {
     // A broadcast from X: to both remotes, byte for byte behind the VXLAN header.
     let x = mac(0x11);
     let bcast = frame([0xff; 6], x, 1, 60);
-    assert_eq!(send(&mut a, &[bcast.clone()], &[]), [TxOut::Sent]);
+    assert_eq!(
+        send(&mut a, std::slice::from_ref(&bcast), &[]),
+        [TxOut::Sent]
+    );
     assert_eq!(get(&sa.tx_packets), 2, "one datagram per remote");
     assert_eq!(get(&sa.tx_bytes), 120);
-    assert_eq!(recv(&mut b, 1), [bcast.clone()]);
+    assert_eq!(recv(&mut b, 1), std::slice::from_ref(&bcast));
     let got = datagrams(&c);
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].0[..8], header(5));
@@ -153,15 +156,21 @@ fn floods_to_every_remote_learns_and_sends_unicast_to_one() {
     }
     // Unicast to Y: to the third endpoint only; to an unknown address: to both.
     let to_y = frame(y, x, 3, 100);
-    assert_eq!(send(&mut a, &[to_y.clone()], &[]), [TxOut::Sent]);
+    assert_eq!(
+        send(&mut a, std::slice::from_ref(&to_y), &[]),
+        [TxOut::Sent]
+    );
     let got = datagrams(&c);
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].0[8..], to_y[..]);
     let unknown = frame(mac(0x33), x, 4, 80);
-    assert_eq!(send(&mut a, &[unknown.clone()], &[]), [TxOut::Sent]);
+    assert_eq!(
+        send(&mut a, std::slice::from_ref(&unknown), &[]),
+        [TxOut::Sent]
+    );
     assert_eq!(
         recv(&mut b, 1),
-        [unknown.clone()],
+        std::slice::from_ref(&unknown),
         "B gets the unknown unicast only"
     );
     assert_eq!(datagrams(&c).len(), 1);
@@ -169,7 +178,10 @@ fn floods_to_every_remote_learns_and_sends_unicast_to_one() {
     assert_eq!(get(&sb.rx_packets), 2, "nothing else reached B");
     // B learned X behind A; its answer goes to A.
     let back = frame(x, mac(0x44), 5, 64);
-    assert_eq!(send(&mut b, &[back.clone()], &[]), [TxOut::Sent]);
+    assert_eq!(
+        send(&mut b, std::slice::from_ref(&back), &[]),
+        [TxOut::Sent]
+    );
     assert_eq!(recv(&mut a, 1), [back]);
     let drops: u64 = sa.drops.iter().map(get).sum();
     assert_eq!(drops + drops_of(&sb), 0);
@@ -204,7 +216,7 @@ fn drops_and_counts_what_is_not_its_vxlan() {
     stranger.send_to(&with(header(7)), to).expect("send"); // not a remote
     peer.send_to(&with(header(7)), to).expect("send"); // the one good one
     let got = recv(&mut a, 1);
-    assert_eq!(got, [inner.clone()]);
+    assert_eq!(got, std::slice::from_ref(&inner));
     // Everything counted: 8 in, 1 delivered, 6 invalid, 1 filtered.
     let deadline = Instant::now() + Duration::from_secs(1);
     while get(&sa.rx_packets) < 8 && Instant::now() < deadline {
