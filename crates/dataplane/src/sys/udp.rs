@@ -90,6 +90,13 @@ impl UdpSock {
         })
     }
 
+    /// Sends with a zero UDP checksum (`SO_NO_CHECK`), as RFC 7348 says a VXLAN sender over
+    /// IPv4 should (and Linux's vxlan device does by default): the inner frame carries its
+    /// own. Best effort.
+    pub fn no_checksum(&self) {
+        let _ = setopt(self.fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, 1);
+    }
+
     /// The local port.
     pub fn port(&self) -> u16 {
         self.port

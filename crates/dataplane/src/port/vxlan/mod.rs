@@ -6,7 +6,8 @@
 //!
 //! Underlay: the host's own UDP stack ([`crate::sys::udp`]); the kernel builds and strips the
 //! outer IPv4 and UDP headers, routes, resolves neighbours and fragments nothing (a datagram
-//! past the path's MTU is refused). pvnet writes and checks the 8-byte VXLAN header.
+//! past the path's MTU is refused). pvnet writes and checks the 8-byte VXLAN header. The
+//! outer UDP checksum is sent as zero, as RFC 7348 says for IPv4 and Linux's device does.
 //!
 //! Receiving: one `recvmmsg` of up to [`MAX_BURST`] datagrams into the port's own slots, each
 //! read 4 bytes into its slot so that, once the VXLAN header is checked, the 12 bytes in front
@@ -133,11 +134,13 @@ impl Underlay {
         let open = move || -> std::io::Result<(Vec<UdpSock>, u32)> {
             let rx = UdpSock::bind(c.local, c.dstport)?;
             rx.set_buffers(SOCK_BUF);
+            rx.no_checksum();
             let mut socks = vec![rx];
             if c.srcports > 1 {
                 for _ in 0..c.srcports {
                     let s = UdpSock::bind(c.local, 0)?;
                     s.set_buffers(SOCK_BUF);
+                    s.no_checksum();
                     socks.push(s);
                 }
             }
