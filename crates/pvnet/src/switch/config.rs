@@ -151,6 +151,9 @@ pub(crate) enum PortConfig {
         /// Open the sockets in this network namespace (`ip netns` name or a path).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         netns: Option<String>,
+        /// Runs of equal-sized datagrams to one remote as one segmented send (UDP_SEGMENT).
+        #[serde(default = "yes")]
+        gso: bool,
     },
     Sink {
         name: String,
@@ -214,6 +217,7 @@ pub(crate) fn vxlan_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::Vxl
         dstport,
         srcports,
         netns,
+        gso,
     } = p
     else {
         return Ok(None);
@@ -256,6 +260,7 @@ pub(crate) fn vxlan_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::Vxl
         dstport: *dstport,
         srcports: *srcports,
         netns: netns.clone(),
+        gso: *gso,
     }))
 }
 fn auto() -> String {
@@ -805,6 +810,9 @@ mod tests {
             (c.remotes.len(), c.vni, c.dstport, c.srcports, c.netns),
             (1, 1, 4789, 4, None)
         );
+        assert!(c.gso, "segmented sends by default");
+        let p = parse_port_spec("vxlan:name=t,local=10.1.0.1,remote=10.1.0.2,gso=false").unwrap();
+        assert!(!vxlan_config(&p).unwrap().unwrap().gso);
         let spec = "vxlan:name=t,local=10.1.0.1,remote=10.1.0.2,remote=10.1.0.3,vni=42,dstport=8472,srcports=1,netns=far";
         let p = parse_port_spec(spec).unwrap();
         let c = vxlan_config(&p).unwrap().unwrap();

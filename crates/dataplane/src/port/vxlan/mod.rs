@@ -7,7 +7,8 @@
 //! Underlay: the host's own UDP stack ([`crate::sys::udp`]); the kernel builds and strips the
 //! outer IPv4 and UDP headers, routes, resolves neighbours and fragments nothing (a datagram
 //! past the path's MTU is refused). pvnet writes and checks the 8-byte VXLAN header. The
-//! outer UDP checksum is sent as zero, as RFC 7348 says for IPv4 and Linux's device does.
+//! outer UDP checksum is on with `gso` (segmented sends need it; the device computes it),
+//! else zero, as RFC 7348 says for IPv4 and Linux's device does.
 //!
 //! Receiving: one `recvmmsg` of up to [`MAX_BURST`] datagrams into the port's own slots, each
 //! read 4 bytes into its slot so that, once the VXLAN header is checked, the 12 bytes in front
@@ -24,8 +25,10 @@
 //! from the sender's memory behind one shared 8-byte header (the kernel's copy is the only
 //! one): to the remote its destination address was learned behind, or, for broadcast,
 //! multicast and unknown unicast, to every remote (head-end replication). The batch goes out
-//! at [`Port::tx_commit`](super::Port::tx_commit), one `sendmmsg` per source socket (more
-//! only if the kernel stops part-way). A frame whose datagram would be longer than the
+//! at [`Port::tx_commit`](super::Port::tx_commit), per source socket: each run of datagrams
+//! to one remote of one size as one segmented send (`UDP_SEGMENT`, with `gso`: one buffer
+//! the kernel cuts late), the rest by one `sendmmsg` (more only if the kernel stops
+//! part-way). A frame whose datagram would be longer than the
 //! underlay's path MTU is refused (`too_big`, at its sender); a datagram the kernel refuses
 //! is counted at the port (`no_buffer` when its buffer is full, `too_big`, `port_down`).
 //! `tx_packets` counts datagrams, as Linux's vxlan does: a frame flooded to N remotes counts
@@ -114,6 +117,10 @@ pub struct VxlanConfig {
     /// The network namespace the sockets are opened in (`ip netns` name or a path), if not
     /// the switch's.
     pub netns: Option<String>,
+    /// Send runs of equal-sized datagrams to one remote as one segmented send
+    /// (`UDP_SEGMENT`); falls back to one datagram per send where the underlay's device
+    /// cannot (no checksum offload). Needs the outer UDP checksum on.
+    pub gso: bool,
 }
 
 /// The port's sockets, opened (before the port goes to its shard).
@@ -134,13 +141,13 @@ impl Underlay {
         let open = move || -> std::io::Result<(Vec<UdpSock>, u32)> {
             let rx = UdpSock::bind(c.local, c.dstport)?;
             rx.set_buffers(SOCK_BUF);
-            rx.no_checksum();
+            rx.checksum(c.gso);
             let mut socks = vec![rx];
             if c.srcports > 1 {
                 for _ in 0..c.srcports {
                     let s = UdpSock::bind(c.local, 0)?;
                     s.set_buffers(SOCK_BUF);
-                    s.no_checksum();
+                    s.checksum(c.gso);
                     socks.push(s);
                 }
             }
@@ -224,6 +231,8 @@ struct Lane {
     /// Index of its socket in the port's.
     sock: usize,
     msgs: Vec<libc::mmsghdr>,
+    /// The remote of each (index in `Tx::remotes`).
+    to: Vec<u16>,
     /// Frame bytes of each.
     lens: Vec<u32>,
     n: usize,
@@ -374,6 +383,8 @@ pub struct VxlanPort {
     remote_ips: Box<[u32]>,
     /// The underlay path's MTU.
     underlay_mtu: u32,
+    /// Segmented sends (see [`VxlanConfig::gso`]): off for good once the kernel refuses one.
+    gso: bool,
     fdb: Fdb,
     /// The time of the open transmit batch.
     now: Instant,
@@ -400,6 +411,7 @@ impl VxlanPort {
         let lane = |sock| Lane {
             sock,
             msgs: (0..TX_MSGS).map(|_| zeroed_msg()).collect(),
+            to: vec![0; TX_MSGS],
             lens: vec![0; TX_MSGS],
             n: 0,
         };
@@ -432,6 +444,7 @@ impl VxlanPort {
             socks: u.socks,
             remote_ips,
             underlay_mtu: u.mtu,
+            gso: u.cfg.gso,
             fdb: Fdb::new(FDB_SLOTS, aging),
             now: Instant::now(),
             look: true,
@@ -632,6 +645,7 @@ impl VxlanPort {
             h.msg_namelen = SOCKADDR_LEN;
             h.msg_iov = iov;
             h.msg_iovlen = 1 + n;
+            lane.to[lane.n] = u16::try_from(r).unwrap_or(0);
             lane.lens[lane.n] = flen;
             lane.n += 1;
         }
@@ -675,59 +689,179 @@ impl VxlanPort {
         tx.arena_used = k;
     }
 
-    /// Sends every queued datagram (one `sendmmsg` per source socket, more if the kernel
-    /// stops part-way) and counts what the kernel took and refused.
+    /// Sends every queued datagram and counts what the kernel took and refused: per source
+    /// socket, each run of datagrams to one remote of one size (the last may be shorter)
+    /// whose iovecs follow each other as one segmented send (`UDP_SEGMENT`, with `gso`),
+    /// the rest by `sendmmsg` (more calls only if the kernel stops part-way).
     fn flush(&mut self) {
         let tx = &mut *self.tx;
-        let (mut ok, mut bytes, mut calls) = (0u64, 0u64, 0u64);
-        let mut refused = [0u64; DropReason::ALL.len()];
+        let mut c = Sent::default();
+        let mut gso = self.gso;
         for lane in &mut tx.lanes {
             let sock = &self.socks[lane.sock];
             let mut at = 0;
             while at < lane.n {
-                calls += 1;
-                // SAFETY: each queued header points at an address in `tx.remotes` and at
-                // iovecs in `tx.iov` (boxed, never reallocated) over `tx.hdr` and the memory
-                // of packets the switch holds until this batch is committed (this flush is
-                // part of the commit, or of the batch itself).
-                match unsafe { sock.send_many(&mut lane.msgs[at..lane.n]) } {
-                    Ok(k) if k > 0 => {
-                        ok += k as u64;
-                        bytes += lane.lens[at..at + k]
-                            .iter()
-                            .map(|&l| u64::from(l))
-                            .sum::<u64>();
-                        at += k;
-                    }
-                    Ok(_) => {
-                        refused[DropReason::PortDown as usize] += (lane.n - at) as u64;
-                        break;
-                    }
-                    Err(errno) => {
-                        let why = refusal(errno);
-                        if why == DropReason::NoBuffer {
-                            refused[why as usize] += (lane.n - at) as u64;
-                            break;
+                let (run, iovlen) = if gso { run_at(lane, at) } else { (1, 0) };
+                if run >= 2 {
+                    let seg = u16::try_from(VXLAN_HDR + lane.lens[at]).unwrap_or(u16::MAX);
+                    let to = &tx.remotes[usize::from(lane.to[at])];
+                    c.calls += 1;
+                    // SAFETY: the run's iovecs follow each other in `tx.iov` (checked by
+                    // `run_at`; boxed, never reallocated) over `tx.hdr`, `tx.arena` and the
+                    // memory of packets the switch holds until this batch is committed.
+                    match unsafe {
+                        sock.send_segmented(to, lane.msgs[at].msg_hdr.msg_iov, iovlen, seg)
+                    } {
+                        Ok(_) => {
+                            c.took(&lane.lens[at..at + run]);
+                            at += run;
+                            continue;
                         }
-                        let e = std::io::Error::from_raw_os_error(errno);
-                        tracing::debug!(port = self.id, "datagram refused: {e}");
-                        refused[why as usize] += 1;
-                        at += 1;
+                        Err(e)
+                            if matches!(
+                                e,
+                                libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT
+                            ) =>
+                        {
+                            // The route's device cannot take it: plain sends from now on.
+                            let e = std::io::Error::from_raw_os_error(e);
+                            tracing::warn!(
+                                port = self.id,
+                                "UDP_SEGMENT refused ({e}): one datagram per send from now on"
+                            );
+                            gso = false;
+                        }
+                        Err(e) => {
+                            let why = refusal(e);
+                            if why == DropReason::NoBuffer {
+                                c.refused[why as usize] += (lane.n - at) as u64;
+                                break;
+                            }
+                            c.refused[why as usize] += run as u64;
+                            at += run;
+                            continue;
+                        }
                     }
+                }
+                // Datagrams that start no run, in one `sendmmsg` (everything, without gso).
+                let mut end = at + 1;
+                while gso && end < lane.n && run_at(lane, end).0 < 2 {
+                    end += 1;
+                }
+                if !gso {
+                    end = lane.n;
+                }
+                match send_plain(sock, lane, at, end, &mut c, self.id) {
+                    Some(next) => at = next,
+                    None => break,
                 }
             }
             lane.n = 0;
         }
+        if self.gso && !gso {
+            self.gso = false;
+            for s in &self.socks {
+                s.checksum(false);
+            }
+        }
         tx.iov_used = 0;
         tx.arena_used = 0;
         tx.last = None;
-        bump(&self.stats.syscalls, calls);
-        bump(&self.stats.tx_packets, ok);
-        bump(&self.stats.tx_bytes, bytes);
+        bump(&self.stats.syscalls, c.calls);
+        bump(&self.stats.tx_packets, c.ok);
+        bump(&self.stats.tx_bytes, c.bytes);
         for r in DropReason::ALL {
-            bump(&self.stats.drops[r as usize], refused[r as usize]);
+            bump(&self.stats.drops[r as usize], c.refused[r as usize]);
         }
     }
+}
+
+/// What a flush sent and what the kernel refused.
+#[derive(Default)]
+struct Sent {
+    ok: u64,
+    bytes: u64,
+    calls: u64,
+    refused: [u64; DropReason::ALL.len()],
+}
+
+impl Sent {
+    fn took(&mut self, lens: &[u32]) {
+        self.ok += lens.len() as u64;
+        self.bytes += lens.iter().map(|&l| u64::from(l)).sum::<u64>();
+    }
+}
+
+/// Most datagrams of one segmented send (the kernel's `UDP_MAX_SEGMENTS` is 64 or more).
+const MAX_SEGS: usize = 64;
+
+/// The run of datagrams from `at` that one segmented send can carry: to the same remote,
+/// the same length (the last may be shorter), iovecs following each other, within
+/// [`MAX_SEGS`] and an IP packet's 64 KiB. Returns its length and iovecs.
+#[inline]
+fn run_at(lane: &Lane, at: usize) -> (usize, usize) {
+    let first = &lane.msgs[at].msg_hdr;
+    let len = lane.lens[at];
+    let seg = (VXLAN_HDR + len) as usize;
+    let most = MAX_SEGS.min((65535 - 28) / seg);
+    let mut iovlen = first.msg_iovlen;
+    let mut end = first.msg_iov.wrapping_add(first.msg_iovlen);
+    let mut j = at + 1;
+    while j < lane.n && j - at < most {
+        let h = &lane.msgs[j].msg_hdr;
+        if lane.to[j] != lane.to[at] || h.msg_iov != end || lane.lens[j] > len {
+            break;
+        }
+        iovlen += h.msg_iovlen;
+        end = h.msg_iov.wrapping_add(h.msg_iovlen);
+        j += 1;
+        if lane.lens[j - 1] < len {
+            break;
+        }
+    }
+    (j - at, iovlen)
+}
+
+/// Sends datagrams `at..end` of `lane` by `sendmmsg` until the kernel takes them all or
+/// refuses one for want of room: the next one to send, or None when the rest of the lane is
+/// dropped (`no_buffer`: the socket's buffer is full).
+fn send_plain(
+    sock: &UdpSock,
+    lane: &mut Lane,
+    mut at: usize,
+    end: usize,
+    c: &mut Sent,
+    id: PortId,
+) -> Option<usize> {
+    while at < end {
+        c.calls += 1;
+        // SAFETY: each queued header points at an address in `tx.remotes` and at iovecs in
+        // `tx.iov` (boxed, never reallocated) over `tx.hdr`, `tx.arena` and the memory of
+        // packets the switch holds until this batch is committed (this flush is part of the
+        // commit, or of the batch itself).
+        match unsafe { sock.send_many(&mut lane.msgs[at..end]) } {
+            Ok(k) if k > 0 => {
+                c.took(&lane.lens[at..at + k]);
+                at += k;
+            }
+            Ok(_) => {
+                c.refused[DropReason::PortDown as usize] += (lane.n - at) as u64;
+                return None;
+            }
+            Err(errno) => {
+                let why = refusal(errno);
+                if why == DropReason::NoBuffer {
+                    c.refused[why as usize] += (lane.n - at) as u64;
+                    return None;
+                }
+                let e = std::io::Error::from_raw_os_error(errno);
+                tracing::debug!(port = id, "datagram refused: {e}");
+                c.refused[why as usize] += 1;
+                at += 1;
+            }
+        }
+    }
+    Some(at)
 }
 
 impl super::Port for VxlanPort {

@@ -23,6 +23,17 @@ fn lo(k: u8) -> Ipv4Addr {
 
 /// A port bound to 127.0.0.`local` with these remotes.
 fn port(local: u8, remotes: &[u8], vni: u32, srcports: u16) -> (AnyPort, Arc<PortStats>) {
+    port_gso(local, remotes, vni, srcports, false)
+}
+
+/// [`port`], with segmented sends or without.
+fn port_gso(
+    local: u8,
+    remotes: &[u8],
+    vni: u32,
+    srcports: u16,
+    gso: bool,
+) -> (AnyPort, Arc<PortStats>) {
     let cfg = VxlanConfig {
         local: lo(local),
         remotes: remotes.iter().map(|&r| lo(r)).collect(),
@@ -30,6 +41,7 @@ fn port(local: u8, remotes: &[u8], vni: u32, srcports: u16) -> (AnyPort, Arc<Por
         dstport: PORT,
         srcports,
         netns: None,
+        gso,
     };
     let u = Underlay::open(&cfg).unwrap_or_else(|e| panic!("open: {e}"));
     let stats: Arc<PortStats> = Arc::default();
@@ -297,4 +309,41 @@ fn a_staged_packet_is_sent_as_it_was_when_taken() {
     assert_eq!(got[0].0[8..], first[..]);
     assert_eq!(got[1].0[8 + 14..], [2u8; 60 - 14]);
     assert_eq!(get(&sa.tx_packets), 2);
+}
+
+/// Segmented sends (`UDP_SEGMENT`): runs of equal-sized frames to one remote go in one call,
+/// a shorter frame ends a run, a flood's copies are not a run; every datagram arrives as if
+/// sent alone, in order, header and frame byte for byte.
+#[test]
+fn runs_of_equal_frames_go_as_one_segmented_send() {
+    setup();
+    let (mut a, sa) = port_gso(41, &[42], 4, 1, true);
+    let c = observer(42);
+    let sizes = [60usize, 60, 60, 50, 60, 60, 100];
+    let frames: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| frame(mac(1), mac(2), u8::try_from(k).unwrap_or(0), n))
+        .collect();
+    assert!(send(&mut a, &frames, &[]).iter().all(|&o| o == TxOut::Sent));
+    let got = datagrams(&c);
+    assert_eq!(got.len(), frames.len());
+    for (d, f) in got.iter().zip(&frames) {
+        assert_eq!(d.0[..8], header(4));
+        assert_eq!(d.0[8..], f[..]);
+    }
+    assert_eq!(get(&sa.tx_packets), 7);
+    // [60 60 60 50] [60 60 100]: two calls.
+    assert_eq!(get(&sa.syscalls), 2);
+    // 64 more of one size: one call.
+    let many: Vec<Vec<u8>> = (0..64u8).map(|k| frame(mac(1), mac(2), k, 64)).collect();
+    send(&mut a, &many, &[]);
+    let got = datagrams(&c);
+    assert_eq!(got.len(), 64);
+    assert!(got.iter().zip(&many).all(|(d, f)| d.0[8..] == f[..]));
+    assert_eq!(get(&sa.syscalls), 3);
+    assert_eq!(drops_of(&sa), 0);
+    if let AnyPort::Vxlan(v) = &a {
+        assert!(v.gso, "the kernel took the segmented sends");
+    }
 }
