@@ -221,6 +221,12 @@ impl UdpSock {
         })
     }
 
+    /// Lets reads return a run of datagrams from one sender as one, with their segment size
+    /// in a control message (`UDP_GRO`, Linux 5.0+).
+    pub(crate) fn set_gro(&self) -> io::Result<()> {
+        setopt(self.fd.as_raw_fd(), libc::SOL_UDP, 104, 1)
+    }
+
     /// Whether the socket sends with UDP checksums. Off (`SO_NO_CHECK`): zero, as RFC 7348
     /// says a VXLAN sender over IPv4 should and Linux's vxlan device does by default (the
     /// inner frame carries its own); segmented sends need them on. Best effort.

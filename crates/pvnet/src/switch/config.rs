@@ -154,6 +154,9 @@ pub(crate) enum PortConfig {
         /// Runs of equal-sized datagrams to one remote as one segmented send (UDP_SEGMENT).
         #[serde(default = "yes")]
         gso: bool,
+        /// Read runs of datagrams the kernel coalesced as one (UDP_GRO).
+        #[serde(default = "yes")]
+        gro: bool,
     },
     Sink {
         name: String,
@@ -218,6 +221,7 @@ pub(crate) fn vxlan_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::Vxl
         srcports,
         netns,
         gso,
+        gro,
     } = p
     else {
         return Ok(None);
@@ -261,6 +265,7 @@ pub(crate) fn vxlan_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::Vxl
         srcports: *srcports,
         netns: netns.clone(),
         gso: *gso,
+        gro: *gro,
     }))
 }
 fn auto() -> String {

@@ -99,6 +99,14 @@ const SOCK_BUF: u32 = 4 << 20;
 const FDB_SLOTS: usize = 4096;
 /// The flag byte of a VXLAN header with a valid VNI (the I flag, RFC 7348 section 5).
 const FLAG_I: u8 = 0x08;
+/// `UDP_GRO` (`linux/udp.h`): the socket option, and the control message with a run's
+/// segment size.
+const UDP_GRO: libc::c_int = 104;
+/// Slots of a port that reads coalesced runs (64 KiB each).
+const GRO_SLOTS: usize = 32;
+/// Most datagrams of one coalesced run taken (the kernel's `UDP_MAX_SEGMENTS`; more are
+/// dropped, `too_big`).
+const MAX_SEGS_IN: usize = 128;
 
 /// A VXLAN port's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +129,9 @@ pub struct VxlanConfig {
     /// (`UDP_SEGMENT`); falls back to one datagram per send where the underlay's device
     /// cannot (no checksum offload). Needs the outer UDP checksum on.
     pub gso: bool,
+    /// Read runs of datagrams the kernel coalesced (`UDP_GRO`: a segmented send from a
+    /// peer that reached the socket whole, or a NIC's GRO) as one, 64 KiB slots.
+    pub gro: bool,
 }
 
 /// The port's sockets, opened (before the port goes to its shard).
@@ -132,16 +143,19 @@ pub struct Underlay {
     socks: Vec<UdpSock>,
     /// The smallest path MTU towards the remotes.
     mtu: u32,
+    /// The receiving socket reads coalesced runs.
+    gro: bool,
 }
 
 impl Underlay {
     /// Binds the sockets (in `cfg.netns` if given) and reads the path MTU to every remote.
     pub fn open(cfg: &VxlanConfig) -> std::io::Result<Self> {
         let c = cfg.clone();
-        let open = move || -> std::io::Result<(Vec<UdpSock>, u32)> {
+        let open = move || -> std::io::Result<(Vec<UdpSock>, u32, bool)> {
             let rx = UdpSock::bind(c.local, c.dstport)?;
             rx.set_buffers(SOCK_BUF);
             rx.checksum(c.gso);
+            let gro = c.gro && rx.set_gro().is_ok();
             let mut socks = vec![rx];
             if c.srcports > 1 {
                 for _ in 0..c.srcports {
@@ -155,9 +169,9 @@ impl Underlay {
             for &r in &c.remotes {
                 mtu = mtu.min(udp::path_mtu(c.local, r)?);
             }
-            Ok((socks, mtu))
+            Ok((socks, mtu, gro))
         };
-        let (socks, mtu) = match &cfg.netns {
+        let (socks, mtu, gro) = match &cfg.netns {
             Some(ns) => udp::in_netns(ns, open)?,
             None => open()?,
         };
@@ -170,6 +184,7 @@ impl Underlay {
             cfg: cfg.clone(),
             socks,
             mtu,
+            gro,
         })
     }
 
@@ -192,7 +207,7 @@ impl Underlay {
         let remotes: Vec<String> = self.cfg.remotes.iter().map(ToString::to_string).collect();
         let sp = self.source_ports();
         format!(
-            "vni {}, {}:{} -> {}, source ports {}, underlay MTU {} (inner {}){}",
+            "vni {}, {}:{} -> {}, source ports {}, underlay MTU {} (inner {}){}{}{}",
             self.cfg.vni,
             self.cfg.local,
             self.cfg.dstport,
@@ -204,6 +219,8 @@ impl Underlay {
             },
             self.mtu,
             self.inner_mtu(),
+            if self.cfg.gso { ", gso" } else { "" },
+            if self.gro { ", gro" } else { "" },
             self.cfg
                 .netns
                 .as_ref()
@@ -214,14 +231,24 @@ impl Underlay {
 
 /// The receive side: the slots, the headers `recvmmsg` fills, the frames not handed out.
 struct Rx {
-    /// Bytes per slot.
+    /// Bytes per slot (one datagram, or with `gro` one coalesced run of them).
     slot: usize,
+    /// Slots, and so datagrams (or runs) per read.
+    slots: usize,
+    /// Whether reads may return coalesced runs (`UDP_GRO`).
+    gro: bool,
     buf: Vec<u8>,
     iov: Vec<libc::iovec>,
     names: Vec<libc::sockaddr_in>,
     msgs: Vec<libc::mmsghdr>,
-    /// Decapsulated frames not handed out yet: (slot, frame bytes), in order; `at..n` wait.
-    ready: [(u16, u32); MAX_BURST],
+    /// Each slot's control message (a run's segment size).
+    ctrl: Vec<[u64; 4]>,
+    /// A zero virtio-net header, for frames with no room in front of them (the second and
+    /// later datagrams of a coalesced run).
+    zero: Box<[u8; HDR_LEN as usize]>,
+    /// Decapsulated frames not handed out yet, in order (`at..n` wait): (where the frame
+    /// starts in `buf`, its bytes, whether its header is in place in front of it).
+    ready: Box<[(u32, u32, bool)]>,
     at: usize,
     n: usize,
 }
@@ -302,28 +329,41 @@ const SOCKADDR_LEN: libc::socklen_t = 16;
 const _: () = assert!(size_of::<libc::sockaddr_in>() == SOCKADDR_LEN as usize);
 
 impl Rx {
-    fn new(underlay_mtu: u32) -> Box<Self> {
+    fn new(underlay_mtu: u32, gro: bool) -> Box<Self> {
         // A datagram's payload is at most the MTU less 28; 4 bytes in front of it. The slot
-        // takes a little more, so that a datagram too big shows as cut (MSG_TRUNC).
-        let slot = (underlay_mtu as usize).next_multiple_of(64).max(2048);
+        // takes a little more, so that a datagram too big shows as cut (MSG_TRUNC). A
+        // coalesced run is at most an IP packet's 64 KiB.
+        let (slot, slots) = if gro {
+            (65536 + 64, GRO_SLOTS)
+        } else {
+            (
+                (underlay_mtu as usize).next_multiple_of(64).max(2048),
+                MAX_BURST,
+            )
+        };
+        let ready = if gro { slots * MAX_SEGS_IN } else { slots };
         let mut rx = Box::new(Self {
             slot,
-            buf: vec![0u8; slot * MAX_BURST],
+            slots,
+            gro,
+            buf: vec![0u8; slot * slots],
             iov: vec![
                 libc::iovec {
                     iov_base: std::ptr::null_mut(),
                     iov_len: 0,
                 };
-                MAX_BURST
+                slots
             ],
-            names: vec![udp::sockaddr(Ipv4Addr::UNSPECIFIED, 0); MAX_BURST],
-            msgs: (0..MAX_BURST).map(|_| zeroed_msg()).collect(),
-            ready: [(0, 0); MAX_BURST],
+            names: vec![udp::sockaddr(Ipv4Addr::UNSPECIFIED, 0); slots],
+            msgs: (0..slots).map(|_| zeroed_msg()).collect(),
+            ctrl: vec![[0; 4]; slots],
+            zero: Box::new([0; HDR_LEN as usize]),
+            ready: vec![(0, 0, false); ready].into_boxed_slice(),
             at: 0,
             n: 0,
         });
         let r = &mut *rx;
-        for i in 0..MAX_BURST {
+        for i in 0..slots {
             r.iov[i] = libc::iovec {
                 iov_base: r.buf[i * slot + 4..].as_mut_ptr().cast(),
                 iov_len: slot - 4,
@@ -333,9 +373,27 @@ impl Rx {
             h.msg_iovlen = 1;
             h.msg_name = (&raw mut r.names[i]).cast();
             h.msg_namelen = SOCKADDR_LEN;
+            if gro {
+                h.msg_control = (&raw mut r.ctrl[i]).cast();
+            }
         }
         rx
     }
+}
+
+/// The segment size of a coalesced run, from its slot's control message (`UDP_GRO`), if
+/// the kernel gave one.
+fn gro_size(ctrl: &[u64; 4], len: usize) -> Option<usize> {
+    let mut b = [0u8; 32];
+    for (d, w) in b.chunks_exact_mut(8).zip(ctrl) {
+        d.copy_from_slice(&w.to_ne_bytes());
+    }
+    // struct cmsghdr { size_t cmsg_len; int cmsg_level; int cmsg_type; } then an int.
+    let word = |at: usize| i32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    if len < 20 || word(8) != libc::SOL_UDP || word(12) != UDP_GRO {
+        return None;
+    }
+    usize::try_from(word(16)).ok().filter(|&g| g > 0)
 }
 
 /// The VXLAN header for `vni`.
@@ -424,7 +482,7 @@ impl VxlanPort {
             id,
             stats,
             vni: u.cfg.vni,
-            rx: Rx::new(u.mtu),
+            rx: Rx::new(u.mtu, u.gro),
             tx: Box::new(Tx {
                 hdr: Box::new(header(u.cfg.vni)),
                 remotes,
@@ -470,21 +528,24 @@ impl VxlanPort {
             .collect()
     }
 
-    /// One `recvmmsg` of up to `max` datagrams: checks and decapsulates each, learns its
-    /// inner source; the good ones wait in `rx.ready`. Returns the datagrams dropped (work
-    /// done: they count as taken).
+    /// One `recvmmsg` of up to `max` datagrams (with `gro`, of runs of them: up to `max`
+    /// runs): checks and decapsulates each datagram, learns its inner source; the good ones
+    /// wait in `rx.ready`. Returns the datagrams dropped (work done: they count as taken).
     fn read(&mut self, max: usize, now: Instant) -> usize {
-        let k = max.clamp(1, MAX_BURST);
         let rx = &mut *self.rx;
+        let k = max.clamp(1, rx.slots);
         for m in &mut rx.msgs[..k] {
             m.msg_hdr.msg_namelen = SOCKADDR_LEN;
             m.msg_hdr.msg_flags = 0;
+            if rx.gro {
+                m.msg_hdr.msg_controllen = size_of::<[u64; 4]>();
+            }
             m.msg_len = 0;
         }
         bump(&self.stats.syscalls, 1);
-        // SAFETY: every header points at its own slot (`slot - 4` bytes from offset 4) and
-        // address of `rx` (set up in `Rx::new`, never reallocated); no frame is waiting
-        // (`at == n`), so nothing else uses them during the call.
+        // SAFETY: every header points at its own slot (`slot - 4` bytes from offset 4),
+        // address and control buffer in `rx` (set up in `Rx::new`, never reallocated); no
+        // frame is waiting (`at == n`), so nothing else uses them during the call.
         let got = match unsafe { self.socks[0].recv_many(&mut rx.msgs[..k]) } {
             Ok(n) => n,
             Err(e) => {
@@ -498,34 +559,53 @@ impl VxlanPort {
         let mut dropped = [0u64; DropReason::ALL.len()];
         let slot = rx.slot;
         for i in 0..got {
-            let m = &rx.msgs[i];
-            let buf = &mut rx.buf[i * slot..(i + 1) * slot];
-            let verdict = if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
-                Err(DropReason::TooBig)
-            } else {
-                decap(&buf[4..], m.msg_len as usize, self.vni)
-            };
+            let m = &rx.msgs[i].msg_hdr;
+            let len = rx.msgs[i].msg_len as usize;
+            let base = i * slot;
             let from = rx.names[i].sin_addr.s_addr;
-            let verdict = verdict.and_then(|l| {
-                self.remote_ips
-                    .iter()
-                    .position(|&r| r == from)
-                    .map(|r| (l, r))
-                    .ok_or(DropReason::Filtered)
-            });
-            match verdict {
-                Ok((flen, r)) => {
-                    let mut src = [0u8; 6];
-                    let at = HDR_LEN as usize + 6;
-                    src.copy_from_slice(&buf[at..at + 6]);
-                    self.fdb
-                        .learn(src, u16::try_from(r).unwrap_or(u16::MAX), now);
-                    // The VXLAN header's bytes become the frame's virtio-net header.
-                    buf[..HDR_LEN as usize].fill(0);
-                    rx.ready[rx.n] = (u16::try_from(i).unwrap_or(0), flen);
-                    rx.n += 1;
+            let remote = self.remote_ips.iter().position(|&r| r == from);
+            if m.msg_flags & libc::MSG_TRUNC != 0 {
+                dropped[DropReason::TooBig as usize] += 1;
+                continue;
+            }
+            let g = if rx.gro {
+                gro_size(&rx.ctrl[i], m.msg_controllen).unwrap_or(len)
+            } else {
+                len
+            }
+            .max(1);
+            // Each datagram of the run (one, without a run), in order.
+            let mut off = 0;
+            while off < len {
+                let sl = g.min(len - off);
+                let at = base + 4 + off;
+                let first = off == 0;
+                off += sl;
+                if rx.n == rx.ready.len() {
+                    dropped[DropReason::TooBig as usize] += 1;
+                    continue;
                 }
-                Err(why) => dropped[why as usize] += 1,
+                let verdict = decap(&rx.buf[at..at + sl], sl, self.vni)
+                    .and_then(|l| remote.map(|r| (l, r)).ok_or(DropReason::Filtered));
+                let (flen, r) = match verdict {
+                    Ok(v) => v,
+                    Err(why) => {
+                        dropped[why as usize] += 1;
+                        continue;
+                    }
+                };
+                let frame = at + VXLAN_HDR as usize;
+                let mut src = [0u8; 6];
+                src.copy_from_slice(&rx.buf[frame + 6..frame + 12]);
+                self.fdb
+                    .learn(src, u16::try_from(r).unwrap_or(u16::MAX), now);
+                if first {
+                    // The slot's first 12 bytes (4 spare, the VXLAN header) become the
+                    // frame's virtio-net header.
+                    rx.buf[base..base + HDR_LEN as usize].fill(0);
+                }
+                rx.ready[rx.n] = (u32::try_from(frame).unwrap_or(0), flen, first);
+                rx.n += 1;
             }
         }
         let total: u64 = dropped.iter().sum();
@@ -536,32 +616,50 @@ impl VxlanPort {
         usize::try_from(total).unwrap_or(0)
     }
 
-    /// Hands out up to `max` of the decapsulated frames waiting, in order, in place. Returns
-    /// the frames taken.
+    /// Hands out up to `max` of the decapsulated frames waiting, in order, in place (behind
+    /// their own header bytes, or, for the later datagrams of a run, behind the shared zero
+    /// header as a segment of its own). Returns the frames taken.
     fn hand_out(&mut self, max: usize, to: &mut impl Ingress) -> usize {
         let rx = &mut *self.rx;
         let stats = &*self.stats;
         let mut done = 0;
         while done < max && rx.at < rx.n {
-            let want = (rx.n - rx.at).min(max - done);
-            let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
+            let want = (rx.n - rx.at).min(max - done).min(MAX_BURST);
+            let mut segs: [[Seg<'_>; 2]; MAX_BURST] =
+                std::array::from_fn(|_| [Seg::from_mut(&mut []), Seg::from_mut(&mut [])]);
+            let mut two = [false; MAX_BURST];
             let mut pkts = [EMPTY; MAX_BURST];
             let mut m = 0;
             {
-                let mut chunks = rx.buf.chunks_exact_mut(rx.slot).enumerate();
-                for &(i, flen) in &rx.ready[rx.at..rx.at + want] {
-                    let Some(buf) = chunks
-                        .by_ref()
-                        .find_map(|(k, c)| (k == usize::from(i)).then_some(c))
-                    else {
-                        break;
+                let zero = Seg::from_mut(&mut rx.zero[..]);
+                let mut rest: &mut [u8] = &mut rx.buf;
+                let mut base = 0usize;
+                for &(frame, flen, in_place) in &rx.ready[rx.at..rx.at + want] {
+                    let frame = frame as usize;
+                    let start = if in_place {
+                        frame - HDR_LEN as usize
+                    } else {
+                        frame
                     };
-                    let len = HDR_LEN + flen;
+                    let end = frame + flen as usize;
+                    if start < base || end - base > rest.len() {
+                        break;
+                    }
+                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - base);
+                    let (mine, tail) = tail.split_at_mut(end - start);
+                    rest = tail;
+                    base = end;
                     let mut macs = [0u8; 12];
-                    macs.copy_from_slice(&buf[HDR_LEN as usize..(HDR_LEN + MACS) as usize]);
-                    segs[m] = Seg::from_mut(&mut buf[..len as usize]);
+                    let at = frame - start;
+                    macs.copy_from_slice(&mine[at..at + MACS as usize]);
+                    if in_place {
+                        segs[m][0] = Seg::from_mut(mine);
+                    } else {
+                        segs[m] = [zero, Seg::from_mut(mine)];
+                        two[m] = true;
+                    }
                     pkts[m] = Pkt {
-                        len,
+                        len: HDR_LEN + flen,
                         hdr_len: HDR_LEN,
                         macs,
                         ..EMPTY
@@ -569,8 +667,8 @@ impl VxlanPort {
                     m += 1;
                 }
             }
-            for (p, s) in pkts.iter_mut().zip(segs.iter()).take(m) {
-                p.segs = std::slice::from_ref(s);
+            for ((p, s), &t) in pkts.iter_mut().zip(segs.iter()).zip(two.iter()).take(m) {
+                p.segs = if t { &s[..] } else { &s[..1] };
             }
             let taken = to.burst(&pkts[..m], stats);
             let bytes: u64 = pkts[..taken].iter().map(|p| u64::from(p.frame_len())).sum();
