@@ -80,7 +80,7 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md). XDP
       frames carry no checksum metadata: on a veth, turn the kernel's end's transmit
       checksum offload off (ethtool -K PEER tx off), or its TCP/UDP arrive unfinished.
-  vxlan:name=t,local=IP,remote=IP[,remote=IP...][,vni=1][,dstport=4789][,srcports=4][,netns=NS][,gso=true]
+  vxlan:name=t,local=IP,remote=IP[,remote=IP...][,vni=1][,dstport=4789][,srcports=4][,netns=NS][,gso=true][,gro=true]
       VXLAN tunnels (RFC 7348) to other hosts over the host's UDP stack, interoperating
       with Linux's vxlan device, OVS and VPP: one VNI per port, a plain L2 port to the
       switch. Sockets bound to local:dstport (receives; datagrams from addresses other than
@@ -95,7 +95,9 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       tx_packets counts datagrams (a frame flooded to N remotes counts N). gso=true: a run
       of equal-sized frames to one remote goes as one segmented send (UDP_SEGMENT; outer
       UDP checksums on), falling back to a datagram per send where the underlay's device
-      cannot (no checksum offload); gso=false: zero outer checksums. docs/overlay.md.
+      cannot (no checksum offload); gso=false: zero outer checksums. gro=true: a run of
+      datagrams the kernel coalesced (a peer's segmented send, a NIC's GRO) is read as
+      one and split back (UDP_GRO; 32 slots of 64 KiB). docs/overlay.md.
   sink:name=s          consumes everything it is sent (reads every byte, checks bench frames)
   gen:name=g[,rate=PPS][,secs=S][,delay=S][,frame_len=64][,src=MAC][,dst=MAC][,flows=1]
       bench frames at PPS (0: as fast as receivers take them) for S seconds (0: forever),

@@ -13,7 +13,9 @@
 //! Receiving: one `recvmmsg` of up to [`MAX_BURST`] datagrams into the port's own slots, each
 //! read 4 bytes into its slot so that, once the VXLAN header is checked, the 12 bytes in front
 //! of the inner frame become its virtio-net header (all zero: no offload metadata) and the
-//! frame is handed out where it lies, no copy. A datagram whose flags are not exactly the I
+//! frame is handed out where it lies, no copy. With `gro` (`UDP_GRO`), a slot may hold a run
+//! of datagrams the kernel coalesced (a peer's segmented send): each is checked alone, the
+//! later ones handed out behind a shared zero header, as a segment of their own. A datagram whose flags are not exactly the I
 //! flag (Linux drops those too), whose VNI is not the port's, that is shorter than a VXLAN
 //! header and an Ethernet header, or that did not fit its slot, is dropped and counted
 //! (`invalid`, `too_big`); one from an address that is not one of the port's remotes is
