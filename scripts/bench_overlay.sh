@@ -11,6 +11,8 @@
 # at full rate; the same sink at the end of both paths.
 #   decap (A -> B): A's gen -> A's vxlan port (pvnet encapsulates) -> veth -> B's end:
 #     pvnet   B's vxlan port -> sink
+#     pvnet-dgram  the same, both pvnet ports with gso=false,gro=false (a datagram per send
+#             and per read: the per-datagram path, what a NIC without USO/GRO leaves)
 #     kernel  the kernel's vxlan device vx0 -> bridge -> tap pvk0 -> B's tap port -> sink
 #   encap (B -> A): B's gen -> B's end -> veth -> A's vxlan port -> sink:
 #     pvnet   B's vxlan port (pvnet encapsulates)
@@ -24,7 +26,7 @@
 # ROUNDS rounds; medians.
 #
 # Usage: scripts/bench_overlay.sh   Env: ROUNDS=3 DUR=5 (measured s) WARM=1 SIZES="64 1500"
-#        CFGS="pvnet kernel" DIRS="decap encap" POLICY=adaptive (both switches' --policy)
+#        CFGS="pvnet pvnet-dgram kernel" DIRS="decap encap" POLICY=adaptive (both switches' --policy)
 #        DOC=docs/overlay.md (section between the bench:overlay markers; DOC= to skip)
 #        QUIET_PCT=15 QUIET_WAIT=20: wait for the CPUs to be that quiet before each run
 # Wall time: ~(DUR + WARM + 8) s per run plus two c2c probes: ~6 min with the defaults.
@@ -32,7 +34,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-5}"; WARM="${WARM:-1}"; SIZES="${SIZES:-64 1500}"
-CFGS="${CFGS:-pvnet kernel}"; DIRS="${DIRS:-decap encap}"; POLICY="${POLICY:-adaptive}"
+CFGS="${CFGS:-pvnet pvnet-dgram kernel}"; DIRS="${DIRS:-decap encap}"; POLICY="${POLICY:-adaptive}"
 QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-20}"
 DOC="${DOC-$PVNET_ROOT/docs/overlay.md}"
 build_pvnet
@@ -73,14 +75,15 @@ snap() { "$BIN" ctl --ctl-socket "$1" --json 2>/dev/null | python3 "$PYLIB/bench
 cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
 # sys_ns : both CPUs' busy time since boot, nanoseconds (everything but idle and iowait).
 sys_ns() { awk -v hz="$(getconf CLK_TCK)" '/^cpu /{printf "%.0f", ($2+$3+$4+$7+$8+$9) * 1e9 / hz}' /proc/stat; }
-wait_sock() { local i; for i in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no control socket $1"; }
+wait_sock() { for _ in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no control socket $1"; }
 
 VXA="vxlan:name=t,local=10.240.0.1,remote=10.240.0.2,vni=1"
 VXB="vxlan:name=t,local=10.240.0.2,remote=10.240.0.1,vni=1"
 TAPB="tap:name=t,ifname=pvk0,mtu=1550"
 
-# start_b TAG CFG PORTS / start_a TAG PORT : switch B (in B, CPU 1: PORTS, two --port specs in
-# one word) / switch A (in A, CPU 0: its vxlan port and PORT); set bpid / apid.
+# start_b TAG CFG PORTS / start_a TAG PORT SUFFIX : switch B (in B, CPU 1: PORTS, two --port
+# specs in one word) / switch A (in A, CPU 0: its vxlan port, SUFFIX appended, and PORT); set
+# bpid / apid.
 start_b() {
   # shellcheck disable=SC2086  # $3: two --port specs
   NO_COLOR=1 PVNET_LOG=info ip netns exec "$NSB" "$BIN" switch --port $3 --cpu 1 --policy "$POLICY" \
@@ -90,7 +93,7 @@ start_b() {
   if [ "$2" = kernel ]; then ip -n "$NSB" link set pvk0 master pvobr; fi
 }
 start_a() {
-  NO_COLOR=1 PVNET_LOG=info ip netns exec "$NSA" "$BIN" switch --port "$VXA" --port "$2" --cpu 0 --policy "$POLICY" \
+  NO_COLOR=1 PVNET_LOG=info ip netns exec "$NSA" "$BIN" switch --port "$VXA$3" --port "$2" --cpu 0 --policy "$POLICY" \
     --ctl-socket "$B/ctl.a.$1" --secs $((DUR + WARM + 8)) > "$B/a.$1.json" 2> "$B/a.$1.log" &
   apid=$!
   wait_sock "$B/ctl.a.$1"
@@ -99,14 +102,15 @@ start_a() {
 # run_one DIR CFG SIZE ROUND : one run; appends a RESULT line.
 run_one() {
   local dir="$1" cfg="$2" size="$3" r="$4" tag="$1-$2-$3-$4" pa pb src dst c2c
-  local gen="gen:name=g,delay=0.5,frame_len=$size"
-  if [ "$cfg" = kernel ]; then kernel_up; pb="$TAPB"; else kernel_down; pb="$VXB"; fi
+  local gen="gen:name=g,delay=0.5,frame_len=$size" sfx=
+  [ "$cfg" = pvnet-dgram ] && sfx=",gso=false,gro=false"
+  if [ "$cfg" = kernel ]; then kernel_up; pb="$TAPB"; else kernel_down; pb="$VXB$sfx"; fi
   if [ "$dir" = decap ]; then pa="$gen"; pb="$pb --port sink:name=s"; src=a; dst=b
   else pa="sink:name=s"; pb="$pb --port $gen"; src=b; dst=a; fi
   wait_quiet; c2c=$(c2c_ns)
   # The receiving end first: what the source sends before it binds would be lost.
-  if [ "$dst" = b ]; then start_b "$tag" "$cfg" "$pb"; start_a "$tag" "$pa"
-  else start_a "$tag" "$pa"; start_b "$tag" "$cfg" "$pb"; fi
+  if [ "$dst" = b ]; then start_b "$tag" "$cfg" "$pb"; start_a "$tag" "$pa" "$sfx"
+  else start_a "$tag" "$pa" "$sfx"; start_b "$tag" "$cfg" "$pb"; fi
   sleep "$WARM"; sleep 0.5
   local ca0 cb0 s0 g0 k0 ca1 cb1 s1 g1 k1 t0 t1
   ca0=$(cpu_ns "$apid"); cb0=$(cpu_ns "$bpid"); s0=$(sys_ns)

@@ -8,8 +8,8 @@
         sink's taken ones, S the machine's busy CPU ns, A / B switch A's / B's CPU ns; C2C the
         core-to-core probes before/after
     bench_overlay.py summary RESULTS OUT
-        the table (medians per direction, frame size and path, ratios pvnet / kernel), to OUT
-        and printed
+        the table (medians per direction, frame size and path, ratios of each pvnet path to
+        the kernel's), to OUT and printed
 """
 
 import json
@@ -50,7 +50,7 @@ def summary(lines):
     for key in sorted(rows):
         other = (key[0], key[1], "kernel")
         ratios = ["-", "-"]
-        if key[2] == "pvnet" and other in rows:
+        if key[2] != "kernel" and other in rows:
             ratios = [
                 "%.2fx" % (med(key, "mpps") / max(med(other, "mpps"), 1e-9)),
                 "%.2fx" % (med(key, "sys_ns_per_pkt") / max(med(other, "sys_ns_per_pkt"), 1e-9)),
