@@ -403,3 +403,51 @@ fn a_coalesced_run_is_split_back_into_its_frames() {
     assert_eq!(get(&sb.rx_packets), before + 4);
     assert_eq!(get(&sb.drops[DropReason::Invalid as usize]), 1);
 }
+
+/// A named network namespace, made here and deleted on drop.
+struct NamedNs(String);
+
+impl Drop for NamedNs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .output();
+    }
+}
+
+/// `netns=`: the sockets are opened in a named namespace while the thread stays in its own:
+/// the address is free here, and a datagram sent inside that namespace reaches the port.
+#[test]
+fn sockets_open_in_the_named_namespace() {
+    setup();
+    let ns = NamedNs(format!("pvnet-{}-vxns", std::process::id()));
+    let _ = std::process::Command::new("ip")
+        .args(["netns", "del", &ns.0])
+        .output();
+    ip(&["netns", "add", &ns.0]);
+    ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+    let cfg = VxlanConfig {
+        local: lo(1),
+        remotes: vec![lo(2)],
+        vni: 8,
+        dstport: PORT,
+        srcports: 1,
+        netns: Some(ns.0.clone()),
+        gso: false,
+        gro: false,
+    };
+    let u = Underlay::open(&cfg).unwrap_or_else(|e| panic!("open: {e}"));
+    assert!(u.describe().contains(&ns.0));
+    let stats: Arc<PortStats> = Arc::default();
+    let mut p = AnyPort::Vxlan(VxlanPort::new(1, stats, u, Duration::from_secs(300)));
+    drop(UdpSocket::bind((lo(1), PORT)).expect("the address is free in the thread's namespace"));
+    let inner = frame(mac(1), mac(2), 5, 60);
+    let mut d = header(8).to_vec();
+    d.extend_from_slice(&inner);
+    crate::sys::udp::in_netns(&ns.0, move || {
+        let s = UdpSocket::bind((lo(2), 0))?;
+        s.send_to(&d, (lo(1), PORT)).map(|_| ())
+    })
+    .expect("send inside the namespace");
+    assert_eq!(recv(&mut p, 1), std::slice::from_ref(&inner));
+}
