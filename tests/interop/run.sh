@@ -46,6 +46,10 @@
 #                         the middle of traffic FAULT_KILLS times (default 6; scripts/faults.sh
 #                         runs 1000): the switch's fds, mappings and RSS come back to what they
 #                         were after the third kill (warm-up), and fe rx == sink + drops.
+#   dpdk_vlan             testpmd txonly with `tx_vlan set` (VLAN 10, 20, then 30) into port
+#                         "fe", a trunk of 10 and 20: per VLAN, testpmd TX == fe rx == the
+#                         access sink of that VLAN == the trunk sink (4 bytes more a frame);
+#                         nothing reaches the other sinks; VLAN 30 all vlan_filtered at fe.
 #   guest_pktgen_to_sink  Debian 6.1 guest (virtio_net, QEMU 7.2 virtio-net-pci, -netdev
 #                         vhost-user, memfd RAM), kernel pktgen 60 B frames -> sink: the
 #                         guest's eth0 tx_packets == fe rx_packets.
@@ -334,6 +338,78 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS [VDEV_OPTIONS]]
   pass "$name"
 }
 
+# 802.1Q into a trunk: testpmd txonly on port "fe" (trunk=10,20, no native VLAN), each frame
+# tagged by DPDK's virtio PMD (`tx_vlan set`: the VLAN_INSERT offload, which the PMD does in
+# software), in three phases of DUR seconds: VLAN 10, VLAN 20, then VLAN 30 (not on the trunk).
+# Sinks s10 (vlan=10), s20 (vlan=20), s30 (vlan=30), tr (trunk=10,20) and a plain one. Per
+# phase, testpmd's forwarded TX == fe's rx_packets == the sink of that VLAN's tx_packets ==
+# tr's (tagged again: 4 bytes more per frame than the access sink's), the other sinks get
+# nothing, and phase 3's frames are all fe's drops_vlan_filtered.
+# stops_at_least LOG N : testpmd printed the summary of N stops of forwarding.
+stops_at_least() { [ "$(grep -c 'Accumulated forward statistics' "$1")" -ge "$2" ]; }
+dpdk_vlan() {
+  local name="$1" t0 tag tplog; t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
+  local free; free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
+  [ "$free" -ge 256 ] || { fail "$name" "only $free free 2 MiB hugepages (testpmd needs 256; another DPDK process?)"; return; }
+  local sinks=(s10 s20 s30 tr plain)
+  switch_start "$tag" --port "vhost-user:name=fe,socket=$D/$tag.sock,trunk=10,20" \
+    --port sink:name=s10,vlan=10 --port sink:name=s20,vlan=20 --port sink:name=s30,vlan=30 \
+    --port sink:name=tr,trunk=10,20 --port sink:name=plain && wait_for 5 test -S "$D/$tag.sock" \
+    || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; fe_finish; return; }
+  testpmd_start fe "$tplog" 90 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
+    --file-prefix "$FE_PREFIX" --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=1,queue_size=256" \
+    -- --nb-cores=1 --total-num-mbufs=32768 --txpkts=64 -i --forward-mode=txonly
+  if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
+    testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish
+    fail "$name" "testpmd did not reach its prompt"; return
+  fi
+  # before[port.field]: the counters before the phase.
+  declare -A before
+  snap() { local p f; for p in fe "${sinks[@]}"; do for f in rx_packets tx_packets tx_bytes drops_vlan_filtered; do
+    before[$p.$f]=$(ctl_port "$tag" "$p" "$f"); done; done; }
+  delta() { echo $(( $(ctl_port "$tag" "$1" "$2") - ${before[$1.$2]} )); }
+  local vid k=0 sent=0 tx bad="" d_fe d_vf d p want
+  for vid in 10 20 30; do
+    k=$((k + 1))
+    tp fe "port stop 0"; tp fe "tx_vlan set 0 $vid"; tp fe "port start 0"
+    sleep 1; snap
+    tp fe start; sleep "$DUR"; tp fe stop
+    wait_for 10 stops_at_least "$tplog" "$k"
+    sleep 0.5   # what testpmd handed over in its last burst is switched
+    tx=$(( $(tp_summary "$tplog" TX) - sent )); sent=$((sent + tx))
+    d_fe=$(delta fe rx_packets); d_vf=$(delta fe drops_vlan_filtered)
+    local line="VLAN $vid: testpmd TX $tx, fe rx $d_fe, vlan_filtered $d_vf"
+    for p in "${sinks[@]}"; do line+=", $p $(delta "$p" tx_packets)"; done
+    info "$name: $line"
+    [ "$tx" -gt 0 ] || bad+=" VLAN $vid: testpmd sent nothing;"
+    [ "$d_fe" = "$tx" ] || bad+=" VLAN $vid: fe rx $d_fe != testpmd TX $tx;"
+    for p in "${sinks[@]}"; do
+      d=$(delta "$p" tx_packets); want=0
+      case "$p:$vid" in s10:10|s20:20|tr:10|tr:20) want=$tx ;; esac
+      [ "$d" = "$want" ] || bad+=" VLAN $vid: $p got $d, not $want;"
+    done
+    if [ "$vid" = 30 ]; then
+      [ "$d_vf" = "$tx" ] || bad+=" VLAN 30: vlan_filtered $d_vf != $tx;"
+    else
+      [ "$d_vf" = 0 ] || bad+=" VLAN $vid: vlan_filtered $d_vf;"
+      local acc="s$vid"
+      [ "$(delta tr tx_bytes)" = "$(( $(delta "$acc" tx_bytes) + 4 * tx ))" ] \
+        || bad+=" VLAN $vid: tr's bytes $(delta tr tx_bytes) != $acc's $(delta "$acc" tx_bytes) + 4 x $tx;"
+    fi
+  done
+  grep -m1 -iE 'please stop|error|invalid' "$tplog" | sed 's/^/  testpmd: /'
+  testpmd_quit fe 20; local tprc=$?
+  hugepage_cleanup "$FE_PREFIX"
+  fe_finish; local berc=$?
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  if [ "$tprc" != 0 ]; then fail "$name" "testpmd did not quit cleanly (status $tprc)"; return; fi
+  if [ "$berc" != 0 ]; then fail "$name" "pvnet switch did not report (status $berc)"; return; fi
+  if [ -n "$bad" ]; then fail "$name" "$bad"; return; fi
+  info "$name: $(elapsed "$t0")"
+  pass "$name"
+}
+
 # Multiqueue: one testpmd, two net_virtio_user ports "a" and "b" with 2 queue pairs each, both
 # in flowgen (many UDP flows out of each of its 2 transmit queues, what arrives dropped) through
 # the learning switch (each floods to the other: the destination is never learned). Then
@@ -406,7 +482,7 @@ dpdk_two_frontends() {
   f_tx=$(python3 "$PYLIB/pvnet_report.py" final "$D/$tag.frontend.json" tx_packets 2>/dev/null || echo missing)
   pv_rx=$(sw_final "$tag" pv rx_packets); fe_tx=$(sw_final "$tag" fe tx_packets)
   local r q_in q_out q_left fe_drops=0; pv_drops=0
-  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured; do
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured vlan_filtered; do
     pv_drops=$((pv_drops + $(sw_final "$tag" pv "drops_$r"))); fe_drops=$((fe_drops + $(sw_final "$tag" fe "drops_$r")))
   done
   q_in=$(sw_final "$tag" fe queued); q_out=$(sw_final "$tag" fe dequeued); q_left=$(sw_final "$tag" fe backlog)
@@ -518,7 +594,7 @@ dpdk_killed_leaves_nothing() {
     [ "$fds" = "$1" ] && [ "$maps" = "$2" ] && [ "$rss" -le $(($3 + 256)) ] && break; sleep 0.1; done
   local sink drops=0 r
   sink=$(ctl_port "$tag" sink tx_packets)
-  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured; do
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured vlan_filtered; do
     drops=$((drops + $(ctl_port "$tag" fe "drops_$r")))
   done
   fe_finish
@@ -853,7 +929,7 @@ dpdk_server_restart() {
   tag="$name.$i"
   local pv_rx sink drops=0 r
   pv_rx=$(sw_final "$tag" fe rx_packets); sink=$(sw_final "$tag" sink tx_packets)
-  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured; do
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured vlan_filtered; do
     drops=$((drops + $(sw_final "$tag" fe "drops_$r")))
   done
   info "$name: ${resumes[*]}"
@@ -1038,7 +1114,7 @@ guest_migrate() {
 # ---- run ----------------------------------------------------------------------------------------
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends dpdk_multiqueue dpdk_workers
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_chains_to_sink dpdk_packed_chains_to_sink
-  dpdk_jumbo_from_gen dpdk_packed_jumbo_from_gen dpdk_killed_leaves_nothing
+  dpdk_jumbo_from_gen dpdk_packed_jumbo_from_gen dpdk_killed_leaves_nothing dpdk_vlan
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
   guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate guest_mtu)
 # guest_migrate runs both QEMUs under bookworm-backports' QEMU 10 (QEMU_NEW): under 7.2 the
@@ -1089,6 +1165,7 @@ for c in "${CASES[@]}"; do
     dpdk_jumbo_from_gen)  GEN_LEN=9000 TP_ARGS="$JUMBO_RX" dpdk_case "$c" gen rxonly 1 ",mrg_rxbuf=1" ;;
     dpdk_packed_jumbo_from_gen) GEN_LEN=9000 TP_ARGS="$JUMBO_RX" dpdk_case "$c" gen rxonly 1 ",packed_vq=1,mrg_rxbuf=1" ;;
     dpdk_killed_leaves_nothing) dpdk_killed_leaves_nothing "$c" ;;
+    dpdk_vlan)            dpdk_vlan "$c" ;;
     dpdk_vhost_to_pvnet_packed)  dpdk_vhost_packed_case "$c" rx ;;
     pvnet_packed_to_dpdk_vhost)  dpdk_vhost_packed_case "$c" tx ;;
     guest_pktgen_to_sink) guest_case "$c" sink ;;

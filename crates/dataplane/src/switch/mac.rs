@@ -149,10 +149,11 @@ impl MacTable {
         }
     }
 
-    /// Forgets every address learned in `vlan`, on any port.
-    pub(crate) fn flush_vlan(&mut self, vlan: u16) {
+    /// Forgets every address learned in a VLAN for which `keep` is false, on any port (no
+    /// port carries it any more). One pass over the table.
+    pub(crate) fn flush_vlans(&mut self, keep: impl Fn(u16) -> bool) {
         for s in self.slots.iter_mut() {
-            if s.is_some_and(|e| key_parts(e.key).0 == vlan) {
+            if s.is_some_and(|e| !keep(key_parts(e.key).0)) {
                 *s = None;
             }
         }
@@ -253,7 +254,7 @@ mod tests {
         );
         assert_eq!(e[0].mac, a);
         // Flush one VLAN: the other stays.
-        m.flush_vlan(20);
+        m.flush_vlans(|v| v != 20);
         assert_eq!(m.lookup(20, a, t0), None);
         assert_eq!(m.lookup(10, a, t0), Some(1));
         // Flush a port's VLANs it no longer carries.

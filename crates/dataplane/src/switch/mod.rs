@@ -253,6 +253,8 @@ impl Fabric {
 
     /// Gives port `port` its VLAN settings (None: none, VLAN 0 untagged). What was learned
     /// on it in VLANs it no longer carries is forgotten.
+    /// A VLAN that no port carries any more is forgotten everywhere (what other shards'
+    /// trunks brought in it).
     pub(crate) fn set_vlan(&mut self, port: PortId, mode: Option<VlanMode>) {
         if let Router::Learn(m) = &mut self.router {
             match &mode {
@@ -260,7 +262,16 @@ impl Fabric {
                 None => m.flush_port_vlans(port, |k| k == 0),
             }
         }
-        self.vlans.set(port, mode);
+        let old = self.vlans.set(port, mode);
+        if let (Some(old), Router::Learn(m)) = (old, &mut self.router) {
+            let mut gone = vlan::VlanSet::new();
+            for v in old.vlans().filter(|&v| !self.vlans.carried(v)) {
+                gone.insert(v);
+            }
+            if !gone.is_empty() {
+                m.flush_vlans(|v| !gone.contains(v));
+            }
+        }
     }
 
     /// Port `port`'s VLAN settings.

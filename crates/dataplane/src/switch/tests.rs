@@ -1449,6 +1449,14 @@ fn a_frame_keeps_its_vlan_between_shards() {
     run_all(&mut shards);
     assert_eq!(frames(&mut c), vec![r20]);
     assert!(a.received().is_empty() && b.received().is_empty());
+    // a's shard learned mac(4) in VLAN 20 behind its trunk; once no port carries VLAN 20,
+    // that is forgotten too.
+    let in20 = |f: &Fabric| f.macs(now).iter().filter(|e| e.vlan == 20).count();
+    assert_eq!(in20(&shards[0].0), 1);
+    shards[0].0.set_vlan(2, None);
+    assert_eq!(in20(&shards[0].0), 1, "d still carries VLAN 20");
+    shards[0].0.set_vlan(3, Some(trunk_of("10", None)));
+    assert_eq!(in20(&shards[0].0), 0);
 }
 
 /// An MTU-sized frame gets its tag on a trunk with that MTU (MTU + 18 covers it); one that

@@ -222,6 +222,18 @@ impl VlanMode {
         }
     }
 
+    /// Every VLAN it carries, in order (a native VLAN not in the list first).
+    pub fn vlans(&self) -> impl Iterator<Item = u16> + '_ {
+        let (one, set) = match self {
+            VlanMode::Access(a) => (Some(*a), None),
+            VlanMode::Trunk { allowed, native } => {
+                (native.filter(|n| !allowed.contains(*n)), Some(allowed))
+            }
+        };
+        one.into_iter()
+            .chain(set.into_iter().flat_map(VlanSet::iter))
+    }
+
     /// The VLAN of the frames it sends untagged, if any (the one its own station's address
     /// is learned in when a frontend announces it).
     pub fn untagged(&self) -> Option<u16> {
@@ -292,6 +304,11 @@ impl Vlans {
             .binary_search_by_key(&id, |(p, _)| *p)
             .ok()
             .map(|k| &self.ports[k].1)
+    }
+
+    /// Whether some port with settings carries VLAN `v`.
+    pub(crate) fn carried(&self, v: u16) -> bool {
+        self.ports.iter().any(|(_, m)| m.carries(v))
     }
 
     /// Gives port `id` its settings (None: none); returns the old ones.
@@ -569,6 +586,8 @@ mod tests {
             .unwrap();
         assert!(t.carries(5) && t.carries(21) && !t.carries(11) && !t.carries(0));
         assert_eq!(t.untagged(), Some(5));
+        assert_eq!(t.vlans().collect::<Vec<_>>(), vec![5, 10, 20, 21]);
+        assert_eq!(VlanMode::Access(9).vlans().collect::<Vec<_>>(), vec![9]);
         assert_eq!(t.to_string(), "trunk 10,20-21 native 5");
         for (v, tr, n, e) in [
             (Some(10), Some("20"), None, VlanError::AccessAndTrunk),
