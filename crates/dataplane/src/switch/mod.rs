@@ -761,7 +761,9 @@ impl Cx<'_, '_> {
 
     /// A burst on the VLAN path: each packet classified into its VLAN by the port it came in
     /// on (or dropped, `vlan_filtered`), routed and learned in that VLAN, then sent to each
-    /// receiver that carries the VLAN, its tag fitted to that receiver.
+    /// receiver that carries the VLAN, its tag fitted to that receiver. Out of line: the
+    /// plain path's code stays as it was.
+    #[inline(never)]
     fn burst_vlan(&mut self, pkts: &[Pkt<'_>], stats: &PortStats) -> usize {
         let mut k = 0;
         while k < pkts.len() {

@@ -80,13 +80,16 @@ pub(crate) struct Link {
     pub(crate) load: Arc<Load>,
 }
 
+/// A learned address and its VLAN.
+pub(crate) type VlanMac = (u16, [u8; 6]);
+
 /// A port on its way between two shards.
 pub(crate) struct Moving {
     pub(crate) port: AnyPort,
     pub(crate) egress: Option<EgressConfig>,
     pub(crate) policy: Option<Policy>,
     /// The addresses learned on it, each with its VLAN.
-    pub(crate) macs: Vec<(u16, [u8; 6])>,
+    pub(crate) macs: Vec<VlanMac>,
 }
 
 /// What a paused shard does before it goes on.
@@ -96,7 +99,7 @@ pub(crate) struct Resume {
     pub(crate) attach: Option<Box<Moving>>,
     /// These addresses are behind this port now (the moved port, or the trunk to its new
     /// shard).
-    pub(crate) learn: Option<(PortId, Vec<(u16, [u8; 6])>)>,
+    pub(crate) learn: Option<(PortId, Vec<VlanMac>)>,
     /// The trunk from the port's old shard: what is in it is switched before anything else,
     /// so nothing the moved port sent from there is overtaken by what it sends now.
     pub(crate) drain: Option<PortId>,

@@ -144,6 +144,7 @@ fn vhost_detail(
 /// How `pvnet ctl` describes a port: its detail, then its VLAN settings if it has some.
 fn with_vlan(detail: &str, p: &PortConfig) -> String {
     match vlan_mode(p) {
+        Ok(Some(m)) if detail.is_empty() => m.to_string(),
         Ok(Some(m)) => format!("{detail}, {m}"),
         _ => detail.to_string(),
     }
