@@ -53,6 +53,7 @@ pub use port::vhost::{VhostConfig, VhostPort, MAX_STEER};
 pub use port::AnyPort;
 pub use stats::{DropReason, PortSnapshot, PortStats, QueueSnapshot};
 pub use switch::mac::MacTable;
+pub use switch::vlan::{VlanError, VlanMode, VlanSet, VLAN_MAX};
 pub use switch::{Fabric, MacEntry, Router, SwitchConfig, Wire};
 pub use sys::{packet, pin_current_thread, tap, xdp};
 pub use worker::balance::RebalanceConfig;
