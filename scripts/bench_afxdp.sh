@@ -13,7 +13,8 @@
 #   xdp-generic  af-xdp:ifname=pvs0p,mode=generic  (XDP after the socket buffer is built)
 #   af-packet    af-packet:ifname=pvs0p,io=uring
 #   tap          tap pvb1, bridged with pvs0p (the kernel forwards into the tap)
-# Per run: B's rx_packets per second over the measured window, B's CPU time over it (all its
+# Per run: the core-to-core state (`pvnet limits` probed before and after; the summary
+# compares receivers only within one state), B's rx_packets per second over the measured window, B's CPU time over it (all its
 # threads, /proc/<pid>/task/*/schedstat) per packet, its worker's busy time per packet (the
 # rounds that moved packets only: the cost of a packet without the sleeps and wake-ups a
 # source slower than the receiver brings), the syscalls its port made per packet,
@@ -85,6 +86,7 @@ for r in $(seq 1 "$ROUNDS"); do
         --ctl-socket "$B/ctl.b.$tag" --secs $((DUR + WARM + 8)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
       bpid=$!
       wait_sock "$B/ctl.b.$tag"
+      cb=$(c2c_ns)
       if [ "$cfg" = tap ]; then ipn link set pvb1 master pvbbr; fi
       ip netns exec "$HNS" "$BIN" switch --port "$SRCPORT" --port "gen:name=g,delay=0.5,frame_len=$size" --cpu 0 \
         --ctl-socket "$B/ctl.a.$tag" --secs $((DUR + WARM + 7)) > "$B/a.$tag.json" 2> "$B/a.$tag.log" &
@@ -99,8 +101,9 @@ for r in $(seq 1 "$ROUNDS"); do
       # The source first: what it sends while the receiver stops would count as the kernel's drops.
       kill -INT "$apid" 2>/dev/null || true; wait "$apid" || true; apid=
       kill -INT "$bpid" 2>/dev/null || true; wait "$bpid" || true; bpid=
+      ca=$(c2c_ns)
       grep -ho "the kernel's own counts.*" "$B/b.$tag.log" | sed 's/^/  /' || true
-      line=$(python3 "$PYLIB/bench_afxdp.py" result "$cfg" "$size" "$r" "$t0" "$t1" "$a0" "$a1" "$b0" "$b1" \
+      line=$(python3 "$PYLIB/bench_afxdp.py" result "$cfg" "$size" "$r" "$cb/$ca" "$t0" "$t1" "$a0" "$a1" "$b0" "$b1" \
         "$s0" "$s1" "$c0" "$c1" "$d0" "$d1" "$w0" "$w1")
       echo "$line" | tee -a "$RES"
       [ "$b1" -gt "$b0" ] || { log "no packets received in run $tag: see $B/b.$tag.log"; exit 1; }

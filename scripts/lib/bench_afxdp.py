@@ -16,7 +16,7 @@ import json
 import statistics
 import sys
 
-from pvnet_report import fields
+from pvnet_report import fields, state
 
 
 def snap(port, status):
@@ -25,15 +25,16 @@ def snap(port, status):
     return "%d %d %d %d" % (c.get("tx_packets", 0), c.get("rx_packets", 0), c.get("syscalls", 0), int(busy * 1e9))
 
 
-def result(cfg, size, rnd, t0, t1, a0, a1, b0, b1, s0, s1, c0, c1, d0, d1, w0, w1):
+def result(cfg, size, rnd, c2c, t0, t1, a0, a1, b0, b1, s0, s1, c0, c1, d0, d1, w0, w1):
     dt, a, b = t1 - t0, a1 - a0, b1 - b0
     return (
-        "RESULT cfg=%s size=%s round=%s rx_mpps=%.3f cpu_ns_per_pkt=%.0f busy_ns_per_pkt=%.0f"
+        "RESULT cfg=%s size=%s round=%s c2c_ns=%s rx_mpps=%.3f cpu_ns_per_pkt=%.0f busy_ns_per_pkt=%.0f"
         " syscalls_per_pkt=%.3f src_mpps=%.3f src_cpu_ns_per_pkt=%.0f"
     ) % (
         cfg,
         size,
         rnd,
+        c2c,
         b / dt / 1e6,
         (c1 - c0) / max(b, 1),
         (w1 - w0) / max(b, 1),
@@ -49,18 +50,21 @@ def summary(lines):
         if not line.startswith("RESULT "):
             continue
         kv = fields(line)
-        rows.setdefault((kv["cfg"], kv["size"]), []).append(kv)
+        st = state(kv["c2c_ns"]) if "c2c_ns" in kv else "-"
+        rows.setdefault((kv["cfg"], kv["size"], st), []).append(kv)
 
     def med(key, k):
         return statistics.median(float(r[k]) for r in rows[key])
 
     head = (
-        "| receiver | frame | Mpps taken | switch CPU ns/pkt | busy ns/pkt | its syscalls/pkt | source Mpps"
+        "| receiver | frame | c2c state | Mpps taken | switch CPU ns/pkt | busy ns/pkt | its syscalls/pkt | source Mpps"
         " | source CPU ns/pkt | vs af-packet: Mpps | CPU ns/pkt | busy ns/pkt | runs |"
     )
-    out = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key, runs in rows.items():
-        base = ("af-packet", key[1])
+    out = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    # Ratios against AF_PACKET's runs in the same c2c state only (a run whose probes before
+    # and after disagree is "mixed": shown, compared with nothing but other mixed runs).
+    for key, runs in sorted(rows.items(), key=lambda kv: (int(kv[0][1]), kv[0][2], kv[0][0])):
+        base = ("af-packet", key[1], key[2])
         ratios = ["-", "-", "-"]
         if base in rows:
             ratios = [
@@ -68,10 +72,11 @@ def summary(lines):
                 for k in ("rx_mpps", "cpu_ns_per_pkt", "busy_ns_per_pkt")
             ]
         out.append(
-            "| %s | %s B | %.3f | %.0f | %.0f | %.3f | %.3f | %.0f | %s | %s | %s | %d |"
+            "| %s | %s B | %s | %.3f | %.0f | %.0f | %.3f | %.3f | %.0f | %s | %s | %s | %d |"
             % (
                 key[0],
                 key[1],
+                key[2],
                 med(key, "rx_mpps"),
                 med(key, "cpu_ns_per_pkt"),
                 med(key, "busy_ns_per_pkt"),
@@ -89,9 +94,9 @@ def main(argv):
     if argv[1] == "snap":
         print(snap(argv[2], json.load(sys.stdin)))
     elif argv[1] == "result":
-        cfg, size, rnd = argv[2:5]
-        nums = [float(x) for x in argv[5:19]]
-        print(result(cfg, size, rnd, *nums))
+        cfg, size, rnd, c2c = argv[2:6]
+        nums = [float(x) for x in argv[6:20]]
+        print(result(cfg, size, rnd, c2c, *nums))
     elif argv[1] == "summary":
         with open(argv[2]) as f:
             table = summary(f.readlines())

@@ -19,20 +19,9 @@ import re
 import statistics
 import sys
 
-from pvnet_report import fields, final, write_table
+from pvnet_report import fields, final, state, write_table
 
 NAN = float("nan")
-
-
-def state(c2c_ns):
-    """The c2c state of a run from its "before/after" samples: fast < 75 ns <= mid < 150 ns
-    <= slow when both are in one, else mixed."""
-    a, b = (float(x) for x in c2c_ns.split("/"))
-
-    def bucket(ns):
-        return "fast" if ns < 75 else "mid" if ns < 150 else "slow"
-
-    return bucket(a) if bucket(a) == bucket(b) else "mixed"
 
 
 def samples(text, field, ports):

@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 
-from pvnet_report import counters, final, results, write_table
+from pvnet_report import counters, final, results, state, write_table
 
 
 def _load(path):
@@ -57,12 +57,6 @@ def bulk_result(cfg, rnd, c2c, a, b):
         d("dequeued") / max(deliv, 1), d("dequeued") / max(d("dequeues"), 1), d("tx_batches") / max(deliv, 1),
         d("calls") / max(deliv, 1), dropped / max(took, 1), b1["dql_limit"], gap,
     )  # fmt: skip
-
-
-def state(v):
-    """A run's c2c state from "before/after" (fast < 75 ns <= mid < 150 ns <= slow), or mixed."""
-    s = {"fast" if ns < 75 else "mid" if ns < 150 else "slow" for ns in map(float, v.split("/"))}
-    return s.pop() if len(s) == 1 else "mixed"
 
 
 def parse(lines):

@@ -17,7 +17,7 @@ import statistics
 import sys
 
 import docsection
-from pvnet_report import finals
+from pvnet_report import finals, state
 
 NAN = float("nan")
 
@@ -35,16 +35,6 @@ def result(fe_json, t0, t1, tck, direction, labels):
         labels, pkts / secs / 1e6 if secs else 0, be_ns, fe_ns, msgs / pkts if pkts else 0,
         io.get("misses_answered", 0), pkts,
     )  # fmt: skip
-
-
-def state(c):
-    """fast < 75 ns <= mid < 150 ns <= slow, both samples in one; else mixed ("nan": slow)."""
-    a, b = (float(x) if x != "nan" else 1e9 for x in c.split("/"))
-
-    def s(v):
-        return "fast" if v < 75 else "mid" if v < 150 else "slow"
-
-    return s(a) if s(a) == s(b) else "mixed"
 
 
 def parse(lines):

@@ -36,6 +36,17 @@ def fields(line):
     return dict(kv.split("=", 1) for kv in line.split()[1:])
 
 
+def state(c2c_ns):
+    """A run's c2c state from its "before/after" probes: fast < 75 ns <= mid < 150 ns <= slow
+    when both are in one, else mixed (a failed probe, "nan", counts as slow)."""
+    a, b = (float(x) if x != "nan" else 1e9 for x in c2c_ns.split("/"))
+
+    def bucket(ns):
+        return "fast" if ns < 75 else "mid" if ns < 150 else "slow"
+
+    return bucket(a) if bucket(a) == bucket(b) else "mixed"
+
+
 def results(lines):
     """The fields of every RESULT line among LINES."""
     return [fields(line) for line in lines if line.startswith("RESULT")]

@@ -46,6 +46,11 @@
 #                         the middle of traffic FAULT_KILLS times (default 6; scripts/faults.sh
 #                         runs 1000): the switch's fds, mappings and RSS come back to what they
 #                         were after the third kill (warm-up), and fe rx == sink + drops.
+#   dpdk_vlan             testpmd io-forwarding on a trunk port "fe" (VLANs 10, 20): gen ports
+#                         in each VLAN reach it tagged (68-byte frames at testpmd, counts equal)
+#                         and its tagged frames come back into their VLANs: the access sinks
+#                         got exactly the gens' frames plus testpmd's TX, the trunk sink all
+#                         of them 4 bytes longer, the other sinks nothing, no vlan_filtered.
 #   guest_pktgen_to_sink  Debian 6.1 guest (virtio_net, QEMU 7.2 virtio-net-pci, -netdev
 #                         vhost-user, memfd RAM), kernel pktgen 60 B frames -> sink: the
 #                         guest's eth0 tx_packets == fe rx_packets.
@@ -334,6 +339,70 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS [VDEV_OPTIONS]]
   pass "$name"
 }
 
+# 802.1Q with DPDK on a trunk port: port "fe" (testpmd, net_virtio_user) is a trunk of VLANs 10
+# and 20; gen ports in VLAN 10 and VLAN 20 flood untagged frames, which pvnet tags for fe;
+# testpmd (io forwarding) sends every frame it receives back out of fe as it is, tagged. Sinks
+# s10 (vlan=10), s20 (vlan=20), s30 (vlan=30), tr (trunk=10,20) and a plain one.
+# Checked: testpmd RX == fe tx_packets, and testpmd's RX-bytes are 68 a frame (64 + the tag
+# pvnet inserted); testpmd TX == fe rx_packets, none of it vlan_filtered; each access sink got
+# its own VLAN's gen frames plus testpmd's tagged frames of that VLAN (stripped), together
+# exactly testpmd's TX; tr got what s10 and s20 got, 4 bytes more a frame (tagged); s30 and the
+# plain sink got nothing. (DPDK 22.11's virtio PMD inserts a tag only in its tx_prepare, which
+# testpmd's forwarding engines do not call: `tx_vlan set` sends untagged frames from it.)
+dpdk_vlan() {
+  local name="$1" t0 tag tplog; t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
+  local free; free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
+  [ "$free" -ge 256 ] || { fail "$name" "only $free free 2 MiB hugepages (testpmd needs 256; another DPDK process?)"; return; }
+  switch_start "$tag" --port "vhost-user:name=fe,socket=$D/$tag.sock,trunk=10,20" \
+    --port "gen:name=g10,vlan=10,rate=10000,secs=$DUR,delay=1,src=02:00:00:00:10:01" \
+    --port "gen:name=g20,vlan=20,rate=5000,secs=$DUR,delay=1,src=02:00:00:00:20:01" \
+    --port sink:name=s10,vlan=10 --port sink:name=s20,vlan=20 --port sink:name=s30,vlan=30 \
+    --port sink:name=tr,trunk=10,20 --port sink:name=plain && wait_for 5 test -S "$D/$tag.sock" \
+    || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; fe_finish; return; }
+  testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
+    --file-prefix "$FE_PREFIX" --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=1,queue_size=256" \
+    -- --nb-cores=1 --total-num-mbufs=32768 -i --forward-mode=io
+  if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
+    testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish
+    fail "$name" "testpmd did not reach its prompt"; return
+  fi
+  tp fe start
+  # the gens' DUR seconds start a second after their first receiver, then their end markers
+  sleep $((DUR + 3))
+  tp fe stop
+  wait_for 10 grep -q 'Accumulated forward statistics' "$tplog"
+  sleep 0.5   # what testpmd handed over in its last burst is switched
+  local c p f; declare -A v
+  for p in fe g10 g20 s10 s20 s30 tr plain; do for f in rx_packets tx_packets tx_bytes drops_vlan_filtered; do
+    v[$p.$f]=$(ctl_port "$tag" "$p" "$f"); done; done
+  testpmd_quit fe 20; local tprc=$?
+  hugepage_cleanup "$FE_PREFIX"
+  fe_finish; local berc=$?
+  local tp_rx tp_rxb tp_tx
+  tp_rx=$(tp_last "$tplog" RX-packets); tp_rxb=$(tp_last "$tplog" RX-bytes); tp_tx=$(tp_summary "$tplog" TX)
+  local n10=${v[g10.rx_packets]} n20=${v[g20.rx_packets]} e10 e20
+  e10=$((v[s10.tx_packets] - n10)); e20=$((v[s20.tx_packets] - n20))
+  info "$name: gens made $n10 (VLAN 10) + $n20 (VLAN 20); testpmd RX $tp_rx ($tp_rxb bytes), TX $tp_tx | pvnet fe tx ${v[fe.tx_packets]} rx ${v[fe.rx_packets]} vlan_filtered ${v[fe.drops_vlan_filtered]}; s10 ${v[s10.tx_packets]} (testpmd's $e10), s20 ${v[s20.tx_packets]} (testpmd's $e20), tr ${v[tr.tx_packets]}, s30 ${v[s30.tx_packets]}, plain ${v[plain.tx_packets]} ($(elapsed "$t0"))"
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  if [ "$tprc" != 0 ]; then fail "$name" "testpmd did not quit cleanly (status $tprc)"; return; fi
+  if [ "$berc" != 0 ]; then fail "$name" "pvnet switch did not report (status $berc)"; return; fi
+  local bad=""
+  [ "${tp_rx:-0}" -gt 0 ] && [ "${tp_tx:-0}" -gt 0 ] || bad+=" testpmd received $tp_rx, sent $tp_tx;"
+  [ "$tp_rx" = "${v[fe.tx_packets]}" ] || bad+=" testpmd RX $tp_rx != fe tx_packets ${v[fe.tx_packets]};"
+  [ "$tp_rxb" = "$((68 * tp_rx))" ] || bad+=" testpmd RX-bytes $tp_rxb != 68 x $tp_rx (tagged 64 B frames);"
+  [ "$tp_tx" = "${v[fe.rx_packets]}" ] || bad+=" testpmd TX $tp_tx != fe rx_packets ${v[fe.rx_packets]};"
+  [ "${v[fe.drops_vlan_filtered]}" = 0 ] || bad+=" fe vlan_filtered ${v[fe.drops_vlan_filtered]};"
+  [ "$e10" -ge 0 ] && [ "$e20" -ge 0 ] && [ "$((e10 + e20))" = "$tp_tx" ] \
+    || bad+=" testpmd's frames at the access sinks $e10 + $e20 != its TX $tp_tx;"
+  [ "${v[tr.tx_packets]}" = "$((v[s10.tx_packets] + v[s20.tx_packets]))" ] || bad+=" tr ${v[tr.tx_packets]} != s10 + s20;"
+  [ "${v[tr.tx_bytes]}" = "$((v[s10.tx_bytes] + v[s20.tx_bytes] + 4 * v[tr.tx_packets]))" ] \
+    || bad+=" tr's bytes ${v[tr.tx_bytes]} != the access sinks' + 4 a frame;"
+  [ "${v[s30.tx_packets]}" = 0 ] && [ "${v[plain.tx_packets]}" = 0 ] || bad+=" s30 or plain got frames;"
+  if [ -n "$bad" ]; then fail "$name" "$bad"; return; fi
+  pass "$name"
+}
+
 # Multiqueue: one testpmd, two net_virtio_user ports "a" and "b" with 2 queue pairs each, both
 # in flowgen (many UDP flows out of each of its 2 transmit queues, what arrives dropped) through
 # the learning switch (each floods to the other: the destination is never learned). Then
@@ -406,7 +475,7 @@ dpdk_two_frontends() {
   f_tx=$(python3 "$PYLIB/pvnet_report.py" final "$D/$tag.frontend.json" tx_packets 2>/dev/null || echo missing)
   pv_rx=$(sw_final "$tag" pv rx_packets); fe_tx=$(sw_final "$tag" fe tx_packets)
   local r q_in q_out q_left fe_drops=0; pv_drops=0
-  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured; do
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured vlan_filtered; do
     pv_drops=$((pv_drops + $(sw_final "$tag" pv "drops_$r"))); fe_drops=$((fe_drops + $(sw_final "$tag" fe "drops_$r")))
   done
   q_in=$(sw_final "$tag" fe queued); q_out=$(sw_final "$tag" fe dequeued); q_left=$(sw_final "$tag" fe backlog)
@@ -518,7 +587,7 @@ dpdk_killed_leaves_nothing() {
     [ "$fds" = "$1" ] && [ "$maps" = "$2" ] && [ "$rss" -le $(($3 + 256)) ] && break; sleep 0.1; done
   local sink drops=0 r
   sink=$(ctl_port "$tag" sink tx_packets)
-  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured; do
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured vlan_filtered; do
     drops=$((drops + $(ctl_port "$tag" fe "drops_$r")))
   done
   fe_finish
@@ -853,7 +922,7 @@ dpdk_server_restart() {
   tag="$name.$i"
   local pv_rx sink drops=0 r
   pv_rx=$(sw_final "$tag" fe rx_packets); sink=$(sw_final "$tag" sink tx_packets)
-  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured; do
+  for r in no_buffer port_down invalid too_big filtered offload queue_limit aqm reconfigured vlan_filtered; do
     drops=$((drops + $(sw_final "$tag" fe "drops_$r")))
   done
   info "$name: ${resumes[*]}"
@@ -1038,7 +1107,7 @@ guest_migrate() {
 # ---- run ----------------------------------------------------------------------------------------
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends dpdk_multiqueue dpdk_workers
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_chains_to_sink dpdk_packed_chains_to_sink
-  dpdk_jumbo_from_gen dpdk_packed_jumbo_from_gen dpdk_killed_leaves_nothing
+  dpdk_jumbo_from_gen dpdk_packed_jumbo_from_gen dpdk_killed_leaves_nothing dpdk_vlan
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
   guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate guest_mtu)
 # guest_migrate runs both QEMUs under bookworm-backports' QEMU 10 (QEMU_NEW): under 7.2 the
@@ -1089,6 +1158,7 @@ for c in "${CASES[@]}"; do
     dpdk_jumbo_from_gen)  GEN_LEN=9000 TP_ARGS="$JUMBO_RX" dpdk_case "$c" gen rxonly 1 ",mrg_rxbuf=1" ;;
     dpdk_packed_jumbo_from_gen) GEN_LEN=9000 TP_ARGS="$JUMBO_RX" dpdk_case "$c" gen rxonly 1 ",packed_vq=1,mrg_rxbuf=1" ;;
     dpdk_killed_leaves_nothing) dpdk_killed_leaves_nothing "$c" ;;
+    dpdk_vlan)            dpdk_vlan "$c" ;;
     dpdk_vhost_to_pvnet_packed)  dpdk_vhost_packed_case "$c" rx ;;
     pvnet_packed_to_dpdk_vhost)  dpdk_vhost_packed_case "$c" tx ;;
     guest_pktgen_to_sink) guest_case "$c" sink ;;

@@ -54,6 +54,7 @@ pub use port::vxlan::{Underlay as VxlanUnderlay, VxlanConfig, VxlanPort};
 pub use port::AnyPort;
 pub use stats::{DropReason, PortSnapshot, PortStats, QueueSnapshot};
 pub use switch::mac::MacTable;
+pub use switch::vlan::{VlanError, VlanMode, VlanSet, VLAN_MAX};
 pub use switch::{Fabric, MacEntry, Router, SwitchConfig, Wire};
 pub use sys::{packet, pin_current_thread, tap, udp, xdp};
 pub use worker::balance::RebalanceConfig;

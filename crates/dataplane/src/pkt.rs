@@ -37,6 +37,10 @@ pub struct Pkt<'a> {
     /// source knows it without reading the frame (a generator, per flow: as a NIC's RSS hash
     /// or a socket's `sk_txhash` in Linux); 0 when it does not, and the steering computes it.
     pub hash: u32,
+    /// Its VLAN inside the switch (the low 12 bits) and whether its frame carries the 802.1Q
+    /// tag (`0x8000`): see `switch::vlan`. 0 (VLAN 0, untagged) from every port, except a
+    /// trunk between shards, which carries the word across; the switch sets it.
+    pub vlan: u16,
 }
 
 impl Pkt<'_> {
@@ -69,6 +73,7 @@ pub(crate) const EMPTY: Pkt<'static> = Pkt {
     },
     macs: [0; 12],
     hash: 0,
+    vlan: 0,
 };
 
 /// Reads the header and the addresses behind it from a packet's first bytes: one fixed-size

@@ -29,11 +29,15 @@ pub enum DropReason {
     /// Egress queue: emptied because its settings were changed while packets waited
     /// (`pvnet ctl port set`), as `tc qdisc replace` drops what the old qdisc held.
     Reconfigured = 8,
+    /// Switch: in a VLAN the port it came in on does not carry (a tagged frame on an access
+    /// port, a VLAN not in a trunk's list, an untagged frame on a trunk with no native VLAN),
+    /// or, sent to a port, in a VLAN that port does not carry.
+    VlanFiltered = 9,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::NoBuffer,
         DropReason::PortDown,
         DropReason::Invalid,
@@ -43,6 +47,7 @@ impl DropReason {
         DropReason::QueueLimit,
         DropReason::Aqm,
         DropReason::Reconfigured,
+        DropReason::VlanFiltered,
     ];
 
     /// Stable name for reports.
@@ -57,6 +62,7 @@ impl DropReason {
             DropReason::QueueLimit => "queue_limit",
             DropReason::Aqm => "aqm",
             DropReason::Reconfigured => "reconfigured",
+            DropReason::VlanFiltered => "vlan_filtered",
         }
     }
 }

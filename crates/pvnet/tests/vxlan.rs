@@ -7,7 +7,9 @@
 //!   address behind the tunnel; iperf3 TCP and UDP both ways;
 //! * two `pvnet switch` processes in two namespaces: a generator on one, a sink on the
 //!   other, each way in turn, counts exact across the tunnel and addresses learned on both
-//!   sides.
+//!   sides; the tunnel ports are trunks of VLAN 10 and the generator and sink its access
+//!   ports, so every frame crosses the tunnel tagged (the tag inserted by the switch in
+//!   memory of its own, copied by the port: `Port::staged`).
 
 mod common;
 
@@ -396,9 +398,9 @@ fn two_switches_over_vxlan_count_exactly_and_learn_both_sides() {
         &[
             "switch",
             "--port",
-            "vxlan:name=t,local=10.232.0.2,remote=10.232.0.1,vni=7",
+            "vxlan:name=t,local=10.232.0.2,remote=10.232.0.1,vni=7,trunk=10",
             "--port",
-            "sink:name=s",
+            "sink:name=s,vlan=10",
             "--ctl-socket",
             cb.to_str().expect("utf-8"),
         ],
@@ -406,13 +408,13 @@ fn two_switches_over_vxlan_count_exactly_and_learn_both_sides() {
     );
     wait_socket(&mut b, &cb);
     // A: its tunnel and a generator, 20 Kpps for half a second.
-    let gen_a = format!("gen:name=g,rate=20000,secs=0.5,delay=0.2,src={ga},dst={gb}");
+    let gen_a = format!("gen:name=g,rate=20000,secs=0.5,delay=0.2,src={ga},dst={gb},vlan=10");
     let mut a = Proc::spawn(
         "a",
         &[
             "switch",
             "--port",
-            "vxlan:name=t,local=10.232.0.1,remote=10.232.0.2,vni=7",
+            "vxlan:name=t,local=10.232.0.1,remote=10.232.0.2,vni=7,trunk=10",
             "--port",
             &gen_a,
             "--ctl-socket",
@@ -438,14 +440,14 @@ fn two_switches_over_vxlan_count_exactly_and_learn_both_sides() {
     // address is learned behind it, so B's own sink gets none.
     let (deleted, v) = ctl(&ca, &["port", "del", "g"]);
     assert!(deleted, "port del: {v}");
-    let (added, v) = ctl(&ca, &["port", "add", "sink:name=s"]);
+    let (added, v) = ctl(&ca, &["port", "add", "sink:name=s,vlan=10"]);
     assert!(added, "port add: {v}");
     let (a_rx, b_tx) = (
         counter(&ca, "t", "rx_packets"),
         counter(&cb, "t", "tx_packets"),
     );
     let b_sink = counter(&cb, "s", "tx_packets");
-    let gen_b = format!("gen:name=g,rate=20000,secs=0.5,src={gb},dst={ga}");
+    let gen_b = format!("gen:name=g,rate=20000,secs=0.5,src={gb},dst={ga},vlan=10");
     let (added, v) = ctl(&cb, &["port", "add", &gen_b]);
     assert!(added, "port add: {v}");
     wait_delivered(&cb, "g", &ca, "s");

@@ -516,6 +516,19 @@ impl<'m> Seg<'m> {
         Some((p, want.min(avail)))
     }
 
+    /// The bytes `off..off + len` of this segment as a segment of their own (the same
+    /// memory, the same lifetime), if the segment holds them all: how a packet is re-cut
+    /// around an inserted or removed header (an 802.1Q tag) without copying it.
+    #[inline]
+    pub fn sub(&self, off: u32, len: u32) -> Option<Seg<'m>> {
+        let (p, n) = self.at(off, len as usize)?;
+        if n < len as usize {
+            return None;
+        }
+        // `p` is inside the segment or one past its end (`at`), never null.
+        NonNull::new(p).map(|p| Seg::new(p, len))
+    }
+
     /// Copies `dst.len()` bytes from offset `off`; returns how many were copied (short at the end).
     #[inline]
     pub fn read(&self, off: u32, dst: &mut [u8]) -> usize {

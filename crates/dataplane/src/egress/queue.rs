@@ -116,6 +116,8 @@ struct Ent {
     hdr_len: u32,
     hdr: VnetHdr,
     macs: [u8; 12],
+    /// [`Pkt::vlan`] (a trunk between shards carries it).
+    vlan: u16,
     /// Enqueue time, ns.
     t: u64,
     /// Next entry of its flow.
@@ -218,6 +220,7 @@ impl Queue {
                     hdr_len: 0,
                     hdr: VnetHdr::default(),
                     macs: [0; 12],
+                    vlan: 0,
                     t: 0,
                     next: NIL,
                 };
@@ -291,6 +294,7 @@ impl Queue {
             hdr_len: p.hdr_len,
             hdr: p.hdr,
             macs: p.macs,
+            vlan: p.vlan,
             t: now,
             next: NIL,
         };
@@ -371,6 +375,7 @@ impl Queue {
             hdr: e.hdr,
             macs: e.macs,
             hash: 0,
+            vlan: e.vlan,
         };
         (seg, meta)
     }
@@ -620,6 +625,7 @@ mod tests {
                 hdr: VnetHdr::default(),
                 macs: [0; 12],
                 hash: 0,
+                vlan: 0,
             },
             now,
         )

@@ -270,6 +270,7 @@ impl super::Port for GenPort {
                 hdr: VnetHdr::default(),
                 macs,
                 hash,
+                vlan: 0,
             });
         }
         // SAFETY: the loop above wrote pkts[..n] (one per segment), each once.

@@ -426,6 +426,7 @@ impl super::Port for KernelPort {
                 hdr,
                 macs,
                 hash: 0,
+                vlan: 0,
             };
             if to.burst(&[pkt], &self.stats) == 0 {
                 self.pending = n;
@@ -838,6 +839,7 @@ fn hand_out(u: &mut Uring, max: usize, to: &mut impl Ingress, stats: &PortStats)
                     hdr,
                     macs,
                     hash: 0,
+                    vlan: 0,
                 };
                 n += 1;
             }

@@ -27,6 +27,7 @@ fn pkts_over<'a>(segs: &'a [[Seg<'a>; 1]]) -> Vec<Pkt<'a>> {
             hdr: VnetHdr::default(),
             macs: [0; 12],
             hash: 0,
+            vlan: 0,
         })
         .collect()
 }
@@ -263,6 +264,7 @@ fn round_trip(dev: super::kernel::HostDev, tap_mac: [u8; 6], net: u8, io: super:
             hdr: VnetHdr::default(),
             macs: [0; 12],
             hash: 0,
+            vlan: 0,
         };
         assert!(port.tx_begin(now, 1));
         assert_eq!(port.tx_burst(&[pkt]), (1, TxOut::Sent));

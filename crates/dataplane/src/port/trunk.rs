@@ -40,7 +40,9 @@ use virtq::Seg;
 pub const TRUNK_RING_BYTES: usize = 1 << 20;
 /// Records start on a cache line of their own.
 const ALIGN: usize = 64;
-/// A record's header: the packet's length (virtio-net header included), the header's length.
+/// A record's header: the packet's length (virtio-net header included), the header's length
+/// in the low 16 bits of the second word and the packet's VLAN word ([`Pkt::vlan`]: its VLAN
+/// and whether its frame is tagged) in the high 16: the frame crosses as it is, with its VLAN.
 const REC: usize = 8;
 /// In a record's length: the rest of the ring up to its end is unused, go on at its start.
 const WRAP: u32 = u32::MAX;
@@ -140,7 +142,8 @@ impl Producer {
         // is outside `head..tail`: ours until published.
         let dst = unsafe { std::slice::from_raw_parts_mut(base.add(off), REC + len) };
         dst[..4].copy_from_slice(&p.len.to_ne_bytes());
-        dst[4..8].copy_from_slice(&p.hdr_len.to_ne_bytes());
+        let word = (p.hdr_len & 0xffff) | u32::from(p.vlan) << 16;
+        dst[4..8].copy_from_slice(&word.to_ne_bytes());
         virtq::read_segs(p.segs, 0, &mut dst[REC..]);
         self.tail += need;
         true
@@ -293,13 +296,13 @@ impl super::Port for TrunkPort {
                     continue;
                 }
                 // SAFETY: as above; the record's 8-byte header.
-                let hdr_len = unsafe { base.add(off + 4).cast::<u32>().read() };
+                let word = unsafe { base.add(off + 4).cast::<u32>().read() };
                 // SAFETY: the record's bytes lie within the ring (our allocation, alive as
                 // long as `self`), published, and stay ours until `head` moves past them
                 // below, after the burst's commit.
                 segs[n] =
                     unsafe { Seg::from_raw(NonNull::new_unchecked(base.add(off + REC)), len) };
-                lens[n] = (len, hdr_len);
+                lens[n] = (len, word);
                 at += (REC + len as usize).next_multiple_of(ALIGN);
                 ends[n] = at;
                 n += 1;
@@ -311,7 +314,8 @@ impl super::Port for TrunkPort {
             let mut pkts = [EMPTY; MAX_BURST];
             let mut good = 0;
             for k in 0..n {
-                let (len, hdr_len) = lens[k];
+                let (len, word) = lens[k];
+                let (hdr_len, vlan) = (word & 0xffff, u16::try_from(word >> 16).unwrap_or(0));
                 let Some((hdr, macs)) = read_head(std::slice::from_ref(&segs[k]), hdr_len) else {
                     break;
                 };
@@ -322,6 +326,7 @@ impl super::Port for TrunkPort {
                     hdr,
                     macs,
                     hash: 0,
+                    vlan,
                 };
                 good += 1;
             }
@@ -460,6 +465,7 @@ mod tests {
                     hdr: VnetHdr::default(),
                     macs: [sent; 12],
                     hash: 0,
+                    vlan: 0,
                 };
                 if tx.push(&p) {
                     sent = sent.wrapping_add(1);

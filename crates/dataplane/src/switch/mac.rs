@@ -1,13 +1,15 @@
-//! Learned station addresses: open addressing over a fixed power-of-two table, probed at most
-//! [`MacTable::PROBE`] slots; a full probe run replaces its oldest entry. No allocation after
-//! construction; aging is checked on lookup (an aged entry is a miss, and its slot is reused).
+//! Learned station addresses, keyed by (VLAN, address): open addressing over a fixed
+//! power-of-two table, probed at most [`MacTable::PROBE`] slots; a full probe run replaces its
+//! oldest entry. No allocation after construction; aging is checked on lookup (an aged entry
+//! is a miss, and its slot is reused). The same address in two VLANs is two stations (802.1Q
+//! independent learning); VLAN 0 is the untagged segment of ports with no VLAN settings.
 
 use crate::pkt::PortId;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    /// 48-bit address + 1 (0: empty slot).
+    /// VLAN << 48 | 48-bit address, + 1 (0: empty slot).
     key: u64,
     port: PortId,
     seen: Instant,
@@ -23,6 +25,8 @@ pub struct MacTable {
 /// One learned address (for `pvnet ctl macs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MacEntry {
+    /// Its VLAN (0: ports with no VLAN settings).
+    pub vlan: u16,
     /// The station address.
     pub mac: [u8; 6],
     /// Where it was last seen.
@@ -31,10 +35,21 @@ pub struct MacEntry {
     pub age: Duration,
 }
 
-fn mac_key(m: [u8; 6]) -> u64 {
+#[inline]
+fn mac_key(vlan: u16, m: [u8; 6]) -> u64 {
     let mut k = [0u8; 8];
     k[..6].copy_from_slice(&m);
+    k[6..].copy_from_slice(&vlan.to_le_bytes());
     u64::from_le_bytes(k) + 1
+}
+
+/// The VLAN and address of a key.
+fn key_parts(key: u64) -> (u16, [u8; 6]) {
+    let b = (key - 1).to_le_bytes();
+    (
+        u16::from_le_bytes([b[6], b[7]]),
+        [b[0], b[1], b[2], b[3], b[4], b[5]],
+    )
 }
 
 /// Group bit: broadcast and multicast.
@@ -63,12 +78,12 @@ impl MacTable {
         usize::try_from(h >> (64 - bits)).unwrap_or(0)
     }
 
-    /// Records that `mac` was seen on `port`. A group address is never learned.
-    pub(crate) fn learn(&mut self, mac: [u8; 6], port: PortId, now: Instant) {
+    /// Records that `mac` was seen in `vlan` on `port`. A group address is never learned.
+    pub(crate) fn learn(&mut self, vlan: u16, mac: [u8; 6], port: PortId, now: Instant) {
         if is_group(&mac) {
             return;
         }
-        let key = mac_key(mac);
+        let key = mac_key(vlan, mac);
         let mask = self.slots.len() - 1;
         let home = self.home(key);
         let mut hole = None;
@@ -98,13 +113,14 @@ impl MacTable {
         });
     }
 
-    /// The port `mac` was last seen on, unless it is a group address, unknown, or aged out.
+    /// The port `mac` was last seen on in `vlan`, unless it is a group address, unknown, or
+    /// aged out.
     #[inline]
-    pub(crate) fn lookup(&self, mac: [u8; 6], now: Instant) -> Option<PortId> {
+    pub(crate) fn lookup(&self, vlan: u16, mac: [u8; 6], now: Instant) -> Option<PortId> {
         if is_group(&mac) {
             return None;
         }
-        let key = mac_key(mac);
+        let key = mac_key(vlan, mac);
         let mask = self.slots.len() - 1;
         let home = self.home(key);
         (0..Self::PROBE)
@@ -123,6 +139,26 @@ impl MacTable {
         }
     }
 
+    /// Forgets every address learned on `port` in a VLAN for which `keep` is false (the
+    /// port's VLAN settings changed: it no longer carries them).
+    pub(crate) fn flush_port_vlans(&mut self, port: PortId, keep: impl Fn(u16) -> bool) {
+        for s in self.slots.iter_mut() {
+            if s.is_some_and(|e| e.port == port && !keep(key_parts(e.key).0)) {
+                *s = None;
+            }
+        }
+    }
+
+    /// Forgets every address learned in a VLAN for which `keep` is false, on any port (no
+    /// port carries it any more). One pass over the table.
+    pub(crate) fn flush_vlans(&mut self, keep: impl Fn(u16) -> bool) {
+        for s in self.slots.iter_mut() {
+            if s.is_some_and(|e| !keep(key_parts(e.key).0)) {
+                *s = None;
+            }
+        }
+    }
+
     /// Every live entry.
     pub(crate) fn entries(&self, now: Instant) -> Vec<MacEntry> {
         let mut v: Vec<MacEntry> = self
@@ -131,15 +167,16 @@ impl MacTable {
             .flatten()
             .filter(|e| now.saturating_duration_since(e.seen) < self.aging)
             .map(|e| {
-                let b = (e.key - 1).to_le_bytes();
+                let (vlan, mac) = key_parts(e.key);
                 MacEntry {
-                    mac: [b[0], b[1], b[2], b[3], b[4], b[5]],
+                    vlan,
+                    mac,
                     port: e.port,
                     age: now.saturating_duration_since(e.seen),
                 }
             })
             .collect();
-        v.sort_by_key(|e| (e.port, e.mac));
+        v.sort_by_key(|e| (e.port, e.vlan, e.mac));
         v
     }
 }
@@ -154,21 +191,21 @@ mod tests {
         let mut m = MacTable::new(16, Duration::from_secs(10));
         let a = [2, 0, 0, 0, 0, 1];
         let b = [2, 0, 0, 0, 0, 2];
-        assert_eq!(m.lookup(a, t0), None);
-        m.learn(a, 3, t0);
-        m.learn(b, 4, t0);
-        assert_eq!(m.lookup(a, t0), Some(3));
-        assert_eq!(m.lookup(b, t0), Some(4));
+        assert_eq!(m.lookup(0, a, t0), None);
+        m.learn(0, a, 3, t0);
+        m.learn(0, b, 4, t0);
+        assert_eq!(m.lookup(0, a, t0), Some(3));
+        assert_eq!(m.lookup(0, b, t0), Some(4));
         // moves
-        m.learn(a, 5, t0 + Duration::from_secs(1));
-        assert_eq!(m.lookup(a, t0 + Duration::from_secs(2)), Some(5));
+        m.learn(0, a, 5, t0 + Duration::from_secs(1));
+        assert_eq!(m.lookup(0, a, t0 + Duration::from_secs(2)), Some(5));
         // ages
-        assert_eq!(m.lookup(b, t0 + Duration::from_secs(11)), None);
+        assert_eq!(m.lookup(0, b, t0 + Duration::from_secs(11)), None);
         // group addresses are neither learned nor looked up
-        m.learn([0xff; 6], 1, t0);
-        assert_eq!(m.lookup([0xff; 6], t0), None);
+        m.learn(0, [0xff; 6], 1, t0);
+        assert_eq!(m.lookup(0, [0xff; 6], t0), None);
         m.flush_port(5);
-        assert_eq!(m.lookup(a, t0 + Duration::from_secs(2)), None);
+        assert_eq!(m.lookup(0, a, t0 + Duration::from_secs(2)), None);
         assert_eq!(m.entries(t0).len(), 1);
     }
 
@@ -178,6 +215,7 @@ mod tests {
         let mut m = MacTable::new(16, Duration::from_secs(1000));
         for i in 0..200u8 {
             m.learn(
+                0,
                 [2, 0, 0, 0, 1, i],
                 u32::from(i),
                 t0 + Duration::from_millis(u64::from(i)),
@@ -185,9 +223,50 @@ mod tests {
         }
         // The newest is always found; the table never holds more than its slots.
         assert_eq!(
-            m.lookup([2, 0, 0, 0, 1, 199], t0 + Duration::from_secs(1)),
+            m.lookup(0, [2, 0, 0, 0, 1, 199], t0 + Duration::from_secs(1)),
             Some(199)
         );
         assert!(m.entries(t0 + Duration::from_secs(1)).len() <= 16);
+    }
+
+    /// One address in two VLANs is two entries: learned, looked up, aged and flushed apart;
+    /// the table lists each with its VLAN.
+    #[test]
+    fn one_address_in_two_vlans_is_two_stations() {
+        let t0 = Instant::now();
+        let mut m = MacTable::new(64, Duration::from_secs(10));
+        let a = [2, 0, 0, 0, 0, 1];
+        m.learn(10, a, 1, t0);
+        assert_eq!(m.lookup(10, a, t0), Some(1));
+        assert_eq!(m.lookup(20, a, t0), None, "not learned in VLAN 20");
+        assert_eq!(m.lookup(0, a, t0), None, "nor untagged");
+        m.learn(20, a, 2, t0 + Duration::from_secs(5));
+        assert_eq!(m.lookup(10, a, t0), Some(1), "VLAN 10's entry did not move");
+        assert_eq!(m.lookup(20, a, t0), Some(2));
+        // Aging is per entry: VLAN 10's goes first.
+        let t11 = t0 + Duration::from_secs(11);
+        assert_eq!(m.lookup(10, a, t11), None);
+        assert_eq!(m.lookup(20, a, t11), Some(2));
+        let e = m.entries(t0 + Duration::from_secs(5));
+        assert_eq!(
+            e.iter().map(|e| (e.vlan, e.port)).collect::<Vec<_>>(),
+            vec![(10, 1), (20, 2)]
+        );
+        assert_eq!(e[0].mac, a);
+        // Flush one VLAN: the other stays.
+        m.flush_vlans(|v| v != 20);
+        assert_eq!(m.lookup(20, a, t0), None);
+        assert_eq!(m.lookup(10, a, t0), Some(1));
+        // Flush a port's VLANs it no longer carries.
+        m.learn(30, a, 1, t0);
+        m.flush_port_vlans(1, |v| v == 30);
+        assert_eq!(m.lookup(10, a, t0), None);
+        assert_eq!(m.lookup(30, a, t0), Some(1));
+        // The highest VLAN round-trips through the key.
+        m.learn(4094, [2, 0xff, 0xff, 0xff, 0xff, 0xff], 7, t0);
+        assert!(m
+            .entries(t0)
+            .iter()
+            .any(|e| e.vlan == 4094 && e.mac == [2, 0xff, 0xff, 0xff, 0xff, 0xff]));
     }
 }

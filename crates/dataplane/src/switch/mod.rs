@@ -15,8 +15,16 @@
 //!
 //! Backpressure is the receiver's [`Egress`](crate::egress::Egress) decision: a packet may
 //! wait where it is (the sender keeps it for the next round) or is dropped and counted.
+//!
+//! VLANs ([`vlan`]): while no port has VLAN settings, every packet is in VLAN 0 and takes the
+//! plain path above (one branch per burst more). Once some port has them, a burst from a port
+//! with settings (or from another shard) goes packet by packet: classified into its VLAN
+//! (or dropped, `vlan_filtered`), routed in it, and re-cut for each receiver that needs its
+//! tag inserted or removed; a plain port's packets still take the plain path, to plain ports
+//! only.
 
 pub(crate) mod mac;
+pub mod vlan;
 
 use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
@@ -33,6 +41,7 @@ use pvnet_net::{VnetHdr, HDR_LEN};
 use std::time::{Duration, Instant};
 use virtq::read_segs;
 use virtq::Seg;
+use vlan::{Act, Side, VlanMode, Vlans, RETAG_SEGS, VID};
 
 pub use mac::MacEntry;
 
@@ -220,6 +229,11 @@ pub struct Fabric {
     touched: Vec<usize>,
     /// Refused GSO packets, logged at most once a second.
     refused: RateLog,
+    /// The VLAN settings of the ports that have some.
+    vlans: Vlans,
+    /// Where a packet of too many segments gets its tag inserted or removed by a copy
+    /// (allocated the first time).
+    retag_buf: Vec<u8>,
 }
 
 impl Fabric {
@@ -232,7 +246,37 @@ impl Fabric {
             segbuf: Vec::with_capacity(MAX_PKT + 4096),
             touched: Vec::with_capacity(16),
             refused: RateLog::default(),
+            vlans: Vlans::default(),
+            retag_buf: Vec::new(),
         }
+    }
+
+    /// Gives port `port` its VLAN settings (None: none, VLAN 0 untagged). What was learned
+    /// on it in VLANs it no longer carries is forgotten.
+    /// A VLAN that no port carries any more is forgotten everywhere (what other shards'
+    /// trunks brought in it).
+    pub(crate) fn set_vlan(&mut self, port: PortId, mode: Option<VlanMode>) {
+        if let Router::Learn(m) = &mut self.router {
+            match &mode {
+                Some(v) => m.flush_port_vlans(port, |k| v.carries(k)),
+                None => m.flush_port_vlans(port, |k| k == 0),
+            }
+        }
+        let old = self.vlans.set(port, mode);
+        if let (Some(old), Router::Learn(m)) = (old, &mut self.router) {
+            let mut gone = vlan::VlanSet::new();
+            for v in old.vlans().filter(|&v| !self.vlans.carried(v)) {
+                gone.insert(v);
+            }
+            if !gone.is_empty() {
+                m.flush_vlans(|v| !gone.contains(v));
+            }
+        }
+    }
+
+    /// Port `port`'s VLAN settings.
+    pub(crate) fn vlan_of(&self, port: PortId) -> Option<&VlanMode> {
+        self.vlans.of(port)
     }
 
     /// The router (to add wires, read the learned addresses).
@@ -296,15 +340,20 @@ impl Fabric {
             Offer::Unicast
         };
         let from_trunk = src.is_trunk();
+        let vlans = self.vlans.active();
+        let tagging = vlans && (from_trunk || self.vlans.of(sid).is_some());
         let mut cx = Cx {
             f: self,
             others: Others { before, after, i },
             sid,
             from_trunk,
+            vlans,
+            tagging,
             now,
             offer,
             fixed,
             last: None,
+            vlast: None,
             flooded: 0,
             hint: 1,
             segs_left: SEG_BUDGET,
@@ -364,6 +413,11 @@ struct Cx<'a, 'p> {
     /// The sender is a trunk from another shard: what it brings goes to this shard's own
     /// ports only (split horizon, see [`crate::port::trunk`]).
     from_trunk: bool,
+    /// Some port has VLAN settings: a flood goes only to ports that carry its VLAN.
+    vlans: bool,
+    /// The sender's packets take the VLAN path ([`Cx::burst_vlan`]): it has VLAN settings,
+    /// or it is a trunk from another shard while some port has.
+    tagging: bool,
     now: Instant,
     /// How the sender's packets wait for a full receiver.
     offer: Offer,
@@ -371,6 +425,8 @@ struct Cx<'a, 'p> {
     fixed: Option<Route>,
     /// The last route of the burst, by destination + source address.
     last: Option<([u8; 12], Route)>,
+    /// The same on the VLAN path, by addresses and VLAN.
+    vlast: Option<([u8; 12], u16, Route)>,
     /// Packets of the burst that were flooded.
     flooded: u64,
     /// Packets the sender said its burst holds.
@@ -380,17 +436,28 @@ struct Cx<'a, 'p> {
 }
 
 impl Cx<'_, '_> {
-    /// Whether port `j` takes a flooded copy: another port that receives (not a trunk, for
-    /// what came over one).
-    fn floods_to(&mut self, j: usize) -> bool {
-        let from_trunk = self.from_trunk;
-        self.others
-            .get(j)
-            .is_some_and(|p| p.caps().receives && !(from_trunk && p.is_trunk()))
+    /// Whether port `j` takes a flooded copy of a packet in VLAN `vid`: another port that
+    /// receives (not a trunk, for what came over one) and carries the VLAN (while some port
+    /// has VLAN settings; a trunk to another shard carries every VLAN).
+    #[inline]
+    fn floods_to(&self, j: usize, vid: u16) -> bool {
+        let Some(p) = self.others.get_ref(j) else {
+            return false;
+        };
+        if !p.caps().receives || (self.from_trunk && p.is_trunk()) {
+            return false;
+        }
+        !self.vlans || p.is_trunk() || self.f.vlans.of(p.id()).map_or(vid == 0, |m| m.carries(vid))
     }
 
-    /// Where packets with these addresses go (and learns the source).
+    /// Where packets with these addresses go (and learns the source), in VLAN 0.
     fn route(&mut self, macs: &[u8; 12]) -> Route {
+        self.route_in(macs, 0)
+    }
+
+    /// Where packets with these addresses go in VLAN `vid` (and learns the source there).
+    #[inline]
+    fn route_in(&mut self, macs: &[u8; 12], vid: u16) -> Route {
         if let Some(r) = self.fixed {
             return r;
         }
@@ -401,8 +468,8 @@ impl Cx<'_, '_> {
         d.copy_from_slice(&macs[..6]);
         let mut s = [0u8; 6];
         s.copy_from_slice(&macs[6..]);
-        table.learn(s, self.sid, self.now);
-        if let Some(dst) = table.lookup(d, self.now) {
+        table.learn(vid, s, self.sid, self.now);
+        if let Some(dst) = table.lookup(vid, d, self.now) {
             if dst == self.sid {
                 return Route::Drop(DropReason::Filtered);
             }
@@ -419,7 +486,7 @@ impl Cx<'_, '_> {
         let mut only = None;
         let mut n = 0;
         for j in 0..self.others.len() {
-            if self.floods_to(j) {
+            if self.floods_to(j, vid) {
                 n += 1;
                 only = Some(j);
             }
@@ -571,6 +638,7 @@ fn csum_then(
         hdr: VnetHdr::default(),
         macs: pkt.macs,
         hash: 0,
+        vlan: pkt.vlan,
     };
     let out = put_one(port, &p, offer, now);
     // The staging buffer is reused by the next packet.
@@ -604,6 +672,7 @@ fn gso_then(
             hdr: VnetHdr::default(),
             macs: pkt.macs,
             hash: 0,
+            vlan: pkt.vlan,
         };
         out = put_one(port, &p, offer, now);
         // The segment buffer is reused by the next segment.
@@ -620,12 +689,163 @@ fn gso_then(
     }
 }
 
+impl Cx<'_, '_> {
+    /// How port `j` stands to VLANs.
+    #[inline]
+    fn side_of(&self, j: usize) -> Option<Side<'_>> {
+        let p = self.others.get_ref(j)?;
+        Some(if p.is_trunk() {
+            Side::Shard
+        } else {
+            self.f.vlans.of(p.id()).map_or(Side::Plain, Side::Mode)
+        })
+    }
+
+    /// How the sender stands to VLANs.
+    #[inline]
+    fn src_side(&self) -> Side<'_> {
+        if self.from_trunk {
+            Side::Shard
+        } else {
+            self.f.vlans.of(self.sid).map_or(Side::Plain, Side::Mode)
+        }
+    }
+
+    /// [`Cx::route_of`] on the VLAN path: by addresses and VLAN.
+    #[inline]
+    fn route_vlan(&mut self, macs: &[u8; 12], vid: u16) -> Route {
+        match (self.fixed, self.vlast) {
+            (Some(r), _) => r,
+            (None, Some((m, v, r))) if m == *macs && v == vid => r,
+            _ => {
+                let r = self.route_in(macs, vid);
+                self.vlast = Some((*macs, vid, r));
+                r
+            }
+        }
+    }
+
+    /// Offers `q` (its VLAN word set) to port `j`: dropped (`vlan_filtered`) if the port
+    /// does not carry its VLAN, else as it is or with its tag inserted or removed, re-cut
+    /// over its own memory (the port's copy writes the new frame).
+    fn emit_vlan(&mut self, j: usize, q: &Pkt<'_>, offer: Offer) -> (usize, Out) {
+        let Some(side) = self.side_of(j) else {
+            return (0, Out::Dropped(DropReason::PortDown));
+        };
+        let Some(act) = vlan::egress(side, q.vlan) else {
+            return (0, Out::Dropped(DropReason::VlanFiltered));
+        };
+        if act == Act::Pass {
+            return self.emit(j, std::slice::from_ref(q), offer);
+        }
+        let mut hdr = [0u8; VnetHdr::LEN];
+        let mut tag = [0u8; 4];
+        let mut segs = [Seg::from_mut(&mut []); RETAG_SEGS];
+        if let Some(r) = vlan::retag(q, act, q.vlan, &mut hdr, &mut tag, &mut segs) {
+            let out = self.emit(j, std::slice::from_ref(&r), offer);
+            // The new header and tag live in this frame.
+            self.staged(j);
+            return out;
+        }
+        self.emit_retag_copy(j, q, act, offer)
+    }
+
+    /// The packet just offered to port `j` lives in memory reused before the commit (see
+    /// [`Port::staged`]).
+    #[inline]
+    fn staged(&mut self, j: usize) {
+        if let Some(port) = self.others.get(j) {
+            port.staged();
+        }
+    }
+
+    /// [`Cx::emit_vlan`] for a packet of more segments than a re-cut holds: by a copy.
+    #[inline(never)]
+    fn emit_retag_copy(&mut self, j: usize, q: &Pkt<'_>, act: Act, offer: Offer) -> (usize, Out) {
+        let mut buf = std::mem::take(&mut self.f.retag_buf);
+        if buf.is_empty() {
+            buf = vec![0u8; MAX_PKT + vlan::TAG_LEN as usize];
+        }
+        let mut one = [Seg::from_mut(&mut [])];
+        let out = match vlan::retag_copy(q, act, &mut buf, &mut one) {
+            Some(r) => {
+                let out = self.emit(j, std::slice::from_ref(&r), offer);
+                // The copy's buffer is the next one's.
+                self.staged(j);
+                out
+            }
+            // Its checksum or headers point into the tag that goes.
+            None => (0, Out::Dropped(DropReason::Offload)),
+        };
+        self.f.retag_buf = buf;
+        out
+    }
+
+    /// A burst on the VLAN path: each packet classified into its VLAN by the port it came in
+    /// on (or dropped, `vlan_filtered`), routed and learned in that VLAN, then sent to each
+    /// receiver that carries the VLAN, its tag fitted to that receiver. Out of line: the
+    /// plain path's code stays as it was.
+    #[inline(never)]
+    fn burst_vlan(&mut self, pkts: &[Pkt<'_>], stats: &PortStats) -> usize {
+        let mut k = 0;
+        while k < pkts.len() {
+            let p = &pkts[k];
+            let Some(word) = vlan::classify(self.src_side(), p) else {
+                bump(&stats.drops[DropReason::VlanFiltered as usize], 1);
+                k += 1;
+                continue;
+            };
+            let q = Pkt { vlan: word, ..*p };
+            let vid = word & VID;
+            let out = match self.route_vlan(&q.macs, vid) {
+                Route::Drop(r) => Out::Dropped(r),
+                Route::One(j, flooded) => {
+                    let (n, out) = self.emit_vlan(j, &q, self.offer);
+                    if flooded {
+                        self.flooded += n as u64 + u64::from(matches!(out, Out::Dropped(_)));
+                    }
+                    if n == 1 {
+                        Out::Sent
+                    } else {
+                        out
+                    }
+                }
+                Route::Flood => {
+                    self.flooded += 1;
+                    for j in 0..self.others.len() {
+                        if !self.floods_to(j, vid) {
+                            continue;
+                        }
+                        if let (0, Out::Dropped(r)) = self.emit_vlan(j, &q, Offer::Flood) {
+                            bump(&stats.drops[r as usize], 1);
+                        }
+                    }
+                    Out::Sent
+                }
+            };
+            match out {
+                Out::Sent => k += 1,
+                Out::Wait => break,
+                Out::Dropped(r) => {
+                    bump(&stats.drops[r as usize], 1);
+                    k += 1;
+                }
+            }
+        }
+        self.commit(stats);
+        k
+    }
+}
+
 impl Ingress for Cx<'_, '_> {
     /// Learn, look up, deliver (unicast) or flood, a run at a time: consecutive packets with
     /// the same addresses share a route (bulk traffic pays the table once per run) and go to
     /// their receiver as one burst. Then every batch the burst opened is committed.
     fn burst(&mut self, pkts: &[Pkt<'_>], stats: &PortStats) -> usize {
         self.hint = pkts.len();
+        if self.tagging {
+            return self.burst_vlan(pkts, stats);
+        }
         let mut k = 0;
         while k < pkts.len() {
             let p = &pkts[k];
@@ -653,7 +873,7 @@ impl Ingress for Cx<'_, '_> {
                 Route::Flood => {
                     self.flooded += 1;
                     for j in 0..self.others.len() {
-                        if !self.floods_to(j) {
+                        if !self.floods_to(j, 0) {
                             continue;
                         }
                         if let (0, Out::Dropped(r)) =
@@ -710,6 +930,10 @@ impl Ingress for Cx<'_, '_> {
     /// everything the tap carries goes to the guest.) Whether and what the port lends is its
     /// own ([`Port::lend`]).
     fn lend(&mut self, want: usize) -> Option<impl Lease> {
+        if self.tagging {
+            // Its packets are classified (and maybe re-cut) one by one: nothing in place.
+            return None;
+        }
         let j = match self.fixed {
             Some(Route::One(j, _)) => j,
             Some(_) => return None,
@@ -784,7 +1008,13 @@ impl Cx<'_, '_> {
         }
         let mut only = None;
         for j in 0..self.others.len() {
-            if self.others.get_ref(j).is_some_and(|p| p.caps().receives) {
+            // With VLANs, a plain sender's packets go only to ports in VLAN 0.
+            let takes = if self.vlans {
+                self.floods_to(j, 0)
+            } else {
+                self.others.get_ref(j).is_some_and(|p| p.caps().receives)
+            };
+            if takes {
                 if only.is_some() {
                     return None;
                 }
@@ -799,6 +1029,7 @@ impl Cx<'_, '_> {
     /// Commits every transmit batch the burst opened; forgets its routes; counts its floods.
     fn commit(&mut self, stats: &PortStats) {
         self.last = None;
+        self.vlast = None;
         bump(&stats.flooded, std::mem::take(&mut self.flooded));
         for k in 0..self.f.touched.len() {
             let j = self.f.touched[k];

@@ -1201,3 +1201,288 @@ fn shards_joined_by_trunks_switch_as_one_and_floods_do_not_loop() {
     let inn: u64 = trunk_stats.iter().map(|s| get(&s.rx_packets)).sum();
     assert_eq!((out, inn), (4, 4));
 }
+
+/// `f` with an 802.1Q tag for `vid` after its addresses.
+fn tagged(f: &[u8], vid: u16) -> Vec<u8> {
+    let mut t = f[..12].to_vec();
+    t.extend_from_slice(&[0x81, 0x00]);
+    t.extend_from_slice(&vid.to_be_bytes());
+    t.extend_from_slice(&f[12..]);
+    t
+}
+
+fn trunk_of(list: &str, native: Option<u32>) -> VlanMode {
+    VlanMode::from_keys(None, Some(list), native)
+        .expect("a good list")
+        .expect("a trunk")
+}
+
+/// The frames a frontend got, headers left out.
+fn frames(fe: &mut MockFe) -> Vec<Vec<u8>> {
+    fe.received().into_iter().map(|(_, f)| f).collect()
+}
+
+fn vlan_drops(fe: &MockFe) -> u64 {
+    get(&fe.stats.drops[DropReason::VlanFiltered as usize])
+}
+
+/// Access ports in VLANs 10 and 20, a trunk of both, a trunk of 20 with native 10, and two
+/// plain ports: a flood in one VLAN reaches only the ports of that VLAN, tagged on a trunk
+/// and untagged on an access port or as a trunk's native VLAN; tagged frames from a trunk
+/// leave access ports untagged; a frame in a VLAN its port does not carry is dropped and
+/// counted (`vlan_filtered`); plain ports are one segment of their own where a tag is data;
+/// addresses are learned per VLAN.
+#[test]
+fn vlans_isolate_floods_and_fit_each_ports_tags() {
+    let mut f = switch();
+    let h = VnetHdr::default();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = fe(1, MODERN);
+    let (mut c, pc) = fe(2, MODERN);
+    let (mut d, pd) = fe(3, MODERN);
+    let (mut n, pn) = fe(4, MODERN);
+    let (mut e, pe) = fe(5, MODERN);
+    let (mut g, pg) = fe(6, MODERN);
+    f.set_vlan(0, Some(VlanMode::Access(10)));
+    f.set_vlan(1, Some(VlanMode::Access(10)));
+    f.set_vlan(2, Some(VlanMode::Access(20)));
+    f.set_vlan(3, Some(trunk_of("10,20", None)));
+    f.set_vlan(4, Some(trunk_of("20", Some(10))));
+    let mut ports = vec![pa, pb, pc, pd, pn, pe, pg];
+    let now = Instant::now();
+    let bcast = [0xff; 6];
+
+    // A flood in VLAN 10 from an access port.
+    let sent: Vec<Vec<u8>> = (0..5).map(|k| frame(bcast, mac(1), k, 60)).collect();
+    for s in &sent {
+        a.send(&h, s);
+    }
+    run(&mut f, &mut ports, now);
+    assert_eq!(frames(&mut b), sent, "access 10: untagged");
+    let want: Vec<Vec<u8>> = sent.iter().map(|s| tagged(s, 10)).collect();
+    assert_eq!(frames(&mut d), want, "trunk: tagged 10");
+    assert_eq!(frames(&mut n), sent, "native 10 leaves untagged");
+    for (name, x) in [("c", &mut c), ("e", &mut e), ("g", &mut g)] {
+        assert!(x.received().is_empty(), "{name} is not in VLAN 10");
+    }
+    assert_eq!(get(&a.stats.flooded), 5);
+
+    // VLAN 20 from an access port: tagged on both trunks, nowhere else.
+    let s20 = frame(bcast, mac(3), 1, 100);
+    c.send(&h, &s20);
+    run(&mut f, &mut ports, now);
+    assert_eq!(frames(&mut d), vec![tagged(&s20, 20)]);
+    assert_eq!(frames(&mut n), vec![tagged(&s20, 20)]);
+    for x in [&mut a, &mut b, &mut e, &mut g] {
+        assert!(x.received().is_empty());
+    }
+
+    // From the trunk: tagged 10 leaves access ports and the native trunk untagged; tagged
+    // 20 reaches c untagged and the other trunk tagged; untagged (no native), a VLAN not in
+    // its list and a priority tag are dropped at the trunk.
+    let t = frame(bcast, mac(4), 2, 80);
+    d.send(&h, &tagged(&t, 10));
+    d.send(&h, &tagged(&t, 20));
+    d.send(&h, &t);
+    d.send(&h, &tagged(&t, 30));
+    d.send(&h, &tagged(&t, 0));
+    run(&mut f, &mut ports, now);
+    assert_eq!(frames(&mut a), vec![t.clone()]);
+    assert_eq!(frames(&mut b), vec![t.clone()]);
+    assert_eq!(frames(&mut c), vec![t.clone()]);
+    assert_eq!(frames(&mut n), vec![t.clone(), tagged(&t, 20)]);
+    assert_eq!(vlan_drops(&d), 3);
+
+    // A tagged frame on an access port is dropped there.
+    a.send(&h, &tagged(&frame(bcast, mac(1), 3, 60), 10));
+    run(&mut f, &mut ports, now);
+    assert_eq!(vlan_drops(&a), 1);
+    for x in [&mut b, &mut c, &mut d, &mut n, &mut e, &mut g] {
+        assert!(x.received().is_empty());
+    }
+
+    // Plain ports: a tagged frame is data, it reaches the other plain port as it is, and
+    // no port with VLAN settings.
+    let p = tagged(&frame(bcast, mac(6), 4, 60), 10);
+    e.send(&h, &p);
+    run(&mut f, &mut ports, now);
+    assert_eq!(frames(&mut g), vec![p]);
+    for x in [&mut a, &mut b, &mut c, &mut d, &mut n] {
+        assert!(x.received().is_empty());
+    }
+    assert_eq!(vlan_drops(&e), 0);
+
+    // Learning per VLAN: b answers mac(1) (learned on a in VLAN 10): a alone gets it, and
+    // the trunk does not.
+    let r = frame(mac(1), mac(2), 5, 60);
+    b.send(&h, &r);
+    run(&mut f, &mut ports, now);
+    assert_eq!(frames(&mut a), vec![r]);
+    assert!(d.received().is_empty() && n.received().is_empty());
+    // The same address in VLAN 20 is another station: VLAN 10's entry stays.
+    c.send(&h, &frame(bcast, mac(1), 6, 60));
+    run(&mut f, &mut ports, now);
+    let _ = (frames(&mut d), frames(&mut n));
+    let m: Vec<(u16, [u8; 6], PortId)> = f
+        .macs(now)
+        .iter()
+        .map(|e| (e.vlan, e.mac, e.port))
+        .filter(|e| e.1 == mac(1))
+        .collect();
+    assert_eq!(m, vec![(10, mac(1), 0), (20, mac(1), 2)]);
+
+    // What entered at a and d: delivered, or counted as a VLAN drop.
+    assert_eq!((get(&a.stats.rx_packets), vlan_drops(&a)), (6, 1));
+    assert_eq!((get(&d.stats.rx_packets), vlan_drops(&d)), (5, 3));
+
+    // A port's settings change: what was learned on it in VLANs it leaves is forgotten.
+    f.set_vlan(0, Some(VlanMode::Access(30)));
+    assert!(f.macs(now).iter().all(|e| e.port != 0 || e.vlan == 30));
+}
+
+/// A GSO packet from an access port to a trunk keeps its offload: whole, to a trunk that
+/// takes TSO (checksum start and header length 4 bytes further), or cut in software into
+/// tagged segments whose checksums are right, for one that does not; and back, a tagged GSO
+/// packet from the trunk loses its tag and 4 bytes of offsets on an access port.
+#[test]
+fn tags_move_the_checksum_and_gso_offsets() {
+    let tso = MODERN | VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4;
+    let mut f = switch();
+    let (mut a, pa) = fe(0, tso);
+    let (mut t, pt) = fe(1, tso);
+    let (mut s, ps) = fe(2, MODERN);
+    f.set_vlan(0, Some(VlanMode::Access(7)));
+    f.set_vlan(1, Some(trunk_of("7", None)));
+    f.set_vlan(2, Some(trunk_of("7", None)));
+    let mut ports = vec![pa, pt, ps];
+    let now = Instant::now();
+    let big = tcp4([0xff; 6], mac(1), 3000);
+    a.send(&gso_hdr(1000), &big);
+    run(&mut f, &mut ports, now);
+    let got = t.received();
+    assert_eq!(got.len(), 1, "whole, to the trunk that takes TSO");
+    let (h, fr) = &got[0];
+    assert_eq!((h.csum_start, h.hdr_len, h.gso_size), (38, 58, 1000));
+    assert_eq!(fr, &tagged(&big, 7));
+    let segs = s.received();
+    assert_eq!(segs.len(), 3, "cut for the trunk that does not");
+    for (h, fr) in &segs {
+        assert_eq!(h.gso_type, VnetHdr::GSO_NONE);
+        assert_eq!(&fr[12..16], &[0x81, 0, 0, 7], "each segment tagged");
+        let mut plain = fr[..12].to_vec();
+        plain.extend_from_slice(&fr[16..]);
+        assert!(tcp_ok(&plain), "its checksums right");
+    }
+    assert_eq!(get(&s.stats.sw_gso), 1);
+
+    // Back from the trunk, tagged: untagged at the access port, offsets 4 bytes back.
+    let mut th = gso_hdr(1000);
+    th.csum_start += 4;
+    th.hdr_len += 4;
+    let back = tcp4(mac(1), mac(2), 3000);
+    t.send(&th, &tagged(&back, 7));
+    run(&mut f, &mut ports, now);
+    let got = a.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].0.csum_start, got[0].0.hdr_len), (34, 54));
+    assert_eq!(got[0].1, back);
+}
+
+/// Two shards joined by a trunk: a frame keeps its VLAN across (a flood in VLAN 10 reaches
+/// only VLAN 10's ports on the other shard, tagged on its trunk port), and a tagged frame
+/// from a trunk port on one shard leaves an access port on the other untagged.
+#[test]
+fn a_frame_keeps_its_vlan_between_shards() {
+    use crate::port::trunk::{link, TrunkPort};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let (at_a, at_b) = link(1 << 16);
+    let mk = |id: u32, r| {
+        AnyPort::Trunk(TrunkPort::new(
+            id,
+            Arc::default(),
+            r,
+            pvnet_vhost::Notifier::new().expect("eventfd"),
+            Arc::new(AtomicBool::new(false)),
+            crate::poll::WakeCost::FALLBACK,
+        ))
+    };
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = fe(1, MODERN);
+    let (mut c, pc) = fe(2, MODERN);
+    let (mut d, pd) = fe(3, MODERN);
+    let mut shards = vec![
+        (switch(), vec![pa, mk(100, at_a)]),
+        (switch(), vec![pb, pc, pd, mk(101, at_b)]),
+    ];
+    for (f, _) in &mut shards {
+        f.set_vlan(0, Some(VlanMode::Access(10)));
+        f.set_vlan(1, Some(VlanMode::Access(10)));
+        f.set_vlan(2, Some(VlanMode::Access(20)));
+        f.set_vlan(3, Some(trunk_of("10,20", None)));
+    }
+    let now = Instant::now();
+    let run_all = |shards: &mut Vec<(Fabric, Vec<AnyPort>)>| {
+        for _ in 0..4 {
+            for (f, ports) in shards.iter_mut() {
+                f.round(ports, now);
+            }
+        }
+    };
+    let h = VnetHdr::default();
+    let s = frame([0xff; 6], mac(1), 1, 60);
+    a.send(&h, &s);
+    run_all(&mut shards);
+    assert_eq!(frames(&mut b), vec![s.clone()]);
+    assert_eq!(frames(&mut d), vec![tagged(&s, 10)]);
+    assert!(c.received().is_empty());
+    // From the trunk port, tagged 10, to a (learned behind the shards' trunk in VLAN 10).
+    let r = frame(mac(1), mac(4), 2, 60);
+    d.send(&h, &tagged(&r, 10));
+    run_all(&mut shards);
+    assert_eq!(frames(&mut a), vec![r]);
+    assert!(b.received().is_empty() && c.received().is_empty());
+    // Tagged 20 to a's address: not learned in VLAN 20, flooded to c (untagged) and over
+    // to the other shard, where no port carries VLAN 20.
+    let r20 = frame(mac(1), mac(4), 3, 60);
+    d.send(&h, &tagged(&r20, 20));
+    run_all(&mut shards);
+    assert_eq!(frames(&mut c), vec![r20]);
+    assert!(a.received().is_empty() && b.received().is_empty());
+    // a's shard learned mac(4) in VLAN 20 behind its trunk; once no port carries VLAN 20,
+    // that is forgotten too.
+    let in20 = |f: &Fabric| f.macs(now).iter().filter(|e| e.vlan == 20).count();
+    assert_eq!(in20(&shards[0].0), 1);
+    shards[0].0.set_vlan(2, None);
+    assert_eq!(in20(&shards[0].0), 1, "d still carries VLAN 20");
+    shards[0].0.set_vlan(3, Some(trunk_of("10", None)));
+    assert_eq!(in20(&shards[0].0), 0);
+}
+
+/// An MTU-sized frame gets its tag on a trunk with that MTU (MTU + 18 covers it); one that
+/// would be longer is dropped, `too_big`.
+#[test]
+fn a_tag_fits_within_the_mtu_allowance() {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut t, pt) = MockFe::with_mtu(
+        1,
+        MODERN,
+        256,
+        EgressConfig::hold(HoldPolicy::Bounded(HOLD)),
+        4096,
+        1,
+        Some(1500),
+    );
+    f.set_vlan(0, Some(VlanMode::Access(5)));
+    f.set_vlan(1, Some(trunk_of("5", None)));
+    let mut ports = vec![pa, pt];
+    let now = Instant::now();
+    let h = VnetHdr::default();
+    let full = frame([0xff; 6], mac(1), 1, 1514);
+    a.send(&h, &full);
+    a.send(&h, &frame([0xff; 6], mac(1), 2, 1515));
+    run(&mut f, &mut ports, now);
+    assert_eq!(frames(&mut t), vec![tagged(&full, 5)], "1518 bytes tagged");
+    assert_eq!(get(&a.stats.drops[DropReason::TooBig as usize]), 1);
+}

@@ -645,6 +645,15 @@ impl Dataplane {
         self.send_port(id, Cmd::Policy(id, p));
     }
 
+    /// Gives a switch port its VLAN settings (None: none, VLAN 0 untagged), at once: every
+    /// shard learns them (a port may move between shards), and what was learned on the port
+    /// in VLANs it no longer carries is forgotten.
+    pub fn set_vlan(&self, id: PortId, mode: Option<crate::switch::vlan::VlanMode>) {
+        for k in 0..self.shards.len() {
+            self.send(k, Cmd::Vlan(id, mode.clone()));
+        }
+    }
+
     /// Deletes a port from the switch: its queues stop (what waited in its egress queue is
     /// counted as dropped, `port_down`), its frames stop being switched, and its settings and
     /// counters are forgotten. Returns its last counters. (A vhost-user port's frontend must

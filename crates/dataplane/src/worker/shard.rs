@@ -18,6 +18,7 @@ use crate::port::trunk::{self, TrunkPort};
 use crate::port::vhost::{VhostConfig, VhostPort};
 use crate::port::{AnyPort, Port};
 use crate::stats::PortStats;
+use crate::switch::vlan::VlanMode;
 use crate::switch::{Fabric, MacEntry, Router, Wire};
 use crate::sys::{pin_current_thread, Epoll, Timer};
 use pvnet_net::QueueIndex;
@@ -53,6 +54,8 @@ pub(crate) enum Cmd {
     Trunk(Box<TrunkEnd>),
     /// A guest's address is behind this port now (SEND_RARP after a migration).
     Learn(PortId, [u8; 6]),
+    /// A port's VLAN settings (None: none). Every shard is sent them (a port may move).
+    Vlan(PortId, Option<VlanMode>),
     /// Stop switching until told to go on (a port moves between two other shards: see
     /// `Dataplane::move_port`): answers once at a round boundary, then waits.
     Pause(SyncSender<()>, Receiver<Resume>),
@@ -77,13 +80,16 @@ pub(crate) struct Link {
     pub(crate) load: Arc<Load>,
 }
 
+/// A learned address and its VLAN.
+pub(crate) type VlanMac = (u16, [u8; 6]);
+
 /// A port on its way between two shards.
 pub(crate) struct Moving {
     pub(crate) port: AnyPort,
     pub(crate) egress: Option<EgressConfig>,
     pub(crate) policy: Option<Policy>,
-    /// The addresses learned on it.
-    pub(crate) macs: Vec<[u8; 6]>,
+    /// The addresses learned on it, each with its VLAN.
+    pub(crate) macs: Vec<VlanMac>,
 }
 
 /// What a paused shard does before it goes on.
@@ -93,7 +99,7 @@ pub(crate) struct Resume {
     pub(crate) attach: Option<Box<Moving>>,
     /// These addresses are behind this port now (the moved port, or the trunk to its new
     /// shard).
-    pub(crate) learn: Option<(PortId, Vec<[u8; 6]>)>,
+    pub(crate) learn: Option<(PortId, Vec<VlanMac>)>,
     /// The trunk from the port's old shard: what is in it is switched before anything else,
     /// so nothing the moved port sent from there is overtaken by what it sends now.
     pub(crate) drain: Option<PortId>,
@@ -457,10 +463,18 @@ impl Shard {
                 }
                 Cmd::Egress(id, e) => self.set_egress(id, e),
                 Cmd::Policy(id, policy) => self.set_policy(id, policy),
+                Cmd::Vlan(id, mode) => self.fabric.set_vlan(id, mode),
                 Cmd::Learn(id, mac) => {
-                    if self.learn(id, &[mac], now) {
+                    // In the VLAN its frontend's frames are in untagged (none on a trunk
+                    // without a native VLAN: it is learned from its frames).
+                    let vlan = match self.fabric.vlan_of(id) {
+                        None => Some(0),
+                        Some(m) => m.untagged(),
+                    };
+                    if let Some(vlan) = vlan.filter(|&v| self.learn(id, &[(v, mac)], now)) {
                         info!(
                             port = id,
+                            vlan,
                             ?mac,
                             "address relearned (announced after a migration)"
                         );
@@ -568,12 +582,12 @@ impl Shard {
         }
         let port = self.ports.remove(i);
         let now = Instant::now();
-        let macs: Vec<[u8; 6]> = self
+        let macs: Vec<(u16, [u8; 6])> = self
             .fabric
             .macs(now)
             .into_iter()
             .filter(|e| e.port == id)
-            .map(|e| e.mac)
+            .map(|e| (e.vlan, e.mac))
             .collect();
         self.fabric.port_down(id);
         self.learn(trunk_id(self.index, to), &macs, now);
@@ -620,12 +634,12 @@ impl Shard {
     }
 
     /// These addresses are behind port `at` now. False under a fixed wiring (nothing learns).
-    fn learn(&mut self, at: PortId, macs: &[[u8; 6]], now: Instant) -> bool {
+    fn learn(&mut self, at: PortId, macs: &[(u16, [u8; 6])], now: Instant) -> bool {
         let Router::Learn(t) = self.fabric.router_mut() else {
             return false;
         };
-        for &mac in macs {
-            t.learn(mac, at, now);
+        for &(vlan, mac) in macs {
+            t.learn(vlan, mac, at, now);
         }
         true
     }

@@ -41,8 +41,9 @@ pub enum PortCmd {
         /// Port name.
         name: String,
     },
-    /// Change a vhost-user port's settings: egress (qdisc, dql, bulk, limit) at once;
-    /// offloads and queue_pairs from its frontend's next connection.
+    /// Change a port's settings: any port's VLANs (vlan, trunk, native) and a vhost-user
+    /// port's egress (qdisc, dql, bulk, limit) at once; offloads and queue_pairs from its
+    /// frontend's next connection. `key=` puts a key back to its default.
     Set {
         /// Port name.
         name: String,
@@ -69,6 +70,7 @@ EXAMPLES:
   pvnet ctl                                  ports and their counters
   pvnet ctl port add vhost-user:name=vm2,socket=/run/pvnet/vm2.sock
   pvnet ctl port set vm2 qdisc=fifo limit=256
+  pvnet ctl port set vm2 vlan= trunk=10,20-29 native=1   (key=: back to its default)
   pvnet ctl port del vm2
   pvnet ctl port move vm2 1                  put vm2 on worker 1
   pvnet ctl reload                           apply the edited --config file

@@ -78,6 +78,8 @@ pub struct PortInfo {
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(default)]
 pub struct MacInfo {
+    /// Its VLAN (0: ports with no VLAN settings).
+    pub vlan: u16,
     /// `aa:bb:cc:dd:ee:ff`.
     pub mac: String,
     /// Name of the port it was learned on.

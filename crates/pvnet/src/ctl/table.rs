@@ -149,15 +149,31 @@ pub fn render_ports(s: &Status) -> String {
     out
 }
 
-/// The `pvnet ctl macs` table, by port then address.
+/// The `pvnet ctl macs` table, by port, VLAN, then address (VLAN `-`: ports with no VLAN
+/// settings).
 pub fn render_macs(s: &Status) -> String {
     let mut macs: Vec<&MacInfo> = s.macs.iter().collect();
-    macs.sort_by(|a, b| (&a.port, &a.mac).cmp(&(&b.port, &b.mac)));
+    macs.sort_by(|a, b| (&a.port, a.vlan, &a.mac).cmp(&(&b.port, b.vlan, &b.mac)));
     let rows: Vec<Vec<String>> = macs
         .iter()
-        .map(|m| vec![cell(&m.mac), cell(&m.port), format!("{:.1}s", m.age_secs)])
+        .map(|m| {
+            vec![
+                cell(&m.mac),
+                if m.vlan == 0 {
+                    "-".into()
+                } else {
+                    m.vlan.to_string()
+                },
+                cell(&m.port),
+                format!("{:.1}s", m.age_secs),
+            ]
+        })
         .collect();
-    render_table(&["MAC", "PORT", "AGE"], &[false, false, true], &rows)
+    render_table(
+        &["MAC", "VLAN", "PORT", "AGE"],
+        &[false, true, false, true],
+        &rows,
+    )
 }
 
 #[cfg(test)]
@@ -257,12 +273,16 @@ mod tests {
             lines[0].starts_with("MAC") && lines[0].contains("PORT"),
             "{t}"
         );
-        // Sorted by port then address; ages right-aligned.
-        assert!(lines[1].starts_with("52:54:00:00:00:01"), "{t}");
-        assert!(lines[2].starts_with("52:54:00:00:00:02"), "{t}");
-        assert!(lines[1].ends_with("   0.5s"), "{t}");
+        // Sorted by port, VLAN (`-`: none) then address; ages right-aligned.
+        assert!(lines[0].contains("VLAN"), "{t}");
+        assert!(lines[1].starts_with("52:54:00:00:00:02"), "{t}");
+        assert!(lines[2].starts_with("52:54:00:00:00:01"), "{t}");
+        let cols = |l: &str| l.split_whitespace().nth(1).map(str::to_owned);
+        assert_eq!(cols(lines[1]).as_deref(), Some("-"), "{t}");
+        assert_eq!(cols(lines[2]).as_deref(), Some("10"), "{t}");
+        assert!(lines[2].ends_with("   0.5s"), "{t}");
         assert!(
-            lines[2].ends_with("125.2s") || lines[2].ends_with("125.3s"),
+            lines[1].ends_with("125.2s") || lines[1].ends_with("125.3s"),
             "{t}"
         );
         assert_eq!(lines[1].len(), lines[2].len());

@@ -48,11 +48,13 @@ pub(crate) fn sample() -> Status {
         ],
         macs: vec![
             MacInfo {
+                vlan: 0,
                 mac: "52:54:00:00:00:02".into(),
                 port: "vm0".into(),
                 age_secs: 125.25,
             },
             MacInfo {
+                vlan: 10,
                 mac: "52:54:00:00:00:01".into(),
                 port: "vm0".into(),
                 age_secs: 0.5,

@@ -105,6 +105,23 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       255) spreads them over N source addresses (the fifth byte xor 0..N, 32 frames in a
       row from each), so that a multiqueue port's flow hash puts them on all its rings.
 
+VLANS (802.1Q, any kind of port above; docs/vlan.md):
+  [,vlan=N]            an access port: its frames are untagged, in VLAN N (1 to 4094) inside
+                       the switch; a tagged frame it sends is dropped (vlan_filtered)
+  [,trunk=A,B-C][,native=N]
+                       a trunk: frames of VLANs A and B..C pass tagged; with native=N its
+                       untagged frames are in VLAN N and N leaves it untagged (without it, an
+                       untagged frame is dropped, vlan_filtered, as is a VLAN not listed)
+      A port with neither is in the untagged segment of every port without VLAN settings
+      (as before VLANs: its tagged frames are just frames). Addresses are learned per
+      VLAN (pvnet ctl macs shows it); a flood reaches only ports of its VLAN. A frame
+      from an access port leaves a trunk tagged, and a tagged one leaves an access port
+      untagged: the tag is inserted or removed as the frame is copied, checksum and GSO
+      offsets moved by 4 bytes. A tag adds 4 bytes: a port's MTU + 18 covers it.
+      Change at runtime: pvnet ctl port set NAME trunk=10,20 (or vlan=, native=).
+      e.g. --port vhost-user:name=vm1,socket=/tmp/vm1.sock,vlan=10
+           --port af-packet:name=up,ifname=eth1,trunk=10,20-29,native=1
+
 RUNTIME (docs/operations.md):
   pvnet ctl port add|del|set ...   change ports while the switch runs (see pvnet ctl --help)
   SIGHUP, or pvnet ctl reload      read --config again and apply the difference
@@ -133,6 +150,7 @@ TOML:
   kind = \"vhost-user\"
   name = \"vm1\"
   socket = \"/tmp/vm1.sock\"
+  vlan = 10                            (or trunk = \"10,20-29\", native = 1)
   [[port]]
   kind = \"vxlan\"
   name = \"t\"

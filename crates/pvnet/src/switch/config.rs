@@ -5,6 +5,7 @@ use crate::error::{usage, Result};
 use pvnet_dataplane::EgressConfig;
 use pvnet_dataplane::HostIo;
 use pvnet_dataplane::Policy;
+use pvnet_dataplane::VlanMode;
 use pvnet_dataplane::MAX_STEER;
 use pvnet_dataplane::{Qdisc, QueueConfig};
 use pvnet_vhost::backend::MIN_MTU;
@@ -63,6 +64,19 @@ pub(crate) enum PortConfig {
         /// The MTU offered to the frontend (`VIRTIO_NET_F_MTU`) and the largest it may set.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mtu: Option<u16>,
+        /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vlan: Option<u32>,
+        /// 802.1Q: a trunk carrying these VLANs tagged (`A,B-C`).
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "vlan_list"
+        )]
+        trunk: Option<String>,
+        /// 802.1Q, with `trunk`: the VLAN of its untagged frames.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        native: Option<u32>,
     },
     Tap {
         name: String,
@@ -94,6 +108,19 @@ pub(crate) enum PortConfig {
         /// The kernel's send buffer for the port's writes, in bytes (default: the kernel's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sndbuf: Option<u32>,
+        /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vlan: Option<u32>,
+        /// 802.1Q: a trunk carrying these VLANs tagged (`A,B-C`).
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "vlan_list"
+        )]
+        trunk: Option<String>,
+        /// 802.1Q, with `trunk`: the VLAN of its untagged frames.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        native: Option<u32>,
     },
     AfPacket {
         name: String,
@@ -117,6 +144,19 @@ pub(crate) enum PortConfig {
         /// The kernel's send buffer for the port's writes, in bytes (default: the kernel's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sndbuf: Option<u32>,
+        /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vlan: Option<u32>,
+        /// 802.1Q: a trunk carrying these VLANs tagged (`A,B-C`).
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "vlan_list"
+        )]
+        trunk: Option<String>,
+        /// 802.1Q, with `trunk`: the VLAN of its untagged frames.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        native: Option<u32>,
     },
     AfXdp {
         name: String,
@@ -130,6 +170,19 @@ pub(crate) enum PortConfig {
         /// Zero-copy: auto (where the driver has it), true or false.
         #[serde(default = "auto", deserialize_with = "bool_or_str")]
         zerocopy: String,
+        /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vlan: Option<u32>,
+        /// 802.1Q: a trunk carrying these VLANs tagged (`A,B-C`).
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "vlan_list"
+        )]
+        trunk: Option<String>,
+        /// 802.1Q, with `trunk`: the VLAN of its untagged frames.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        native: Option<u32>,
     },
     Vxlan {
         name: String,
@@ -157,9 +210,35 @@ pub(crate) enum PortConfig {
         /// Read runs of datagrams the kernel coalesced as one (UDP_GRO).
         #[serde(default = "yes")]
         gro: bool,
+        /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vlan: Option<u32>,
+        /// 802.1Q: a trunk carrying these VLANs tagged (`A,B-C`).
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "vlan_list"
+        )]
+        trunk: Option<String>,
+        /// 802.1Q, with `trunk`: the VLAN of its untagged frames.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        native: Option<u32>,
     },
     Sink {
         name: String,
+        /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vlan: Option<u32>,
+        /// 802.1Q: a trunk carrying these VLANs tagged (`A,B-C`).
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "vlan_list"
+        )]
+        trunk: Option<String>,
+        /// 802.1Q, with `trunk`: the VLAN of its untagged frames.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        native: Option<u32>,
     },
     Gen {
         name: String,
@@ -177,6 +256,19 @@ pub(crate) enum PortConfig {
         dst: String,
         #[serde(default = "one_flow")]
         flows: u8,
+        /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vlan: Option<u32>,
+        /// 802.1Q: a trunk carrying these VLANs tagged (`A,B-C`).
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "vlan_list"
+        )]
+        trunk: Option<String>,
+        /// 802.1Q, with `trunk`: the VLAN of its untagged frames.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        native: Option<u32>,
     },
 }
 
@@ -222,6 +314,7 @@ pub(crate) fn vxlan_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::Vxl
         netns,
         gso,
         gro,
+        ..
     } = p
     else {
         return Ok(None);
@@ -286,6 +379,29 @@ fn bool_or_str<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<St
     })
 }
 
+/// A VLAN list (`trunk=`): a number, or a string of numbers and ranges (`"10,20-30"`).
+fn vlan_list<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum IntOrStr {
+        I(i64),
+        S(String),
+    }
+    Ok(Some(match IntOrStr::deserialize(d)? {
+        IntOrStr::I(i) => i.to_string(),
+        IntOrStr::S(s) => s,
+    }))
+}
+
+/// A port's 802.1Q settings from its `vlan`, `trunk` and `native` keys (None: none, the
+/// untagged segment of every port without settings).
+pub(crate) fn vlan_mode(p: &PortConfig) -> Result<Option<VlanMode>> {
+    let (vlan, trunk, native) = p.vlan_keys();
+    VlanMode::from_keys(vlan, trunk, native).map_err(|e| usage(format!("port {}: {e}", p.name())))
+}
+
 /// An `af-xdp` port's settings as the dataplane takes them.
 pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::XdpConfig>> {
     let PortConfig::AfXdp {
@@ -294,6 +410,7 @@ pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::
         queues,
         mode,
         zerocopy,
+        ..
     } = p
     else {
         return Ok(None);
@@ -441,9 +558,111 @@ impl PortConfig {
             | PortConfig::AfPacket { name, .. }
             | PortConfig::AfXdp { name, .. }
             | PortConfig::Vxlan { name, .. }
-            | PortConfig::Sink { name }
+            | PortConfig::Sink { name, .. }
             | PortConfig::Gen { name, .. } => name,
         }
+    }
+
+    /// Its `vlan`, `trunk` and `native` keys.
+    pub(crate) fn vlan_keys(&self) -> (Option<u32>, Option<&str>, Option<u32>) {
+        match self {
+            PortConfig::VhostUser {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::Tap {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::AfPacket {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::AfXdp {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::Vxlan {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::Sink {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::Gen {
+                vlan,
+                trunk,
+                native,
+                ..
+            } => (*vlan, trunk.as_deref(), *native),
+        }
+    }
+
+    /// The port with no 802.1Q keys (to tell a change of those alone).
+    pub(crate) fn without_vlan(&self) -> Self {
+        let mut p = self.clone();
+        match &mut p {
+            PortConfig::VhostUser {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::Tap {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::AfPacket {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::AfXdp {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::Vxlan {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::Sink {
+                vlan,
+                trunk,
+                native,
+                ..
+            }
+            | PortConfig::Gen {
+                vlan,
+                trunk,
+                native,
+                ..
+            } => {
+                *vlan = None;
+                *trunk = None;
+                *native = None;
+            }
+        }
+        p
     }
     pub(crate) fn kind(&self) -> &'static str {
         match self {
@@ -521,6 +740,7 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
     if p.name().is_empty() {
         return Err(usage("a port needs a name"));
     }
+    vlan_mode(p)?;
     match p {
         PortConfig::VhostUser {
             name,
@@ -602,22 +822,37 @@ pub(crate) fn spec_value(v: &str) -> toml::Value {
     }
 }
 
-/// Parses `KIND:key=value,...` into a port table (values as [`spec_value`]).
+/// Parses `KIND:key=value,...` into a port table (values as [`spec_value`]). A VLAN list
+/// goes on past commas: `trunk=10,20-30,native=5` is `trunk` `10,20-30` and `native` `5`.
 pub(crate) fn parse_port_spec(spec: &str) -> Result<PortConfig> {
     let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
+    let mut kvs: Vec<(String, String)> = Vec::new();
+    for kv in rest.split(',').filter(|s| !s.trim().is_empty()) {
+        match (kv.split_once('='), kvs.last_mut()) {
+            (Some((k, v)), _) => kvs.push((k.trim().into(), v.into())),
+            (None, Some((k, v))) if k == "trunk" => {
+                v.push(',');
+                v.push_str(kv.trim());
+            }
+            (None, _) => {
+                return Err(usage(format!("--port {spec}: '{kv}' is not key=value")));
+            }
+        }
+    }
     let mut t = toml::Table::new();
     t.insert("kind".into(), toml::Value::String(kind.trim().into()));
-    for kv in rest.split(',').filter(|s| !s.trim().is_empty()) {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| usage(format!("--port {spec}: '{kv}' is not key=value")))?;
-        let (k, v) = (k.trim(), spec_value(v));
+    for (k, v) in kvs {
+        let v = if k == "trunk" {
+            toml::Value::String(v.trim().into())
+        } else {
+            spec_value(&v)
+        };
         // A key given again makes an array (`remote=a,remote=b`).
-        match t.get_mut(k) {
+        match t.get_mut(&k) {
             Some(toml::Value::Array(a)) => a.push(v),
             Some(old) => *old = toml::Value::Array(vec![old.clone(), v]),
             None => {
-                t.insert(k.into(), v);
+                t.insert(k, v);
             }
         }
     }
@@ -689,6 +924,9 @@ mod tests {
                 limit: 1024,
                 policy: None,
                 mtu: None,
+                vlan: None,
+                trunk: None,
+                native: None,
             }
         );
         let e = |spec: &str| match parse_port_spec(spec).unwrap() {
@@ -747,6 +985,9 @@ mod tests {
                 src: gen_src(),
                 dst: gen_dst(),
                 flows: 1,
+                vlan: None,
+                trunk: None,
+                native: None,
             }
         );
         for bad in [
@@ -764,6 +1005,77 @@ mod tests {
         assert!(parse_port_spec("sink:name=s,bogus=1").is_err());
         assert!(parse_port_spec("router:name=r").is_err());
         assert!(parse_port_spec("sink:name").is_err());
+    }
+
+    /// `vlan=`, `trunk=` (a list that goes on past commas) and `native=` on every kind of
+    /// port, in a spec and in the file; bad settings refused with what is wrong.
+    #[test]
+    fn vlan_keys_parse_on_every_port_kind_and_bad_ones_are_refused() {
+        let mode = |spec: &str| vlan_mode(&parse_port_spec(spec).unwrap()).unwrap();
+        for kind in [
+            "vhost-user:name=a,socket=/s",
+            "tap:name=a",
+            "af-packet:name=a,ifname=v0",
+            "af-xdp:name=a,ifname=v0",
+            "sink:name=a",
+            "gen:name=a",
+        ] {
+            assert_eq!(mode(kind), None, "{kind}: no keys, no VLAN");
+            assert_eq!(
+                mode(&format!("{kind},vlan=10")),
+                Some(VlanMode::Access(10)),
+                "{kind}"
+            );
+            let t = mode(&format!("{kind},trunk=10,20-22,native=5")).expect("a trunk");
+            assert_eq!(t.to_string(), "trunk 10,20-22 native 5", "{kind}");
+            // The list may be one number.
+            let t = mode(&format!("{kind},trunk=7")).expect("a trunk");
+            assert_eq!(t.to_string(), "trunk 7");
+        }
+        let f: FileConfig = toml::from_str(
+            "[[port]]\nkind = \"tap\"\nname = \"t\"\ntrunk = \"100-102,200\"\nnative = 1\n\
+             [[port]]\nkind = \"sink\"\nname = \"s\"\nvlan = 100\n\
+             [[port]]\nkind = \"sink\"\nname = \"u\"\ntrunk = 300\n",
+        )
+        .unwrap();
+        let m: Vec<String> = f
+            .port
+            .iter()
+            .map(|p| vlan_mode(p).unwrap().unwrap().to_string())
+            .collect();
+        assert_eq!(m, ["trunk 100-102,200 native 1", "vlan 100", "trunk 300"]);
+        for (bad, why) in [
+            ("sink:name=a,vlan=10,trunk=20", "not both"),
+            ("sink:name=a,vlan=10,native=20", "not both"),
+            ("sink:name=a,native=20", "native= needs trunk="),
+            ("sink:name=a,vlan=0", "out of range"),
+            ("sink:name=a,vlan=4095", "out of range"),
+            ("sink:name=a,trunk=1-5000", "out of range"),
+            ("sink:name=a,trunk=30-20", "is empty"),
+            ("sink:name=a,trunk=10,native=4095", "out of range"),
+            ("sink:name=a,trunk=x", "not a VLAN"),
+        ] {
+            let e = check_port(&parse_port_spec(bad).unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("port a: ") && e.contains(why), "{bad}: {e}");
+        }
+        assert!(parse_port_spec("sink:name=a,vlan=-1").is_err());
+        assert!(
+            parse_port_spec("sink:name=a,10").is_err(),
+            "a bare word after a key other than trunk"
+        );
+        // A VLAN-only change is told apart from any other.
+        let a = parse_port_spec("tap:name=a,vlan=10").unwrap();
+        let b = parse_port_spec("tap:name=a,trunk=10,20").unwrap();
+        assert_eq!(a.without_vlan(), b.without_vlan());
+        assert_ne!(
+            a.without_vlan(),
+            parse_port_spec("tap:name=a,mtu=9000").unwrap()
+        );
+        // And it survives the round trip through the state file and `port set`'s table.
+        let t = toml::Table::try_from(&b).unwrap();
+        assert_eq!(PortConfig::deserialize(toml::Value::Table(t)).unwrap(), b);
     }
 
     #[test]

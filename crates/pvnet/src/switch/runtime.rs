@@ -10,7 +10,7 @@
 
 use super::config::{
     check_port, egress_of, fmt_mac, host_io, io_name, kernel_egress, parse_mac, parse_port_spec,
-    port_policy, spec_value, vxlan_config, xdp_config, FileConfig, PortConfig,
+    port_policy, spec_value, vlan_mode, vxlan_config, xdp_config, FileConfig, PortConfig,
 };
 use crate::ctl::{self, PortInfo, Reply};
 use crate::error::{io, usage, Result};
@@ -141,16 +141,27 @@ fn vhost_detail(
     )
 }
 
-/// Whether `new` can replace `old` in place (`port set`): a vhost-user port on the same
-/// socket, the same way round. Anything else is deleted and added again.
+/// How `pvnet ctl` describes a port: its detail, then its VLAN settings if it has some.
+fn with_vlan(detail: &str, p: &PortConfig) -> String {
+    match vlan_mode(p) {
+        Ok(Some(m)) if detail.is_empty() => m.to_string(),
+        Ok(Some(m)) => format!("{detail}, {m}"),
+        _ => detail.to_string(),
+    }
+}
+
+/// Whether `new` can replace `old` in place (`port set`): a change of its VLAN settings
+/// alone (any kind), or a vhost-user port on the same socket, the same way round. Anything
+/// else is deleted and added again.
 fn in_place(old: &PortConfig, new: &PortConfig) -> bool {
-    matches!(
-        (old, new),
-        (
-            PortConfig::VhostUser { socket: s0, client: c0, .. },
-            PortConfig::VhostUser { socket: s1, client: c1, .. },
-        ) if s0 == s1 && c0 == c1
-    )
+    old.without_vlan() == new.without_vlan()
+        || matches!(
+            (old, new),
+            (
+                PortConfig::VhostUser { socket: s0, client: c0, .. },
+                PortConfig::VhostUser { socket: s1, client: c1, .. },
+            ) if s0 == s1 && c0 == c1
+        )
 }
 
 impl Runtime {
@@ -403,7 +414,20 @@ impl Runtime {
         g.next = id
             .checked_add(1)
             .ok_or_else(|| usage("port ids exhausted"))?;
-        let (run, detail) = self.start(id, &p)?;
+        // Its VLAN settings reach every shard before the port does.
+        let vlan = vlan_mode(&p)?;
+        if vlan.is_some() {
+            self.dp.set_vlan(id, vlan.clone());
+        }
+        let (run, detail) = match self.start(id, &p) {
+            Ok(r) => r,
+            Err(e) => {
+                if vlan.is_some() {
+                    self.dp.set_vlan(id, None);
+                }
+                return Err(e);
+            }
+        };
         info!(port = %name, id, kind = p.kind(), %detail, ?origin, "port added");
         g.ports.insert(
             name,
@@ -448,6 +472,9 @@ impl Runtime {
             }
         }
         let last = self.dp.remove_port(id).unwrap_or_default();
+        if matches!(vlan_mode(&cfg), Ok(Some(_))) {
+            self.dp.set_vlan(id, None);
+        }
         drop(run);
         let info = PortInfo {
             name: name.to_string(),
@@ -465,10 +492,11 @@ impl Runtime {
         Some(info)
     }
 
-    /// Changes settings of a vhost-user port in place. Egress settings apply at once (what
-    /// waited in the old queue is dropped, counted as `reconfigured`); `offloads` and
-    /// `queue_pairs` from its frontend's next connection. Returns what changed, as notes
-    /// (empty: nothing did).
+    /// Changes settings of a port in place: the VLAN settings of any port, at once (what
+    /// was learned on it in VLANs it no longer carries is forgotten); a vhost-user port's
+    /// egress settings at once (what waited in the old queue is dropped, counted as
+    /// `reconfigured`), its `offloads` and `queue_pairs` from its frontend's next connection.
+    /// Returns what changed, as notes (empty: nothing did).
     pub(crate) fn set(&self, name: &str, kv: &BTreeMap<String, String>) -> Result<Vec<String>> {
         let new = {
             let g = self.lock();
@@ -484,7 +512,14 @@ impl Runtime {
                         "port {name}: {k} cannot change (delete the port and add another)"
                     )));
                 }
-                t.insert(k.clone(), spec_value(v));
+                if v.trim().is_empty() {
+                    // `key=`: the key goes back to its default (`vlan=` to leave a VLAN).
+                    t.remove(k);
+                } else if k == "trunk" {
+                    t.insert(k.clone(), toml::Value::String(v.trim().into()));
+                } else {
+                    t.insert(k.clone(), spec_value(v));
+                }
             }
             PortConfig::deserialize(toml::Value::Table(t))
                 .map_err(|e| usage(format!("port {name}: {e}")))?
@@ -505,15 +540,33 @@ impl Runtime {
         }
         if !in_place(&l.cfg, &new) {
             return Err(usage(format!(
-                "port {name}: only a vhost-user port's egress (qdisc, dql, bulk, limit), policy, offloads and queue_pairs change in place; delete the port and add it again"
+                "port {name}: only VLAN settings (vlan, trunk, native) and a vhost-user port's egress (qdisc, dql, bulk, limit), policy, offloads and queue_pairs change in place; delete the port and add it again"
             )));
+        }
+        let mut notes = Vec::new();
+        let (v0, v1) = (vlan_mode(&l.cfg)?, vlan_mode(&new)?);
+        if v0 != v1 {
+            self.dp.set_vlan(l.id, v1.clone());
+            notes.push(format!(
+                "VLANs now {}, applied at once (addresses learned on it in VLANs it no longer carries are forgotten)",
+                v1.map_or("none (untagged, VLAN 0)".into(), |m| m.to_string())
+            ));
+        }
+        if l.cfg.without_vlan() == new.without_vlan() {
+            l.cfg = new;
+            let origin = l.origin;
+            info!(port = %name, changes = ?notes, "port changed");
+            drop(g);
+            if origin == Origin::Ctl {
+                self.save_state();
+            }
+            return Ok(notes);
         }
         let (Some((e0, o0)), Some((e1, o1)), PortConfig::VhostUser { socket, client, .. }) =
             (vhost_parts(&l.cfg)?, vhost_parts(&new)?, &new)
         else {
             return Err(usage(format!("port {name}: not a vhost-user port")));
         };
-        let mut notes = Vec::new();
         if e0 != e1 {
             self.dp.set_egress(l.id, e1);
             notes.push(format!(
@@ -673,7 +726,7 @@ impl Runtime {
                             name: name.clone(),
                             kind: l.cfg.kind().into(),
                             state: state.into(),
-                            detail: l.detail.clone(),
+                            detail: with_vlan(&l.detail, &l.cfg),
                             counters: counters(&s),
                             error: s.last_error.clone(),
                             queues: s.queues.iter().map(counters).collect(),
@@ -690,6 +743,7 @@ impl Runtime {
             .macs()
             .into_iter()
             .map(|e| ctl::MacInfo {
+                vlan: e.vlan,
                 mac: fmt_mac(e.mac),
                 port: names
                     .get(&e.port)

@@ -262,6 +262,7 @@ impl AfXdpPort {
                             hdr,
                             macs,
                             hash: 0,
+                            vlan: 0,
                         };
                         m += 1;
                     }

@@ -124,6 +124,7 @@ fn send(port: &mut AnyPort, f: &[u8], hdr_len: u32) -> TxOut {
         hdr: VnetHdr::default(),
         macs: [0; 12],
         hash: 0,
+        vlan: 0,
     };
     assert!(port.tx_begin(Instant::now(), 1));
     let (n, out) = port.tx_burst(&[pkt]);

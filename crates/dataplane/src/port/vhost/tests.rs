@@ -177,6 +177,7 @@ fn pkt<'a>(segs: &'a [Seg<'a>], hash: u32) -> Pkt<'a> {
         hdr: VnetHdr::default(),
         macs: [0; 12],
         hash,
+        vlan: 0,
     }
 }
 

@@ -105,6 +105,7 @@ pub(super) fn hand_over(
                 hdr,
                 macs,
                 hash: 0,
+                vlan: 0,
             };
             n += 1;
         }

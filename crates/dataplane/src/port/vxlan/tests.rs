@@ -76,6 +76,7 @@ fn send(p: &mut AnyPort, frames: &[Vec<u8>], hash: &[u32]) -> Vec<TxOut> {
                 hdr: VnetHdr::default(),
                 macs,
                 hash: hash.get(k).copied().unwrap_or(0),
+                vlan: 0,
             }
         })
         .collect();
@@ -298,6 +299,7 @@ fn a_staged_packet_is_sent_as_it_was_when_taken() {
             hdr: VnetHdr::default(),
             macs,
             hash: 0,
+            vlan: 0,
         };
         assert_eq!(a.tx_burst(&[p]), (1, TxOut::Sent));
         a.staged();
