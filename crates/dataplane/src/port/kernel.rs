@@ -462,6 +462,16 @@ impl super::Port for KernelPort {
         self.flush();
     }
 
+    /// The queued writes point into the packets' memory until the commit: a packet the
+    /// switch staged in memory it reuses (a completed checksum, a segment, an inserted 802.1Q
+    /// tag) is written now, with everything queued before it (a submit per staged packet, on
+    /// those paths only).
+    fn staged(&mut self) {
+        if self.uring.as_ref().is_some_and(|u| u.batch.queued() > 0) {
+            self.flush();
+        }
+    }
+
     /// `Poll` while it drains or holds a packet; else it may sleep: epoll waits on its fd
     /// (level-triggered).
     /// Also `Poll` while packets wait in its egress queue: nothing signals room in the kernel.

@@ -233,6 +233,71 @@ fn af_packet_port_writes_to_a_veth_and_reads_its_answer() {
     }
 }
 
+/// A packet staged in memory the switch reuses before the commit (`Port::staged`) leaves
+/// with the bytes it had when it was offered: the io_uring path, which otherwise reads the
+/// packet at the commit, writes it at once.
+#[test]
+fn af_packet_port_writes_a_staged_packet_before_its_memory_is_reused() {
+    use super::kernel::{HostDev, HostIo};
+    use crate::sys::tap::tests::{fold, ipv4_frame, sum};
+    let (veth, kernel_mac) = Veth::new("st", 35);
+    let sock = crate::sys::packet::open(&veth.0).unwrap_or_else(|e| panic!("{e}"));
+    let stats: Arc<PortStats> = Arc::default();
+    let mut port = AnyPort::Kernel(KernelPort::new(
+        9,
+        stats.clone(),
+        HostDev::Packet(sock),
+        HostIo::Uring,
+        true,
+    ));
+    let mut icmp = vec![8, 0, 0, 0, 0x70, 0x76, 0, 7];
+    icmp.extend_from_slice(&[0x5a; 32]);
+    let c = !fold(sum(&icmp, 0));
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let f = ipv4_frame(kernel_mac, [10, 213, 35, 2], [10, 213, 35, 1], 1, &icmp);
+    let mut b = vec![0u8; 12];
+    b.extend_from_slice(&f);
+    let len = u32::try_from(b.len()).unwrap_or(0);
+    let now = Instant::now();
+    assert!(port.tx_begin(now, 1));
+    {
+        let seg = [Seg::from_mut(&mut b)];
+        let pkt = Pkt {
+            segs: &seg,
+            len,
+            hdr_len: 12,
+            hdr: VnetHdr::default(),
+            macs: [0; 12],
+            hash: 0,
+            vlan: 0,
+        };
+        assert_eq!(port.tx_burst(&[pkt]), (1, TxOut::Sent));
+    }
+    port.staged();
+    // The switch reuses its staging for the next packet before it commits.
+    b.fill(0);
+    port.tx_commit();
+    let mut c = Collect::all();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut answered = false;
+    while !answered && Instant::now() < deadline {
+        c.got.clear();
+        port.rx_burst(64, Instant::now(), &mut c);
+        answered = c.got.iter().any(|(_, f)| {
+            crate::sys::tap::tests::parse_ipv4(&f[12..]).is_some_and(|ip| {
+                ip.proto == 1 && ip.l4.len() >= 8 && ip.l4[0] == 0 && ip.l4[7] == 7
+            })
+        });
+        port.disarm(true);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        answered,
+        "the staged echo request left whole and was answered"
+    );
+    drop(veth);
+}
+
 /// Two echo requests into the kernel through `dev` (behind whose interface the kernel has
 /// 10.213.`net`.1 at `kernel_mac`), one with a 12-byte header and one with a 10-byte one; both
 /// answers come back through the port.
