@@ -93,6 +93,10 @@
 #                         NET_SET_MTU), the tap at 9100: the guest's MTU is 9000, jumbo pings
 #                         both ways with don't-fragment, TCP both ways; 3 host pings over the
 #                         guest's MTU are counted too_big at the host port, and not seen.
+#   guest_vlan            the vm port a trunk of VLANs 10 and 20, the tap an access port of 10:
+#                         the guest's 802.1Q subinterfaces (8021q), ping and TCP both ways in
+#                         VLAN 10, no ARP answer in VLAN 20 or untagged, untagged frames
+#                         counted vlan_filtered, the MAC table per VLAN, tap counters exact.
 #   guest_migrate         (under QEMU 10, see ALL_CASES) live migration of the guest between two QEMU processes (the second
 #                         started with -incoming), attached to two ports of one pvnet switch,
 #                         while it downloads 16 MiB from the host through the tap (paced; the
@@ -606,11 +610,11 @@ GMAC=02:00:00:00:00:02   # the address pvnet's generator sends to
 # together from them (the probe first; tap-setup: then the address only, for the cases that
 # add their own program after it).
 GUEST_SRC="$PVNET_ROOT/tests/interop/guest"
-guest_script() {   # guest_script sink|gen|tap|mtu|tap-setup -> /run.sh
+guest_script() {   # guest_script sink|gen|tap|mtu|vlan|tap-setup -> /run.sh
   cat "$GUEST_SRC/probe.sh"
   case "$1" in
     tap-setup) cat "$GUEST_SRC/addr.sh"; return ;;
-    tap|sink|mtu) cat "$GUEST_SRC/$1.sh" ;;
+    tap|sink|mtu|vlan) cat "$GUEST_SRC/$1.sh" ;;
     *) cat "$GUEST_SRC/gen.sh" ;;
   esac
   cat "$GUEST_SRC/stats.sh"
@@ -812,6 +816,66 @@ guest_mtu() {
   done
   [ "$big" = 3 ] || { fail "$name" "too_big at the host port: $big, not 3"; return; }
   [ "$echos0" = "$echos1" ] || { fail "$name" "the guest saw echo requests over its MTU ($echos0 -> $echos1)"; return; }
+  pass "$name"
+}
+
+# ---- VLANs: a guest's 802.1Q subinterfaces on a trunk port -------------------------------------
+# The vm port a trunk of VLANs 10 and 20 (no native VLAN), the host's tap an access port of
+# VLAN 10 (tests/interop/guest/vlan.sh): ping and TCP both ways over VLAN 10 (pvnet strips the
+# guest's tag toward the tap and inserts it toward the guest, the offloads' offsets moved with
+# it); ARP in VLAN 20 reaches no port of the host's and gets no answer; untagged frames from the
+# guest are dropped and counted (`vlan_filtered`); the MAC table holds the guest in both VLANs
+# and the host in VLAN 10 only; the tap's kernel counters equal pvnet's.
+guest_vlan() {
+  local name="$1" t0 tag glog
+  t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
+  tap_guest_start "$name" vlan ",trunk=10,20" ",vlan=10" "" "" || return
+  local ip3=$IPERF3_PID qp=$GUEST_PID hping="no reply" macs="" k_rx k_tx s_rx s_tx ok=0
+  if wait_for 60 grep -q GUEST_NET_READY "$glog"; then
+    hping=$(hx ping -c 3 -W 5 10.77.0.2 | grep -o '[0-9]* received')
+  fi
+  if wait_for 120 grep -q GUEST_VLAN_DONE "$glog"; then
+    macs=$("$PVNET_BIN" ctl --ctl-socket "$D/$tag.ctl" macs --json 2>/dev/null | python3 -c '
+import json, sys
+print(" ".join(sorted("%s/%s/%s" % (m["vlan"], m["port"], m["mac"]) for m in json.load(sys.stdin)["macs"])))')
+  fi
+  wait_pid "$qp" 130; local qrc=$?
+  tr -d '\r' < "$glog" > "$glog.txt"
+  for _ in 1 2 3 4 5; do
+    sleep 1
+    k_tx=$(hx cat "/sys/class/net/$TAPIF/statistics/tx_packets"); k_rx=$(hx cat "/sys/class/net/$TAPIF/statistics/rx_packets")
+    s_rx=$(ctl_port "$tag" host rx_packets); s_tx=$(ctl_port "$tag" host tx_packets)
+    [ "$k_tx" = "$s_rx" ] && [ "$k_rx" = "$s_tx" ] && { ok=1; break; }
+  done
+  local hmac; hmac=$(hx cat "/sys/class/net/$TAPIF/address")
+  stop_pid "$ip3"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
+  host_ns_done
+  local filt arp20 arp0 gm
+  filt=$(sw_final "$tag" vm drops_vlan_filtered)
+  arp20=$(grep -o 'GUEST_ARP20 [0-9]*' "$glog.txt" | cut -d' ' -f2); arp0=$(grep -o 'GUEST_ARP0 [0-9]*' "$glog.txt" | cut -d' ' -f2)
+  gm=$(echo "$GMAC" | tr 'A-F' 'a-f')
+  info "$name: ping host->guest (VLAN 10): $hping; guest->host: $(grep -o 'GUEST_PING.*' "$glog.txt" | cut -c12-)"
+  local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
+  info "$name: ARP replies in VLAN 20: ${arp20:-?}, untagged: ${arp0:-?}; vm drops_vlan_filtered: $filt; macs (vlan/port/mac): $macs"
+  info "$name: kernel $TAPIF tx=$k_tx rx=$k_rx | pvnet host rx=$s_rx tx=$s_tx ($(elapsed "$t0"))"
+  local perr; perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  grep -q GUEST_VLAN_ERR "$glog.txt" && { fail "$name" "the guest could not make its VLAN interfaces (8021q module?)"; return; }
+  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
+  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  [ "$hping" = "3 received" ] || { fail "$name" "ping host->guest over VLAN 10: $hping"; return; }
+  grep -q 'GUEST_PING 3 packets received' "$glog.txt" || { fail "$name" "ping guest->host over VLAN 10 failed"; return; }
+  local t; for t in tcp_g2h tcp_h2g; do
+    grep -q "GUEST_IPERF_RC $t 0" "$glog.txt" || { fail "$name" "iperf3 $t over VLAN 10 failed (console: $glog)"; return; }
+  done
+  [ "$arp20" = 0 ] || { fail "$name" "VLAN 20 reached the host: ${arp20:-no arping result} ARP replies"; return; }
+  [ "$arp0" = 0 ] || { fail "$name" "untagged frames reached the host: ${arp0:-no arping result} ARP replies"; return; }
+  [ "${filt:-0}" -ge 3 ] || { fail "$name" "untagged frames on the trunk not counted as vlan_filtered ($filt)"; return; }
+  [ "$ok" = 1 ] || { fail "$name" "tap counters disagree: kernel tx=$k_tx rx=$k_rx, pvnet rx=$s_rx tx=$s_tx"; return; }
+  case " $macs " in *" 10/vm/$gm "*) ;; *) fail "$name" "the guest's address not learned in VLAN 10: $macs"; return ;; esac
+  case " $macs " in *" 20/vm/$gm "*) ;; *) fail "$name" "the guest's address not learned in VLAN 20: $macs"; return ;; esac
+  case " $macs " in *" 10/host/$hmac "*) ;; *) fail "$name" "the host's address not learned in VLAN 10: $macs"; return ;; esac
+  case " $macs " in *"/host/"*) case " $macs " in *" 20/host/"*) fail "$name" "the host learned in VLAN 20: $macs"; return ;; esac ;; esac
   pass "$name"
 }
 
@@ -1109,7 +1173,7 @@ ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_chains_to_sink dpdk_packed_chains_to_sink
   dpdk_jumbo_from_gen dpdk_packed_jumbo_from_gen dpdk_killed_leaves_nothing dpdk_vlan
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
-  guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate guest_mtu)
+  guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate guest_mtu guest_vlan)
 # guest_migrate runs both QEMUs under bookworm-backports' QEMU 10 (QEMU_NEW): under 7.2 the
 # destination guest failed 3 of 5 runs whose switch-over met live transmit traffic (CHURN=40),
 # where QEMU 10 passed the same 5 of 5, same pvnet build (a guest kernel fault at a kernel text
@@ -1174,6 +1238,7 @@ for c in "${CASES[@]}"; do
       QEMU_BIN="${MIGRATE_QEMU:-$QEMU_NEW}" guest_migrate "$c" ;;
     guest_mq)             guest_mq "$c" ;;
     guest_mtu)            guest_mtu "$c" ;;
+    guest_vlan)           guest_vlan "$c" ;;
     guest_mq_moves)       GMQ_MOVE_EVERY=0.5 guest_mq "$c" --workers 2 --rebalance false ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]})" ;;
   esac
