@@ -13,7 +13,8 @@
 #   and switch_gen_vhost_packed (the first and fifth over packed rings), chain{2,3,8}_sink and
 #   ind{2,3,8}_sink (a frontend into a sink through the switch, each packet a chain of 2, 3
 #   or 8 descriptors, direct or as an indirect table; `_packed`: on the packed ring), each
-#   through pvnet's ports over mock rings (an older checkout without a path prints n/a).
+#   switch_vhost_vlan_insert and _strip (switch_vhost from an access port of VLAN 10 to a trunk
+#   of it, the tag inserted, and back, removed), each through pvnet's ports over mock rings (an older checkout without a path prints n/a).
 #
 # Each program runs for N and 2N packets; the difference of each function's inclusive count
 # divided by N is its cost per packet (set-up cancels). Counts do not move with machine noise,
@@ -43,7 +44,7 @@ measure() { # dir label
       valgrind --tool=callgrind --callgrind-out-file="$tmp/$label.$ex.$n" "$bin" "$n" >/dev/null 2>&1
     done
     local fns="device_batch driver_offer driver_reclaim device_batch_packed driver_offer_packed driver_reclaim_packed"
-    [ "$ex" = switchpath ] && fns="switch_vhost forward_vhost gen_vhost vhost_sink switch_gen_vhost switch_vhost_sink switch_gen_vhost_mq switch_trunk_vhost switch_vhost_packed switch_gen_vhost_packed chain2_sink chain3_sink chain8_sink chain2_sink_packed chain3_sink_packed chain8_sink_packed ind2_sink ind3_sink ind8_sink ind2_sink_packed ind3_sink_packed ind8_sink_packed"
+    [ "$ex" = switchpath ] && fns="switch_vhost forward_vhost gen_vhost vhost_sink switch_gen_vhost switch_vhost_sink switch_gen_vhost_mq switch_trunk_vhost switch_vhost_packed switch_gen_vhost_packed chain2_sink chain3_sink chain8_sink chain2_sink_packed chain3_sink_packed chain8_sink_packed ind2_sink ind3_sink ind8_sink ind2_sink_packed ind3_sink_packed ind8_sink_packed switch_vhost_vlan_insert switch_vhost_vlan_strip"
     for fn in $fns; do
       a=$(inclusive "$tmp/$label.$ex.$N" "$ex" "$fn"); b=$(inclusive "$tmp/$label.$ex.$((2 * N))" "$ex" "$fn")
       awk -v a="$a" -v b="$b" -v n="$N" -v f="$fn" -v l="$label" \

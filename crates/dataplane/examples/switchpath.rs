@@ -18,6 +18,9 @@
 //!   first descriptor; `ind{2,3,8}_sink[_packed]`: the same chains as indirect tables, as
 //!   DPDK's virtio PMD and Linux's virtio_net send them when INDIRECT_DESC is negotiated
 //!   (the packed tables' header entry flagged WRITE, as DPDK leaves it);
+//! * `switch_vhost_vlan_insert`, `switch_vhost_vlan_strip`: `switch_vhost` from an access port
+//!   of VLAN 10 to a trunk of it (the tag inserted into each frame on the way) and back (the
+//!   tag removed);
 //! * `switch_trunk_vhost`: `switch_vhost` with A and B on two shards (`--workers 2`): A's
 //!   shard copies the frame into the trunk ring, B's shard copies it out into B (both rounds
 //!   counted, run one after the other in this one thread): what crossing workers costs.
@@ -27,8 +30,8 @@
 
 use pvnet_dataplane::{
     trunk_link, AnyPort, Counting, EgressConfig, Fabric, GenPort, GenSpec, HoldPolicy, Policy,
-    PortStats, Router, SinkPort, SwitchConfig, TrunkPort, VhostConfig, VhostPort, WakeCost, Wire,
-    TRUNK_RING_BYTES,
+    PortStats, Router, SinkPort, SwitchConfig, TrunkPort, VhostConfig, VhostPort, VlanMode,
+    WakeCost, Wire, TRUNK_RING_BYTES,
 };
 use pvnet_net::features::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
 use pvnet_net::QueueIndex;
@@ -143,6 +146,22 @@ impl Fe {
         let mut b = vec![0u8; self.len as usize];
         b[12..18].copy_from_slice(&dst);
         b[18..24].copy_from_slice(&self.mac);
+        self.post(&b);
+    }
+
+    /// [`offer`](Self::offer) with an 802.1Q tag of VLAN `vid` after the addresses (the frame
+    /// the same length).
+    fn offer_vlan(&mut self, dst: [u8; 6], vid: u16) {
+        let mut b = vec![0u8; self.len as usize];
+        b[12..18].copy_from_slice(&dst);
+        b[18..24].copy_from_slice(&self.mac);
+        b[24..26].copy_from_slice(&0x8100u16.to_be_bytes());
+        b[26..28].copy_from_slice(&vid.to_be_bytes());
+        self.post(&b);
+    }
+
+    /// A batch of the frame `b` (header included) onto the transmit ring.
+    fn post(&mut self, b: &[u8]) {
         for _ in 0..BATCH {
             let id = self.tx.next_free().expect("free");
             let at = self.txm.buf(id) + u64::from(self.hdr_at);
@@ -319,7 +338,9 @@ counted!(
     ind8_sink = 18,
     ind2_sink_packed = 19,
     ind3_sink_packed = 20,
-    ind8_sink_packed = 21
+    ind8_sink_packed = 21,
+    switch_vhost_vlan_insert = 22,
+    switch_vhost_vlan_strip = 23
 );
 
 type Counted = fn(&mut Fabric, &mut [AnyPort], Instant) -> usize;
@@ -520,6 +541,34 @@ fn main() {
     for _ in 0..rounds {
         a.offer([2, 0, 0, 0, 0, 9]);
         total += switch_vhost_sink(&mut f, &mut ports, now);
+        a.drain();
+    }
+    // VLANs: A an access port of VLAN 10, B a trunk of it; each learned in VLAN 10 first.
+    let (mut a, pa) = fe_in(0, 1, Format::Split);
+    let (mut b, pb) = fe_in(1, 2, Format::Split);
+    let mut ports = vec![pa, pb];
+    let mut f = Fabric::new(Router::learning(SwitchConfig::default()), BATCH);
+    f.set_vlan(0, Some(VlanMode::Access(10)));
+    f.set_vlan(
+        1,
+        VlanMode::from_keys(None, Some("10"), None).expect("trunk"),
+    );
+    b.offer_vlan(a.mac, 10);
+    f.round(&mut ports, now);
+    a.drain();
+    b.drain();
+    a.offer(b.mac);
+    f.round(&mut ports, now);
+    a.drain();
+    b.drain();
+    for _ in 0..rounds {
+        a.offer(b.mac);
+        total += switch_vhost_vlan_insert(&mut f, &mut ports, now);
+        b.drain();
+    }
+    for _ in 0..rounds {
+        b.offer_vlan(a.mac, 10);
+        total += switch_vhost_vlan_strip(&mut f, &mut ports, now);
         a.drain();
     }
     // The packed ring: the learning switch frontend to frontend, and a gen port into one.

@@ -28,7 +28,7 @@ pub mod vlan;
 
 use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
-use crate::pkt::{fits_mtu, frame_fits_mtu, Pkt, PortId, TxOut};
+use crate::pkt::{fits_mtu, frame_fits_mtu, Pkt, PortId, TxOut, EMPTY, MAX_BURST};
 use crate::port::{AnyPort, Ingress, Lease, Port};
 use crate::stats::{bump, DropReason, PortStats};
 use mac::MacTable;
@@ -42,6 +42,9 @@ use std::time::{Duration, Instant};
 use virtq::read_segs;
 use virtq::Seg;
 use vlan::{Act, Side, VlanMode, Vlans, RETAG_SEGS, VID};
+
+/// Segments of a re-cut packet in a run of them ([`Cx::emit_vlan_run`]).
+const RUN_SEGS: usize = 6;
 
 pub use mac::MacEntry;
 
@@ -255,7 +258,7 @@ impl Fabric {
     /// on it in VLANs it no longer carries is forgotten.
     /// A VLAN that no port carries any more is forgotten everywhere (what other shards'
     /// trunks brought in it).
-    pub(crate) fn set_vlan(&mut self, port: PortId, mode: Option<VlanMode>) {
+    pub fn set_vlan(&mut self, port: PortId, mode: Option<VlanMode>) {
         if let Router::Learn(m) = &mut self.router {
             match &mode {
                 Some(v) => m.flush_port_vlans(port, |k| v.carries(k)),
@@ -750,6 +753,79 @@ impl Cx<'_, '_> {
         self.emit_retag_copy(j, q, act, offer)
     }
 
+    /// [`Cx::emit_vlan`] for a run: `pkts[0]` (classified as `word`, routed to port `j` alone)
+    /// and the packets after it that classify the same and go to `j` alone too, re-cut and
+    /// offered as one burst (one call into the port, as on the plain path). Returns the
+    /// packets taken, what became of the first one not taken, and the run's length.
+    fn emit_vlan_run(
+        &mut self,
+        j: usize,
+        word: u16,
+        pkts: &[Pkt<'_>],
+        offer: Offer,
+    ) -> (usize, Out, usize) {
+        let Some(side) = self.side_of(j) else {
+            return (0, Out::Dropped(DropReason::PortDown), 1);
+        };
+        let Some(act) = vlan::egress(side, word) else {
+            return (0, Out::Dropped(DropReason::VlanFiltered), 1);
+        };
+        let vid = word & VID;
+        let mut m = 1;
+        while m < pkts.len().min(MAX_BURST) {
+            let w = vlan::classify(self.src_side(), &pkts[m]);
+            if w != Some(word)
+                || !matches!(self.route_vlan(&pkts[m].macs, vid), Route::One(x, false) if x == j)
+            {
+                break;
+            }
+            m += 1;
+        }
+        let mut run = [EMPTY; MAX_BURST];
+        if act == Act::Pass {
+            for (r, p) in run.iter_mut().zip(&pkts[..m]) {
+                *r = Pkt { vlan: word, ..*p };
+            }
+            let (n, out) = self.emit(j, &run[..m], offer);
+            return (n, out, m);
+        }
+        // Each packet's new header, tag and re-cut segments (a plain one-segment frame takes
+        // four: header, addresses, tag or nothing, the rest); one of more segments ends the
+        // run and goes alone (its own re-cut, or a copy).
+        let mut hdrs = [[0u8; VnetHdr::LEN]; MAX_BURST];
+        let mut tags = [[0u8; 4]; MAX_BURST];
+        let mut segs = [[Seg::from_mut(&mut []); RUN_SEGS]; MAX_BURST];
+        let mut r = 0;
+        for (((p, h), t), o) in pkts[..m]
+            .iter()
+            .zip(hdrs.iter_mut())
+            .zip(tags.iter_mut())
+            .zip(segs.iter_mut())
+        {
+            let q = Pkt { vlan: word, ..*p };
+            let Some(x) = vlan::retag(&q, act, word, h, t, o) else {
+                break;
+            };
+            run[r] = x;
+            r += 1;
+        }
+        if r == 0 {
+            let (n, out) = self.emit_vlan(
+                j,
+                &Pkt {
+                    vlan: word,
+                    ..pkts[0]
+                },
+                offer,
+            );
+            return (n, out, 1);
+        }
+        let (n, out) = self.emit(j, &run[..r], offer);
+        // The new headers and tags live in this frame.
+        self.staged(j);
+        (n, out, r)
+    }
+
     /// The packet just offered to port `j` lives in memory reused before the commit (see
     /// [`Port::staged`]).
     #[inline]
@@ -799,6 +875,15 @@ impl Cx<'_, '_> {
             let vid = word & VID;
             let out = match self.route_vlan(&q.macs, vid) {
                 Route::Drop(r) => Out::Dropped(r),
+                Route::One(j, false) => {
+                    // The packets after it that go the same way leave with it, as one burst.
+                    let (n, out, m) = self.emit_vlan_run(j, word, &pkts[k..], self.offer);
+                    k += n;
+                    if n == m {
+                        continue;
+                    }
+                    out
+                }
                 Route::One(j, flooded) => {
                     let (n, out) = self.emit_vlan(j, &q, self.offer);
                     if flooded {

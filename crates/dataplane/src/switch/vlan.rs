@@ -454,7 +454,7 @@ pub(crate) fn retag<'m>(
     word: u16,
     hdr: &'m mut [u8; VnetHdr::LEN],
     tag: &'m mut [u8; 4],
-    out: &'m mut [Seg<'m>; RETAG_SEGS],
+    out: &'m mut [Seg<'m>],
 ) -> Option<Pkt<'m>> {
     let (h, skip, len, vlan) = match act {
         Act::Pass => return Some(Pkt { vlan: word, ..*p }),
