@@ -44,7 +44,7 @@ use virtq::Seg;
 use vlan::{Act, Side, VlanMode, Vlans, RETAG_SEGS, VID};
 
 /// Segments of a re-cut packet in a run of them ([`Cx::emit_vlan_run`]).
-const RUN_SEGS: usize = 6;
+const RUN_SEGS: usize = 4;
 
 pub use mac::MacEntry;
 
@@ -741,10 +741,9 @@ impl Cx<'_, '_> {
         if act == Act::Pass {
             return self.emit(j, std::slice::from_ref(q), offer);
         }
-        let mut hdr = [0u8; VnetHdr::LEN];
-        let mut tag = [0u8; 4];
+        let mut head = [0u8; vlan::HEAD];
         let mut segs = [Seg::from_mut(&mut []); RETAG_SEGS];
-        if let Some(r) = vlan::retag(q, act, q.vlan, &mut hdr, &mut tag, &mut segs) {
+        if let Some(r) = vlan::retag(q, act, q.vlan, &mut head, &mut segs) {
             let out = self.emit(j, std::slice::from_ref(&r), offer);
             // The new header and tag live in this frame.
             self.staged(j);
@@ -789,21 +788,15 @@ impl Cx<'_, '_> {
             let (n, out) = self.emit(j, &run[..m], offer);
             return (n, out, m);
         }
-        // Each packet's new header, tag and re-cut segments (a plain one-segment frame takes
-        // four: header, addresses, tag or nothing, the rest); one of more segments ends the
-        // run and goes alone (its own re-cut, or a copy).
-        let mut hdrs = [[0u8; VnetHdr::LEN]; MAX_BURST];
-        let mut tags = [[0u8; 4]; MAX_BURST];
+        // Each packet's new head (header, addresses, tag) and re-cut segments (a plain
+        // one-segment frame takes two); one of more segments ends the run and goes alone (its
+        // own re-cut, or a copy).
+        let mut heads = [[0u8; vlan::HEAD]; MAX_BURST];
         let mut segs = [[Seg::from_mut(&mut []); RUN_SEGS]; MAX_BURST];
         let mut r = 0;
-        for (((p, h), t), o) in pkts[..m]
-            .iter()
-            .zip(hdrs.iter_mut())
-            .zip(tags.iter_mut())
-            .zip(segs.iter_mut())
-        {
+        for ((p, h), o) in pkts[..m].iter().zip(heads.iter_mut()).zip(segs.iter_mut()) {
             let q = Pkt { vlan: word, ..*p };
-            let Some(x) = vlan::retag(&q, act, word, h, t, o) else {
+            let Some(x) = vlan::retag(&q, act, word, h, o) else {
                 break;
             };
             run[r] = x;

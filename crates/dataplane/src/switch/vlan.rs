@@ -445,29 +445,27 @@ fn cut<'m>(segs: &[Seg<'m>], from: u32, to: u32, out: &mut [Seg<'m>], n: &mut us
     need >= to
 }
 
+/// Bytes in front of a re-cut frame: the largest virtio-net header, the addresses, a tag.
+pub(crate) const HEAD: usize = VnetHdr::LEN + ADDRS as usize + TAG_LEN as usize;
+
 /// The packet `p` with its tag inserted or removed (`act`), re-cut over its own memory: a
-/// new header in `hdr`, the tag in `tag`, the segments in `out`. None if it cannot be cut so
+/// new header, the addresses and the tag in `head`, the segments in `out`. None if it cannot be cut so
 /// (more segments than `out` holds: [`retag_copy`] then; or a header pointing into the tag).
 pub(crate) fn retag<'m>(
     p: &Pkt<'m>,
     act: Act,
     word: u16,
-    hdr: &'m mut [u8; VnetHdr::LEN],
-    tag: &'m mut [u8; 4],
+    head: &'m mut [u8; HEAD],
     out: &'m mut [Seg<'m>],
 ) -> Option<Pkt<'m>> {
     let (h, skip, len, vlan) = match act {
         Act::Pass => return Some(Pkt { vlan: word, ..*p }),
-        Act::Insert(v) => {
-            tag[..2].copy_from_slice(&TPID.to_be_bytes());
-            tag[2..].copy_from_slice(&v.to_be_bytes());
-            (
-                moved(&p.hdr, true)?,
-                0,
-                p.len.checked_add(TAG_LEN)?,
-                v | TAGGED,
-            )
-        }
+        Act::Insert(v) => (
+            moved(&p.hdr, true)?,
+            0,
+            p.len.checked_add(TAG_LEN)?,
+            v | TAGGED,
+        ),
         Act::Strip => (
             moved(&p.hdr, false)?,
             TAG_LEN,
@@ -480,17 +478,26 @@ pub(crate) fn retag<'m>(
     if p.len < addrs + skip {
         return None;
     }
-    h.write(hdr);
-    let mut n = 0;
-    out[0] = Seg::from_mut(&mut hdr[..hl as usize]);
-    n += 1;
-    if !cut(p.segs, hl, addrs, &mut out[..], &mut n) {
+    // The new header, the addresses (copied: 12 bytes) and the tag in one segment of their
+    // own, the rest of the frame re-cut over its memory: two segments for a plain frame.
+    let (hu, au) = (hl as usize, addrs as usize);
+    if hu > VnetHdr::LEN {
         return None;
     }
-    if let Act::Insert(_) = act {
-        *out.get_mut(n)? = Seg::from_mut(tag);
-        n += 1;
+    h.write(&mut head[..]);
+    if virtq::read_segs(p.segs, hl, &mut head[hu..au]) != ADDRS as usize {
+        return None;
     }
+    let end = if let Act::Insert(v) = act {
+        head[au..au + 2].copy_from_slice(&TPID.to_be_bytes());
+        head[au + 2..au + 4].copy_from_slice(&v.to_be_bytes());
+        au + TAG_LEN as usize
+    } else {
+        au
+    };
+    let mut n = 0;
+    *out.first_mut()? = Seg::from_mut(&mut head[..end]);
+    n += 1;
     if !cut(p.segs, addrs + skip, p.len, &mut out[..], &mut n) {
         return None;
     }
@@ -762,12 +769,8 @@ mod tests {
         );
         let p = pkt(&segs, len, h);
 
-        let (mut hb, mut tag, mut out) = (
-            [0u8; VnetHdr::LEN],
-            [0u8; 4],
-            [Seg::from_mut(&mut []); RETAG_SEGS],
-        );
-        let q = retag(&p, Act::Insert(300), 300, &mut hb, &mut tag, &mut out).unwrap();
+        let (mut hb, mut out) = ([0u8; HEAD], [Seg::from_mut(&mut []); RETAG_SEGS]);
+        let q = retag(&p, Act::Insert(300), 300, &mut hb, &mut out).unwrap();
         assert_eq!(q.vlan, 300 | TAGGED);
         assert_eq!(q.len as usize, len + 4);
         assert_eq!((q.hdr.csum_start, q.hdr.hdr_len), (38, 58));
@@ -788,12 +791,8 @@ mod tests {
         assert_eq!(bytes(&c), b, "the copy path makes the same frame");
 
         // And back: strip the tag from the re-cut packet.
-        let (mut hb2, mut tag2, mut out2) = (
-            [0u8; VnetHdr::LEN],
-            [0u8; 4],
-            [Seg::from_mut(&mut []); RETAG_SEGS],
-        );
-        let r = retag(&q, Act::Strip, q.vlan, &mut hb2, &mut tag2, &mut out2).unwrap();
+        let (mut hb2, mut out2) = ([0u8; HEAD], [Seg::from_mut(&mut []); RETAG_SEGS]);
+        let r = retag(&q, Act::Strip, q.vlan, &mut hb2, &mut out2).unwrap();
         assert_eq!(r.vlan, 300);
         assert_eq!(bytes(&r), orig, "stripped: the original frame");
         assert_eq!((r.hdr.csum_start, r.hdr.hdr_len), (34, 54));
@@ -810,11 +809,7 @@ mod tests {
             },
             ..q
         };
-        let (mut hb3, mut tag3, mut out3) = (
-            [0u8; VnetHdr::LEN],
-            [0u8; 4],
-            [Seg::from_mut(&mut []); RETAG_SEGS],
-        );
-        assert!(retag(&bad, Act::Strip, bad.vlan, &mut hb3, &mut tag3, &mut out3).is_none());
+        let (mut hb3, mut out3) = ([0u8; HEAD], [Seg::from_mut(&mut []); RETAG_SEGS]);
+        assert!(retag(&bad, Act::Strip, bad.vlan, &mut hb3, &mut out3).is_none());
     }
 }
