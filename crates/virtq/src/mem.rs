@@ -756,7 +756,48 @@ pub fn copy_segs(src: &[Seg<'_>], src_off: u32, dst: &[Seg<'_>], dst_off: u32, l
     copy_segs_walk(src, src_off, dst, dst_off, len)
 }
 
-/// [`copy_segs`] across segments: both lists walked in step.
+/// [`copy_segs`] of a source that is two segments from `src_off` on (a chain's header and
+/// frame, a frame re-cut around an inserted tag) into the destination's first segment: one
+/// copy per source segment. None (nothing copied) for anything else.
+#[inline]
+fn copy_two(
+    src: &[Seg<'_>],
+    mut src_off: u32,
+    dst: &[Seg<'_>],
+    dst_off: u32,
+    len: u32,
+) -> Option<u32> {
+    let d = dst.first()?;
+    if len > d.len.saturating_sub(dst_off) {
+        return None;
+    }
+    let mut i = 0;
+    while src_off >= src.get(i)?.len {
+        src_off -= src[i].len;
+        i += 1;
+    }
+    let s0 = &src[i];
+    let a = (s0.len - src_off).min(len);
+    let b = len - a;
+    let s1 = src.get(i + 1);
+    if b > s1.map_or(0, |s| s.len) {
+        return None;
+    }
+    // SAFETY: src_off + a <= s0.len, b <= s1.len and dst_off + a + b = dst_off + len <= d.len
+    // (checked above without overflow: src_off < s0.len); all lie in mapped regions.
+    // `ptr::copy` tolerates overlap.
+    unsafe {
+        let to = d.ptr.as_ptr().add(dst_off as usize);
+        std::ptr::copy(s0.ptr.as_ptr().add(src_off as usize), to, a as usize);
+        if let Some(s1) = s1.filter(|_| b > 0) {
+            std::ptr::copy(s1.ptr.as_ptr(), to.add(a as usize), b as usize);
+        }
+    }
+    Some(len)
+}
+
+/// [`copy_segs`] across segments: two source segments into one (the common case) by a copy
+/// each, else both lists walked in step.
 #[inline(never)]
 fn copy_segs_walk(
     src: &[Seg<'_>],
@@ -765,6 +806,9 @@ fn copy_segs_walk(
     mut dst_off: u32,
     len: u32,
 ) -> u32 {
+    if let Some(n) = copy_two(src, src_off, dst, dst_off, len) {
+        return n;
+    }
     let (mut si, mut di) = (0usize, 0usize);
     // Skip to the starting offsets.
     while si < src.len() && src_off >= src[si].len {
