@@ -897,3 +897,52 @@ impl DirtyLog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{copy_segs, Seg};
+
+    /// Every split of a 40-byte source into segments, every source offset and length, into
+    /// one destination buffer and into two: the bytes land as one plain copy puts them.
+    #[test]
+    fn copy_segs_matches_a_plain_copy_whatever_the_segments() {
+        let bytes: Vec<u8> = (0..40u8).collect();
+        for cut1 in 0..=40usize {
+            for cut2 in cut1..=40usize {
+                let mut a = bytes[..cut1].to_vec();
+                let mut b = bytes[cut1..cut2].to_vec();
+                let mut c = bytes[cut2..].to_vec();
+                let src = [
+                    Seg::from_mut(&mut a),
+                    Seg::from_mut(&mut b),
+                    Seg::from_mut(&mut c),
+                ];
+                for off in [0u32, 3, 12, 39] {
+                    for len in [0u32, 1, 16, 40 - off]
+                        .into_iter()
+                        .filter(|l| off + l <= 40)
+                    {
+                        for dst_split in [None, Some(5usize)] {
+                            let mut d = vec![0u8; 48];
+                            let (d0, d1) = d.split_at_mut(dst_split.unwrap_or(48));
+                            let segs = [Seg::from_mut(d0), Seg::from_mut(d1)];
+                            let dst = if dst_split.is_some() {
+                                &segs[..]
+                            } else {
+                                &segs[..1]
+                            };
+                            let n = copy_segs(&src, off, dst, 2, len);
+                            assert_eq!(n, len, "cuts {cut1},{cut2} off {off} len {len}");
+                            let want = &bytes[off as usize..(off + len) as usize];
+                            assert_eq!(
+                                &d[2..2 + len as usize],
+                                want,
+                                "cuts {cut1},{cut2} off {off} len {len} {dst_split:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
