@@ -923,7 +923,7 @@ mod tests {
                         .filter(|l| off + l <= 40)
                     {
                         for dst_split in [None, Some(5usize)] {
-                            let mut d = vec![0u8; 48];
+                            let mut d = [0u8; 48];
                             let (d0, d1) = d.split_at_mut(dst_split.unwrap_or(48));
                             let segs = [Seg::from_mut(d0), Seg::from_mut(d1)];
                             let dst = if dst_split.is_some() {
