@@ -28,6 +28,7 @@
 mod egress;
 mod flow;
 pub mod frame;
+mod mac;
 mod pkt;
 mod poll;
 mod port;
@@ -43,6 +44,7 @@ pub mod testing;
 // What the other crates name (the CLI, the examples); the modules themselves are private.
 pub use egress::queue::{ParseQdiscError, Qdisc, QueueConfig};
 pub use egress::{EgressConfig, HoldPolicy, HOLD};
+pub use mac::MacTable;
 pub use pkt::Pkt;
 pub use poll::{Idle, ParsePolicyError, Policy, Poller, WakeCost};
 pub use port::gen::{GenPort, GenSpec};
@@ -53,7 +55,6 @@ pub use port::vhost::{VhostConfig, VhostPort, MAX_STEER};
 pub use port::vxlan::{Underlay as VxlanUnderlay, VxlanConfig, VxlanPort};
 pub use port::AnyPort;
 pub use stats::{DropReason, PortSnapshot, PortStats, QueueSnapshot};
-pub use switch::mac::MacTable;
 pub use switch::vlan::{VlanError, VlanMode, VlanSet, VLAN_MAX};
 pub use switch::{Fabric, MacEntry, Router, SwitchConfig, Wire};
 pub use sys::{packet, pin_current_thread, tap, udp, xdp};

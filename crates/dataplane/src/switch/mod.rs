@@ -23,15 +23,14 @@
 //! tag inserted or removed; a plain port's packets still take the plain path, to plain ports
 //! only.
 
-pub(crate) mod mac;
 pub mod vlan;
 
 use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
+use crate::mac::MacTable;
 use crate::pkt::{fits_mtu, frame_fits_mtu, Pkt, PortId, TxOut, EMPTY, MAX_BURST};
 use crate::port::{AnyPort, Ingress, Lease, Port};
 use crate::stats::{bump, DropReason, PortStats};
-use mac::MacTable;
 use pvnet_net::features::{
     VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
     VIRTIO_NET_F_GUEST_TSO6,
@@ -46,7 +45,7 @@ use vlan::{Act, Side, VlanMode, Vlans, RETAG_SEGS, VID};
 /// Segments of a re-cut packet in a run of them ([`Cx::emit_vlan_run`]).
 const RUN_SEGS: usize = 4;
 
-pub use mac::MacEntry;
+pub use crate::mac::MacEntry;
 
 /// Segments one sender's GSO packets may be cut into per round: software segmentation is
 /// the only work whose size the sender picks (`gso_size`), so it is budgeted, and a sender

@@ -20,7 +20,7 @@
 //! header and an Ethernet header, or that did not fit its slot, is dropped and counted
 //! (`invalid`, `too_big`); one from an address that is not one of the port's remotes is
 //! dropped as `filtered`. Every inner source address is learned to the remote it came from
-//! ([`fdb`]), aged as the switch's table is. Frames the switch makes wait stay in their
+//! ([`MacTable`], the switch's own kind of table, VLAN 0), aged as the switch's is. Frames the switch makes wait stay in their
 //! slots, in order, and no datagram is read until they are gone.
 //!
 //! Transmitting: each frame becomes one datagram per destination remote, gathered straight
@@ -54,18 +54,17 @@
 //! Offloads: none either way (a datagram carries no metadata): the switch completes
 //! checksums and segments GSO packets before they reach the port (`sw_csum`, `sw_gso`).
 
-mod fdb;
 #[cfg(test)]
 mod tests;
 
 use super::kernel::{iovecs, TAP_LOOK};
 use super::{offer_each, Ingress};
+use crate::mac::MacTable;
 use crate::pkt::{flow_hash_of, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
 use crate::stats::{bump, DropReason, PortStats};
 use crate::sys::udp::{self, UdpSock};
-use fdb::Fdb;
 use pvnet_net::HDR_LEN;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, RawFd};
@@ -445,7 +444,7 @@ pub struct VxlanPort {
     underlay_mtu: u32,
     /// Segmented sends (see [`VxlanConfig::gso`]): off for good once the kernel refuses one.
     gso: bool,
-    fdb: Fdb,
+    fdb: MacTable,
     /// The time of the open transmit batch.
     now: Instant,
     rx: Box<Rx>,
@@ -505,7 +504,7 @@ impl VxlanPort {
             remote_ips,
             underlay_mtu: u.mtu,
             gso: u.cfg.gso,
-            fdb: Fdb::new(FDB_SLOTS, aging),
+            fdb: MacTable::new(FDB_SLOTS, aging),
             now: Instant::now(),
             look: true,
             last_look: None,
@@ -523,9 +522,9 @@ impl VxlanPort {
         self.fdb
             .entries(now)
             .into_iter()
-            .filter_map(|(m, r)| {
-                let ip = self.remote_ips.get(usize::from(r))?;
-                Some((m, Ipv4Addr::from(u32::from_be(*ip))))
+            .filter_map(|e| {
+                let ip = self.remote_ips.get(usize::try_from(e.port).ok()?)?;
+                Some((e.mac, Ipv4Addr::from(u32::from_be(*ip))))
             })
             .collect()
     }
@@ -600,7 +599,7 @@ impl VxlanPort {
                 let mut src = [0u8; 6];
                 src.copy_from_slice(&rx.buf[frame + 6..frame + 12]);
                 self.fdb
-                    .learn(src, u16::try_from(r).unwrap_or(u16::MAX), now);
+                    .learn(0, src, u32::try_from(r).unwrap_or(u32::MAX), now);
                 if first {
                     // The slot's first 12 bytes (4 spare, the VXLAN header) become the
                     // frame's virtio-net header.
@@ -699,7 +698,10 @@ impl VxlanPort {
         }
         let mut dst = [0u8; 6];
         dst.copy_from_slice(&p.macs[..6]);
-        let one = self.fdb.lookup(dst, self.now);
+        let one = self
+            .fdb
+            .lookup(0, dst, self.now)
+            .and_then(|r| usize::try_from(r).ok());
         let copies = one.map_or(self.tx.remotes.len(), |_| 1);
         let lanes = self.tx.lanes.len();
         let li = if lanes == 1 {
@@ -728,7 +730,7 @@ impl VxlanPort {
         tx.iov_used += 1 + n;
         let iov = tx.iov[start..].as_mut_ptr();
         let targets = match one {
-            Some(r) => usize::from(r)..usize::from(r) + 1,
+            Some(r) => r..r + 1,
             None => 0..tx.remotes.len(),
         };
         let lane = &mut tx.lanes[li];

@@ -1,4 +1,6 @@
-//! Learned station addresses, keyed by (VLAN, address): open addressing over a fixed
+//! Learned station addresses, keyed by (VLAN, address), and where each was last seen: the
+//! switch's table (a port), and a VXLAN port's (the remote a frame came from, VLAN 0). Open
+//! addressing over a fixed
 //! power-of-two table, probed at most [`MacTable::PROBE`] slots; a full probe run replaces its
 //! oldest entry. No allocation after construction; aging is checked on lookup (an aged entry
 //! is a miss, and its slot is reused). The same address in two VLANs is two stations (802.1Q
