@@ -696,6 +696,19 @@ tap_guest_start() {
     -netdev vhost-user,id=n0,chardev=c0 "$@"
   PIDS+=("$GUEST_PID")
 }
+# tap_counters_agree TAG : waits (up to 5 s) until the tap's kernel counters equal those of
+# pvnet's host port (what the kernel sent, pvnet took; what pvnet sent, the kernel took);
+# leaves them in the caller's k_tx k_rx s_rx s_tx; fails if they never do.
+tap_counters_agree() {
+  local i
+  for i in 1 2 3 4 5; do
+    sleep 1
+    k_tx=$(hx cat "/sys/class/net/$TAPIF/statistics/tx_packets"); k_rx=$(hx cat "/sys/class/net/$TAPIF/statistics/rx_packets")
+    s_rx=$(ctl_port "$1" host rx_packets); s_tx=$(ctl_port "$1" host tx_packets)
+    [ "$k_tx" = "$s_rx" ] && [ "$k_rx" = "$s_tx" ] && return 0
+  done
+  return 1
+}
 guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_ARG...]]]
   local name="$1" dopt="${2:-}" gappend="${3:-}" t0 tag glog
   shift; shift || true; shift || true
@@ -710,12 +723,7 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
   tr -d '\r' < "$glog" > "$glog.txt"
   # Quiet now: the kernel's tap counters against pvnet's, the guest's against pvnet's.
   local k_rx k_tx s_rx s_tx ok=0
-  for _ in 1 2 3 4 5; do
-    sleep 1
-    k_tx=$(hx cat "/sys/class/net/$TAPIF/statistics/tx_packets"); k_rx=$(hx cat "/sys/class/net/$TAPIF/statistics/rx_packets")
-    s_rx=$(ctl_port "$tag" host rx_packets); s_tx=$(ctl_port "$tag" host tx_packets)
-    [ "$k_tx" = "$s_rx" ] && [ "$k_rx" = "$s_tx" ] && { ok=1; break; }
-  done
+  tap_counters_agree "$tag" && ok=1
   stop_pid "$ip3"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
   host_ns_done
   local gtx grx v_rx v_tx
@@ -841,12 +849,7 @@ print(" ".join(sorted("%s/%s/%s" % (m["vlan"], m["port"], m["mac"]) for m in jso
   fi
   wait_pid "$qp" 130; local qrc=$?
   tr -d '\r' < "$glog" > "$glog.txt"
-  for _ in 1 2 3 4 5; do
-    sleep 1
-    k_tx=$(hx cat "/sys/class/net/$TAPIF/statistics/tx_packets"); k_rx=$(hx cat "/sys/class/net/$TAPIF/statistics/rx_packets")
-    s_rx=$(ctl_port "$tag" host rx_packets); s_tx=$(ctl_port "$tag" host tx_packets)
-    [ "$k_tx" = "$s_rx" ] && [ "$k_rx" = "$s_tx" ] && { ok=1; break; }
-  done
+  tap_counters_agree "$tag" && ok=1
   local hmac; hmac=$(hx cat "/sys/class/net/$TAPIF/address")
   stop_pid "$ip3"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
   host_ns_done
