@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{wait_socket, Proc, TestDir, BIN};
+use common::{ctl_json, port_named, wait_socket, Proc, TestDir};
 use serde_json::Value;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -76,24 +76,6 @@ fn link_show(dev: &str) -> String {
     String::from_utf8_lossy(&run(&["ip", "link", "show", "dev", dev]).stdout).into_owned()
 }
 
-fn ctl(ctl: &std::path::Path, args: &[&str]) -> (bool, Value) {
-    let out = Command::new(BIN)
-        .args(["ctl", "--ctl-socket", ctl.to_str().expect("utf-8")])
-        .args(args)
-        .arg("--json")
-        .output()
-        .expect("run pvnet ctl");
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.success(), v)
-}
-
-fn port<'a>(ports: &'a Value, name: &str) -> &'a Value {
-    ports["ports"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["name"] == name))
-        .unwrap_or_else(|| panic!("no port {name} in {ports}"))
-}
-
 #[test]
 fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
     private_netns();
@@ -124,12 +106,12 @@ fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
         &[("PVNET_LOG", "info")],
     );
     wait_socket(&mut sw, &c);
-    let (_, ports) = ctl(&c, &["ports"]);
-    let d0 = port(&ports, "p0")["detail"]
+    let (_, ports) = ctl_json(&c, &["ports"]);
+    let d0 = port_named(&ports, "p0")["detail"]
         .as_str()
         .unwrap_or("")
         .to_string();
-    let d1 = port(&ports, "p1")["detail"]
+    let d1 = port_named(&ports, "p1")["detail"]
         .as_str()
         .unwrap_or("")
         .to_string();
@@ -187,10 +169,10 @@ fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
     veth(&x2, None, "10.216.0.1/24");
     let x2a = format!("{x2}a");
     let spec = format!("af-xdp:name=p2,ifname={x2a}");
-    let (added, v) = ctl(&c, &["port", "add", &spec]);
+    let (added, v) = ctl_json(&c, &["port", "add", &spec]);
     assert!(added, "port add: {v}");
     assert!(link_show(&x2a).contains("xdp"), "{}", link_show(&x2a));
-    let (deleted, v) = ctl(&c, &["port", "del", "p2"]);
+    let (deleted, v) = ctl_json(&c, &["port", "del", "p2"]);
     assert!(deleted, "port del: {v}");
     let gone = Instant::now() + Duration::from_secs(2);
     while link_show(&x2a).contains("xdp") {
@@ -204,10 +186,10 @@ fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let _ = run(&["ping", "-c", "1", "-W", "0.2", "10.215.0.2"]);
-        let (answered, ports) = ctl(&c, &["ports"]);
+        let (answered, ports) = ctl_json(&c, &["ports"]);
         assert!(answered, "the switch answers");
-        if port(&ports, "p1")["state"] == "down" {
-            assert_eq!(port(&ports, "p0")["state"], "up");
+        if port_named(&ports, "p1")["state"] == "down" {
+            assert_eq!(port_named(&ports, "p0")["state"], "up");
             break;
         }
         assert!(Instant::now() < deadline, "p1 never went down: {ports}");

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{wait_socket, Proc, TestDir, BIN};
+use common::{ctl_json, port_named, wait_socket, Proc, TestDir};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -97,34 +97,15 @@ fn veth(name: &str, ns: &NetNs, addr_a: &str, addr_b: &str) {
     ]);
 }
 
-/// `pvnet ctl ARGS --json` on the switch at `sock`: whether it succeeded, and its answer.
-fn ctl(sock: &Path, args: &[&str]) -> (bool, Value) {
-    let out = Command::new(BIN)
-        .args(["ctl", "--ctl-socket", sock.to_str().expect("utf-8")])
-        .args(args)
-        .arg("--json")
-        .output()
-        .expect("run pvnet ctl");
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.success(), v)
-}
-
-fn port<'a>(ports: &'a Value, name: &str) -> &'a Value {
-    ports["ports"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["name"] == name))
-        .unwrap_or_else(|| panic!("no port {name} in {ports}"))
-}
-
 /// A counter of port `name` of the switch at `sock`, now.
 fn counter(sock: &Path, name: &str, key: &str) -> u64 {
-    let (_, v) = ctl(sock, &["ports"]);
-    port(&v, name)["counters"][key].as_u64().unwrap_or(0)
+    let (_, v) = ctl_json(sock, &["ports"]);
+    port_named(&v, name)["counters"][key].as_u64().unwrap_or(0)
 }
 
 /// Every drop counter of every port of the switch at `sock`, summed.
 fn all_drops(sock: &Path) -> u64 {
-    let (_, v) = ctl(sock, &["ports"]);
+    let (_, v) = ctl_json(sock, &["ports"]);
     v["ports"]
         .as_array()
         .into_iter()
@@ -137,7 +118,7 @@ fn all_drops(sock: &Path) -> u64 {
 
 /// The port `mac` is learned on in the switch at `sock`, if it is.
 fn learned_on(sock: &Path, mac: &str) -> Option<String> {
-    let (_, v) = ctl(sock, &["macs"]);
+    let (_, v) = ctl_json(sock, &["macs"]);
     let macs = v["macs"].as_array().or_else(|| v.as_array()).cloned()?;
     macs.iter()
         .find(|m| m["mac"] == mac)
@@ -243,8 +224,8 @@ fn vxlan_port_talks_to_the_kernels_vxlan_device_both_ways() {
         &[("PVNET_LOG", "info")],
     );
     wait_socket(&mut sw, &c);
-    let (_, ports) = ctl(&c, &["ports"]);
-    let detail = port(&ports, "t")["detail"]
+    let (_, ports) = ctl_json(&c, &["ports"]);
+    let detail = port_named(&ports, "t")["detail"]
         .as_str()
         .unwrap_or("")
         .to_string();
@@ -438,9 +419,9 @@ fn two_switches_over_vxlan_count_exactly_and_learn_both_sides() {
     // B -> A: the generator on B, a sink on A in place of A's generator (so that A's address
     // is unknown there and its frames reach the sink). B sends them to the tunnel alone: A's
     // address is learned behind it, so B's own sink gets none.
-    let (deleted, v) = ctl(&ca, &["port", "del", "g"]);
+    let (deleted, v) = ctl_json(&ca, &["port", "del", "g"]);
     assert!(deleted, "port del: {v}");
-    let (added, v) = ctl(&ca, &["port", "add", "sink:name=s,vlan=10"]);
+    let (added, v) = ctl_json(&ca, &["port", "add", "sink:name=s,vlan=10"]);
     assert!(added, "port add: {v}");
     let (a_rx, b_tx) = (
         counter(&ca, "t", "rx_packets"),
@@ -448,7 +429,7 @@ fn two_switches_over_vxlan_count_exactly_and_learn_both_sides() {
     );
     let b_sink = counter(&cb, "s", "tx_packets");
     let gen_b = format!("gen:name=g,rate=20000,secs=0.5,src={gb},dst={ga},vlan=10");
-    let (added, v) = ctl(&cb, &["port", "add", &gen_b]);
+    let (added, v) = ctl_json(&cb, &["port", "add", &gen_b]);
     assert!(added, "port add: {v}");
     wait_delivered(&cb, "g", &ca, "s");
     let made = counter(&cb, "g", "rx_packets");

@@ -445,6 +445,27 @@ pub fn u(v: &Value, ptr: &str) -> u64 {
         .unwrap_or_else(|| panic!("no u64 at {ptr} in {v}"))
 }
 
+/// `pvnet ctl ARGS --json` on the switch at `sock`: whether it succeeded, and its answer
+/// (`Null` if it gave none).
+pub fn ctl_json(sock: &Path, args: &[&str]) -> (bool, Value) {
+    let out = Command::new(BIN)
+        .args(["ctl", "--ctl-socket", sock.to_str().expect("utf-8")])
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run pvnet ctl");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.success(), v)
+}
+
+/// The port called `name` in a `pvnet ctl ports --json` answer.
+pub fn port_named<'a>(ports: &'a Value, name: &str) -> &'a Value {
+    ports["ports"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("no port {name} in {ports}"))
+}
+
 /// The `ports` array of a backend's `final` object.
 pub fn ports(fin: &Value) -> Vec<Value> {
     fin.get("ports")
