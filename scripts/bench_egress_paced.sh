@@ -29,6 +29,8 @@
 # Usage: scripts/bench_egress_paced.sh   Env: PARTS="bulk latency" ROUNDS=3 DUR=4
 #        SEND_PPS=2200000 RECV_PPS=2000000 RECV_BURST=64 RECV_RING=256
 #        DOC=docs/egress.md (DOC= to skip)
+#        LCFGS_ONLY="qdisc=fifo,dql=false qdisc=fq_codel,dql=true" (latency: only these
+#        configurations of b's egress; include qdisc=fifo,dql=false, the table's base)
 # Wall time: ~9 s per run: ~2 min per part with the defaults.
 source "$(dirname "$0")/lib/common.sh"
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-4}"; SEND_PPS="${SEND_PPS:-2200000}"; RECV_PPS="${RECV_PPS:-2000000}"
@@ -46,7 +48,8 @@ trap cleanup EXIT
 trap 'exit 130' INT; trap 'exit 143' TERM
 
 CFGS=("qdisc=fifo,bulk=true" "qdisc=fifo,bulk=false" "qdisc=fq_codel,dql=true,bulk=true" "qdisc=fq_codel,dql=true,bulk=false")
-LCFGS=("qdisc=fifo,dql=false" "qdisc=fifo,dql=true" "qdisc=fq_codel,dql=false" "qdisc=fq_codel,dql=true" "qdisc=none")
+LCFGS=("qdisc=fifo,dql=false" "qdisc=fifo,dql=true" "qdisc=fq_codel,dql=false" "qdisc=fq_codel,dql=true,dql_target_us=0" "qdisc=fq_codel,dql=true" "qdisc=none")
+[ -n "${LCFGS_ONLY:-}" ] && read -r -a LCFGS <<< "$LCFGS_ONLY"
 
 # start_runs CFG TAG [rr]: the switch, the paced receiver (an echo with rr), the bulk sender,
 # and with rr the request/response client for DUR s after the warm-up; sets SW RX TX RR.

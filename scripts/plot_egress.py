@@ -20,18 +20,24 @@ import matplotlib.pyplot as plt
 d = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/egress")
 with open(d / "latency.csv") as f:
     lat = [r for r in csv.DictReader(f) if int(r["answered"]) > 0]
-fig, ax = plt.subplots(figsize=(8, 4.5))
-names = [r["config"] for r in lat]
-for k, (q, label) in enumerate((("p50_us", "p50"), ("p99_us", "p99"))):
-    ax.bar([i + k * 0.4 for i in range(len(lat))], [float(r[q]) for r in lat], 0.4, label=label)
-for i, r in enumerate(lat):
-    ax.annotate(f"bulk {float(r['bulk_mpps']):.2f} Mpps", (i + 0.2, float(r["p99_us"])),
-                ha="center", va="bottom", fontsize=8)
-ax.set_xticks([i + 0.2 for i in range(len(lat))], names)
-ax.set_ylabel("request/response round trip, us")
-ax.set_title("RR through an egress with a standing bulk backlog (6 Mpps offered, 4 taken)")
-ax.grid(True, axis="y", alpha=0.3)
-ax.legend()
+titles = {
+    "steady": "a steady receiver (6 Mpps offered, 4 taken)",
+    "bursty": "a bursty receiver, late now and then (6 Mpps offered, 3.2 taken)",
+}
+kinds = list(dict.fromkeys(r["receiver"] for r in lat))
+fig, axes = plt.subplots(len(kinds), 1, figsize=(10, 4.5 * len(kinds)), squeeze=False)
+for ax, kind in zip(axes[:, 0], kinds):
+    rows = [r for r in lat if r["receiver"] == kind]
+    for k, (q, label) in enumerate((("p50_us", "p50"), ("p99_us", "p99"))):
+        ax.bar([i + k * 0.4 for i in range(len(rows))], [float(r[q]) for r in rows], 0.4, label=label)
+    for i, r in enumerate(rows):
+        ax.annotate(f"bulk {float(r['bulk_mpps']):.2f} Mpps", (i + 0.2, float(r["p99_us"])),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks([i + 0.2 for i in range(len(rows))], [r["config"].replace(" capped", "\ncapped").replace(" alone", "\nalone").replace(" (", "\n(") for r in rows], fontsize=7)
+    ax.set_ylabel("request/response round trip, us")
+    ax.set_title("RR through an egress with a standing bulk backlog: " + titles.get(kind, kind))
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
 fig.tight_layout()
 fig.savefig(d / "latency.png", dpi=110)
 plt.close(fig)

@@ -120,7 +120,8 @@ LATENCY_CFGS = {
     "qdisc=fifo,dql=false": "fifo",
     "qdisc=fifo,dql=true": "fifo + DQL",
     "qdisc=fq_codel,dql=false": "fq_codel",
-    "qdisc=fq_codel,dql=true": "fq_codel + DQL",
+    "qdisc=fq_codel,dql=true,dql_target_us=0": "fq_codel + DQL alone (Linux's, no pace cap)",
+    "qdisc=fq_codel,dql=true": "fq_codel + DQL capped by the receiver's pace (default)",
     "qdisc=none": "none (packets wait in their sender)",
 }
 
@@ -132,7 +133,7 @@ def latency_summary(rows, send, recv):
     out = [
         "Core-to-core latency over the runs: %.0f-%.0f ns. Bulk offered %.2f Mpps, the receiver takes %.2f Mpps;"
         " one request in flight; medians of %d runs each."
-        % (c2c[0], c2c[-1], send, recv, len(rows.rows) // len(LATENCY_CFGS)),
+        % (c2c[0], c2c[-1], send, recv, len(rows.rows) // len({r["cfg"] for r in rows.rows})),
         "",
         ("| egress of b | RR p50 us | RR p99 us | RR p99 vs fifo | transactions/s | requests lost | delivered to b, Mpps"
         " | vs fifo | DQL limit (buffers) |"),

@@ -2,8 +2,9 @@
 """scripts/peers/bench_guest_tap.sh's figures: one run's RESULT line and the table.
 
     bench_guest_tap.py kicks PVNET_JSON
-        the vm port's kicks and calls per packet and the tap port's direct share, from the
-        switch's final report (" vm_kicks_per_pkt=.. vm_calls_per_pkt=.. tap_direct_share=..")
+        the vm port's kicks and calls per packet, the tap port's direct share and the vm port's
+        DQL limit, from the switch's final report (" vm_kicks_per_pkt=.. vm_calls_per_pkt=..
+        tap_direct_share=.. vm_dql_limit=..")
     bench_guest_tap.py result CONSOLE CFG ROUND C2C DUR TESTS EXTRA
         the RESULT line from the guest's console (its BENCH lines: iperf3 and sockperf)
     bench_guest_tap.py summary RESULTS OUT
@@ -24,8 +25,9 @@ def kicks(report):
     p = counters(report, "vm")
     n = p.get("rx_packets", 0) + p.get("tx_packets", 0)
     h = counters(report, "host")
-    return " vm_kicks_per_pkt=%.3f vm_calls_per_pkt=%.3f tap_direct_share=%.3f" % (
-        p.get("kicks", 0) / max(n, 1), p.get("calls", 0) / max(n, 1), h.get("rx_direct", 0) / max(h.get("rx_packets", 0), 1))
+    return " vm_kicks_per_pkt=%.3f vm_calls_per_pkt=%.3f tap_direct_share=%.3f vm_dql_limit=%d" % (
+        p.get("kicks", 0) / max(n, 1), p.get("calls", 0) / max(n, 1), h.get("rx_direct", 0) / max(h.get("rx_packets", 0), 1),
+        p.get("dql_limit", 0))
 
 
 class Console:
@@ -71,6 +73,14 @@ class Console:
 
         return med(p50), med(p99), tps if tps else NAN
 
+    def lost_pct(self, n):
+        """Requests sent and not answered, percent (sockperf's [Total Run] line)."""
+        for line in self.of(n):
+            m = re.search(r"SentMessages=(\d+); ReceivedMessages=(\d+)", line)
+            if m and int(m.group(1)) > 0:
+                return 100.0 * (int(m.group(1)) - int(m.group(2))) / int(m.group(1))
+        return NAN
+
 
 def result(text, cfg, rnd, c2c, tests, extra):
     g = Console(text)
@@ -84,8 +94,10 @@ def result(text, cfg, rnd, c2c, tests, extra):
         elif n.startswith("rr"):
             a, b, c = g.rr(n)
             out.append("%s_p50_us=%.1f %s_p99_us=%.1f %s_tps=%.0f" % (n, a, n, b, n, c))
-            if n.startswith("rrload"):
+            if n.startswith(("rrload", "rrudp")):
                 out.append("%s_bulk_gbit=%.3f" % (n, g.gbit(n + "_bulk")))
+            if n.startswith("rrudp"):
+                out.append("%s_lost_pct=%.2f" % (n, g.lost_pct(n)))
     return "RESULT cfg=%s round=%s c2c_ns=%s ok=%d %s%s" % (cfg, rnd, c2c, ok, " ".join(out), extra)
 
 
@@ -94,6 +106,12 @@ LABEL = {
     "rrload_p99_us": "ping-pong RTT p99 us under a host->guest TCP flood",
     "rrload_tps": "ping-pong transactions/s under the flood",
     "rrload_bulk_gbit": "the flood's TCP Gbit/s",
+    "rrudp_p50_us": "request RTT p50 us (2000/s, sockperf ul) under a host->guest UDP flood (1 Gbit/s)",
+    "rrudp_p99_us": "request RTT p99 us (2000/s, sockperf ul) under a host->guest UDP flood (1 Gbit/s)",
+    "rrudp_tps": "answers/s under the UDP flood",
+    "rrudp_bulk_gbit": "the UDP flood's Gbit/s at the guest",
+    "rrudp_lost_pct": "requests lost under the UDP flood, %",
+    "vm_dql_limit": "the guest port's DQL limit at the end, buffers (0: no DQL)",
     "tcp_g2h_gbit": "TCP guest->host Gbit/s",
     "tcp_h2g_gbit": "TCP host->guest Gbit/s",
     "udp_g2h_pps": "UDP 64 B guest->host pps",
@@ -119,7 +137,9 @@ NAMES = {
 
 
 def describe(k):
-    m = re.match(r"(.*?)(?:_x(\d+))?_(gbit|pps|p50_us|p99_us|tps)$", k)
+    if k in LABEL:
+        return LABEL[k]
+    m = re.match(r"(.*?)(?:_x(\d+))?_(gbit|pps|p50_us|p99_us|tps|lost_pct)$", k)
     base = LABEL.get("%s_%s" % (m.group(1), m.group(3)), k) if m else k
     return base + (", %s flows" % m.group(2) if m and m.group(2) else "")
 
@@ -136,7 +156,7 @@ def summary(rows):
     cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
 
     def med(c, k):
-        return statistics.median([float(r[k]) for r in rows if r["cfg"] == c and r["ok"] == "1"] or [NAN])
+        return statistics.median([float(r[k]) for r in rows if r["cfg"] == c and r["ok"] == "1" and k in r] or [NAN])
 
     def f(x):
         return ("%.3f" % x if x < 10 else "%.0f" % x) if not math.isnan(x) else "-"

@@ -13,6 +13,10 @@
 #   rrload              the same ping-pong while iperf3 -R -P 4 floods host -> guest (TCP): the
 #                       replies cross the congested egress (the guest's receive ring and, in
 #                       pvnet, its egress queue); also the bulk Gbit/s (rrload_bulk_gbit)
+#   rrudp               requests at 2000/s (sockperf ul) while iperf3 -u -b 1G -R floods host ->
+#                       guest (UDP: no window holds the flood back, so a backlog stands at the
+#                       guest's egress): RTT p50/p99, the share of requests lost, the flood's
+#                       Gbit/s at the guest (rrudp_bulk_gbit)
 # With FLOWS="1 10 100" every test also runs with N concurrent flows (test name suffix _xN):
 # iperf3 -P N (the [SUM] line), and N sockperf ping-pong clients at once against one server
 # (transactions/s summed; p50/p99 the median over the clients). 100 clients need
@@ -94,6 +98,13 @@ t() { n=\$1; shift; "\$@" > /tmp/o.txt 2>&1; echo "BENCH_RC \$n \$?"; sed "s/^/B
 rrl() { n=\$1; iperf3 -c $NET.1 -t \$(($DUR + 2)) -f m -R -P 4 > /tmp/bulk.txt 2>&1 & bp=\$!; sleep 1
   sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt > /tmp/o.txt 2>&1; rc=\$?; wait \$bp || rc=1
   echo "BENCH_RC \$n \$rc"; sed "s/^/BENCH \$n /" /tmp/o.txt; sed "s/^/BENCH \${n}_bulk /" /tmp/bulk.txt; }
+# rru NAME: requests at a fixed 2000 a second (sockperf under-load: sent whatever the answers
+# do, so the guest's CPU spends the same on them in every configuration) while a UDP flood at
+# 1 Gbit/s comes from the host (iperf3 -u -R, started 1 s before): the answers cross the
+# flooded egress
+rru() { n=\$1; iperf3 -c $NET.1 -t \$(($DUR + 2)) -f m -u -b 1G -R > /tmp/bulk.txt 2>&1 & bp=\$!; sleep 1
+  sockperf ul -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt --mps=2000 --reply-every=1 > /tmp/o.txt 2>&1; rc=\$?; wait \$bp || rc=1
+  echo "BENCH_RC \$n \$rc"; sed "s/^/BENCH \$n /" /tmp/o.txt; sed "s/^/BENCH \${n}_bulk /" /tmp/bulk.txt; }
 rrn() { n=\$1; k=\$2; i=1; while [ \$i -le \$k ]; do sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt --mps=\$((100000 / k)) > /tmp/rr\$i.txt 2>&1 & i=\$((i+1)); done
   rc=0; for p in \$(jobs -p); do wait \$p || rc=1; done; echo "BENCH_RC \$n \$rc"; i=1; while [ \$i -le \$k ]; do sed "s/^/BENCH \$n /" /tmp/rr\$i.txt; i=\$((i+1)); done; }
 EOF
@@ -108,8 +119,9 @@ for f in $FLOWS; do
       udp_g2h) echo "t $n iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0 $P" ;;
       udp_h2g) echo "t $n iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0 -R $P" ;;
       rrload) echo "rrl $n" ;;
+      rrudp) echo "rru $n" ;;
       rr) if [ "$f" = 1 ]; then echo "t $n sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt"; else echo "rrn $n $f"; fi ;;
-      *) die "unknown test $t (tcp_g2h tcp_h2g udp_g2h udp_h2g rr rrload)" ;;
+      *) die "unknown test $t (tcp_g2h tcp_h2g udp_g2h udp_h2g rr rrload rrudp)" ;;
     esac
   done
 done >> "$B/run.sh"

@@ -40,6 +40,24 @@ const RR_TIMEOUT: u64 = 2_000;
 const TAKE: usize = 40;
 /// A Linux guest gives buffers back once more than half its NAPI budget is used.
 const REFILL: u16 = 32;
+/// The bursty receiver: owed this many packets per step (3.2 Mpps), it wakes every
+/// [`WAKE`] steps and takes what it owes at once (64), except once in every [`LATE_EVERY`]
+/// steps, when it oversleeps [`LATE`] steps and then takes its whole debt in one go; it gives
+/// every buffer back as soon as it has taken it (pvnet's own paced receiver, `--role drop
+/// --rate --paced-batches`).
+const OWED_PER_STEP: u64 = 32;
+const WAKE: u64 = 2;
+const LATE_EVERY: u64 = 16;
+const LATE: u64 = 6;
+
+/// How `B` takes its packets.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rx {
+    /// [`TAKE`] a step, buffers back in chunks past [`REFILL`] (a Linux guest's NAPI).
+    Steady,
+    /// In bursts, late now and then (see [`OWED_PER_STEP`]).
+    Bursty,
+}
 /// Steps run (300 ms of virtual time: three CoDel intervals) and steps of warm-up.
 const STEPS: u64 = 30_000;
 const WARMUP: u64 = 5_000;
@@ -57,6 +75,12 @@ fn cfg(qdisc: Option<Qdisc>, dql: bool, bulk: bool) -> EgressConfig {
             ..EgressConfig::switch_default()
         },
     }
+}
+
+/// DQL as Linux has it: no cap from the receiver's pace.
+fn linux_dql(mut e: EgressConfig) -> EgressConfig {
+    e.dql_target = Duration::ZERO;
+    e
 }
 
 fn name(qdisc: Option<Qdisc>, dql: bool) -> String {
@@ -89,7 +113,7 @@ struct Run {
     dql_limit: u64,
 }
 
-fn run(egress: EgressConfig, rr: bool) -> Run {
+fn run(egress: EgressConfig, rr: bool, rx: Rx) -> Run {
     let mut f = Fabric::new(Router::learning(SwitchConfig::default()), 64);
     let (mut a, pa) = MockFe::new(0, MODERN, 256, HoldPolicy::Bounded(HOLD));
     let (mut b, pb) = MockFe::with_egress(1, MODERN, 256, egress);
@@ -117,6 +141,7 @@ fn run(egress: EgressConfig, rr: bool) -> Run {
     let mut bulk_got = 0u64;
     let (mut sent_a, mut bulk_all, mut lost) = (0u64, 0u64, 0u64);
     let mut used_since_refill = 0u16;
+    let mut owed = 0u64;
     let mut busy = Duration::ZERO;
     let taken0 = n(&a.stats.rx_packets) + n(&r.stats.rx_packets);
     let drops0 = all_drops(&[&a.stats, &b.stats, &r.stats]);
@@ -155,7 +180,25 @@ fn run(egress: EgressConfig, rr: bool) -> Run {
         f.round(&mut ports, now);
         busy += t.elapsed();
         // B takes what it can this step, answers requests, gives buffers back in chunks.
-        let got = b.receive(TAKE);
+        let got = match rx {
+            Rx::Steady => b.receive(TAKE),
+            Rx::Bursty => {
+                owed += OWED_PER_STEP;
+                let phase = step % LATE_EVERY;
+                let awake = if phase < LATE_EVERY - LATE {
+                    step % WAKE == WAKE - 1
+                } else {
+                    phase == LATE_EVERY - 1
+                };
+                if awake {
+                    let got = b.receive(usize::try_from(owed).unwrap_or(usize::MAX));
+                    owed -= got.len() as u64;
+                    got
+                } else {
+                    Vec::new()
+                }
+            }
+        };
         used_since_refill += u16::try_from(got.len()).unwrap_or(0);
         for (_, fr) in &got {
             if fr[6..12] == mac(3) {
@@ -170,7 +213,7 @@ fn run(egress: EgressConfig, rr: bool) -> Run {
                 }
             }
         }
-        if used_since_refill > REFILL {
+        if used_since_refill > REFILL || (rx == Rx::Bursty && used_since_refill > 0) {
             b.post(used_since_refill);
             used_since_refill = 0;
         }
@@ -245,32 +288,40 @@ fn pct(v: &[u64], permille: usize) -> u64 {
     v[i.min(v.len() - 1)]
 }
 
-fn main() {
-    println!("### Latency under load (virtual time: 6 Mpps bulk offered, receiver takes 4 Mpps)\n");
+/// One latency table: every egress configuration against one receiver; its CSV rows to `csv`.
+fn latency_table(rx: Rx, csv: &mut String) {
+    // (qdisc, DQL, DQL without the pace cap)
+    let cases = [
+        (Some(Qdisc::Fifo), false, false),
+        (Some(Qdisc::Fifo), true, false),
+        (Some(Qdisc::FqCodel), false, false),
+        (Some(Qdisc::FqCodel), true, true),
+        (Some(Qdisc::FqCodel), true, false),
+        (None, false, false),
+    ];
     println!("| egress of B | RR p50 us | RR p99 us | RR p99 vs fifo | RR done / lost | bulk Mpps at B | bulk vs fifo | DQL limit (buffers) | drops | counts add up |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    let cases = [
-        (Some(Qdisc::Fifo), false),
-        (Some(Qdisc::Fifo), true),
-        (Some(Qdisc::FqCodel), false),
-        (Some(Qdisc::FqCodel), true),
-        (None, false),
-    ];
-    let csv = std::env::var_os("EGRESS_CSV").map(std::path::PathBuf::from);
-    let mut lat_csv = String::from("config,p50_us,p99_us,bulk_mpps,answered\n");
-    let mut bulk_csv = String::from("config,dequeue,ns_per_pkt\n");
-    let fifo = run(cfg(Some(Qdisc::Fifo), false, true), true);
-    for (q, d) in cases {
+    let fifo = run(cfg(Some(Qdisc::Fifo), false, true), true, rx);
+    for (q, d, alone) in cases {
         let other;
         let r = if q == Some(Qdisc::Fifo) && !d {
             &fifo
         } else {
-            other = run(cfg(q, d, true), true);
+            let e = cfg(q, d, true);
+            other = run(if alone { linux_dql(e) } else { e }, true, rx);
             &other
         };
-        lat_csv.push_str(&format!(
-            "{},{},{},{:.3},{}\n",
-            name(q, d),
+        let label = match (d, alone) {
+            (true, true) => format!("{} alone (Linux's, no pace cap)", name(q, d)),
+            (true, false) => format!("{} capped by the receiver's pace", name(q, d)),
+            _ => name(q, d),
+        };
+        let rx_name = match rx {
+            Rx::Steady => "steady",
+            Rx::Bursty => "bursty",
+        };
+        csv.push_str(&format!(
+            "{rx_name},\"{label}\",{},{},{:.3},{}\n",
             pct(&r.rtt, 500),
             pct(&r.rtt, 990),
             r.bulk_mpps,
@@ -295,8 +346,7 @@ fn main() {
             )
         };
         println!(
-            "| {} | {p50} | {p99} | {vs} | {} / {} | {:.2} | {:.3}x | {} | {} | {} |",
-            name(q, d),
+            "| {label} | {p50} | {p99} | {vs} | {} / {} | {:.2} | {:.3}x | {} | {} | {} |",
             r.rtt.len(),
             r.lost,
             r.bulk_mpps,
@@ -314,6 +364,20 @@ fn main() {
             if r.adds_up { "yes" } else { "NO" },
         );
     }
+}
+
+fn main() {
+    let csv = std::env::var_os("EGRESS_CSV").map(std::path::PathBuf::from);
+    let mut lat_csv = String::from("receiver,config,p50_us,p99_us,bulk_mpps,answered\n");
+    let mut bulk_csv = String::from("config,dequeue,ns_per_pkt\n");
+    println!("### Latency under load (virtual time: 6 Mpps bulk offered, receiver takes 4 Mpps)\n");
+    latency_table(Rx::Steady, &mut lat_csv);
+    println!(
+        "\n### Latency under load, a bursty receiver (virtual time: 6 Mpps offered, the receiver takes 3.2 Mpps in bursts of 64 and oversleeps {} us in every {} us)\n",
+        LATE * 10,
+        LATE_EVERY * 10
+    );
+    latency_table(Rx::Bursty, &mut lat_csv);
     println!("\n### Bulk dequeue with a standing backlog (real CPU time of the switch's rounds)\n");
     println!("| egress of B | dequeue | ns per delivered packet | packets per dequeue | publishes per packet | bulk vs one |");
     println!("|---|---|---|---|---|---|");
@@ -323,7 +387,7 @@ fn main() {
         let mut runs: [Option<Run>; 2] = [None, None];
         for _ in 0..3 {
             for (k, bulk) in [true, false].into_iter().enumerate() {
-                let r = run(cfg(Some(q), d, bulk), false);
+                let r = run(cfg(Some(q), d, bulk), false, Rx::Steady);
                 if r.ns_per_pkt < best[k] {
                     best[k] = r.ns_per_pkt;
                     runs[k] = Some(r);

@@ -42,6 +42,7 @@ mod worker;
 pub mod testing;
 
 // What the other crates name (the CLI, the examples); the modules themselves are private.
+pub use egress::pace::TARGET as DQL_TARGET;
 pub use egress::queue::{ParseQdiscError, Qdisc, QueueConfig};
 pub use egress::{EgressConfig, HoldPolicy, HOLD};
 pub use mac::MacTable;

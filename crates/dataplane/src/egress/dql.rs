@@ -106,6 +106,14 @@ impl Dql {
         self.limit
     }
 
+    /// The bounds the limit stays within (Linux's `limit_min` and `limit_max`, set there by
+    /// hand; here by the receiver's pace, [`super::pace`]): applied at the next completion.
+    #[inline]
+    pub(crate) fn set_bounds(&mut self, min: u32, max: u32) {
+        self.min_limit = min.min(MAX_LIMIT);
+        self.max_limit = max.clamp(self.min_limit, MAX_LIMIT);
+    }
+
     /// `count` objects completed at `now` (at most what is in flight): recomputes the limit.
     pub(crate) fn completed(&mut self, count: u32, now: u64) {
         let num_queued = self.num_queued;
@@ -236,6 +244,20 @@ mod tests {
             after >= 100,
             "but not below what keeps the device busy: {after}"
         );
+    }
+
+    #[test]
+    fn bounds_cap_the_limit_at_the_next_completion_and_the_floor_wins() {
+        let mut t = 0;
+        let mut d = Dql::new(64, 0);
+        d.limit = 1000;
+        d.adj_limit = 1000;
+        d.set_bounds(64, 200);
+        let l = run(&mut d, 100, 1, &mut t, 10);
+        assert_eq!(l, 200);
+        d.set_bounds(64, 10);
+        let l = run(&mut d, 100, 1, &mut t, 10);
+        assert_eq!(l, 64, "the floor holds");
     }
 
     #[test]

@@ -26,11 +26,13 @@
 
 pub(crate) mod dql;
 pub(crate) mod drain;
+pub(crate) mod pace;
 pub(crate) mod queue;
 
 use crate::pkt::Pkt;
 use crate::stats::DropReason;
 use dql::Dql;
+use pace::Pace;
 use queue::{Queue, QueueConfig, QueueCounts};
 use std::time::{Duration, Instant};
 
@@ -100,6 +102,10 @@ pub struct EgressConfig {
     /// Drain as many packets per round as the limit allows (false: one per dequeue, each
     /// its own publish and call, for comparison).
     pub bulk: bool,
+    /// With DQL: the time a packet should wait in the ring beyond the receiver's burst, which
+    /// with the receiver's measured pace caps the limit ([`pace`]); zero: no cap (DQL alone,
+    /// as Linux has it).
+    pub dql_target: Duration,
 }
 
 impl EgressConfig {
@@ -110,6 +116,7 @@ impl EgressConfig {
             queue: None,
             dql: false,
             bulk: true,
+            dql_target: Duration::ZERO,
         }
     }
 
@@ -120,6 +127,7 @@ impl EgressConfig {
             queue: Some(QueueConfig::default()),
             dql: true,
             bulk: true,
+            dql_target: pace::TARGET,
         }
     }
 }
@@ -136,6 +144,8 @@ pub(crate) struct Egress {
     queue: Option<Box<Queue>>,
     has_queue: bool,
     dql: Option<Dql>,
+    /// The receiver's pace, which caps the limit (with DQL and a target).
+    pace: Option<Pace>,
     /// The limit's floor, in buffers.
     floor: u32,
     bulk: bool,
@@ -165,6 +175,8 @@ impl Egress {
             queue: cfg.queue.map(|q| Box::new(Queue::new(q))),
             has_queue: cfg.queue.is_some(),
             dql: (cfg.queue.is_some() && cfg.dql).then(|| Dql::new(floor, 0)),
+            pace: (cfg.queue.is_some() && cfg.dql && !cfg.dql_target.is_zero())
+                .then(|| Pace::new(cfg.dql_target)),
             floor,
             bulk: cfg.bulk,
             epoch,
@@ -306,7 +318,20 @@ impl Egress {
             if fresh != 0 && (fresh as i32) > 0 {
                 let t = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos())
                     .unwrap_or(u64::MAX);
-                d.completed(fresh.min(d.in_flight()), t);
+                let fresh = fresh.min(d.in_flight());
+                // Packets wait for room: queued, or the queue is out being drained.
+                let waiting = self.has_queue && self.queue.as_ref().is_none_or(|q| !q.is_empty());
+                if let Some(max) = self
+                    .pace
+                    .as_mut()
+                    .and_then(|p| p.completed(fresh, t, waiting))
+                {
+                    // Under the two-batch floor only for a receiver whose pace calls for less
+                    // (no batch of pvnet's outruns it), and never under a NAPI poll's need.
+                    let max = max.max(DQL_MIN_BUFFERS);
+                    d.set_bounds(self.floor.min(max), max);
+                }
+                d.completed(fresh, t);
             }
         }
         self.posted = Some(posted);
@@ -330,6 +355,9 @@ impl Egress {
         self.used = 0;
         if let Some(d) = self.dql.as_mut() {
             *d = Dql::new(self.floor, 0);
+        }
+        if let Some(p) = self.pace.as_mut() {
+            p.restart();
         }
     }
 

@@ -524,6 +524,96 @@ fn dql_keeps_the_ring_from_filling_ahead_of_a_frontend_that_does_not_give_buffer
     assert_eq!(get(&b.stats.backlog), 0);
 }
 
+/// A bulk sender offering 6 Mpps (60 frames a 10 us step, at most 1000 on their way) to a
+/// receiver behind `egress` that takes, at step `i`, what `take(i, owed)` says (`owed`: what
+/// it has not taken of its pace so far) and gives its buffers back at once: for each step
+/// after a 20 ms warm-up, what the receiver took and whether packets waited for it; and the
+/// DQL limit at the end.
+fn paced_run(
+    egress: EgressConfig,
+    steps: u32,
+    mut take: impl FnMut(u32, &mut u64) -> usize,
+) -> (Vec<(usize, bool)>, u64) {
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = MockFe::with_egress(1, MODERN, 256, egress);
+    let mut ports = vec![pa, pb];
+    let t0 = Instant::now();
+    b.send(&VnetHdr::default(), &frame(mac(1), mac(2), 0, 60));
+    f.round(&mut ports, t0);
+    let _ = (a.received(), b.completed());
+    let (mut sent, mut got, mut owed) = (0u64, 0u64, 0u64);
+    let mut seen = Vec::new();
+    for i in 0..steps {
+        let now = t0 + Duration::from_micros(10) * i;
+        a.completed();
+        let k = 60
+            .min(a.room())
+            .min(usize::try_from(1000u64.saturating_sub(sent - got)).unwrap());
+        for _ in 0..k {
+            a.send(&VnetHdr::default(), &frame(mac(2), mac(1), 1, 60));
+        }
+        sent += k as u64;
+        f.round(&mut ports, now);
+        let waiting = get(&b.stats.backlog) > 0;
+        let want = take(i, &mut owed);
+        let n = b.receive(want).len();
+        owed -= (n as u64).min(owed);
+        got += n as u64;
+        b.post(u16::try_from(n).unwrap());
+        if i >= 2000 {
+            seen.push((n, waiting && n < want));
+        }
+    }
+    (seen, get(&b.stats.dql_limit))
+}
+
+#[test]
+fn the_pace_cap_never_holds_a_steady_receiver_idle_while_packets_wait() {
+    // 40 a step (4 Mpps) with packets always waiting: every step it finds its 40.
+    let (seen, limit) = paced_run(EgressConfig::switch_default(), 6000, |_, _| 40);
+    let short = seen.iter().filter(|&&(_, starved)| starved).count();
+    assert_eq!(
+        short, 0,
+        "steps where the receiver found less than it takes while packets waited"
+    );
+    assert!(seen.iter().all(|&(n, _)| n == 40));
+    // Burst (40) plus 4 Mpps * 25 us, at the floor of two batches (128) or a little above.
+    assert!((128..=150).contains(&limit), "limit {limit}");
+}
+
+#[test]
+fn the_pace_cap_keeps_a_bursty_late_receiver_from_taking_the_whole_ring() {
+    // Owed 32 a step (3.2 Mpps); awake every other step, but once in 16 steps it oversleeps 6
+    // and then takes its whole debt at once. DQL alone reads the catch-up as starvation and
+    // lets the whole ring fill; with the pace cap the limit stays near a burst plus 25 us.
+    let bursty = |i: u32, owed: &mut u64| {
+        *owed += 32;
+        let phase = i % 16;
+        let awake = if phase < 10 { i % 2 == 1 } else { phase == 15 };
+        if awake {
+            usize::try_from(*owed).unwrap()
+        } else {
+            0
+        }
+    };
+    let mut linux = EgressConfig::switch_default();
+    linux.dql_target = Duration::ZERO;
+    let (seen_linux, alone) = paced_run(linux, 6000, bursty);
+    let (seen, capped) = paced_run(EgressConfig::switch_default(), 6000, bursty);
+    assert!(alone >= 256, "DQL alone: limit {alone}");
+    assert!(capped < 200, "capped: limit {capped}");
+    // The receiver keeps its rate: 32 a step on average either way.
+    let rate =
+        |v: &[(usize, bool)]| v.iter().map(|&(n, _)| n).sum::<usize>() as f64 / v.len() as f64;
+    assert!(
+        (rate(&seen) - 32.0).abs() < 0.5,
+        "capped rate {}",
+        rate(&seen)
+    );
+    assert!((rate(&seen_linux) - 32.0).abs() < 0.5);
+}
+
 #[test]
 fn fq_codel_lets_a_sparse_flow_past_a_bulk_backlog_and_fifo_does_not() {
     for (qdisc, within) in [(Qdisc::FqCodel, 30usize), (Qdisc::Fifo, 61)] {

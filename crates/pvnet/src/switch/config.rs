@@ -11,6 +11,7 @@ use pvnet_dataplane::{Qdisc, QueueConfig};
 use pvnet_vhost::backend::MIN_MTU;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// The `[switch]` table.
 #[derive(Deserialize, Debug, Clone, Default, PartialEq)]
@@ -52,6 +53,10 @@ pub(crate) enum PortConfig {
         /// Bound the frontend's receive ring by a dynamic queue limit.
         #[serde(default = "yes")]
         dql: bool,
+        /// With dql: microseconds a packet should wait in the ring beyond the frontend's
+        /// burst; with the frontend's measured pace it caps the limit (0: no cap).
+        #[serde(default = "dql_target_us")]
+        dql_target_us: u32,
         /// Drain the egress queue in bulk (false: one packet per dequeue).
         #[serde(default = "yes")]
         bulk: bool,
@@ -458,6 +463,9 @@ fn no_qdisc() -> String {
 fn qlimit() -> u32 {
     1024
 }
+fn dql_target_us() -> u32 {
+    u32::try_from(pvnet_dataplane::DQL_TARGET.as_micros()).unwrap_or(u32::MAX)
+}
 
 /// A vhost-user port's own transmit-ring policy (`policy=`), if it has one.
 pub(crate) fn port_policy(p: &PortConfig) -> Result<Option<Policy>> {
@@ -497,16 +505,18 @@ pub(crate) fn kernel_egress(p: &PortConfig) -> Result<Option<(EgressConfig, Opti
         return Ok(None);
     };
     Ok(Some((
-        egress_of(name, qdisc, false, *bulk, *limit)?,
+        egress_of(name, qdisc, false, 0, *bulk, *limit)?,
         *sndbuf,
     )))
 }
 
-/// A vhost-user port's egress settings from its `qdisc`, `dql`, `bulk` and `limit` keys.
+/// A vhost-user port's egress settings from its `qdisc`, `dql`, `dql_target_us`, `bulk` and
+/// `limit` keys.
 pub(crate) fn egress_of(
     name: &str,
     qdisc: &str,
     dql: bool,
+    dql_target_us: u32,
     bulk: bool,
     limit: u32,
 ) -> Result<EgressConfig> {
@@ -515,6 +525,11 @@ pub(crate) fn egress_of(
         return Err(usage(format!(
             "port {name}: limit must be 1..={} packets",
             1 << 20
+        )));
+    }
+    if dql_target_us > 1_000_000 {
+        return Err(usage(format!(
+            "port {name}: dql_target_us must be 0 (no cap) to 1000000 microseconds"
         )));
     }
     let queue = match qdisc {
@@ -530,6 +545,7 @@ pub(crate) fn egress_of(
     Ok(EgressConfig {
         queue,
         dql: dql && queue.is_some(),
+        dql_target: Duration::from_micros(u64::from(dql_target_us)),
         bulk,
         ..base
     })
@@ -747,6 +763,7 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
             queue_pairs,
             qdisc,
             dql,
+            dql_target_us,
             bulk,
             limit,
             mtu,
@@ -762,7 +779,7 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
                     "port {name}: mtu must be {MIN_MTU} to 65535 (virtio-net's range)"
                 )));
             }
-            egress_of(name, qdisc, *dql, *bulk, *limit)?;
+            egress_of(name, qdisc, *dql, *dql_target_us, *bulk, *limit)?;
             port_policy(p)?;
         }
         PortConfig::Tap { name, io, .. } | PortConfig::AfPacket { name, io, .. } => {
@@ -920,6 +937,7 @@ mod tests {
                 offloads: true,
                 qdisc: "fq_codel".into(),
                 dql: true,
+                dql_target_us: 25,
                 bulk: true,
                 limit: 1024,
                 policy: None,
@@ -934,10 +952,11 @@ mod tests {
                 name,
                 qdisc,
                 dql,
+                dql_target_us,
                 bulk,
                 limit,
                 ..
-            } => egress_of(&name, &qdisc, dql, bulk, limit),
+            } => egress_of(&name, &qdisc, dql, dql_target_us, bulk, limit),
             _ => unreachable!(),
         };
         let k = |spec: &str| kernel_egress(&parse_port_spec(spec)?).map(Option::unwrap);
@@ -955,6 +974,11 @@ mod tests {
             k("tap:name=h,dql=true").is_err(),
             "no dql key on a kernel port"
         );
+        let d = e("vhost-user:name=a,socket=/s").unwrap();
+        assert_eq!(d.dql_target, pvnet_dataplane::DQL_TARGET, "the pace cap by default");
+        let linux = e("vhost-user:name=a,socket=/s,dql_target_us=0").unwrap();
+        assert!(linux.dql && linux.dql_target.is_zero(), "DQL without the cap");
+        assert!(e("vhost-user:name=a,socket=/s,dql_target_us=2000000").is_err());
         let fifo = e("vhost-user:name=a,socket=/s,qdisc=fifo,dql=false,bulk=false").unwrap();
         assert_eq!(fifo.queue.map(|q| q.qdisc), Some(Qdisc::Fifo));
         assert!(!fifo.dql && !fifo.bulk);

@@ -90,6 +90,7 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
         offloads,
         qdisc,
         dql,
+        dql_target_us,
         bulk,
         limit,
         mtu,
@@ -108,7 +109,10 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
         },
         ..BackendConfig::default()
     };
-    Ok(Some((egress_of(name, qdisc, *dql, *bulk, *limit)?, offer)))
+    Ok(Some((
+        egress_of(name, qdisc, *dql, *dql_target_us, *bulk, *limit)?,
+        offer,
+    )))
 }
 
 /// How `pvnet ctl` describes an egress: `fq_codel+dql`, `fifo, one per dequeue`, `none`.
@@ -116,7 +120,11 @@ fn egress_text(e: &EgressConfig) -> String {
     format!(
         "{}{}{}",
         e.queue.map_or("none".into(), |q| q.qdisc.to_string()),
-        if e.dql { "+dql" } else { "" },
+        match (e.dql, e.dql_target.as_micros()) {
+            (false, _) => String::new(),
+            (true, 0) => "+dql".into(),
+            (true, us) => format!("+dql (target {us} us)"),
+        },
         if e.bulk || e.queue.is_none() {
             ""
         } else {
@@ -540,7 +548,7 @@ impl Runtime {
         }
         if !in_place(&l.cfg, &new) {
             return Err(usage(format!(
-                "port {name}: only VLAN settings (vlan, trunk, native) and a vhost-user port's egress (qdisc, dql, bulk, limit), policy, offloads and queue_pairs change in place; delete the port and add it again"
+                "port {name}: only VLAN settings (vlan, trunk, native) and a vhost-user port's egress (qdisc, dql, dql_target_us, bulk, limit), policy, offloads and queue_pairs change in place; delete the port and add it again"
             )));
         }
         let mut notes = Vec::new();
@@ -552,47 +560,40 @@ impl Runtime {
                 v1.map_or("none (untagged, VLAN 0)".into(), |m| m.to_string())
             ));
         }
-        if l.cfg.without_vlan() == new.without_vlan() {
-            l.cfg = new;
-            let origin = l.origin;
-            info!(port = %name, changes = ?notes, "port changed");
-            drop(g);
-            if origin == Origin::Ctl {
-                self.save_state();
+        // Beyond the VLAN keys: a vhost-user port's egress, policy and offer.
+        if l.cfg.without_vlan() != new.without_vlan() {
+            let (Some((e0, o0)), Some((e1, o1)), PortConfig::VhostUser { socket, client, .. }) =
+                (vhost_parts(&l.cfg)?, vhost_parts(&new)?, &new)
+            else {
+                return Err(usage(format!("port {name}: not a vhost-user port")));
+            };
+            if e0 != e1 {
+                self.dp.set_egress(l.id, e1);
+                notes.push(format!(
+                    "egress now {}, applied at once (packets that waited in the old queue count as drops_reconfigured)",
+                    egress_text(&e1)
+                ));
             }
-            return Ok(notes);
-        }
-        let (Some((e0, o0)), Some((e1, o1)), PortConfig::VhostUser { socket, client, .. }) =
-            (vhost_parts(&l.cfg)?, vhost_parts(&new)?, &new)
-        else {
-            return Err(usage(format!("port {name}: not a vhost-user port")));
-        };
-        if e0 != e1 {
-            self.dp.set_egress(l.id, e1);
-            notes.push(format!(
-                "egress now {}, applied at once (packets that waited in the old queue count as drops_reconfigured)",
-                egress_text(&e1)
-            ));
-        }
-        let (p0, p1) = (port_policy(&l.cfg)?, port_policy(&new)?);
-        if p0 != p1 {
-            self.dp.set_tx_policy(l.id, p1);
-            notes.push(format!(
-                "transmit-ring policy now {}, applied at once",
-                p1.map_or("the switch's".into(), |p| p.to_string())
-            ));
-        }
-        if (o0.queue_pairs, o0.features) != (o1.queue_pairs, o1.features) {
-            if let Running::Vhost { offer, .. } = &l.run {
-                *offer.lock().unwrap_or_else(|e| e.into_inner()) = o1;
+            let (p0, p1) = (port_policy(&l.cfg)?, port_policy(&new)?);
+            if p0 != p1 {
+                self.dp.set_tx_policy(l.id, p1);
+                notes.push(format!(
+                    "transmit-ring policy now {}, applied at once",
+                    p1.map_or("the switch's".into(), |p| p.to_string())
+                ));
             }
-            notes.push(format!(
-                "offer now queue_pairs={} offloads={}: applies from the frontend's next connection (features are negotiated once per connection)",
-                o1.queue_pairs,
-                o1.features & OFFLOAD_FEATURES != 0
-            ));
+            if (o0.queue_pairs, o0.features) != (o1.queue_pairs, o1.features) {
+                if let Running::Vhost { offer, .. } = &l.run {
+                    *offer.lock().unwrap_or_else(|e| e.into_inner()) = o1;
+                }
+                notes.push(format!(
+                    "offer now queue_pairs={} offloads={}: applies from the frontend's next connection (features are negotiated once per connection)",
+                    o1.queue_pairs,
+                    o1.features & OFFLOAD_FEATURES != 0
+                ));
+            }
+            l.detail = vhost_detail(socket, *client, &e1, p1);
         }
-        l.detail = vhost_detail(socket, *client, &e1, p1);
         l.cfg = new;
         let origin = l.origin;
         info!(port = %name, changes = ?notes, "port changed");
