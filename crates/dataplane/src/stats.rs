@@ -135,6 +135,11 @@ pub struct PortStats {
     /// (direct receive: the hop's only copy). The rest of `rx_packets` were read into the
     /// port's own buffers and copied once more.
     pub rx_direct: AtomicU64,
+    /// Kernel port: packets the kernel dropped on their way to pvnet since the port opened (a
+    /// tap's queue for its reader full: the interface's `tx_dropped`; an `AF_PACKET` socket's
+    /// receive queue full: `tp_drops`), read about once a second. Not in `drops_*`: pvnet
+    /// never had them.
+    pub kernel_drops: AtomicU64,
     /// A frontend is attached (vhost-user) or the port is open (tap, sink, gen): 1, else 0.
     pub up: AtomicU64,
     /// Why its last queue was stopped (the rule the peer broke), for logs and `pvnet ctl`.
@@ -213,6 +218,8 @@ pub struct PortSnapshot {
     pub syscalls: u64,
     /// See [`PortStats`].
     pub rx_direct: u64,
+    /// See [`PortStats`].
+    pub kernel_drops: u64,
     /// See [`PortStats`].
     pub up: bool,
     /// Why a queue of the port was last stopped, if one was.
@@ -302,6 +309,7 @@ impl PortSnapshot {
             t.dql_limit = t.dql_limit.max(s.dql_limit);
             t.syscalls += s.syscalls;
             t.rx_direct += s.rx_direct;
+            t.kernel_drops += s.kernel_drops;
             t.up |= s.up;
             t.last_error = t.last_error.or(s.last_error);
         }
@@ -349,6 +357,7 @@ impl PortStats {
             dql_limit: r(&self.dql_limit),
             syscalls: r(&self.syscalls),
             rx_direct: r(&self.rx_direct),
+            kernel_drops: r(&self.kernel_drops),
             up: r(&self.up) != 0,
             last_error: self
                 .last_error

@@ -101,6 +101,47 @@ impl HostDev {
     }
 }
 
+/// How often a kernel port reads what the kernel dropped on the way to it.
+const KERNEL_DROPS_EVERY: Duration = Duration::from_secs(1);
+
+/// What the kernel dropped on its way to a port (its queue for pvnet full), read now and then
+/// into `kernel_drops`.
+#[derive(Debug, Default)]
+struct KernelDrops {
+    /// When to read next.
+    next: Option<Instant>,
+    /// A tap's `tx_dropped` when the port opened (the count runs from the interface's making).
+    base: Option<u64>,
+    /// An `AF_PACKET` socket's drops so far (each read returns those since the last).
+    sum: u64,
+}
+
+impl KernelDrops {
+    /// Starts the count at what the kernel reports now.
+    fn open(dev: &HostDev) -> Self {
+        let mut d = Self::default();
+        let _ = d.read(dev);
+        d.base = d.base.or(Some(0));
+        d.sum = 0;
+        d
+    }
+
+    /// The kernel's drops since the port opened, if it could be read.
+    fn read(&mut self, dev: &HostDev) -> Option<u64> {
+        match dev {
+            HostDev::Tap(t) => {
+                let now = crate::sys::tap::tx_dropped(t.name()).ok()??;
+                let base = *self.base.get_or_insert(now);
+                Some(now.saturating_sub(base))
+            }
+            HostDev::Packet(p) => {
+                self.sum += p.drops_since().ok()?;
+                Some(self.sum)
+            }
+        }
+    }
+}
+
 /// How a kernel port moves packets (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostIo {
@@ -224,6 +265,8 @@ pub struct KernelPort {
     /// for it is dropped by the switch and counted (`too_big`), not handed to the kernel,
     /// which would refuse it (`AF_PACKET`) or pass it on oversized (a tap).
     mtu: Option<u16>,
+    /// What the kernel dropped on its way here.
+    kernel_drops: KernelDrops,
 }
 
 impl KernelPort {
@@ -262,6 +305,7 @@ impl KernelPort {
                 "the interface's MTU could not be read: no MTU check"
             );
         }
+        let kernel_drops = KernelDrops::open(&dev);
         Self {
             uring,
             id,
@@ -275,6 +319,17 @@ impl KernelPort {
             egress: Egress::new(KERNEL_HOLD),
             direct,
             mtu,
+            kernel_drops,
+        }
+    }
+
+    /// Reads what the kernel dropped on its way here into `kernel_drops` (a file read or a
+    /// `getsockopt`, about once a second).
+    fn count_kernel_drops(&mut self) {
+        if let Some(n) = self.kernel_drops.read(&self.dev) {
+            self.stats
+                .kernel_drops
+                .store(n, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -475,7 +530,11 @@ impl super::Port for KernelPort {
     /// `Poll` while it drains or holds a packet; else it may sleep: epoll waits on its fd
     /// (level-triggered).
     /// Also `Poll` while packets wait in its egress queue: nothing signals room in the kernel.
-    fn idle(&mut self, _now: Instant, settle: &mut Settle) {
+    fn idle(&mut self, now: Instant, settle: &mut Settle) {
+        if self.kernel_drops.next.is_none_or(|t| now >= t) {
+            self.kernel_drops.next = Some(now + KERNEL_DROPS_EVERY);
+            self.count_kernel_drops();
+        }
         let ready = self.uring.as_ref().is_some_and(|u| !u.ready.is_empty());
         self.egress.new_round();
         if self.look || self.pending > 0 || ready || self.egress.backlogged() {

@@ -150,6 +150,34 @@ impl PacketSock {
         Ok(())
     }
 
+    /// Frames the kernel dropped for this socket since the last call (its receive queue was
+    /// full): `PACKET_STATISTICS`' `tp_drops`, which the read resets.
+    pub(crate) fn drops_since(&self) -> io::Result<u64> {
+        /// linux/if_packet.h
+        const PACKET_STATISTICS: libc::c_int = 6;
+        let mut st = libc::tpacket_stats {
+            tp_packets: 0,
+            tp_drops: 0,
+        };
+        let mut len = libc::socklen_t::try_from(size_of_val(&st)).unwrap_or(0);
+        // SAFETY: `st` is a live `tpacket_stats` of `len` bytes the kernel writes at most
+        // `len` of.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_STATISTICS,
+                std::ptr::from_mut(&mut st).cast(),
+                &mut len,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("PACKET_STATISTICS: {e}")));
+        }
+        Ok(u64::from(st.tp_drops))
+    }
+
     /// Reads one frame (header first); `Ok(None)` when none is queued.
     pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         crate::sys::tap::read_fd(self.fd.as_raw_fd(), buf)

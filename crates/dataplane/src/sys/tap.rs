@@ -286,6 +286,26 @@ pub fn link_mtu(name: &str) -> io::Result<u32> {
     u32::try_from(mtu).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "negative MTU"))
 }
 
+/// Packets interface `name`, in the calling thread's network namespace, dropped on transmit
+/// since it was made (`/proc/thread-self/net/dev`); `None` if it is not there. For a tap this
+/// is what the kernel could not queue for its reader (its queue of `txqueuelen` full).
+pub fn tx_dropped(name: &str) -> io::Result<Option<u64>> {
+    let text = std::fs::read_to_string("/proc/thread-self/net/dev")?;
+    Ok(parse_tx_dropped(&text, name))
+}
+
+/// `tx_dropped`'s parse of a `/proc/net/dev` text: the 12th number after `name:` (receive:
+/// bytes packets errs drop fifo frame compressed multicast; transmit: bytes packets errs drop).
+fn parse_tx_dropped(text: &str, name: &str) -> Option<u64> {
+    text.lines().skip(2).find_map(|l| {
+        let (n, rest) = l.split_once(':')?;
+        if n.trim() != name {
+            return None;
+        }
+        rest.split_whitespace().nth(11)?.parse().ok()
+    })
+}
+
 /// The MAC address of interface `name` in the calling thread's network namespace
 /// (`SIOCGIFHWADDR`).
 pub fn hw_addr(name: &str) -> io::Result<[u8; 6]> {
@@ -430,6 +450,20 @@ pub(crate) mod tests {
     use std::path::Path;
     use std::process::Command;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn tx_dropped_is_the_twelfth_number_of_the_interfaces_line() {
+        let text = "Inter-|   Receive                            |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:     100       2    0    0    0     0          0         0      100       2    0    0    0     0       0          0
+pvt0: 5000 70 0 1 0 0 0 0 640000 9000 0 323 0 0 0 0
+";
+        assert_eq!(parse_tx_dropped(text, "pvt0"), Some(323));
+        assert_eq!(parse_tx_dropped(text, "lo"), Some(0));
+        assert_eq!(parse_tx_dropped(text, "pvt"), None);
+        // The calling thread's namespace has a loopback.
+        assert!(tx_dropped("lo").unwrap().is_some());
+    }
 
     /// The made-up MAC of the far end of every test tap (10.213.N.2).
     const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x13, 0x02];
