@@ -11,6 +11,7 @@ the benchmark modules import the functions.
     pvnet_report.py port0 FILE PATH         FIELD (dotted) of port 0 of FILE's final report
     pvnet_report.py port FILE PORT COUNTER  a counter of the port named PORT in FILE's final
     pvnet_report.py drops FILE PORT         the sum of that port's drops_* counters
+    pvnet_report.py drops-by FILE PORT      its drops by reason, "queue_limit=N aqm=M" (or "none")
     pvnet_report.py final FILE PATH         a field (dotted) of FILE's final report
     pvnet_report.py ready FILE PATH         a field (dotted) of FILE's first (ready) line
     pvnet_report.py ctl-port PORT COUNTER [DEFAULT]  < `pvnet ctl ports --json`
@@ -141,6 +142,11 @@ def main(argv):
         p = port_named(f, args[1]) if f else None
         if p is not None:
             print(drops(p["counters"]))
+    elif cmd == "drops-by":
+        f = final(args[0])
+        p = port_named(f, args[1]) if f else None
+        if p is not None:
+            print(" ".join("%s=%d" % (k[6:], v) for k, v in p["counters"].items() if k.startswith("drops_") and v) or "none")
     elif cmd == "final":
         print(_field(final(args[0]), args[1]))
     elif cmd == "ready":

@@ -56,6 +56,7 @@
 #        --txpkts: multi-segment chains, v2h; sets SIZES to the label 64+594+1514; a SIZES
 #        entry with '+' means the same) SPLIT=rand (testpmd's set txsplit: a random number of
 #        those segments per packet); the table goes to its own section (bench_dpdk_chains_split or _packed)
+#        MBUFS=32768 (the frontend's mbuf pool, testpmd --total-num-mbufs, both sides)
 #        PERF=1 (profile the backend over the measured window: $B/<run>.perf.data, cpu-clock;
 #        PERF=fe profiles the frontend instead;
 #        it perturbs the run, so its figures are not comparable)
@@ -90,7 +91,7 @@ BE_ARGS=(-l "0,1" --main-lcore 0 --socket-mem 512 --file-prefix "$BE_PREFIX" --n
 SOCK2="$B/vu2.sock"
 FE_ARGS2=("${FE_ARGS[@]}" --vdev "net_virtio_user1,path=$SOCK2,queues=$QUEUES,queue_size=256$VU_RING")
 BE_ARGS2=("${BE_ARGS[@]}" --vdev "net_vhost1,iface=$SOCK2,queues=$QUEUES")
-APP_ARGS=(--nb-cores=1 --total-num-mbufs=32768 -i --rxq="$QUEUES" --txq="$QUEUES")
+APP_ARGS=(--nb-cores=1 --total-num-mbufs="${MBUFS:-32768}" -i --rxq="$QUEUES" --txq="$QUEUES")
 # pvnet's side of the same layout: QUEUES pairs on its vhost-user ports, and a generator whose
 # frames spread over the rings (64 flows) when there is more than one.
 VU_Q=",queue_pairs=$QUEUES"; GEN_FLOWS=1; [ "$QUEUES" -gt 1 ] && GEN_FLOWS=64

@@ -6,9 +6,10 @@ echo "GUEST_NET_READY"
 i=0; while [ "$(inechos)" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 echo "GUEST_ECHOS_IN $(inechos)"
 echo "GUEST_PING $(ping -c 3 -W 5 10.77.0.1 | grep -o '[0-9]* packets received')"
-# A test whose control connection breaks as it starts ("unable to read from stream socket",
-# the host's server saying "interrupt - the server has terminated": seen about once in 25 runs
-# of the UDP flood toward the guest, never with any data moved) runs once more, and says so.
+# A test whose UDP handshake fails as it starts ("unable to read from stream socket": iperf3
+# 3.12 in reverse mode waits for its server's answer among at most 12 datagrams of the flood,
+# and an fq_codel queue that overflows drops from the head of that flow, the answer first;
+# docs/robustness.md) runs once more, and says so.
 run_iperf() { tag=$1; shift; iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?
   if [ $rc != 0 ] && grep -q 'unable to read from stream socket' /tmp/ip.txt && ! grep -q receiver /tmp/ip.txt; then
     tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_RETRY $tag /"; sleep 1
