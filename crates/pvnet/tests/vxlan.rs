@@ -317,33 +317,7 @@ fn vxlan_port_talks_to_the_kernels_vxlan_device_both_ways() {
         .spawn()
         .expect("iperf3 server");
     std::thread::sleep(Duration::from_millis(500));
-    for extra in [
-        &[][..],
-        &["-R"],
-        &["-u", "-b", "50M"],
-        &["-u", "-b", "50M", "-R"],
-    ] {
-        let mut args = vec!["iperf3", "-c", "10.231.0.2", "-t", "1", "-J"];
-        args.extend_from_slice(extra);
-        // The server takes a moment after each test: "busy" (in the JSON, exit status 0)
-        // until then.
-        let until = Instant::now() + Duration::from_secs(10);
-        let (out, v) = loop {
-            let out = run(&args);
-            let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-            let busy = v["error"].as_str().is_some_and(|e| e.contains("busy"));
-            if !busy || Instant::now() > until {
-                break (out, v);
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        assert!(out.status.success(), "iperf3 {extra:?}: {v}");
-        let bps = v["end"]["sum_received"]["bits_per_second"]
-            .as_f64()
-            .or_else(|| v["end"]["sum"]["bits_per_second"].as_f64())
-            .unwrap_or(0.0);
-        assert!(bps > 1e6, "iperf3 {extra:?}: {bps} bit/s: {v}");
-    }
+    common::iperf3_both_ways("10.231.0.2");
     let _ = server.kill();
     let _ = server.wait();
     assert!(sw.alive(), "the switch runs on");

@@ -975,9 +975,16 @@ mod tests {
             "no dql key on a kernel port"
         );
         let d = e("vhost-user:name=a,socket=/s").unwrap();
-        assert_eq!(d.dql_target, pvnet_dataplane::DQL_TARGET, "the pace cap by default");
+        assert_eq!(
+            d.dql_target,
+            pvnet_dataplane::DQL_TARGET,
+            "the pace cap by default"
+        );
         let linux = e("vhost-user:name=a,socket=/s,dql_target_us=0").unwrap();
-        assert!(linux.dql && linux.dql_target.is_zero(), "DQL without the cap");
+        assert!(
+            linux.dql && linux.dql_target.is_zero(),
+            "DQL without the cap"
+        );
         assert!(e("vhost-user:name=a,socket=/s,dql_target_us=2000000").is_err());
         let fifo = e("vhost-user:name=a,socket=/s,qdisc=fifo,dql=false,bulk=false").unwrap();
         assert_eq!(fifo.queue.map(|q| q.qdisc), Some(Qdisc::Fifo));

@@ -458,6 +458,41 @@ pub fn ctl_json(sock: &Path, args: &[&str]) -> (bool, Value) {
     (out.status.success(), v)
 }
 
+/// iperf3 against a server already listening at `addr`: TCP and UDP (50 Mbit/s), each way
+/// (`-R`: the server sends), one second each; each must end well and move more than 1 Mbit/s.
+/// The server takes a moment after each test and answers "busy" until then (in the JSON, exit
+/// status 0): that is asked again for up to 10 s.
+pub fn iperf3_both_ways(addr: &str) {
+    for extra in [
+        &[][..],
+        &["-R"],
+        &["-u", "-b", "50M"],
+        &["-u", "-b", "50M", "-R"],
+    ] {
+        let mut args = vec!["-c", addr, "-t", "1", "-J"];
+        args.extend_from_slice(extra);
+        let until = Instant::now() + Duration::from_secs(10);
+        let (ok, v) = loop {
+            let out = Command::new("iperf3")
+                .args(&args)
+                .output()
+                .unwrap_or_else(|e| panic!("iperf3 {args:?}: {e}"));
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            let busy = v["error"].as_str().is_some_and(|e| e.contains("busy"));
+            if !busy || Instant::now() > until {
+                break (out.status.success(), v);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(ok, "iperf3 {extra:?}: {v}");
+        let bps = v["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .or_else(|| v["end"]["sum"]["bits_per_second"].as_f64())
+            .unwrap_or(0.0);
+        assert!(bps > 1e6, "iperf3 {extra:?}: {bps} bit/s: {v}");
+    }
+}
+
 /// The port called `name` in a `pvnet ctl ports --json` answer.
 pub fn port_named<'a>(ports: &'a Value, name: &str) -> &'a Value {
     ports["ports"]
