@@ -10,10 +10,7 @@ echo "GUEST_ECHOS_IN $(inechos)"
 echo "GUEST_PING $(ping -c 3 -W 5 -s 8972 10.77.0.1 | grep -o '[0-9]* packets received')"
 for t in tcp_g2h tcp_h2g; do
   if [ $t = tcp_h2g ]; then r=-R; else r=; fi
-  iperf3 -c 10.77.0.1 -f m -t 3 $r > /tmp/ip.txt 2>&1; rc=$?
-  echo "GUEST_IPERF_RC $t $rc"
-  grep -E 'receiver|sender' /tmp/ip.txt | sed "s/^/GUEST_IPERF $t /"
-  [ $rc = 0 ] || tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_ERR $t /"
+  iperf_once -t 3 $r; iperf_report $t $?
 done
 # the host's too-big pings (9000 B of payload: a 9042-byte frame) arrive now, and are not seen
 echo "GUEST_BIG_WAIT"

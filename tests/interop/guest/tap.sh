@@ -10,14 +10,12 @@ echo "GUEST_PING $(ping -c 3 -W 5 10.77.0.1 | grep -o '[0-9]* packets received')
 # 3.12 in reverse mode waits for its server's answer among at most 12 datagrams of the flood,
 # and an fq_codel queue that overflows drops from the head of that flow, the answer first;
 # docs/robustness.md) runs once more, and says so.
-run_iperf() { tag=$1; shift; iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?
+run_iperf() { tag=$1; shift; iperf_once "$@"; rc=$?
   if [ $rc != 0 ] && grep -q 'unable to read from stream socket' /tmp/ip.txt && ! grep -q receiver /tmp/ip.txt; then
     tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_RETRY $tag /"; sleep 1
-    iperf3 -c 10.77.0.1 -f m "$@" > /tmp/ip.txt 2>&1; rc=$?
+    iperf_once "$@"; rc=$?
   fi
-  echo "GUEST_IPERF_RC $tag $rc"
-  grep -E 'receiver|sender' /tmp/ip.txt | sed "s/^/GUEST_IPERF $tag /"
-  [ $rc = 0 ] || tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_ERR $tag /"; }
+  iperf_report $tag $rc; }
 run_iperf tcp_g2h -t 3
 run_iperf tcp_h2g -t 3 -R
 run_iperf udp_g2h -t 3 -u -l 22 -b 0

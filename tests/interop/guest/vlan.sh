@@ -16,10 +16,7 @@ echo "GUEST_ECHOS_IN $(inechos)"
 echo "GUEST_PING $(ping -c 3 -W 5 10.77.0.1 | grep -o '[0-9]* packets received')"
 for t in tcp_g2h tcp_h2g; do
   if [ $t = tcp_h2g ]; then r=-R; else r=; fi
-  iperf3 -c 10.77.0.1 -f m -t 3 $r > /tmp/ip.txt 2>&1; rc=$?
-  echo "GUEST_IPERF_RC $t $rc"
-  grep -E 'receiver|sender' /tmp/ip.txt | sed "s/^/GUEST_IPERF $t /"
-  [ $rc = 0 ] || tail -3 /tmp/ip.txt | sed "s/^/GUEST_IPERF_ERR $t /"
+  iperf_once -t 3 $r; iperf_report $t $?
 done
 # VLAN 20: the host's address asked for from 10.77.20.2; no port of VLAN 20 answers.
 echo "GUEST_ARP20 $(arping -c 3 -w 4 -I eth0.20 -s 10.77.20.2 10.77.0.1 2>&1 | grep -o 'Received [0-9]*' | grep -o '[0-9]*')"
