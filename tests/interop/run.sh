@@ -856,16 +856,24 @@ print(" ".join(sorted("%s/%s/%s" % (m["vlan"], m["port"], m["mac"]) for m in jso
   tr -d '\r' < "$glog" > "$glog.txt"
   tap_counters_agree "$tag" && ok=1
   local hmac; hmac=$(hx cat "/sys/class/net/$TAPIF/address")
+  local hstat; hstat=$(hx nstat -az 2>/dev/null | awk '$2 != 0 && /InCsumErrors|TcpRetransSegs|TcpExtTCPLostRetransmit|IpInHdrErrors|IpInDiscards|InErrs|TcpExtTCPOFOQueue|TcpInSegs/ {printf "%s=%s ", $1, $2}')
   stop_pid "$ip3"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
   host_ns_done
-  local filt arp20 arp0 gm
+  info "$name: host namespace's IP/TCP counters: ${hstat:-none}"
+  local filt arp20 arp0 gm v_rx h_tx v_drops h_drops
   filt=$(sw_final "$tag" vm drops_vlan_filtered)
+  # Every frame the guest sent: written to the tap, or dropped and counted (vlan_filtered,
+  # a flood in VLAN 20 with no port to take it), at the vm port or the tap.
+  v_rx=$(sw_final "$tag" vm rx_packets); h_tx=$(sw_final "$tag" host tx_packets)
+  v_drops=$(python3 "$PYLIB/pvnet_report.py" drops "$D/$tag.pvnet.json" vm)
+  h_drops=$(python3 "$PYLIB/pvnet_report.py" drops "$D/$tag.pvnet.json" host)
   arp20=$(grep -o 'GUEST_ARP20 [0-9]*' "$glog.txt" | cut -d' ' -f2); arp0=$(grep -o 'GUEST_ARP0 [0-9]*' "$glog.txt" | cut -d' ' -f2)
   gm=$(echo "$GMAC" | tr 'A-F' 'a-f')
   info "$name: ping host->guest (VLAN 10): $hping; guest->host: $(grep -o 'GUEST_PING.*' "$glog.txt" | cut -c12-)"
   local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
   info "$name: ARP replies in VLAN 20: ${arp20:-?}, untagged: ${arp0:-?}; vm drops_vlan_filtered: $filt; macs (vlan/port/mac): $macs"
   info "$name: kernel $TAPIF tx=$k_tx rx=$k_rx | pvnet host rx=$s_rx tx=$s_tx ($(elapsed "$t0"))"
+  info "$name: pvnet vm rx=$v_rx, host tx=$h_tx, drops vm=$v_drops host=$h_drops"
   local perr; perr=$(pvnet_error "$tag")
   if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
   grep -q GUEST_VLAN_ERR "$glog.txt" && { fail "$name" "the guest could not make its VLAN interfaces (8021q module?)"; return; }
@@ -880,6 +888,8 @@ print(" ".join(sorted("%s/%s/%s" % (m["vlan"], m["port"], m["mac"]) for m in jso
   [ "$arp0" = 0 ] || { fail "$name" "untagged frames reached the host: ${arp0:-no arping result} ARP replies"; return; }
   [ "${filt:-0}" -ge 3 ] || { fail "$name" "untagged frames on the trunk not counted as vlan_filtered ($filt)"; return; }
   [ "$ok" = 1 ] || { fail "$name" "tap counters disagree: kernel tx=$k_tx rx=$k_rx, pvnet rx=$s_rx tx=$s_tx"; return; }
+  [ "$v_rx" = "$((h_tx + v_drops + h_drops))" ] 2>/dev/null \
+    || { fail "$name" "frames lost uncounted: vm rx=$v_rx, host tx=$h_tx, drops vm=$v_drops host=$h_drops"; return; }
   case " $macs " in *" 10/vm/$gm "*) ;; *) fail "$name" "the guest's address not learned in VLAN 10: $macs"; return ;; esac
   case " $macs " in *" 20/vm/$gm "*) ;; *) fail "$name" "the guest's address not learned in VLAN 20: $macs"; return ;; esac
   case " $macs " in *" 10/host/$hmac "*) ;; *) fail "$name" "the host's address not learned in VLAN 10: $macs"; return ;; esac

@@ -546,6 +546,7 @@ impl Cx<'_, '_> {
         }
         let (n, out) = match run.first() {
             Some(p) if p.has_offload() => {
+                debug_assert_eq!(run.len(), 1, "a packet with offloads is offered alone");
                 let out = match fit(&p.hdr, port.caps().offloads) {
                     Fit::Pass => put_one(port, p, offer, now),
                     Fit::Csum => csum_then(port, p, &mut self.f.staging, offer, now),
@@ -769,10 +770,14 @@ impl Cx<'_, '_> {
             return (0, Out::Dropped(DropReason::VlanFiltered), 1);
         };
         let vid = word & VID;
+        // As on the plain path, a packet with offload metadata goes alone ([`Cx::emit`]
+        // fits one such packet to its receiver at a time), and ends the run before it.
         let mut m = 1;
-        while m < pkts.len().min(MAX_BURST) {
+        let lone = pkts[0].has_offload();
+        while !lone && m < pkts.len().min(MAX_BURST) {
             let w = vlan::classify(self.src_side(), &pkts[m]);
             if w != Some(word)
+                || pkts[m].has_offload()
                 || !matches!(self.route_vlan(&pkts[m].macs, vid), Route::One(x, false) if x == j)
             {
                 break;

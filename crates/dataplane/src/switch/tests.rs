@@ -1478,6 +1478,53 @@ fn tags_move_the_checksum_and_gso_offsets() {
     assert_eq!(got[0].1, back);
 }
 
+/// A burst of offloaded packets from a trunk to one access port (a guest's TCP stream over
+/// its VLAN subinterface, as the guest sends it): every one arrives, each untagged with its
+/// offsets moved, and what entered the trunk is what left the access port. (The run taken
+/// as one burst on the VLAN path once delivered only its first offloaded packet and lost
+/// the next one uncounted.)
+#[test]
+fn a_burst_of_offloaded_tagged_packets_arrives_whole() {
+    let tso = MODERN | VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4;
+    let mut f = switch();
+    let (mut a, pa) = fe(0, tso);
+    let (mut t, pt) = fe(1, tso);
+    f.set_vlan(0, Some(VlanMode::Access(7)));
+    f.set_vlan(1, Some(trunk_of("7", None)));
+    let mut ports = vec![pa, pt];
+    let now = Instant::now();
+    // a's address learned in VLAN 7.
+    a.send(&VnetHdr::default(), &frame([0xff; 6], mac(1), 0, 60));
+    run(&mut f, &mut ports, now);
+    let _ = t.received();
+
+    let mut th = gso_hdr(1000);
+    th.csum_start += 4;
+    th.hdr_len += 4;
+    let mut csum_only = th;
+    csum_only.gso_type = VnetHdr::GSO_NONE;
+    csum_only.gso_size = 0;
+    csum_only.hdr_len = 0;
+    let sent: Vec<(VnetHdr, Vec<u8>)> = (0..12u16)
+        .map(|k| {
+            let h = if k % 3 == 2 { csum_only } else { th };
+            (h, tcp4(mac(1), mac(2), 900 + usize::from(k) * 100))
+        })
+        .collect();
+    for (h, fr) in &sent {
+        t.send(h, &tagged(fr, 7));
+    }
+    run(&mut f, &mut ports, now);
+    let got = a.received();
+    assert_eq!(got.len(), sent.len(), "every packet of the burst arrives");
+    for ((h, fr), (sh, sf)) in got.iter().zip(&sent) {
+        assert_eq!(fr, sf, "untagged, in order");
+        assert_eq!((h.csum_start, h.gso_type), (sh.csum_start - 4, sh.gso_type));
+    }
+    assert_eq!(get(&t.stats.rx_packets), 12);
+    assert_eq!(get(&a.stats.tx_packets), 12);
+}
+
 /// Two shards joined by a trunk: a frame keeps its VLAN across (a flood in VLAN 10 reaches
 /// only VLAN 10's ports on the other shard, tagged on its trunk port), and a tagged frame
 /// from a trunk port on one shard leaves an access port on the other untagged.
