@@ -485,9 +485,8 @@ pub(crate) fn retag<'m>(
         return None;
     }
     h.write(&mut head[..]);
-    if virtq::read_segs(p.segs, hl, &mut head[hu..au]) != ADDRS as usize {
-        return None;
-    }
+    // The addresses as the source port read them with the header (`Pkt::macs`).
+    head[hu..au].copy_from_slice(&p.macs);
     let end = if let Act::Insert(v) = act {
         head[au..au + 2].copy_from_slice(&TPID.to_be_bytes());
         head[au + 2..au + 4].copy_from_slice(&v.to_be_bytes());
@@ -495,12 +494,28 @@ pub(crate) fn retag<'m>(
     } else {
         au
     };
-    let mut n = 0;
     *out.first_mut()? = Seg::from_mut(&mut head[..end]);
-    n += 1;
-    if !cut(p.segs, addrs + skip, p.len, &mut out[..], &mut n) {
-        return None;
-    }
+    let from = addrs + skip;
+    let rest = p.len.checked_sub(from)?;
+    let n = match *p.segs {
+        // The rest in the last of one or two segments (a frame in one buffer, its header
+        // in front or apart): one cut, no walk.
+        [s] => {
+            *out.get_mut(1)? = s.sub(from, rest)?;
+            2
+        }
+        [first, s] if first.len() <= from => {
+            *out.get_mut(1)? = s.sub(from - first.len(), rest)?;
+            2
+        }
+        _ => {
+            let mut n = 1;
+            if !cut(p.segs, from, p.len, &mut out[..], &mut n) {
+                return None;
+            }
+            n
+        }
+    };
     Some(Pkt {
         segs: &out[..n],
         len,
@@ -638,13 +653,16 @@ mod tests {
         b
     }
 
+    /// The packet over `segs`, its addresses read as a source port reads them.
     fn pkt<'a>(segs: &'a [Seg<'a>], len: usize, hdr: VnetHdr) -> Pkt<'a> {
+        let mut macs = [0; 12];
+        assert_eq!(virtq::read_segs(segs, HDR_LEN, &mut macs), 12);
         Pkt {
             segs,
             len: u32::try_from(len).unwrap(),
             hdr_len: HDR_LEN,
             hdr,
-            macs: [0; 12],
+            macs,
             hash: 0,
             vlan: 0,
         }
@@ -760,54 +778,73 @@ mod tests {
         let payload: Vec<u8> = (0..100u8).collect();
         let mut rest = vec![0x08, 0x00];
         rest.extend_from_slice(&payload);
-        let mut plain = frame(h, &rest);
-        let orig = plain.clone();
-        let len = plain.len();
-        let segs = split_at(
-            &mut plain,
-            &[5, HDR_LEN as usize + 7, HDR_LEN as usize + 13],
-        );
-        let p = pkt(&segs, len, h);
-
-        let (mut hb, mut out) = ([0u8; HEAD], [Seg::from_mut(&mut []); RETAG_SEGS]);
-        let q = retag(&p, Act::Insert(300), 300, &mut hb, &mut out).unwrap();
-        assert_eq!(q.vlan, 300 | TAGGED);
-        assert_eq!(q.len as usize, len + 4);
-        assert_eq!((q.hdr.csum_start, q.hdr.hdr_len), (38, 58));
-        let b = bytes(&q);
         let hl = HDR_LEN as usize;
-        assert_eq!(
-            VnetHdr::parse(&b).unwrap(),
-            q.hdr,
-            "the header bytes say the same"
-        );
-        assert_eq!(&b[hl..hl + 12], &orig[hl..hl + 12]);
-        assert_eq!(&b[hl + 12..hl + 16], &[0x81, 0x00, 0x01, 0x2c]);
-        assert_eq!(&b[hl + 16..], &orig[hl + 12..]);
+        // One buffer, the header apart (the one-cut paths), the header cut and the
+        // addresses across three segments (the walk).
+        let layouts: [&[usize]; 4] = [&[], &[hl], &[hl, hl + 30], &[5, hl + 7, hl + 13]];
+        for cuts in layouts {
+            let mut plain = frame(h, &rest);
+            let orig = plain.clone();
+            let len = plain.len();
+            let segs = split_at(&mut plain, cuts);
+            let p = pkt(&segs, len, h);
 
-        let mut copy = vec![0u8; 4096];
-        let mut one = [Seg::from_mut(&mut [])];
-        let c = retag_copy(&p, Act::Insert(300), &mut copy, &mut one).unwrap();
-        assert_eq!(bytes(&c), b, "the copy path makes the same frame");
+            let (mut hb, mut out) = ([0u8; HEAD], [Seg::from_mut(&mut []); RETAG_SEGS]);
+            let q = retag(&p, Act::Insert(300), 300, &mut hb, &mut out).unwrap();
+            assert_eq!(q.vlan, 300 | TAGGED);
+            assert_eq!(q.len as usize, len + 4);
+            assert_eq!((q.hdr.csum_start, q.hdr.hdr_len), (38, 58));
+            let b = bytes(&q);
+            assert_eq!(
+                VnetHdr::parse(&b).unwrap(),
+                q.hdr,
+                "the header bytes say the same"
+            );
+            assert_eq!(&b[hl..hl + 12], &orig[hl..hl + 12], "{cuts:?}");
+            assert_eq!(&b[hl + 12..hl + 16], &[0x81, 0x00, 0x01, 0x2c]);
+            assert_eq!(&b[hl + 16..], &orig[hl + 12..], "{cuts:?}");
 
-        // And back: strip the tag from the re-cut packet.
-        let (mut hb2, mut out2) = ([0u8; HEAD], [Seg::from_mut(&mut []); RETAG_SEGS]);
-        let r = retag(&q, Act::Strip, q.vlan, &mut hb2, &mut out2).unwrap();
-        assert_eq!(r.vlan, 300);
-        assert_eq!(bytes(&r), orig, "stripped: the original frame");
-        assert_eq!((r.hdr.csum_start, r.hdr.hdr_len), (34, 54));
-        let mut copy2 = vec![0u8; 4096];
-        let mut one2 = [Seg::from_mut(&mut [])];
-        let c2 = retag_copy(&q, Act::Strip, &mut copy2, &mut one2).unwrap();
-        assert_eq!(bytes(&c2), orig);
+            let mut copy = vec![0u8; 4096];
+            let mut one = [Seg::from_mut(&mut [])];
+            let c = retag_copy(&p, Act::Insert(300), &mut copy, &mut one).unwrap();
+            assert_eq!(bytes(&c), b, "the copy path makes the same frame");
 
+            // And back: strip the tag from the re-cut packet (its head apart, the rest in
+            // one segment or several), and from the tagged frame in one buffer.
+            let (mut hb2, mut out2) = ([0u8; HEAD], [Seg::from_mut(&mut []); RETAG_SEGS]);
+            let r = retag(&q, Act::Strip, q.vlan, &mut hb2, &mut out2).unwrap();
+            assert_eq!(r.vlan, 300);
+            assert_eq!(bytes(&r), orig, "stripped: the original frame ({cuts:?})");
+            assert_eq!((r.hdr.csum_start, r.hdr.hdr_len), (34, 54));
+            let mut tagged = b.clone();
+            let one_buf = [Seg::from_mut(&mut tagged)];
+            let t = Pkt {
+                segs: &one_buf,
+                ..q
+            };
+            let (mut hb3, mut out3) = ([0u8; HEAD], [Seg::from_mut(&mut []); RETAG_SEGS]);
+            let r1 = retag(&t, Act::Strip, t.vlan, &mut hb3, &mut out3).unwrap();
+            assert_eq!(bytes(&r1), orig, "stripped from one buffer");
+            let mut copy2 = vec![0u8; 4096];
+            let mut one2 = [Seg::from_mut(&mut [])];
+            let c2 = retag_copy(&q, Act::Strip, &mut copy2, &mut one2).unwrap();
+            assert_eq!(bytes(&c2), orig);
+        }
         // A checksum starting inside the tag cannot be stripped.
+        let mut t = frame(h, &rest);
+        t.splice(hl + 12..hl + 12, [0x81, 0x00, 0x01, 0x2c]);
+        let len = t.len();
+        let segs = [Seg::from_mut(&mut t)];
         let bad = Pkt {
-            hdr: VnetHdr {
-                csum_start: 14,
-                ..h
-            },
-            ..q
+            vlan: 300 | TAGGED,
+            ..pkt(
+                &segs,
+                len,
+                VnetHdr {
+                    csum_start: 14,
+                    ..h
+                },
+            )
         };
         let (mut hb3, mut out3) = ([0u8; HEAD], [Seg::from_mut(&mut []); RETAG_SEGS]);
         assert!(retag(&bad, Act::Strip, bad.vlan, &mut hb3, &mut out3).is_none());
