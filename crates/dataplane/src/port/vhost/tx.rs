@@ -42,12 +42,14 @@ pub(super) fn ingress(
     // frame and compares before it writes, so in steady state it never does), is not asked
     // for: shared in both caches, it is read here without a transfer, where owned it would be
     // taken from the frontend at each of its compares and back at each of pvnet's reads
-    // (docs/coherence.md).
+    // (docs/coherence.md). A header in a descriptor of its own (a chain: DPDK's PMD then
+    // writes it in a table of headers, one per ring slot) leaves the frame to the next
+    // segment: the lines after such a header are the frontend's next slots, not the frame.
     let pf = Prefetch::write();
-    if let Err(e) = tx.q.pop_batch(chains, max, |segs| {
-        if let Some(s) = segs.first() {
-            pf.seg_from(s, hdr_len, 2);
-        }
+    if let Err(e) = tx.q.pop_batch(chains, max, |segs| match segs {
+        [h, f, ..] if h.len() <= hdr_len => pf.seg_from(f, hdr_len - h.len(), 2),
+        [s, ..] => pf.seg_from(s, hdr_len, 2),
+        [] => {}
     }) {
         // Chains popped before the bad one are still taken below.
         tx.fail(id, stats, e);
