@@ -209,6 +209,18 @@ verdict() {
   pass "$1"
 }
 pvnet_error() { plain_log "$D/$1.pvnet.log" | grep -m1 ' ERROR ' | sed 's/.*ERROR [^ ]* //'; }
+# guest_finished NAME TAG GLOG QRC BERC : what every guest case checks first: pvnet (its log
+# $D/TAG.pvnet.log) logged no error, the guest ran its script to the end (GLOG.txt, the
+# console without carriage returns; QRC QEMU's status), the switch exited cleanly (BERC).
+# Fails NAME and returns 1 at the first that did not.
+guest_finished() {
+  local name="$1" tag="$2" glog="$3" qrc="$4" berc="$5" perr
+  perr=$(pvnet_error "$tag")
+  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return 1; fi
+  grep -q 'PVG-DONE rc=0' "$glog.txt" \
+    || { fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return 1; }
+  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return 1; }
+}
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f s", b-a}'; }
 
 SW_PID=
@@ -648,10 +660,8 @@ guest_case() {   # guest_case NAME ROLE
   info "$name: guest: $(grep -o 'GUEST_STATS.*' "$glog.txt" | cut -c13-) | pvnet rx_packets=$pv_rx tx_packets=$pv_tx ($(elapsed "$t0"))"
   plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
   grep -E 'qemu-system|PVG-WARN|GUEST_WARN' "$glog.txt" | head -3 | sed 's/^/  console: /'
-  local perr; perr=$(pvnet_error "$tag")
-  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
-  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
-  if [ "$berc" != 0 ] || [ "$pv_rx" = missing ]; then fail "$name" "pvnet switch did not report (status $berc)"; return; fi
+  guest_finished "$name" "$tag" "$glog" "$qrc" "$berc" || return
+  [ "$pv_rx" != missing ] || { fail "$name" "pvnet switch did not report"; return; }
   [ "$carrier" = 1 ] || { fail "$name" "guest eth0 has no carrier"; return; }
   if ! bad=$(fe_clean "$tag"); then fail "$name" "pvnet $bad"; return; fi
   if [ "$role" = sink ]; then
@@ -739,10 +749,7 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
   local s_direct; s_direct=$(sw_final "$tag" host rx_direct)
   info "$name: host->guest packets the kernel wrote straight into the guest's buffers (rx_direct): $s_direct of $s_rx"
   plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
-  local perr; perr=$(pvnet_error "$tag")
-  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
-  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
-  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  guest_finished "$name" "$tag" "$glog" "$qrc" "$berc" || return
   case "$dopt" in *packed=on*)
     acked_features "$D/$tag.pvnet.log" | grep -qw RING_PACKED || { fail "$name" "packed ring not negotiated"; return; } ;;
   esac
@@ -816,10 +823,7 @@ guest_mtu() {
   info "$name: jumbo ping host->guest: $hping; guest->host: $(grep -o 'GUEST_PING.*' "$glog.txt" | cut -c12-)"
   local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
   info "$name: host pings over the guest's MTU: ${hbig:-none} replied, too_big at pvnet's host port: $big; echo requests the guest saw after its own tests: $echos0 -> $echos1 ($(elapsed "$t0"))"
-  local perr; perr=$(pvnet_error "$tag")
-  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
-  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
-  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  guest_finished "$name" "$tag" "$glog" "$qrc" "$berc" || return
   acked_features "$D/$tag.pvnet.log" | grep -qw MTU || { fail "$name" "VIRTIO_NET_F_MTU not negotiated"; return; }
   [ "$gmtu" = 9000 ] || { fail "$name" "the guest's MTU is $gmtu, not 9000"; return; }
   [ "$hping" = "3 received" ] || { fail "$name" "jumbo ping host->guest: $hping"; return; }
@@ -874,11 +878,8 @@ print(" ".join(sorted("%s/%s/%s" % (m["vlan"], m["port"], m["mac"]) for m in jso
   info "$name: ARP replies in VLAN 20: ${arp20:-?}, untagged: ${arp0:-?}; vm drops_vlan_filtered: $filt; macs (vlan/port/mac): $macs"
   info "$name: kernel $TAPIF tx=$k_tx rx=$k_rx | pvnet host rx=$s_rx tx=$s_tx ($(elapsed "$t0"))"
   info "$name: pvnet vm rx=$v_rx, host tx=$h_tx, drops vm=$v_drops host=$h_drops"
-  local perr; perr=$(pvnet_error "$tag")
-  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
   grep -q GUEST_VLAN_ERR "$glog.txt" && { fail "$name" "the guest could not make its VLAN interfaces (8021q module?)"; return; }
-  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
-  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  guest_finished "$name" "$tag" "$glog" "$qrc" "$berc" || return
   [ "$hping" = "3 received" ] || { fail "$name" "ping host->guest over VLAN 10: $hping"; return; }
   grep -q 'GUEST_PING 3 packets received' "$glog.txt" || { fail "$name" "ping guest->host over VLAN 10 failed"; return; }
   local t; for t in tcp_g2h tcp_h2g; do
@@ -946,10 +947,7 @@ guest_mq() {
   info "$name: features acked: $(acked_features "$D/$tag.pvnet.log" | head -1); guest: $(grep -o 'GUEST_CHANNELS.*' "$glog.txt" | cut -c16-) ($(elapsed "$t0"))"
   local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
   plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
-  local perr; perr=$(pvnet_error "$tag")
-  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
-  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
-  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
+  guest_finished "$name" "$tag" "$glog" "$qrc" "$berc" || return
   acked_features "$D/$tag.pvnet.log" | grep -qw MQ || { fail "$name" "VIRTIO_NET_F_MQ not negotiated"; return; }
   local t; for t in g2h_cpu0 g2h_cpu1 h2g; do
     grep -q "GUEST_IPERF_RC $t 0" "$glog.txt" || { fail "$name" "iperf3 $t failed (console: $glog)"; return; }
@@ -1062,11 +1060,8 @@ guest_restart() {
   grep -o 'GUEST_DMESG.*' "$glog.txt" | sed 's/^/  /'
   plain_log "$D/$tag.1.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
   info "$name: ($(elapsed "$t0"))"
-  local perr; perr=$(pvnet_error "$tag.1")
-  if [ -n "$perr" ]; then fail "$name" "pvnet: $perr"; return; fi
+  guest_finished "$name" "$tag.1" "$glog" "$qrc" "$berc" || return
   [ "$down" != nan ] || { fail "$name" "the guest never started pinging (console: $glog)"; return; }
-  if ! grep -q 'PVG-DONE rc=0' "$glog.txt"; then fail "$name" "guest did not finish its script (qemu status $qrc; console: $glog)"; return; fi
-  [ "$berc" = 0 ] || { fail "$name" "pvnet switch exit status $berc"; return; }
   [ "$verr" = 0 ] || { fail "$name" "the guest kernel logged virtio errors"; return; }
   grep -q "GUEST_IPERF_RC tcp_g2h 0" "$glog.txt" || { fail "$name" "iperf3 after the restart failed"; return; }
   [ "${replies:-0}" -gt 100 ] || { fail "$name" "only $replies of 200 ping replies"; return; }
