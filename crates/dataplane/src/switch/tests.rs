@@ -1301,6 +1301,16 @@ fn tagged(f: &[u8], vid: u16) -> Vec<u8> {
     t
 }
 
+/// [`gso_hdr`] for the frame with an 802.1Q tag: its offsets 4 bytes further.
+fn tagged_gso_hdr(payload_mss: u16) -> VnetHdr {
+    let h = gso_hdr(payload_mss);
+    VnetHdr {
+        csum_start: h.csum_start + 4,
+        hdr_len: h.hdr_len + 4,
+        ..h
+    }
+}
+
 fn trunk_of(list: &str, native: Option<u32>) -> VlanMode {
     VlanMode::from_keys(None, Some(list), native)
         .expect("a good list")
@@ -1466,9 +1476,7 @@ fn tags_move_the_checksum_and_gso_offsets() {
     assert_eq!(get(&s.stats.sw_gso), 1);
 
     // Back from the trunk, tagged: untagged at the access port, offsets 4 bytes back.
-    let mut th = gso_hdr(1000);
-    th.csum_start += 4;
-    th.hdr_len += 4;
+    let th = tagged_gso_hdr(1000);
     let back = tcp4(mac(1), mac(2), 3000);
     t.send(&th, &tagged(&back, 7));
     run(&mut f, &mut ports, now);
@@ -1498,13 +1506,13 @@ fn a_burst_of_offloaded_tagged_packets_arrives_whole() {
     run(&mut f, &mut ports, now);
     let _ = t.received();
 
-    let mut th = gso_hdr(1000);
-    th.csum_start += 4;
-    th.hdr_len += 4;
-    let mut csum_only = th;
-    csum_only.gso_type = VnetHdr::GSO_NONE;
-    csum_only.gso_size = 0;
-    csum_only.hdr_len = 0;
+    let th = tagged_gso_hdr(1000);
+    let csum_only = VnetHdr {
+        gso_type: VnetHdr::GSO_NONE,
+        gso_size: 0,
+        hdr_len: 0,
+        ..th
+    };
     let sent: Vec<(VnetHdr, Vec<u8>)> = (0..12u16)
         .map(|k| {
             let h = if k % 3 == 2 { csum_only } else { th };

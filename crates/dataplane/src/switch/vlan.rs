@@ -475,9 +475,6 @@ pub(crate) fn retag<'m>(
     };
     let hl = p.hdr_len;
     let addrs = hl + ADDRS;
-    if p.len < addrs + skip {
-        return None;
-    }
     // The new header, the addresses (copied: 12 bytes) and the tag in one segment of their
     // own, the rest of the frame re-cut over its memory: two segments for a plain frame.
     let (hu, au) = (hl as usize, addrs as usize);
@@ -548,7 +545,7 @@ pub(crate) fn retag_copy<'m>(
     let mut hb = [0u8; VnetHdr::LEN];
     h.write(&mut hb);
     buf[..hl].copy_from_slice(&hb[..hl]);
-    virtq::read_segs(p.segs, p.hdr_len, &mut buf[hl..addrs]);
+    buf[hl..addrs].copy_from_slice(&p.macs);
     match act {
         Act::Insert(v) => {
             buf[addrs..addrs + 2].copy_from_slice(&TPID.to_be_bytes());
