@@ -57,6 +57,8 @@
 #        entry with '+' means the same) SPLIT=rand (testpmd's set txsplit: a random number of
 #        those segments per packet); the table goes to its own section (bench_dpdk_chains_split or _packed)
 #        MBUFS=32768 (the frontend's mbuf pool, testpmd --total-num-mbufs, both sides)
+#        MBUF_SIZE=2176 (testpmd --mbuf-size, both sides: bytes of one mbuf's data room and
+#        headroom; larger puts the next mbuf's header further from a frame's end)
 #        PERF=1 (profile the backend over the measured window: $B/<run>.perf.data, cpu-clock;
 #        PERF=fe profiles the frontend instead;
 #        it perturbs the run, so its figures are not comparable)
@@ -91,7 +93,7 @@ BE_ARGS=(-l "0,1" --main-lcore 0 --socket-mem 512 --file-prefix "$BE_PREFIX" --n
 SOCK2="$B/vu2.sock"
 FE_ARGS2=("${FE_ARGS[@]}" --vdev "net_virtio_user1,path=$SOCK2,queues=$QUEUES,queue_size=256$VU_RING")
 BE_ARGS2=("${BE_ARGS[@]}" --vdev "net_vhost1,iface=$SOCK2,queues=$QUEUES")
-APP_ARGS=(--nb-cores=1 --total-num-mbufs="${MBUFS:-32768}" -i --rxq="$QUEUES" --txq="$QUEUES")
+APP_ARGS=(--nb-cores=1 --total-num-mbufs="${MBUFS:-32768}" --mbuf-size="${MBUF_SIZE:-2176}" -i --rxq="$QUEUES" --txq="$QUEUES")
 # pvnet's side of the same layout: QUEUES pairs on its vhost-user ports, and a generator whose
 # frames spread over the rings (64 flows) when there is more than one.
 VU_Q=",queue_pairs=$QUEUES"; GEN_FLOWS=1; [ "$QUEUES" -gt 1 ] && GEN_FLOWS=64
