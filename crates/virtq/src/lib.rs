@@ -49,7 +49,8 @@ pub use error::{Error, Result};
 pub use event::{need_event, Armed};
 pub use iotlb::{Iotlb, IotlbError};
 pub use mem::{
-    copy_segs, prefetch_range, read_segs, write_segs, Grant, MemTable, Prefetch, RegionSpec, Seg,
+    copy_segs, prefetch_range, read_segs, spare_peers, write_segs, Grant, MemTable, Prefetch,
+    RegionSpec, Seg,
 };
 pub use queue::{DeviceQueue, DriverQueue, FormatQueue};
 pub use xlate::{Miss, Translate, Window};

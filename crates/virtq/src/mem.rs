@@ -22,6 +22,7 @@ pub(crate) use crate::config::AddrSpace;
 use crate::dirty::DirtyLog;
 use crate::error::{Error, Result};
 use crate::xlate::{Miss, Perm, Translate, Window};
+use std::cell::Cell;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
@@ -537,7 +538,13 @@ impl<'m> Seg<'m> {
         };
         // SAFETY: `p..p+n` is inside the segment (`at`); `dst` is memory we own, which cannot
         // overlap the peer's mapping.
-        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), n) };
+        unsafe {
+            if n < TAIL_MIN {
+                std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), n);
+            } else {
+                copy_long(p, dst.as_mut_ptr(), n);
+            }
+        }
         n
     }
 
@@ -730,6 +737,91 @@ fn has_prefetchw() -> bool {
     }
 }
 
+/// A copy out of a peer's buffer this long or longer ends with [`TAIL_DOWN`] bytes copied
+/// from the end down ([`copy_out`]) while the thread spares its peers; a shorter one is one
+/// `memmove`.
+const TAIL_MIN: usize = 1024;
+
+std::thread_local! {
+    /// Whether this thread's long copies out of peers' buffers take their tail downward
+    /// ([`copy_out`]); set per batch by the poller ([`spare_peers`]).
+    static SPARE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// How this thread's long copies out of peers' buffers run until the next call: `true`
+/// while it copies out of a peer it keeps up with (its batch from that peer was not full:
+/// the peer's time sets the rate, and the copy spares it the lines a plain copy's prefetch
+/// would take from it: [`copy_out`]), `false` otherwise (the thread's own time sets the
+/// rate, or the source is its own memory: one `memmove`, the fastest copy for it, whose
+/// prefetch also runs on into the next frame). `false` until set.
+#[inline]
+pub fn spare_peers(yes: bool) {
+    SPARE.with(|s| s.set(yes));
+}
+
+/// The bytes at the end of a long copy taken last, one cache line at a time from the top.
+const TAIL_DOWN: usize = 256;
+
+/// Copies `n` bytes from `src` (a peer's buffer) to `dst`: while the thread spares its peers
+/// ([`spare_peers`]) and the copy is long, all but the last [`TAIL_DOWN`] bytes upward in one
+/// `memmove`, then those from the end down, a cache line at a time; else one `memmove`.
+///
+/// Why not one `memmove`: a copy that runs upward to the end of a buffer trains the core's
+/// stream prefetcher, which then runs on for several lines past the end, into memory the
+/// peer writes (a DPDK frontend keeps the next mbuf ten lines after a 1500-byte frame in its
+/// 2 KB data room; a Linux guest an skb's shared info after its data). Each line brought
+/// over costs the peer an invalidation when it next writes it. Measured in the slow
+/// core-to-core state (docs/interop.md, "The frontend's next mbuf"): a DPDK frontend sending
+/// 1500-byte frames to pvnet's sink ran faster with the last 256 bytes read downward, or
+/// with its mbufs twice as far apart, and not with them prefetched first. Read downward,
+/// the last lines give the prefetcher no upward run to follow.
+///
+/// # Safety
+///
+/// As for `ptr::copy`: `src` readable and `dst` writable for `n` bytes. They may overlap (a
+/// hostile peer can arrange that): the bytes copied are then unspecified, as the peer's
+/// own writes make them anyway, and nothing outside the two ranges is touched.
+#[inline(always)]
+unsafe fn copy_out(src: *const u8, dst: *mut u8, n: usize) {
+    if n < TAIL_MIN {
+        // SAFETY: the caller's.
+        unsafe { std::ptr::copy(src, dst, n) };
+    } else {
+        // SAFETY: the caller's.
+        unsafe { copy_long(src, dst, n) };
+    }
+}
+
+/// [`copy_out`] of `TAIL_MIN` bytes or more: out of line, so that the short copies inline
+/// as one `memmove` call and a compare.
+///
+/// # Safety
+///
+/// As [`copy_out`]'s, and `n >= TAIL_MIN`.
+#[inline(never)]
+unsafe fn copy_long(src: *const u8, dst: *mut u8, n: usize) {
+    if !SPARE.with(Cell::get) {
+        // SAFETY: the caller's.
+        unsafe { std::ptr::copy(src, dst, n) };
+        return;
+    }
+    let head = n - TAIL_DOWN;
+    // SAFETY: `head < n`: inside both ranges.
+    unsafe { std::ptr::copy(src, dst, head) };
+    let mut e = n;
+    while e > head {
+        e -= 64;
+        // SAFETY: `head <= e` and `e + 64 <= n` (`TAIL_DOWN` is a multiple of 64): inside
+        // both ranges. Unaligned reads and writes of plain bytes.
+        unsafe {
+            let line = std::ptr::read_unaligned(src.add(e).cast::<[u8; 64]>());
+            std::ptr::write_unaligned(dst.add(e).cast::<[u8; 64]>(), line);
+        }
+    }
+}
+
+const _: () = assert!(TAIL_DOWN & 63 == 0 && TAIL_DOWN < TAIL_MIN);
+
 /// Copies bytes from one chain's segments to another's: the one copy of a hop between two
 /// peers' memories. Returns the number of bytes copied: `min(len, what both sides hold)`.
 ///
@@ -744,7 +836,7 @@ pub fn copy_segs(src: &[Seg<'_>], src_off: u32, dst: &[Seg<'_>], dst_off: u32, l
             // without overflow); both segments lie in mapped regions. `ptr::copy` tolerates
             // overlap.
             unsafe {
-                std::ptr::copy(
+                copy_out(
                     s.ptr.as_ptr().add(src_off as usize),
                     d.ptr.as_ptr().add(dst_off as usize),
                     len as usize,
@@ -788,9 +880,9 @@ fn copy_two(
     // `ptr::copy` tolerates overlap.
     unsafe {
         let to = d.ptr.as_ptr().add(dst_off as usize);
-        std::ptr::copy(s0.ptr.as_ptr().add(src_off as usize), to, a as usize);
+        copy_out(s0.ptr.as_ptr().add(src_off as usize), to, a as usize);
         if let Some(s1) = s1.filter(|_| b > 0) {
-            std::ptr::copy(s1.ptr.as_ptr(), to.add(a as usize), b as usize);
+            copy_out(s1.ptr.as_ptr(), to.add(a as usize), b as usize);
         }
     }
     Some(len)
@@ -826,7 +918,7 @@ fn copy_segs_walk(
         // SAFETY: src_off + n <= s.len and dst_off + n <= d.len; both segments lie in mapped
         // regions. `ptr::copy` tolerates overlap.
         unsafe {
-            std::ptr::copy(
+            copy_out(
                 s.ptr.as_ptr().add(src_off as usize),
                 d.ptr.as_ptr().add(dst_off as usize),
                 n as usize,
@@ -900,7 +992,47 @@ impl DirtyLog {
 
 #[cfg(test)]
 mod tests {
-    use super::{copy_segs, Seg};
+    use super::{copy_segs, read_segs, Seg};
+
+    /// Copies long enough to take their last lines downward ([`super::copy_out`]), through
+    /// every path: one segment, two, the walk, and `read_segs`; nothing written past the end.
+    #[test]
+    fn long_copies_with_their_tail_taken_downward_match_a_plain_copy() {
+        let bytes: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+        for (len, spare) in [1023usize, 1024, 1025, 1087, 1500, 1514, 2048, 2999]
+            .into_iter()
+            .flat_map(|l| [(l, true), (l, false)])
+        {
+            super::spare_peers(spare);
+            for cut in [None, Some(100usize), Some(len - 300)] {
+                let mut src = bytes[..len].to_vec();
+                let (a, b) = src.split_at_mut(cut.unwrap_or(len));
+                let segs = [Seg::from_mut(a), Seg::from_mut(b)];
+                let mut out = vec![0xeeu8; len + 8];
+                let dst = [Seg::from_mut(&mut out[..len])];
+                let n = u32::try_from(len).unwrap();
+                assert_eq!(copy_segs(&segs, 0, &dst, 0, n), n);
+                assert_eq!(&out[..len], &bytes[..len], "len {len} cut {cut:?}");
+                assert!(
+                    out[len..].iter().all(|&x| x == 0xee),
+                    "written past the end"
+                );
+                let mut r = vec![0u8; len];
+                assert_eq!(read_segs(&segs, 0, &mut r), len);
+                assert_eq!(r, &bytes[..len], "read, len {len} cut {cut:?}");
+            }
+            // Three destination pieces: the walk.
+            let mut src = bytes[..len].to_vec();
+            let s = [Seg::from_mut(&mut src)];
+            let mut out = vec![0u8; len];
+            let (d0, rest) = out.split_at_mut(10);
+            let (d1, d2) = rest.split_at_mut(len / 2);
+            let dst = [Seg::from_mut(d0), Seg::from_mut(d1), Seg::from_mut(d2)];
+            let n = u32::try_from(len).unwrap();
+            assert_eq!(copy_segs(&s, 0, &dst, 0, n), n);
+            assert_eq!(out, &bytes[..len], "walk, len {len}");
+        }
+    }
 
     /// Every split of a 40-byte source into segments, every source offset and length, into
     /// one destination buffer and into two: the bytes land as one plain copy puts them.

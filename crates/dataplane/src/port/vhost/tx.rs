@@ -54,10 +54,17 @@ pub(super) fn ingress(
         // Chains popped before the bad one are still taken below.
         tx.fail(id, stats, e);
     }
+    // A batch of at most half the budget: this worker keeps up with the frontend, whose time
+    // sets the rate (its bursts are 32, the budget 64), so the copies out of its buffers
+    // during the hand-over spare it (`virtq::spare_peers`); a fuller one: the worker is
+    // behind, and copies as fast as it can.
+    virtq::spare_peers(chains.len() * 2 <= max);
     let (taken, bytes, bad) = match &tx.q {
         DeviceQueue::Split(q) => hand_over(q, chains, hdr_len, stats, to),
         DeviceQueue::Packed(q) => hand_over(q, chains, hdr_len, stats, to),
     };
+    // Other copies (from pvnet's own buffers) have no peer to spare.
+    virtq::spare_peers(false);
     // Every chain taken (delivered, dropped, or too short) is returned, in order.
     tx.q.push_used_all(&chains[..taken], 0);
     // Chains not taken wait in the ring for the next round.
