@@ -37,6 +37,7 @@ use pvnet_net::features::{
 };
 use pvnet_net::offload;
 use pvnet_net::{VnetHdr, HDR_LEN};
+use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 use virtq::read_segs;
 use virtq::Seg;
@@ -774,9 +775,9 @@ impl Cx<'_, '_> {
         // fits one such packet to its receiver at a time), and ends the run before it.
         let mut m = 1;
         let lone = pkts[0].has_offload();
+        let same = vlan::Same::of(self.src_side(), word);
         while !lone && m < pkts.len().min(MAX_BURST) {
-            let w = vlan::classify(self.src_side(), &pkts[m]);
-            if w != Some(word)
+            if !same.holds(&pkts[m])
                 || pkts[m].has_offload()
                 || !matches!(self.route_vlan(&pkts[m].macs, vid), Route::One(x, false) if x == j)
             {
@@ -795,10 +796,13 @@ impl Cx<'_, '_> {
         // Each packet's new head (header, addresses, tag) and re-cut segments (a plain
         // one-segment frame takes two); one of more segments ends the run and goes alone (its
         // own re-cut, or a copy).
-        let mut heads = [[0u8; vlan::HEAD]; MAX_BURST];
-        let mut segs = [[Seg::from_mut(&mut []); RUN_SEGS]; MAX_BURST];
+        // Made as they are used (a run is often half of MAX_BURST): not ~6 KB set per call.
+        let mut heads = [const { MaybeUninit::<[u8; vlan::HEAD]>::uninit() }; MAX_BURST];
+        let mut segs = [const { MaybeUninit::<[Seg<'_>; RUN_SEGS]>::uninit() }; MAX_BURST];
         let mut r = 0;
         for ((p, h), o) in pkts[..m].iter().zip(heads.iter_mut()).zip(segs.iter_mut()) {
+            let h = h.write([0u8; vlan::HEAD]);
+            let o = o.write([Seg::from_mut(&mut []); RUN_SEGS]);
             let q = Pkt { vlan: word, ..*p };
             let Some(x) = vlan::retag(&q, act, word, h, o) else {
                 break;

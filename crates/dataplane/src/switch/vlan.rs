@@ -375,6 +375,57 @@ pub(crate) fn classify(side: Side<'_>, p: &Pkt<'_>) -> Option<u16> {
     }
 }
 
+/// What the packets after a run's first must show to classify as its word ([`classify`]):
+/// the run's check with the sender's settings already applied, so that it holds no borrow
+/// of them and asks nothing of them per packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Same {
+    /// A port without settings: every packet is in VLAN 0.
+    Any,
+    /// A trunk between shards: the word the record carries.
+    Shard(u16),
+    /// No 802.1Q tag (and, on an access port, no 802.1ad tag either).
+    Untagged { qinq: bool },
+    /// An 802.1Q tag of this VLAN.
+    Tagged(u16),
+}
+
+impl Same {
+    /// The check for packets from a port on `side` whose run classified as `word`.
+    #[inline]
+    pub(crate) fn of(side: Side<'_>, word: u16) -> Self {
+        match side {
+            Side::Plain => Same::Any,
+            Side::Shard => Same::Shard(word),
+            Side::Mode(VlanMode::Access(_)) => Same::Untagged { qinq: true },
+            Side::Mode(VlanMode::Trunk { .. }) if word & TAGGED != 0 => Same::Tagged(word & VID),
+            Side::Mode(VlanMode::Trunk { .. }) => Same::Untagged { qinq: false },
+        }
+    }
+
+    /// Whether `p` classifies as the run's word.
+    #[inline]
+    pub(crate) fn holds(self, p: &Pkt<'_>) -> bool {
+        let tag = || {
+            after_addrs(p).map_or((0, 0), |b| {
+                (
+                    u16::from_be_bytes([b[0], b[1]]),
+                    u16::from_be_bytes([b[2], b[3]]) & VID,
+                )
+            })
+        };
+        match self {
+            Same::Any => true,
+            Same::Shard(w) => p.vlan == w,
+            Same::Untagged { qinq } => {
+                let (tpid, _) = tag();
+                tpid != TPID && !(qinq && tpid == TPID_QINQ)
+            }
+            Same::Tagged(vid) => tag() == (TPID, vid),
+        }
+    }
+}
+
 /// What a packet with VLAN word `word` needs to leave through a port on `side`, or None if
 /// the port does not carry its VLAN.
 #[inline]
@@ -736,6 +787,63 @@ mod tests {
             ..t10
         };
         assert_eq!(classify(Side::Shard, &from_shard), Some(33 | TAGGED));
+    }
+
+    /// A run's check ([`Same`]) takes exactly the packets [`classify`] puts in the run's
+    /// VLAN, for every kind of frame and port.
+    #[test]
+    fn a_runs_check_agrees_with_classify() {
+        let h = VnetHdr::default();
+        let rests: [&[u8]; 7] = [
+            &[0x08, 0x00, 0x45, 0],
+            &[0x81, 0x00, 0x20, 10, 0x08, 0x00],
+            &[0x81, 0x00, 0x00, 20, 0x08, 0x00],
+            &[0x81, 0x00, 0x00, 30, 0x08, 0x00],
+            &[0x81, 0x00, 0xe0, 0, 0x08, 0x00],
+            &[0x88, 0xa8, 0x00, 10, 0x81, 0x00],
+            &[0x08],
+        ];
+        let mut bufs: Vec<Vec<u8>> = rests.iter().map(|r| frame(h, r)).collect();
+        let lens: Vec<usize> = bufs.iter().map(Vec::len).collect();
+        let segs: Vec<[Seg<'_>; 1]> = bufs.iter_mut().map(|b| [Seg::from_mut(b)]).collect();
+        let pkts: Vec<Pkt<'_>> = segs.iter().zip(&lens).map(|(s, &l)| pkt(s, l, h)).collect();
+        let access = VlanMode::Access(7);
+        let trunk = VlanMode::from_keys(None, Some("10-20"), Some(5))
+            .unwrap()
+            .unwrap();
+        let bare = VlanMode::from_keys(None, Some("10"), None)
+            .unwrap()
+            .unwrap();
+        let mut runs = 0;
+        for side in [
+            Side::Plain,
+            Side::Mode(&access),
+            Side::Mode(&trunk),
+            Side::Mode(&bare),
+        ] {
+            for first in &pkts {
+                let Some(word) = classify(side, first) else {
+                    continue;
+                };
+                let same = Same::of(side, word);
+                for p in &pkts {
+                    assert_eq!(
+                        same.holds(p),
+                        classify(side, p) == Some(word),
+                        "{side:?} {p:?}"
+                    );
+                }
+                runs += 1;
+            }
+        }
+        assert!(runs >= 10, "{runs} runs checked");
+        let a = Pkt {
+            vlan: 33 | TAGGED,
+            ..pkts[0]
+        };
+        let b = Pkt { vlan: 34, ..a };
+        assert!(Same::of(Side::Shard, a.vlan).holds(&a));
+        assert!(!Same::of(Side::Shard, a.vlan).holds(&b));
     }
 
     #[test]
