@@ -798,6 +798,7 @@ unsafe fn copy_out(src: *const u8, dst: *mut u8, n: usize) {
 /// # Safety
 ///
 /// As [`copy_out`]'s, and `n >= TAIL_MIN`.
+#[cold]
 #[inline(never)]
 unsafe fn copy_long(src: *const u8, dst: *mut u8, n: usize) {
     if !SPARE.with(Cell::get) {
