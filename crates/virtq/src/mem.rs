@@ -538,13 +538,7 @@ impl<'m> Seg<'m> {
         };
         // SAFETY: `p..p+n` is inside the segment (`at`); `dst` is memory we own, which cannot
         // overlap the peer's mapping.
-        unsafe {
-            if n < TAIL_MIN {
-                std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), n);
-            } else {
-                copy_long(p, dst.as_mut_ptr(), n);
-            }
-        }
+        unsafe { copy_out(p, dst.as_mut_ptr(), n) };
         n
     }
 

@@ -344,6 +344,18 @@ fn after_addrs(p: &Pkt<'_>) -> Option<[u8; 4]> {
     (virtq::read_segs(p.segs, off, &mut b) == b.len()).then_some(b)
 }
 
+/// The type after a packet's addresses and the VLAN id it would carry if that were a tag
+/// (`(0, 0)` for a frame too short to hold one).
+#[inline]
+fn tag_of(p: &Pkt<'_>) -> (u16, u16) {
+    after_addrs(p).map_or((0, 0), |b| {
+        (
+            u16::from_be_bytes([b[0], b[1]]),
+            u16::from_be_bytes([b[2], b[3]]) & VID,
+        )
+    })
+}
+
 /// The VLAN word ([`Pkt::vlan`]) of a packet entering through a port on `side`, or None if
 /// the port does not carry its VLAN (dropped: `vlan_filtered`). A frame too short to hold a
 /// tag is untagged.
@@ -354,17 +366,11 @@ pub(crate) fn classify(side: Side<'_>, p: &Pkt<'_>) -> Option<u16> {
         Side::Shard => return Some(p.vlan),
         Side::Mode(m) => m,
     };
-    let (tpid, tci) = after_addrs(p).map_or((0, 0), |b| {
-        (
-            u16::from_be_bytes([b[0], b[1]]),
-            u16::from_be_bytes([b[2], b[3]]),
-        )
-    });
+    let (tpid, vid) = tag_of(p);
     match mode {
         VlanMode::Access(v) => (tpid != TPID && tpid != TPID_QINQ).then_some(*v),
         VlanMode::Trunk { allowed, native } => {
             if tpid == TPID {
-                let vid = tci & VID;
                 // A priority tag (VID 0) or a VLAN the trunk does not carry: refused.
                 (vid != 0 && (allowed.contains(vid) || *native == Some(vid)))
                     .then_some(vid | TAGGED)
@@ -406,22 +412,14 @@ impl Same {
     /// Whether `p` classifies as the run's word.
     #[inline]
     pub(crate) fn holds(self, p: &Pkt<'_>) -> bool {
-        let tag = || {
-            after_addrs(p).map_or((0, 0), |b| {
-                (
-                    u16::from_be_bytes([b[0], b[1]]),
-                    u16::from_be_bytes([b[2], b[3]]) & VID,
-                )
-            })
-        };
         match self {
             Same::Any => true,
             Same::Shard(w) => p.vlan == w,
             Same::Untagged { qinq } => {
-                let (tpid, _) = tag();
+                let (tpid, _) = tag_of(p);
                 tpid != TPID && !(qinq && tpid == TPID_QINQ)
             }
-            Same::Tagged(vid) => tag() == (TPID, vid),
+            Same::Tagged(vid) => tag_of(p) == (TPID, vid),
         }
     }
 }
@@ -737,6 +735,20 @@ mod tests {
         out
     }
 
+    /// An access port of VLAN 7, a trunk of 10-20 with native VLAN 5, a trunk of 10 alone.
+    fn modes() -> (VlanMode, VlanMode, VlanMode) {
+        let trunk = |list, native| {
+            VlanMode::from_keys(None, Some(list), native)
+                .unwrap()
+                .unwrap()
+        };
+        (
+            VlanMode::Access(7),
+            trunk("10-20", Some(5)),
+            trunk("10", None),
+        )
+    }
+
     /// Access frames are classified into their VLAN, tagged ones refused; a trunk takes its
     /// VLANs tagged and its native one untagged, and refuses the rest.
     #[test]
@@ -758,13 +770,7 @@ mod tests {
             pkt(&t30, lens[2], h),
             pkt(&pr, lens[3], h),
         );
-        let access = VlanMode::Access(7);
-        let trunk = VlanMode::from_keys(None, Some("10-20"), Some(5))
-            .unwrap()
-            .unwrap();
-        let bare = VlanMode::from_keys(None, Some("10"), None)
-            .unwrap()
-            .unwrap();
+        let (access, trunk, bare) = modes();
         let c = |m: &VlanMode, p: &Pkt<'_>| classify(Side::Mode(m), p);
         assert_eq!(c(&access, &u), Some(7));
         assert_eq!(c(&access, &t10), None, "a tag on an access port");
@@ -807,13 +813,7 @@ mod tests {
         let lens: Vec<usize> = bufs.iter().map(Vec::len).collect();
         let segs: Vec<[Seg<'_>; 1]> = bufs.iter_mut().map(|b| [Seg::from_mut(b)]).collect();
         let pkts: Vec<Pkt<'_>> = segs.iter().zip(&lens).map(|(s, &l)| pkt(s, l, h)).collect();
-        let access = VlanMode::Access(7);
-        let trunk = VlanMode::from_keys(None, Some("10-20"), Some(5))
-            .unwrap()
-            .unwrap();
-        let bare = VlanMode::from_keys(None, Some("10"), None)
-            .unwrap()
-            .unwrap();
+        let (access, trunk, bare) = modes();
         let mut runs = 0;
         for side in [
             Side::Plain,
