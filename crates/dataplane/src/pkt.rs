@@ -1,7 +1,8 @@
 //! The vocabulary every layer of the dataplane shares: a packet on its way through ([`Pkt`]),
-//! what became of one offered to a port ([`TxOut`]), what a port takes ([`Caps`]), a port's
-//! id, and the sizes of a burst. It names nothing above it (only `stats`' drop reasons and `flow`'s hash), so
-//! `egress`, `port`, `switch` and `worker` all build on it.
+//! what became of one offered to a port ([`TxOut`]), what of it the switch reuses before the
+//! commit ([`Staged`]), what a port takes ([`Caps`]), a port's id, and the sizes of a burst.
+//! It names nothing above it (only `stats`' drop reasons and `flow`'s hash), so `egress`,
+//! `port`, `switch` and `worker` all build on it.
 
 use crate::stats::DropReason;
 use pvnet_net::{VnetHdr, HDR_LEN, HDR_LEN_LEGACY};
@@ -167,6 +168,17 @@ pub(crate) enum TxOut {
     NoRoom,
     /// Refused for good, for this reason (counted at the sender).
     Dropped(DropReason),
+}
+
+/// What of the packets just taken lives in memory the switch reuses before the commit
+/// (see `Port::staged`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Staged {
+    /// All of each: a completed checksum, a segment, a copy with a tag inserted or removed.
+    Whole,
+    /// Each one's first segment: a re-cut's new header, addresses and tag; the rest is the
+    /// sender's memory, held until the commit.
+    Head,
 }
 
 /// What a port can take, so the switch can fit packets to it.

@@ -23,7 +23,7 @@
 
 use super::{offer_each, Ingress, Lease, RX_OFFLOADS};
 use crate::egress::{Egress, EgressConfig, HoldPolicy};
-use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_MERGE};
+use crate::pkt::{read_head, Caps, Pkt, PortId, Staged, TxOut, EMPTY, MACS, MAX_MERGE};
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
 use crate::stats::{bump, DropReason, PortStats};
@@ -521,7 +521,7 @@ impl super::Port for KernelPort {
     /// switch staged in memory it reuses (a completed checksum, a segment, an inserted 802.1Q
     /// tag) is written now, with everything queued before it (a submit per staged packet, on
     /// those paths only).
-    fn staged(&mut self) {
+    fn staged(&mut self, _n: usize, _part: Staged) {
         if self.uring.as_ref().is_some_and(|u| u.batch.queued() > 0) {
             self.flush();
         }

@@ -30,7 +30,7 @@ pub(crate) mod vhost;
 pub(crate) mod vxlan;
 
 use crate::egress::Egress;
-use crate::pkt::{Caps, Pkt, PortId, TxOut, MAX_BURST};
+use crate::pkt::{Caps, Pkt, PortId, Staged, TxOut, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::stats::PortStats;
 use pvnet_net::VnetHdr;
@@ -148,12 +148,13 @@ pub(crate) trait Port {
     fn tx_burst(&mut self, pkts: &[Pkt<'_>]) -> (usize, TxOut);
     /// Commits the batch: one publish and call decision, one burst of writes.
     fn tx_commit(&mut self);
-    /// The packet just taken lives in memory the switch reuses before the commit (its
-    /// staging for software offloads: a completed checksum, a segment): a port that reads
-    /// packets only at [`tx_commit`](Self::tx_commit) copies it now. Others read in
+    /// The last `n` packets taken live (`part`: wholly, or their first segment) in memory
+    /// the switch reuses before the commit (its staging for software offloads: a completed
+    /// checksum, a segment; a re-cut's new header and 802.1Q tag): a port that reads packets
+    /// only at [`tx_commit`](Self::tx_commit) copies that much of them now. Others read in
     /// [`tx_burst`](Self::tx_burst) and need nothing.
     #[inline]
-    fn staged(&mut self) {}
+    fn staged(&mut self, _n: usize, _part: Staged) {}
 
     /// Sends up to `max` of the packets it receives straight back out of itself, within
     /// the port (request/response benchmarks; only a port whose [`Caps::hairpin`] says so).
@@ -328,8 +329,8 @@ impl Port for AnyPort {
         each!(self, p => p.tx_commit())
     }
     #[inline]
-    fn staged(&mut self) {
-        each!(self, p => p.staged())
+    fn staged(&mut self, n: usize, part: Staged) {
+        each!(self, p => p.staged(n, part))
     }
     #[inline]
     fn lend(&mut self, now: Instant, want: usize) -> Option<usize> {

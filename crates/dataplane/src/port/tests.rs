@@ -7,7 +7,7 @@ use super::sink::{Counting, SinkPort};
 use super::{AnyPort, Port};
 use crate::egress::HoldPolicy;
 use crate::frame;
-use crate::pkt::{Pkt, TxOut};
+use crate::pkt::{Pkt, Staged, TxOut};
 use crate::poll::plan::{Plan, Settle};
 use crate::stats::PortStats;
 use crate::testing::{frame, get, mac, Collect, MockFe, MODERN};
@@ -273,7 +273,7 @@ fn af_packet_port_writes_a_staged_packet_before_its_memory_is_reused() {
         };
         assert_eq!(port.tx_burst(&[pkt]), (1, TxOut::Sent));
     }
-    port.staged();
+    port.staged(1, Staged::Whole);
     // The switch reuses its staging for the next packet before it commits.
     b.fill(0);
     port.tx_commit();

@@ -28,7 +28,7 @@ pub mod vlan;
 use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
 use crate::mac::MacTable;
-use crate::pkt::{fits_mtu, frame_fits_mtu, Pkt, PortId, TxOut, EMPTY, MAX_BURST};
+use crate::pkt::{fits_mtu, frame_fits_mtu, Pkt, PortId, Staged, TxOut, EMPTY, MAX_BURST};
 use crate::port::{AnyPort, Ingress, Lease, Port};
 use crate::stats::{bump, DropReason, PortStats};
 use pvnet_net::features::{
@@ -646,7 +646,7 @@ fn csum_then(
     };
     let out = put_one(port, &p, offer, now);
     // The staging buffer is reused by the next packet.
-    port.staged();
+    port.staged(1, Staged::Whole);
     out
 }
 
@@ -680,7 +680,7 @@ fn gso_then(
         };
         out = put_one(port, &p, offer, now);
         // The segment buffer is reused by the next segment.
-        port.staged();
+        port.staged(1, Staged::Whole);
         out == TxOut::Sent
     });
     if r.is_err() {
@@ -747,19 +747,21 @@ impl Cx<'_, '_> {
         if let Some(r) = vlan::retag(q, act, q.vlan, &mut head, &mut segs) {
             let out = self.emit(j, std::slice::from_ref(&r), offer);
             // The new header and tag live in this frame.
-            self.staged(j);
+            self.staged(j, out.0, Staged::Head);
             return out;
         }
         self.emit_retag_copy(j, q, act, offer)
     }
 
-    /// [`Cx::emit_vlan`] for a run: `pkts[0]` (classified as `word`, routed to port `j` alone)
-    /// and the packets after it that classify the same and go to `j` alone too, re-cut and
-    /// offered as one burst (one call into the port, as on the plain path). Returns the
-    /// packets taken, what became of the first one not taken, and the run's length.
+    /// [`Cx::emit_vlan`] for a run: `pkts[0]` (classified as `word`, routed to port `j` alone,
+    /// as a flood to that one port if `flooded`) and the packets after it that classify the
+    /// same and go the same way, re-cut and offered as one burst (one call into the port, as
+    /// on the plain path). Returns the packets taken, what became of the first one not taken,
+    /// and the run's length.
     fn emit_vlan_run(
         &mut self,
         j: usize,
+        flooded: bool,
         word: u16,
         pkts: &[Pkt<'_>],
         offer: Offer,
@@ -779,7 +781,7 @@ impl Cx<'_, '_> {
         while !lone && m < pkts.len().min(MAX_BURST) {
             if !same.holds(&pkts[m])
                 || pkts[m].has_offload()
-                || !matches!(self.route_vlan(&pkts[m].macs, vid), Route::One(x, false) if x == j)
+                || self.route_vlan(&pkts[m].macs, vid) != Route::One(j, flooded)
             {
                 break;
             }
@@ -823,16 +825,16 @@ impl Cx<'_, '_> {
         }
         let (n, out) = self.emit(j, &run[..r], offer);
         // The new headers and tags live in this frame.
-        self.staged(j);
+        self.staged(j, n, Staged::Head);
         (n, out, r)
     }
 
-    /// The packet just offered to port `j` lives in memory reused before the commit (see
-    /// [`Port::staged`]).
+    /// The last `n` packets port `j` took live (`part` of each) in memory reused before
+    /// the commit (see [`Port::staged`]).
     #[inline]
-    fn staged(&mut self, j: usize) {
+    fn staged(&mut self, j: usize, n: usize, part: Staged) {
         if let Some(port) = self.others.get(j) {
-            port.staged();
+            port.staged(n, part);
         }
     }
 
@@ -848,7 +850,7 @@ impl Cx<'_, '_> {
             Some(r) => {
                 let out = self.emit(j, std::slice::from_ref(&r), offer);
                 // The copy's buffer is the next one's.
-                self.staged(j);
+                self.staged(j, out.0, Staged::Whole);
                 out
             }
             // Its checksum or headers point into the tag that goes.
@@ -876,25 +878,20 @@ impl Cx<'_, '_> {
             let vid = word & VID;
             let out = match self.route_vlan(&q.macs, vid) {
                 Route::Drop(r) => Out::Dropped(r),
-                Route::One(j, false) => {
-                    // The packets after it that go the same way leave with it, as one burst.
-                    let (n, out, m) = self.emit_vlan_run(j, word, &pkts[k..], self.offer);
+                Route::One(j, flooded) => {
+                    // The packets after it that go the same way leave with it, as one burst
+                    // (a flood to one port too: an unknown destination behind the only
+                    // other port of the VLAN, as on the plain path).
+                    let (n, out, m) = self.emit_vlan_run(j, flooded, word, &pkts[k..], self.offer);
+                    if flooded {
+                        self.flooded +=
+                            n as u64 + u64::from(n < m && matches!(out, Out::Dropped(_)));
+                    }
                     k += n;
                     if n == m {
                         continue;
                     }
                     out
-                }
-                Route::One(j, flooded) => {
-                    let (n, out) = self.emit_vlan(j, &q, self.offer);
-                    if flooded {
-                        self.flooded += n as u64 + u64::from(matches!(out, Out::Dropped(_)));
-                    }
-                    if n == 1 {
-                        Out::Sent
-                    } else {
-                        out
-                    }
                 }
                 Route::Flood => {
                     self.flooded += 1;

@@ -1326,6 +1326,41 @@ fn vlan_drops(fe: &MockFe) -> u64 {
     get(&fe.stats.drops[DropReason::VlanFiltered as usize])
 }
 
+/// Frames to an address nobody has announced, from an access port to the one other port of
+/// its VLAN (a trunk): a flood to one port, which leaves as one run as on the plain path,
+/// each frame tagged, in order, every one counted as flooded; then the same with the
+/// destination learned: a run again, no longer counted as flooded.
+#[test]
+fn a_flood_to_the_one_other_port_of_a_vlan_leaves_as_a_run() {
+    let mut f = switch();
+    let h = VnetHdr::default();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut d, pd) = fe(1, MODERN);
+    f.set_vlan(0, Some(VlanMode::Access(10)));
+    f.set_vlan(1, Some(trunk_of("10", None)));
+    let mut ports = vec![pa, pd];
+    let now = Instant::now();
+    let sent: Vec<Vec<u8>> = (0..32).map(|k| frame(mac(9), mac(1), k, 60)).collect();
+    for s in &sent {
+        a.send(&h, s);
+    }
+    run(&mut f, &mut ports, now);
+    let want: Vec<Vec<u8>> = sent.iter().map(|s| tagged(s, 10)).collect();
+    assert_eq!(frames(&mut d), want);
+    assert_eq!(get(&a.stats.flooded), 32);
+    assert_eq!(get(&d.stats.tx_batches), 1, "one publish");
+    // mac(9) answers from the trunk: learned there, the next frames are unicast.
+    d.send(&h, &tagged(&frame(mac(1), mac(9), 0, 60), 10));
+    run(&mut f, &mut ports, now);
+    assert_eq!(frames(&mut a).len(), 1);
+    for s in &sent {
+        a.send(&h, s);
+    }
+    run(&mut f, &mut ports, now);
+    assert_eq!(frames(&mut d), want);
+    assert_eq!(get(&a.stats.flooded), 32, "unicast now");
+}
+
 /// Access ports in VLANs 10 and 20, a trunk of both, a trunk of 20 with native 10, and two
 /// plain ports: a flood in one VLAN reaches only the ports of that VLAN, tagged on a trunk
 /// and untagged on an access port or as a trunk's native VLAN; tagged frames from a trunk

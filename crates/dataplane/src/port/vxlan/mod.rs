@@ -34,10 +34,11 @@
 //! underlay's path MTU is refused (`too_big`, at its sender); a datagram the kernel refuses
 //! is counted at the port (`no_buffer` when its buffer is full, `too_big`, `port_down`).
 //! `tx_packets` counts datagrams, as Linux's vxlan does: a frame flooded to N remotes counts
-//! N. A packet the switch made in its own staging memory (a checksum it completed, a segment
-//! of a GSO packet: the port takes no offload) is copied into the batch's own memory when
-//! the switch says so ([`Port::staged`](super::Port::staged)), since that memory is reused
-//! before the commit.
+//! N. What the switch made in its own staging memory (a checksum it completed, a segment of a
+//! GSO packet: the port takes no offload; a re-cut frame's new addresses and 802.1Q tag) is
+//! copied into the batch's own memory when the switch says so
+//! ([`Port::staged`](super::Port::staged)), since that memory is reused before the commit;
+//! the copy keeps each datagram's iovecs where they were, so that runs stay runs.
 //!
 //! Outer source ports: a plain UDP socket sends from the port it is bound to. To spread flows
 //! over the underlay's paths (ECMP, RSS on the far host), the port opens `srcports` sockets
@@ -60,7 +61,7 @@ mod tests;
 use super::kernel::{iovecs, TAP_LOOK};
 use super::{offer_each, Ingress};
 use crate::mac::MacTable;
-use crate::pkt::{flow_hash_of, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_BURST};
+use crate::pkt::{flow_hash_of, Caps, Pkt, PortId, Staged, TxOut, EMPTY, MACS, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::Idle;
 use crate::stats::{bump, DropReason, PortStats};
@@ -266,17 +267,14 @@ struct Lane {
     n: usize,
 }
 
-/// Where the last packet taken was queued (for [`VxlanPort::detach`]).
-#[derive(Clone, Copy)]
-struct Last {
+/// Where a packet taken was queued (for [`VxlanPort::detach`]): its iovecs, which every
+/// datagram made of it (one per remote) points at.
+#[derive(Clone, Copy, Default)]
+struct Queued {
     /// Its header's iovec; the packet's own follow.
     start: usize,
     /// Iovecs of the packet's own.
     n: usize,
-    lane: usize,
-    /// Its first datagram in the lane, and how many (one per remote).
-    first: usize,
-    copies: usize,
 }
 
 /// The transmit side: the shared header, the iovecs and the queued datagrams.
@@ -291,7 +289,10 @@ struct Tx {
     /// Copies of staged packets, until the flush (never reallocated: iovecs point into it).
     arena: Vec<u8>,
     arena_used: usize,
-    last: Option<Last>,
+    /// The last packets taken (at most a burst's: `taken % MAX_BURST`), for `staged`.
+    queued: [Queued; MAX_BURST],
+    /// Packets taken since the last flush.
+    taken: usize,
 }
 
 // SAFETY: the raw pointers in `Rx` point into its own boxed buffers (never reallocated) and
@@ -498,7 +499,8 @@ impl VxlanPort {
                 lanes,
                 arena: vec![0u8; ARENA],
                 arena_used: 0,
-                last: None,
+                queued: [Queued::default(); MAX_BURST],
+                taken: 0,
             }),
             socks: u.socks,
             remote_ips,
@@ -687,7 +689,6 @@ impl VxlanPort {
     /// Queues one frame as a datagram to each of its remotes, gathered from its memory
     /// behind the shared header.
     fn put(&mut self, p: &Pkt<'_>) -> TxOut {
-        self.tx.last = None;
         let flen = p.frame_len();
         if flen + ENCAP > self.underlay_mtu {
             return TxOut::Dropped(DropReason::TooBig);
@@ -733,14 +734,9 @@ impl VxlanPort {
             Some(r) => r..r + 1,
             None => 0..tx.remotes.len(),
         };
+        tx.queued[tx.taken % MAX_BURST] = Queued { start, n };
+        tx.taken += 1;
         let lane = &mut tx.lanes[li];
-        tx.last = Some(Last {
-            start,
-            n,
-            lane: li,
-            first: lane.n,
-            copies: targets.len(),
-        });
         for r in targets {
             let h = &mut lane.msgs[lane.n].msg_hdr;
             h.msg_name = (&raw mut tx.remotes[r]).cast();
@@ -754,41 +750,46 @@ impl VxlanPort {
         TxOut::Sent
     }
 
-    /// Copies the last packet taken into the batch's own memory and points its datagrams
-    /// there: the switch reuses the memory it is in before the commit ([`Port::staged`]).
-    /// When the copies fill up, the batch is sent at once instead (the packet's memory still
-    /// holds it now).
+    /// Copies what the switch staged of the `k`-th last packet taken (`part`) into the
+    /// batch's own memory and points its iovecs there: the switch reuses that memory before
+    /// the commit ([`Port::staged`]). The copy takes the first of them, the others it
+    /// replaces become empty: every datagram keeps its iovecs' count and place, so runs stay
+    /// runs for the segmented send. When the copies fill up, the batch is sent at once
+    /// instead (the packets' memory still holds them now): false then.
     ///
     /// [`Port::staged`]: super::Port::staged
-    fn detach(&mut self) {
-        let Some(l) = self.tx.last.take() else {
-            return;
-        };
+    fn detach(&mut self, k: usize, part: Staged) -> bool {
         let tx = &mut *self.tx;
-        let iov = &tx.iov[l.start + 1..l.start + 1 + l.n];
-        let total: usize = iov.iter().map(|v| v.iov_len).sum();
+        let q = tx.queued[k % MAX_BURST];
+        let iov = &mut tx.iov[q.start + 1..q.start + 1 + q.n];
+        let m = match part {
+            Staged::Whole => q.n,
+            Staged::Head => q.n.min(1),
+        };
+        let total: usize = iov[..m].iter().map(|v| v.iov_len).sum();
         if tx.arena_used + total > ARENA {
             self.flush();
-            return;
+            return false;
         }
         let at = tx.arena_used;
-        let mut k = at;
-        for v in iov {
-            // SAFETY: the iovec was made in `put` from a segment of the packet the switch
-            // just offered, `iov_len` bytes of memory it holds until it returns from the
-            // call that made it call `staged` (it reuses the memory only after that).
+        let mut end = at;
+        for v in &iov[..m] {
+            // SAFETY: the iovec was made in `put` from a segment of a packet the switch
+            // offered in its last burst, `iov_len` bytes of memory it holds until it returns
+            // from the call that made it call `staged` (it reuses the memory only after that).
             let src = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
-            tx.arena[k..k + src.len()].copy_from_slice(src);
-            k += src.len();
+            tx.arena[end..end + src.len()].copy_from_slice(src);
+            end += src.len();
         }
-        tx.iov[l.start + 1] = libc::iovec {
-            iov_base: tx.arena[at..].as_mut_ptr().cast(),
-            iov_len: total,
-        };
-        for m in &mut tx.lanes[l.lane].msgs[l.first..l.first + l.copies] {
-            m.msg_hdr.msg_iovlen = 2;
+        let base = tx.arena[at..].as_mut_ptr();
+        for (i, v) in iov[..m].iter_mut().enumerate() {
+            *v = libc::iovec {
+                iov_base: base.cast(),
+                iov_len: if i == 0 { total } else { 0 },
+            };
         }
-        tx.arena_used = k;
+        tx.arena_used = end;
+        true
     }
 
     /// Sends every queued datagram and counts what the kernel took and refused: per source
@@ -868,7 +869,7 @@ impl VxlanPort {
         }
         tx.iov_used = 0;
         tx.arena_used = 0;
-        tx.last = None;
+        tx.taken = 0;
         bump(&self.stats.syscalls, c.calls);
         bump(&self.stats.tx_packets, c.ok);
         bump(&self.stats.tx_bytes, c.bytes);
@@ -1018,9 +1019,15 @@ impl super::Port for VxlanPort {
         self.flush();
     }
 
-    /// Copies the packet just taken: its memory is reused before the commit.
-    fn staged(&mut self) {
-        self.detach();
+    /// Copies what the switch staged of the last `n` packets taken: that memory is reused
+    /// before the commit.
+    fn staged(&mut self, n: usize, part: Staged) {
+        let taken = self.tx.taken;
+        for k in taken - n.min(taken).min(MAX_BURST)..taken {
+            if !self.detach(k, part) {
+                return;
+            }
+        }
     }
 
     /// `Poll` while frames wait in their slots or the last read filled every slot; else it

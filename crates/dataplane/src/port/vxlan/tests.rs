@@ -4,7 +4,7 @@
 //! for byte, the checks on what arrives, the MTU, and the source ports.
 
 use super::{header, Underlay, VxlanConfig, VxlanPort, OVERHEAD, VXLAN_HDR};
-use crate::pkt::{Pkt, TxOut};
+use crate::pkt::{Pkt, Staged, TxOut};
 use crate::port::{AnyPort, Port};
 use crate::stats::{DropReason, PortStats};
 use crate::sys::tap::tests::{ip, private_netns};
@@ -302,7 +302,7 @@ fn a_staged_packet_is_sent_as_it_was_when_taken() {
             vlan: 0,
         };
         assert_eq!(a.tx_burst(&[p]), (1, TxOut::Sent));
-        a.staged();
+        a.staged(1, Staged::Whole);
         // The switch's staging buffer: the next packet overwrites it.
         buf[HDR_LEN as usize + 14..].fill(k + 2);
     }
@@ -312,6 +312,79 @@ fn a_staged_packet_is_sent_as_it_was_when_taken() {
     assert_eq!(got[0].0[8..], first[..]);
     assert_eq!(got[1].0[8 + 14..], [2u8; 60 - 14]);
     assert_eq!(get(&sa.tx_packets), 2);
+}
+
+/// A burst of re-cut packets (the switch's 802.1Q path: each frame's new addresses and tag
+/// in memory of the switch's, the rest in the sender's) staged at once (`staged(n, Head)`):
+/// every datagram carries what its packet held when taken, though the switch reuses that
+/// memory before the commit, and the burst still goes as one segmented send.
+#[test]
+fn a_staged_burst_of_recut_packets_is_sent_whole_and_as_one_run() {
+    setup();
+    let (mut a, sa) = port_gso(33, &[34], 3, 1, true);
+    let c = observer(34);
+    const N: usize = 8;
+    // What each packet becomes on the wire: addresses, tag, the rest (its sequence byte).
+    let frames: Vec<Vec<u8>> = (0..N)
+        .map(|k| {
+            let f = frame(mac(1), mac(2), u8::try_from(k).unwrap_or(0), 60);
+            let mut t = f[..12].to_vec();
+            t.extend_from_slice(&[0x81, 0x00, 0x00, 10]);
+            t.extend_from_slice(&f[12..]);
+            t
+        })
+        .collect();
+    // The switch's heads (virtio-net header, addresses, tag) and the senders' rests.
+    let mut heads: Vec<Vec<u8>> = frames
+        .iter()
+        .map(|f| {
+            let mut h = vec![0u8; HDR_LEN as usize];
+            h.extend_from_slice(&f[..16]);
+            h
+        })
+        .collect();
+    let mut rests: Vec<Vec<u8>> = frames.iter().map(|f| f[16..].to_vec()).collect();
+    assert!(a.tx_begin(Instant::now(), N));
+    {
+        let segs: Vec<[Seg<'_>; 2]> = heads
+            .iter_mut()
+            .zip(rests.iter_mut())
+            .map(|(h, r)| [Seg::from_mut(h), Seg::from_mut(r)])
+            .collect();
+        let pkts: Vec<Pkt<'_>> = segs
+            .iter()
+            .zip(&frames)
+            .map(|(s, f)| {
+                let mut macs = [0u8; 12];
+                macs.copy_from_slice(&f[..12]);
+                Pkt {
+                    segs: s,
+                    len: HDR_LEN + 64,
+                    hdr_len: HDR_LEN,
+                    hdr: VnetHdr::default(),
+                    macs,
+                    hash: 0,
+                    vlan: 0,
+                }
+            })
+            .collect();
+        assert_eq!(a.tx_burst(&pkts), (N, TxOut::Sent));
+        a.staged(N, Staged::Head);
+    }
+    // The switch reuses its heads for its next burst before this one is committed.
+    for h in &mut heads {
+        h.fill(0xee);
+    }
+    a.tx_commit();
+    let got = datagrams(&c);
+    assert_eq!(got.len(), N);
+    for (d, f) in got.iter().zip(&frames) {
+        assert_eq!(d.0[..8], header(3));
+        assert_eq!(d.0[8..], f[..]);
+    }
+    assert_eq!(get(&sa.tx_packets), N as u64);
+    assert_eq!(get(&sa.syscalls), 1, "one segmented send");
+    assert_eq!(drops_of(&sa), 0);
 }
 
 /// Segmented sends (`UDP_SEGMENT`): runs of equal-sized frames to one remote go in one call,
