@@ -97,6 +97,11 @@
 #                         the guest's 802.1Q subinterfaces (8021q), ping and TCP both ways in
 #                         VLAN 10, no ARP answer in VLAN 20 or untagged, untagged frames
 #                         counted vlan_filtered, the MAC table per VLAN, tap counters exact.
+#   guest_vxlan           the vm port and a vxlan port (VNI 42) over a veth to a namespace where
+#                         the kernel's own vxlan device holds the host's address: ping, TCP and
+#                         UDP both ways between the guest and the kernel's end of the tunnel;
+#                         the kernel's vx0 counters == the vxlan port's, the guest's == the vm
+#                         port's.
 #   guest_migrate         (under QEMU 10, see ALL_CASES) live migration of the guest between two QEMU processes (the second
 #                         started with -incoming), attached to two ports of one pvnet switch,
 #                         while it downloads 16 MiB from the host through the tap (paced; the
@@ -114,13 +119,14 @@
 # /dev/kvm is PVM (these machines), one boot per guest case. About 90 s once set up (2 cores).
 #
 # The machine's own network is never touched: the tap cases (guest_tap*, guest_mq*,
-# guest_restart, guest_migrate) each make a network namespace ($NS_PREFIX-it-CASE, the PID in
-# it: scripts/lib/common.sh netns_new), run `pvnet switch` in it (its tap is made there, with the
-# host's 10.77.0.1/24) and the host's iperf3, ping and HTTP server with `ip netns exec`; the
-# guest and testpmd attach through unix sockets from the root namespace. Namespaces, DPDK file
-# prefixes and the log directory are unique per run (two runs on one machine do not collide),
-# removed at the end of a case and on exit, failure or signal; the last line before the
-# summary checks that nothing of this run is left (`no_leftovers`).
+# guest_restart, guest_migrate, guest_mtu, guest_vlan) each make a network namespace
+# ($NS_PREFIX-it-CASE, the PID in it: scripts/lib/common.sh netns_new), run `pvnet switch` in
+# it (its tap is made there, with the host's 10.77.0.1/24; guest_vxlan: a second namespace
+# holds the kernel's vxlan device with that address) and the host's iperf3, ping and HTTP
+# server with `ip netns exec`; the guest and testpmd attach through unix sockets from the root
+# namespace. Namespaces, DPDK file prefixes and the log directory are unique per run (two runs
+# on one machine do not collide), removed at the end of a case and on exit, failure or signal;
+# the last line before the summary checks that nothing of this run is left (`no_leftovers`).
 #
 # Env: PVNET_PEERS_WORK (work dir, default /tmp/pvnet-peers), PVNET_NO_BUILD=1 (use the built
 # target/release/pvnet as is), ACCEL=auto|kvm|tcg, PVNET_NS_PREFIX (namespace name prefix,
@@ -898,6 +904,81 @@ print(" ".join(sorted("%s/%s/%s" % (m["vlan"], m["port"], m["mac"]) for m in jso
   pass "$name"
 }
 
+# ---- VXLAN: the guest and the kernel's own vxlan device ----------------------------------------
+# The switch in the case's namespace with the guest's vm port and a vxlan port (VNI 42) over a
+# veth (MTU 1600: a 1500-byte frame fits behind the 50 bytes) to a second namespace, where the
+# kernel's vxlan device vx0 holds the host's address 10.77.0.1 and an iperf3 server: the guest
+# program "tap" (ping and TCP and UDP both ways) runs against the kernel's end of the tunnel.
+# vx0's packet counters == pvnet's vxlan port's, the guest's == the vm port's.
+guest_vxlan() {
+  local name="$1" t0 tag glog kns
+  t0=$(date +%s.%N); tag="$name"; glog="$D/$tag.console.log"
+  local vec=""; case "$(guest_accel)" in *tcg*) vec=",vectors=0" ;; esac
+  guest_script tap > "$D/$name.run.sh"; make_initrd "$D/$name.run.sh" "$D/$name.initrd.gz"
+  host_ns "$name"; netns_new "it-$name-k"; kns=$NS
+  ip -n "$HNS" link add pvxa type veth peer name pvxb netns "$kns"
+  ip -n "$HNS" link set pvxa mtu 1600; ip -n "$kns" link set pvxb mtu 1600
+  ip -n "$HNS" addr add 10.78.0.1/24 dev pvxa; ip -n "$kns" addr add 10.78.0.2/24 dev pvxb
+  ip -n "$HNS" link set pvxa up; ip -n "$kns" link set pvxb up
+  # The kernel's end: inner checksums complete on the wire (pvnet's port reads datagrams).
+  ip -n "$kns" link add vx0 type vxlan id 42 local 10.78.0.2 remote 10.78.0.1 dstport 4789 dev pvxb
+  ip netns exec "$kns" ethtool -K vx0 tx off > /dev/null
+  ip -n "$kns" link set vx0 mtu 1500; ip -n "$kns" addr add 10.77.0.1/24 dev vx0; ip -n "$kns" link set vx0 up
+  switch_start "$name" --port "vhost-user:name=vm,socket=$D/$name.sock" \
+    --port "vxlan:name=host,local=10.78.0.1,remote=10.78.0.2,vni=42" \
+    || { fail "$name" "pvnet switch did not start (log: $D/$name.pvnet.log)"; netns_del "$kns"; return; }
+  wait_for 5 test -S "$D/$name.sock" || { fail "$name" "vm port socket missing"; netns_del "$kns"; return; }
+  timeout -k 2 120 ip netns exec "$kns" iperf3 -s -B 10.77.0.1 > "$D/$name.iperf3s.log" 2>&1 &
+  local ip3=$!; PIDS+=("$ip3")
+  guest_start 120 "$D/$name.initrd.gz" "$glog" "pvg.timeout=100 ipv6.disable=1" \
+    "virtio-net-pci,netdev=n0,mac=$GMAC$vec" -chardev socket,id=c0,path="$D/$name.sock" \
+    -netdev vhost-user,id=n0,chardev=c0
+  local qp=$GUEST_PID; PIDS+=("$qp")
+  local hping="no reply"
+  if wait_for 60 grep -q GUEST_NET_READY "$glog"; then
+    hping=$(ip netns exec "$kns" ping -c 3 -W 5 10.77.0.2 | grep -o '[0-9]* received')
+  fi
+  wait_pid "$qp" 130; local qrc=$?
+  tr -d '\r' < "$glog" > "$glog.txt"
+  # Quiet now: vx0's counters against pvnet's vxlan port's (what vx0 sent, pvnet took, but
+  # for datagrams the kernel dropped at the port's full socket: UDP RcvbufErrors in the
+  # switch's namespace; what pvnet sent, vx0 took).
+  local k_rx k_tx s_rx s_tx rcvbuf=0 ok=0 i
+  for i in 1 2 3 4 5; do
+    sleep 1
+    k_tx=$(ip netns exec "$kns" cat /sys/class/net/vx0/statistics/tx_packets)
+    k_rx=$(ip netns exec "$kns" cat /sys/class/net/vx0/statistics/rx_packets)
+    s_rx=$(ctl_port "$tag" host rx_packets); s_tx=$(ctl_port "$tag" host tx_packets)
+    rcvbuf=$(hx awk '/^Udp:/ && $2 ~ /^[0-9]+$/ {print $6}' /proc/net/snmp)
+    [ "$k_tx" = "$((s_rx + rcvbuf))" ] && [ "$k_rx" = "$s_tx" ] && { ok=1; break; }
+  done
+  stop_pid "$ip3"; stop_pid "$SW_PID" INT; local berc=0; wait "$SW_PID" 2>/dev/null || berc=$?
+  netns_del "$kns"; host_ns_done
+  local gtx grx v_rx v_tx
+  gtx=$(gfield "$glog.txt" tx_packets); grx=$(gfield "$glog.txt" rx_packets)
+  v_rx=$(sw_final "$tag" vm rx_packets); v_tx=$(sw_final "$tag" vm tx_packets)
+  info "$name: ping kernel->guest: $hping; guest->kernel: $(grep -o 'GUEST_PING.*' "$glog.txt" | cut -c12-)"
+  local l; while read -r l; do info "$name: iperf3 $l"; done < <(grep -o 'GUEST_IPERF [a-z0-9_]* .*receiver' "$glog.txt" | sed 's/GUEST_IPERF //; s/  */ /g')
+  info "$name: guest eth0 tx=$gtx rx=$grx | pvnet vm rx=$v_rx tx=$v_tx | kernel vx0 tx=$k_tx rx=$k_rx | pvnet vxlan rx=$s_rx tx=$s_tx, UDP RcvbufErrors at it: $rcvbuf"
+  info "$name: software offload fallbacks at the vxlan port: sw_gso=$(sw_final "$tag" host sw_gso) sw_csum=$(sw_final "$tag" host sw_csum) ($(elapsed "$t0"))"
+  plain_log "$D/$tag.pvnet.log" | grep -E 'ERROR|WARN' | head -3 | sed 's/^/  pvnet: /'
+  guest_finished "$name" "$tag" "$glog" "$qrc" "$berc" || return
+  [ "$hping" = "3 received" ] || { fail "$name" "kernel->guest ping over VXLAN: $hping"; return; }
+  grep -q 'GUEST_PING 3 packets received' "$glog.txt" || { fail "$name" "guest->kernel ping over VXLAN failed"; return; }
+  local t
+  for t in tcp_g2h tcp_h2g udp_g2h udp_h2g; do
+    if ! grep -q "GUEST_IPERF_RC $t 0" "$glog.txt"; then
+      grep -E "GUEST_IPERF_(RC|ERR|RETRY) $t" "$glog.txt" | sed "s/^/  $name: guest: /"
+      tail -4 "$D/$tag.iperf3s.log" | sed "s/^/  $name: kernel's server: /"
+      fail "$name" "iperf3 $t over VXLAN failed (console: $glog)"; return
+    fi
+  done
+  [ "$ok" = 1 ] || { fail "$name" "vx0 and the vxlan port disagree: kernel tx=$k_tx rx=$k_rx, pvnet rx=$s_rx (+ $rcvbuf RcvbufErrors) tx=$s_tx"; return; }
+  [ "$gtx" = "$v_rx" ] || { fail "$name" "guest tx_packets $gtx != pvnet vm rx_packets $v_rx"; return; }
+  [ "$grx" = "$v_tx" ] || { fail "$name" "guest rx_packets $grx != pvnet vm tx_packets $v_tx"; return; }
+  pass "$name"
+}
+
 # ---- multiqueue guest ---------------------------------------------------------------------------
 # The guest with 2 vCPUs and 2 queue pairs (QEMU mq=on, vhost-user queues=2) through the switch
 # to the tap: the driver asked for both pairs (ethtool -L), then TCP both ways: guest to host
@@ -1186,7 +1267,8 @@ ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_chains_to_sink dpdk_packed_chains_to_sink
   dpdk_jumbo_from_gen dpdk_packed_jumbo_from_gen dpdk_killed_leaves_nothing dpdk_vlan
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
-  guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate guest_mtu guest_vlan)
+  guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate guest_mtu guest_vlan
+  guest_vxlan)
 # guest_migrate runs both QEMUs under bookworm-backports' QEMU 10 (QEMU_NEW): under 7.2 the
 # destination guest failed 3 of 5 runs whose switch-over met live transmit traffic (CHURN=40),
 # where QEMU 10 passed the same 5 of 5, same pvnet build (a guest kernel fault at a kernel text
@@ -1258,6 +1340,7 @@ for c in "${CASES[@]}"; do
     guest_mq)             guest_mq "$c" ;;
     guest_mtu)            guest_mtu "$c" ;;
     guest_vlan)           guest_vlan "$c" ;;
+    guest_vxlan)          guest_vxlan "$c" ;;
     guest_mq_moves)       GMQ_MOVE_EVERY=0.5 guest_mq "$c" --workers 2 --rebalance false ;;
     *) fail "$c" "no such case (cases: ${ALL_CASES[*]})" ;;
   esac

@@ -9,7 +9,10 @@
 //!   other, each way in turn, counts exact across the tunnel and addresses learned on both
 //!   sides; the tunnel ports are trunks of VLAN 10 and the generator and sink its access
 //!   ports, so every frame crosses the tunnel tagged (the tag inserted by the switch in
-//!   memory of its own, copied by the port: `Port::staged`).
+//!   memory of its own, copied by the port: `Port::staged`);
+//! * the same two switches with pvnet's own vhost-user frontends on access ports: numbered
+//!   frames each way, every one delivered once and in order, each port's counters exact,
+//!   the sender learned behind the tunnel on the far side.
 
 mod common;
 
@@ -428,5 +431,105 @@ fn two_switches_over_vxlan_count_exactly_and_learn_both_sides() {
     assert_eq!(all_drops(&ca) + all_drops(&cb), 0);
     assert_eq!(learned_on(&ca, gb).as_deref(), Some("t"), "A learned B's");
     assert_eq!(learned_on(&cb, gb).as_deref(), Some("g"));
+    assert!(a.alive() && b.alive());
+}
+
+/// Numbered frames from pvnet's frontend on the switch at `ctl_tx` (its vhost-user port `v`
+/// on `tx`) to pvnet's frontend on the other switch (`rx`, `ctl_rx`) through both tunnel
+/// ports: each frame arrives once and in order, and every counter on the way says so.
+/// Returns the frames sent.
+fn frontend_across(tx: &Path, ctl_tx: &Path, rx: &Path, ctl_rx: &Path) -> u64 {
+    let (t_tx0, t_rx0) = (
+        counter(ctl_tx, "t", "tx_packets"),
+        counter(ctl_rx, "t", "rx_packets"),
+    );
+    let (v_rx0, v_tx0) = (
+        counter(ctl_tx, "v", "rx_packets"),
+        counter(ctl_rx, "v", "tx_packets"),
+    );
+    let mut r = common::frontend("frontend rx", rx, &["--role", "rx", "--queue-size", "1024"]);
+    r.wait_json("ready", common::START);
+    let sent = common::run_frontend(
+        "frontend tx",
+        tx,
+        &["--role", "tx", "--secs", "0.4", "--rate", "20000"],
+    );
+    let got = r.finish(common::RUN);
+    let sent = common::u(&sent, "/tx_packets");
+    assert!(sent > 5000, "{sent} frames");
+    assert_eq!(
+        common::u(&got, "/rx_packets"),
+        sent,
+        "every frame arrived: {got}"
+    );
+    assert!(
+        got["complete"].as_bool().unwrap_or(false),
+        "in order, end marker: {got}"
+    );
+    assert_eq!(
+        counter(ctl_tx, "v", "rx_packets") - v_rx0,
+        sent,
+        "the sender's port took"
+    );
+    assert_eq!(
+        counter(ctl_tx, "t", "tx_packets") - t_tx0,
+        sent,
+        "the tunnel sent"
+    );
+    assert_eq!(
+        counter(ctl_rx, "t", "rx_packets") - t_rx0,
+        sent,
+        "the far tunnel received"
+    );
+    assert_eq!(
+        counter(ctl_rx, "v", "tx_packets") - v_tx0,
+        sent,
+        "the receiver's port gave"
+    );
+    sent
+}
+
+#[test]
+fn frontends_on_two_switches_over_vxlan_get_every_frame_both_ways() {
+    private_netns();
+    let nb = NetNs::new("vxf");
+    let id = std::process::id() % 10000;
+    veth(&format!("pvf{id}"), &nb, "10.233.0.1/24", "10.233.0.2/24");
+    let dir = TestDir::new("vxf");
+    let (ca, cb) = (dir.sock("ca"), dir.sock("cb"));
+    let (va, vb) = (dir.sock("va"), dir.sock("vb"));
+    // Each switch: a tunnel port (a trunk of VLAN 10) and a vhost-user port (an access port
+    // of it): every frame crosses the tunnel tagged, its tag inserted and removed on the way.
+    let spec = |local: &str, remote: &str, v: &Path, c: &Path| {
+        [
+            "switch".to_string(),
+            "--port".into(),
+            format!("vxlan:name=t,local={local},remote={remote},vni=9,trunk=10"),
+            "--port".into(),
+            format!("vhost-user:name=v,socket={},vlan=10", v.display()),
+            "--ctl-socket".into(),
+            c.display().to_string(),
+        ]
+    };
+    let sb = spec("10.233.0.2", "10.233.0.1", &vb, &cb);
+    let sa = spec("10.233.0.1", "10.233.0.2", &va, &ca);
+    let (sb, sa) = (
+        sb.each_ref().map(String::as_str),
+        sa.each_ref().map(String::as_str),
+    );
+    let mut b = Proc::spawn_netns(&nb.0, "b", &sb, &[("PVNET_LOG", "info")]);
+    wait_socket(&mut b, &cb);
+    let mut a = Proc::spawn("a", &sa, &[("PVNET_LOG", "info")]);
+    wait_socket(&mut a, &ca);
+    wait_socket(&mut a, &va);
+    wait_socket(&mut b, &vb);
+
+    frontend_across(&va, &ca, &vb, &cb);
+    // The sender's address (pvnet's frontend sends from 02:00:00:00:00:03) learned behind the
+    // tunnel on the far side.
+    assert_eq!(learned_on(&cb, "02:00:00:00:00:03").as_deref(), Some("t"));
+    frontend_across(&vb, &cb, &va, &ca);
+    assert_eq!(learned_on(&ca, "02:00:00:00:00:03").as_deref(), Some("t"));
+    assert_eq!(all_drops(&ca) + all_drops(&cb), 0);
     assert!(a.alive() && b.alive());
 }
