@@ -13,6 +13,9 @@
 #     pvnet   B's vxlan port -> sink
 #     pvnet-dgram  the same, both pvnet ports with gso=false,gro=false (a datagram per send
 #             and per read: the per-datagram path, what a NIC without USO/GRO leaves)
+#     pvnet-vlan   pvnet with every frame tagged across the tunnel: the gen and the sink
+#             access ports of VLAN 10, both vxlan ports trunks of it (the tag inserted at A's
+#             or B's sender, removed at the receiver): a tag's cost against `pvnet`
 #     kernel  the kernel's vxlan device vx0 -> bridge -> tap pvk0 -> B's tap port -> sink
 #   encap (B -> A): B's gen -> B's end -> veth -> A's vxlan port -> sink:
 #     pvnet   B's vxlan port (pvnet encapsulates)
@@ -26,7 +29,7 @@
 # ROUNDS rounds; medians.
 #
 # Usage: scripts/bench_overlay.sh   Env: ROUNDS=3 DUR=5 (measured s) WARM=1 SIZES="64 1500"
-#        CFGS="pvnet pvnet-dgram kernel" DIRS="decap encap" POLICY=adaptive (both switches' --policy)
+#        CFGS="pvnet pvnet-dgram kernel" (and pvnet-vlan) DIRS="decap encap" POLICY=adaptive (both switches' --policy)
 #        DOC=docs/overlay.md (section between the bench:overlay markers; DOC= to skip)
 #        QUIET_PCT=15 QUIET_WAIT=20: wait for the CPUs to be that quiet before each run
 # Wall time: ~(DUR + WARM + 8) s per run plus two c2c probes: ~6 min with the defaults.
@@ -102,11 +105,12 @@ start_a() {
 # run_one DIR CFG SIZE ROUND : one run; appends a RESULT line.
 run_one() {
   local dir="$1" cfg="$2" size="$3" r="$4" tag="$1-$2-$3-$4" pa pb src dst c2c
-  local gen="gen:name=g,delay=0.5,frame_len=$size" sfx=
+  local gen="gen:name=g,delay=0.5,frame_len=$size" sink="sink:name=s" sfx=
   [ "$cfg" = pvnet-dgram ] && sfx=",gso=false,gro=false"
+  if [ "$cfg" = pvnet-vlan ]; then sfx=",trunk=10"; gen="$gen,vlan=10"; sink="$sink,vlan=10"; fi
   if [ "$cfg" = kernel ]; then kernel_up; pb="$TAPB"; else kernel_down; pb="$VXB$sfx"; fi
-  if [ "$dir" = decap ]; then pa="$gen"; pb="$pb --port sink:name=s"; src=a; dst=b
-  else pa="sink:name=s"; pb="$pb --port $gen"; src=b; dst=a; fi
+  if [ "$dir" = decap ]; then pa="$gen"; pb="$pb --port $sink"; src=a; dst=b
+  else pa="$sink"; pb="$pb --port $gen"; src=b; dst=a; fi
   wait_quiet; c2c=$(c2c_ns)
   # The receiving end first: what the source sends before it binds would be lost.
   if [ "$dst" = b ]; then start_b "$tag" "$cfg" "$pb"; start_a "$tag" "$pa" "$sfx"

@@ -9,7 +9,8 @@
         core-to-core probes before/after
     bench_overlay.py summary RESULTS OUT
         the table (medians per direction, frame size and path, ratios of each pvnet path to
-        the kernel's), to OUT and printed
+        the kernel's; with pvnet-vlan, a second table: its ratios to pvnet, a tag's cost), to
+        OUT and printed
 """
 
 import json
@@ -71,6 +72,23 @@ def summary(lines):
                 len(rows[key]),
             )
         )
+    tagged = [k for k in sorted(rows) if k[2] == "pvnet-vlan" and (k[0], k[1], "pvnet") in rows]
+    if tagged:
+        out += [
+            "",
+            "A VLAN tag's cost (pvnet-vlan / pvnet, medians of each; ns ratios above 1.00x cost more):",
+            "",
+            "| direction | frame | Mpps | machine CPU ns/pkt | switch A ns/pkt | switch B ns/pkt |",
+            "|---|---|---|---|---|---|",
+        ]
+        for key in tagged:
+            plain = (key[0], key[1], "pvnet")
+            cols = ["mpps", "sys_ns_per_pkt", "a_ns_per_pkt", "b_ns_per_pkt"]
+            out.append(
+                "| %s | %s B | " % key[:2]
+                + " | ".join("%.2fx" % (med(key, c) / max(med(plain, c), 1e-9)) for c in cols)
+                + " |"
+            )
     return "\n".join(out)
 
 
