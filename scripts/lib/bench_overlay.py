@@ -9,8 +9,8 @@
         core-to-core probes before/after
     bench_overlay.py summary RESULTS OUT
         the table (medians per direction, frame size and path, ratios of each pvnet path to
-        the kernel's; with pvnet-vlan, a second table: its ratios to pvnet, a tag's cost), to
-        OUT and printed
+        the kernel's; with pvnet-vlan, a second table: its ratios to pvnet of the same round
+        within one core-to-core state, a tag's cost), to OUT and printed
 """
 
 import json
@@ -72,23 +72,43 @@ def summary(lines):
                 len(rows[key]),
             )
         )
-    tagged = [k for k in sorted(rows) if k[2] == "pvnet-vlan" and (k[0], k[1], "pvnet") in rows]
-    if tagged:
+    # A tag's cost: pvnet-vlan against pvnet of the same round, both runs in one core-to-core
+    # state (rates follow it: docs/bench.md), the pairs' median per state.
+    def state(r):
+        ns = [float(x) for x in r["c2c"].split("/")]
+        return "fast" if max(ns) < 75 else "slow" if min(ns) >= 150 else None
+
+    cols = ["mpps", "sys_ns_per_pkt", "a_ns_per_pkt", "b_ns_per_pkt"]
+    tag = []
+    for key in sorted(rows):
+        if key[2] != "pvnet-vlan" or (key[0], key[1], "pvnet") not in rows:
+            continue
+        plain = {r["round"]: r for r in rows[(key[0], key[1], "pvnet")]}
+        for st in ("fast", "slow"):
+            pairs = [
+                (r, plain[r["round"]])
+                for r in rows[key]
+                if r["round"] in plain and state(r) == st and state(plain[r["round"]]) == st
+            ]
+            if pairs:
+                meds = [
+                    statistics.median(float(t[c]) / max(float(u[c]), 1e-9) for t, u in pairs)
+                    for c in cols
+                ]
+                ratios = " | ".join("%.2fx" % m for m in meds)
+                tag.append("| %s | %s B | %s | %d | %s |" % (*key[:2], st, len(pairs), ratios))
+    if tag:
         out += [
             "",
-            "A VLAN tag's cost (pvnet-vlan / pvnet, medians of each; ns ratios above 1.00x cost more):",
+            (
+                "A VLAN tag's cost: pvnet-vlan / pvnet of the same round, both runs in one c2c"
+                " state, median of the pairs (ns ratios above 1.00x cost more):"
+            ),
             "",
-            "| direction | frame | Mpps | machine CPU ns/pkt | switch A ns/pkt | switch B ns/pkt |",
-            "|---|---|---|---|---|---|",
+            "| direction | frame | c2c state | pairs | Mpps | machine CPU ns/pkt | switch A ns/pkt | switch B ns/pkt |",
+            "|---|---|---|---|---|---|---|---|",
+            *tag,
         ]
-        for key in tagged:
-            plain = (key[0], key[1], "pvnet")
-            cols = ["mpps", "sys_ns_per_pkt", "a_ns_per_pkt", "b_ns_per_pkt"]
-            out.append(
-                "| %s | %s B | " % key[:2]
-                + " | ".join("%.2fx" % (med(key, c) / max(med(plain, c), 1e-9)) for c in cols)
-                + " |"
-            )
     return "\n".join(out)
 
 

@@ -31,3 +31,24 @@ def test_summary_medians_and_ratios_pvnet_over_kernel():
     table = ov.summary(lines + ["noise"]).splitlines()
     assert table[2].startswith("| decap | 64 B | kernel | 1.000 | 1000 | 1 | 2 | 3.000 | - | - |")
     assert table[3] == "| decap | 64 B | pvnet | 2.200 | 500 | 1 | 2 | 3.000 | 2.20x | 0.50x | 60/60 60/60 60/60 | 3 |"
+
+
+def test_tag_cost_pairs_runs_of_one_round_within_one_state():
+    def line(cfg, r, c2c, mpps, a):
+        return (
+            "RESULT dir=encap cfg=%s size=64 round=%d c2c=%s mpps=%s sys_ns_per_pkt=100"
+            " a_ns_per_pkt=%s b_ns_per_pkt=50 src_mpps=9" % (cfg, r, c2c, mpps, a)
+        )
+
+    lines = [
+        line("pvnet", 1, "50/50", 9.0, 50),
+        line("pvnet-vlan", 1, "40/60", 7.2, 75),
+        # Round 2: the untagged run fast, the tagged slow: not a pair.
+        line("pvnet", 2, "50/50", 9.0, 50),
+        line("pvnet-vlan", 2, "190/180", 5.0, 90),
+        line("pvnet", 3, "180/200", 6.0, 60),
+        line("pvnet-vlan", 3, "170/190", 5.4, 66),
+    ]
+    table = ov.summary(lines).splitlines()
+    assert table[-2] == "| encap | 64 B | fast | 1 | 0.80x | 1.00x | 1.50x | 1.00x |"
+    assert table[-1] == "| encap | 64 B | slow | 1 | 0.90x | 1.00x | 1.10x | 1.00x |"
