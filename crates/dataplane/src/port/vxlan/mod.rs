@@ -750,19 +750,22 @@ impl VxlanPort {
         TxOut::Sent
     }
 
-    /// Copies what the switch staged of the `k`-th last packet taken (`part`) into the
-    /// batch's own memory and points its iovecs there: the switch reuses that memory before
-    /// the commit ([`Port::staged`]). The copy takes the first of them, the others it
-    /// replaces become empty: every datagram keeps its iovecs' count and place, so runs stay
-    /// runs for the segmented send. When the copies fill up, the batch is sent at once
-    /// instead (the packets' memory still holds them now): false then.
+    /// Copies what the switch staged of the `k`-th packet taken since the flush (`part`),
+    /// behind the VXLAN header, into the batch's own memory and points its iovecs there: the
+    /// switch reuses that memory before the commit ([`Port::staged`]). The header and the
+    /// copy take the first of the iovecs they replace, the others become empty: every
+    /// datagram keeps its iovecs' count and place, so runs stay runs for the segmented send,
+    /// and the kernel gathers no more pieces than for a frame that was not staged. When the
+    /// copies fill up, the batch is sent at once instead (the packets' memory still holds
+    /// them now): false then.
     ///
     /// [`Port::staged`]: super::Port::staged
     fn detach(&mut self, k: usize, part: Staged) -> bool {
         let tx = &mut *self.tx;
         let q = tx.queued[k % MAX_BURST];
-        let iov = &mut tx.iov[q.start + 1..q.start + 1 + q.n];
-        let m = match part {
+        // The header's iovec, then the frame's.
+        let iov = &mut tx.iov[q.start..=q.start + q.n];
+        let m = 1 + match part {
             Staged::Whole => q.n,
             Staged::Head => q.n.min(1),
         };
@@ -774,9 +777,10 @@ impl VxlanPort {
         let at = tx.arena_used;
         let mut end = at;
         for v in &iov[..m] {
-            // SAFETY: the iovec was made in `put` from a segment of a packet the switch
-            // offered in its last burst, `iov_len` bytes of memory it holds until it returns
-            // from the call that made it call `staged` (it reuses the memory only after that).
+            // SAFETY: the iovec was made in `put`: over the port's own header, or a segment
+            // of a packet the switch offered in its last burst, `iov_len` bytes of memory it
+            // holds until it returns from the call that made it call `staged` (it reuses the
+            // memory only after that).
             let src = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
             tx.arena[end..end + src.len()].copy_from_slice(src);
             end += src.len();
