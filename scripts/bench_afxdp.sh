@@ -6,7 +6,13 @@
 # run breaks.
 #
 # The same traffic source for every receiver: `pvnet switch` A (CPU 0) with a gen port writing
-# into veth pvs0 through its own AF_XDP port (SRC=af-packet: an AF_PACKET port, io_uring);
+# into veth pvs0 through its own AF_XDP port (SRC=af-packet: an AF_PACKET port, io_uring;
+# SRC=xdp-live: no socket buffer at all, XDP frames the kernel makes and redirects into pvs0
+# as a driver's XDP_REDIRECT does, scripts/lib/xdp_live.py, with GRO on pvs0p so that its
+# NAPI takes them for the stack's receivers too; the kernel's receive work (pvs0p's NAPI: the
+# XDP program and the copy into the UMEM, or the socket buffer and the stack) runs on the
+# sender's CPU, as the veth schedules it, or with NAPI_CPU=1 in pvs0p's NAPI thread pinned
+# to the receiver's CPU, as a NIC's interrupt on the receiver's core);
 # the kernel carries the frames to pvs0's peer pvs0p, where `pvnet switch` B (CPU 1) takes
 # them into a sink port through the port under test:
 #   xdp-native   af-xdp:ifname=pvs0p,mode=native   (the veth driver's XDP hook)
@@ -27,7 +33,7 @@
 # in the machine's own.
 #
 # Usage: scripts/bench_afxdp.sh   Env: ROUNDS=3 DUR=5 (measured s) WARM=1 SIZES="64 1500"
-#        CFGS="xdp-native xdp-generic af-packet tap" SRC=af-xdp|af-packet
+#        CFGS="xdp-native xdp-generic af-packet tap" SRC=af-xdp|af-packet|xdp-live NAPI_CPU=
 #        POLICY=adaptive (the receiving switch's --policy; busy: it never sleeps, so the
 #        kernel never wakes it)
 #        DOC=docs/afxdp.md (section between the bench:afxdp markers; DOC= to skip)
@@ -67,8 +73,15 @@ wait_sock() { local i; for i in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.
 case "$SRC" in
   af-xdp) SRCPORT="af-xdp:name=t,ifname=pvs0,mode=native" ;;
   af-packet) SRCPORT="af-packet:name=t,ifname=pvs0,io=uring" ;;
-  *) die "SRC: af-xdp or af-packet" ;;
+  xdp-live) SRCPORT=; ip netns exec "$HNS" ethtool -K pvs0p gro on > /dev/null
+    [ -n "${NAPI_CPU:-}" ] && ip netns exec "$HNS" sh -c 'echo 1 > /sys/class/net/pvs0p/threaded' ;;
+  *) die "SRC: af-xdp, af-packet or xdp-live" ;;
 esac
+# src_sent TAG : the frames the source has sent so far (its port's, or pvs0's own count).
+src_sent() {
+  if [ -z "$SRCPORT" ]; then ip netns exec "$HNS" cat /sys/class/net/pvs0/statistics/tx_packets
+  else local a; read -r a _ _ _ < <(snap "$B/ctl.a.$1"); echo "$a"; fi
+}
 
 for r in $(seq 1 "$ROUNDS"); do
   for size in $SIZES; do
@@ -87,17 +100,27 @@ for r in $(seq 1 "$ROUNDS"); do
       bpid=$!
       wait_sock "$B/ctl.b.$tag"
       cb=$(c2c_ns)
+      # pvs0p's NAPI threads (made again when a port attaches its XDP program) on NAPI_CPU.
+      if [ -z "$SRCPORT" ] && [ -n "${NAPI_CPU:-}" ]; then
+        for t in $(pgrep '^napi/pvs0p-'); do taskset -p -c "$NAPI_CPU" "$t" > /dev/null; done
+      fi
       if [ "$cfg" = tap ]; then ipn link set pvb1 master pvbbr; fi
-      ip netns exec "$HNS" "$BIN" switch --port "$SRCPORT" --port "gen:name=g,delay=0.5,frame_len=$size" --cpu 0 \
-        --ctl-socket "$B/ctl.a.$tag" --secs $((DUR + WARM + 7)) > "$B/a.$tag.json" 2> "$B/a.$tag.log" &
-      apid=$!
-      wait_sock "$B/ctl.a.$tag"
+      if [ -n "$SRCPORT" ]; then
+        ip netns exec "$HNS" "$BIN" switch --port "$SRCPORT" --port "gen:name=g,delay=0.5,frame_len=$size" --cpu 0 \
+          --ctl-socket "$B/ctl.a.$tag" --secs $((DUR + WARM + 7)) > "$B/a.$tag.json" 2> "$B/a.$tag.log" &
+        apid=$!
+        wait_sock "$B/ctl.a.$tag"
+      else
+        ip netns exec "$HNS" taskset -c 0 python3 "$PYLIB/xdp_live.py" pvs0 $((DUR + WARM + 7)) "$size" \
+          > "$B/a.$tag.log" 2>&1 &
+        apid=$!
+      fi
       sleep "$WARM"; sleep 0.5
       c0=$(cpu_ns "$bpid"); d0=$(cpu_ns "$apid")
-      read -r a0 _ _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b0 s0 w0 < <(snap "$B/ctl.b.$tag")
+      a0=$(src_sent "$tag"); read -r _ b0 s0 w0 < <(snap "$B/ctl.b.$tag")
       t0=$(date +%s.%N); sleep "$DUR"; t1=$(date +%s.%N)
       c1=$(cpu_ns "$bpid"); d1=$(cpu_ns "$apid")
-      read -r a1 _ _ _ < <(snap "$B/ctl.a.$tag"); read -r _ b1 s1 w1 < <(snap "$B/ctl.b.$tag")
+      a1=$(src_sent "$tag"); read -r _ b1 s1 w1 < <(snap "$B/ctl.b.$tag")
       # The source first: what it sends while the receiver stops would count as the kernel's drops.
       kill -INT "$apid" 2>/dev/null || true; wait "$apid" || true; apid=
       kill -INT "$bpid" 2>/dev/null || true; wait "$bpid" || true; bpid=
