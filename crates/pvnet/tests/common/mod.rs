@@ -461,7 +461,10 @@ pub fn ctl_json(sock: &Path, args: &[&str]) -> (bool, Value) {
 /// iperf3 against a server already listening at `addr`: TCP and UDP (50 Mbit/s), each way
 /// (`-R`: the server sends), one second each; each must end well and move more than 1 Mbit/s.
 /// The server takes a moment after each test and answers "busy" until then (in the JSON, exit
-/// status 0): that is asked again for up to 10 s.
+/// status 0), and iperf3 3.12's server closes its listening socket and opens a new one
+/// between tests, resetting a connection that reached the old one's backlog ("unable to
+/// connect to server: Connection reset by peer", more often on a loaded machine): both are
+/// asked again for up to 10 s.
 pub fn iperf3_both_ways(addr: &str) {
     for extra in [
         &[][..],
@@ -478,7 +481,9 @@ pub fn iperf3_both_ways(addr: &str) {
                 .output()
                 .unwrap_or_else(|e| panic!("iperf3 {args:?}: {e}"));
             let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-            let busy = v["error"].as_str().is_some_and(|e| e.contains("busy"));
+            let busy = v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("busy") || e.contains("unable to connect"));
             if !busy || Instant::now() > until {
                 break (out.status.success(), v);
             }
