@@ -17,7 +17,7 @@ import json
 import statistics
 import sys
 
-from pvnet_report import results, write_table
+from pvnet_report import results, state, write_table
 
 
 def snap(port, status):
@@ -74,10 +74,6 @@ def summary(lines):
         )
     # A tag's cost: pvnet-vlan against pvnet of the same round, both runs in one core-to-core
     # state (rates follow it: docs/bench.md), the pairs' median per state.
-    def state(r):
-        ns = [float(x) for x in r["c2c"].split("/")]
-        return "fast" if max(ns) < 75 else "slow" if min(ns) >= 150 else None
-
     cols = ["mpps", "sys_ns_per_pkt", "a_ns_per_pkt", "b_ns_per_pkt"]
     tag = []
     for key in sorted(rows):
@@ -88,7 +84,7 @@ def summary(lines):
             pairs = [
                 (r, plain[r["round"]])
                 for r in rows[key]
-                if r["round"] in plain and state(r) == st and state(plain[r["round"]]) == st
+                if r["round"] in plain and state(r["c2c"]) == st == state(plain[r["round"]]["c2c"])
             ]
             if pairs:
                 meds = [
