@@ -727,6 +727,26 @@ tap_counters_agree() {
   done
   return 1
 }
+# guest_iperf_ok NAME TAG GLOG : the guest program "tap"'s four iperf3 tests (TCP and UDP both
+# ways) all ended well (GUEST_IPERF_RC 0 in the console's GLOG.txt); else what the guest's
+# iperf3 and the server (TAG.iperf3s.log) said and what pvnet's vm port dropped by reason are
+# printed, NAME fails, and it returns 1.
+guest_iperf_ok() {
+  local name="$1" tag="$2" glog="$3" t
+  for t in tcp_g2h tcp_h2g udp_g2h udp_h2g; do
+    if ! grep -q "GUEST_IPERF_RC $t 0" "$glog.txt"; then
+      # what the guest's iperf3 and the server said (the logs go with the next run)
+      grep -E "GUEST_IPERF_(RC|ERR|RETRY) $t" "$glog.txt" | sed "s/^/  $name: guest: /"
+      tail -4 "$D/$tag.iperf3s.log" | sed "s/^/  $name: server: /"
+      # what pvnet dropped on the way to the guest, by reason (a queue that overflowed drops
+      # from the head of its fattest flow, as Linux's fq_codel does)
+      info "$name: pvnet vm port drops: $(python3 "$PYLIB/pvnet_report.py" drops-by "$D/$tag.pvnet.json" vm)"
+      fail "$name" "iperf3 $t failed (console: $glog)"; return 1
+    fi
+    grep -q "GUEST_IPERF_RETRY $t" "$glog.txt" && info "$name: iperf3 $t ran twice: its control connection broke as it started: $(grep "GUEST_IPERF_RETRY $t" "$glog.txt" | tail -1 | cut -d' ' -f3-)"
+  done
+  return 0
+}
 guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_ARG...]]]
   local name="$1" dopt="${2:-}" gappend="${3:-}" t0 tag glog
   shift; shift || true; shift || true
@@ -774,19 +794,7 @@ guest_tap_case() {   # guest_tap_case NAME [DEVICE_OPTIONS [KERNEL_APPEND [QEMU_
   esac
   [ "$hping" = "3 received" ] || { fail "$name" "host->guest ping: $hping"; return; }
   grep -q 'GUEST_PING 3 packets received' "$glog.txt" || { fail "$name" "guest->host ping failed"; return; }
-  local t
-  for t in tcp_g2h tcp_h2g udp_g2h udp_h2g; do
-    if ! grep -q "GUEST_IPERF_RC $t 0" "$glog.txt"; then
-      # what the guest's iperf3 and the host's server said (the logs go with the next run)
-      grep -E "GUEST_IPERF_(RC|ERR|RETRY) $t" "$glog.txt" | sed "s/^/  $name: guest: /"
-      tail -4 "$D/$tag.iperf3s.log" | sed "s/^/  $name: host server: /"
-      # what pvnet dropped on the way to the guest, by reason (a queue that overflowed drops
-      # from the head of its fattest flow, as Linux's fq_codel does)
-      info "$name: pvnet vm port drops: $(python3 "$PYLIB/pvnet_report.py" drops-by "$D/$tag.pvnet.json" vm)"
-      fail "$name" "iperf3 $t failed (console: $glog)"; return
-    fi
-    grep -q "GUEST_IPERF_RETRY $t" "$glog.txt" && info "$name: iperf3 $t ran twice: its control connection broke as it started: $(grep "GUEST_IPERF_RETRY $t" "$glog.txt" | tail -1 | cut -d' ' -f3-)"
-  done
+  guest_iperf_ok "$name" "$tag" "$glog" || return
   [ "$ok" = 1 ] || { fail "$name" "tap counters differ: kernel tx=$k_tx rx=$k_rx, pvnet host rx=$s_rx tx=$s_tx"; return; }
   # Direct receive (the only other port is the guest): the TCP stream to the guest is read
   # straight into its buffers, one copy per packet.
@@ -965,14 +973,7 @@ guest_vxlan() {
   guest_finished "$name" "$tag" "$glog" "$qrc" "$berc" || return
   [ "$hping" = "3 received" ] || { fail "$name" "kernel->guest ping over VXLAN: $hping"; return; }
   grep -q 'GUEST_PING 3 packets received' "$glog.txt" || { fail "$name" "guest->kernel ping over VXLAN failed"; return; }
-  local t
-  for t in tcp_g2h tcp_h2g udp_g2h udp_h2g; do
-    if ! grep -q "GUEST_IPERF_RC $t 0" "$glog.txt"; then
-      grep -E "GUEST_IPERF_(RC|ERR|RETRY) $t" "$glog.txt" | sed "s/^/  $name: guest: /"
-      tail -4 "$D/$tag.iperf3s.log" | sed "s/^/  $name: kernel's server: /"
-      fail "$name" "iperf3 $t over VXLAN failed (console: $glog)"; return
-    fi
-  done
+  guest_iperf_ok "$name" "$tag" "$glog" || return
   [ "$ok" = 1 ] || { fail "$name" "vx0 and the vxlan port disagree: kernel tx=$k_tx rx=$k_rx, pvnet rx=$s_rx (+ $rcvbuf RcvbufErrors) tx=$s_tx"; return; }
   [ "$gtx" = "$v_rx" ] || { fail "$name" "guest tx_packets $gtx != pvnet vm rx_packets $v_rx"; return; }
   [ "$grx" = "$v_tx" ] || { fail "$name" "guest rx_packets $grx != pvnet vm tx_packets $v_tx"; return; }
