@@ -129,6 +129,10 @@ pub struct PortStats {
     pub backlog: AtomicU64,
     /// The device queue's dynamic limit, in buffers (a gauge; 0: none kept).
     pub dql_limit: AtomicU64,
+    /// Publishes that found the receiver asleep on an empty ring while the limit had held
+    /// packets back for it (starved by the limit: each raises the limit's ceiling, see the
+    /// egress module's `pace`).
+    pub dql_idle: AtomicU64,
     /// Tap: syscalls made to move packets (`read`, `writev`, `io_uring_enter`).
     pub syscalls: AtomicU64,
     /// Kernel port: packets the kernel wrote straight into a frontend's receive buffers
@@ -214,6 +218,8 @@ pub struct PortSnapshot {
     pub backlog: u64,
     /// See [`PortStats`].
     pub dql_limit: u64,
+    /// See [`PortStats`].
+    pub dql_idle: u64,
     /// See [`PortStats`].
     pub syscalls: u64,
     /// See [`PortStats`].
@@ -307,6 +313,7 @@ impl PortSnapshot {
             t.dequeues += s.dequeues;
             t.backlog += s.backlog;
             t.dql_limit = t.dql_limit.max(s.dql_limit);
+            t.dql_idle += s.dql_idle;
             t.syscalls += s.syscalls;
             t.rx_direct += s.rx_direct;
             t.kernel_drops += s.kernel_drops;
@@ -355,6 +362,7 @@ impl PortStats {
             dequeues: r(&self.dequeues),
             backlog: r(&self.backlog),
             dql_limit: r(&self.dql_limit),
+            dql_idle: r(&self.dql_idle),
             syscalls: r(&self.syscalls),
             rx_direct: r(&self.rx_direct),
             kernel_drops: r(&self.kernel_drops),

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use virtq::mock::MockQueue;
-use virtq::{Buf, Direction, DriverQueue, Format};
+use virtq::{Armed, Buf, Direction, DriverQueue, Format};
 
 /// Receive buffer size of a mock frontend.
 pub const BUF: u32 = 2048;
@@ -106,6 +106,28 @@ impl MockFe {
         pairs: u16,
         mtu: Option<u16>,
     ) -> (Self, AnyPort) {
+        Self::build(id, features, posted, egress, (buf, pairs, mtu, false))
+    }
+
+    /// [`with_egress`](Self::with_egress) whose receive ring has EVENT_IDX, as a Linux guest's
+    /// has: it can ask to be interrupted at a used entry ([`arm_rx`](Self::arm_rx)).
+    pub fn with_event_idx(
+        id: PortId,
+        features: u64,
+        posted: u16,
+        egress: EgressConfig,
+    ) -> (Self, AnyPort) {
+        Self::build(id, features, posted, egress, (BUF, 1, None, true))
+    }
+
+    /// Every constructor's: `(buf, pairs, mtu, rx_event_idx)`.
+    fn build(
+        id: PortId,
+        features: u64,
+        posted: u16,
+        egress: EgressConfig,
+        (buf, pairs, mtu, rx_event_idx): (u32, u16, Option<u16>, bool),
+    ) -> (Self, AnyPort) {
         let pair_stats: Vec<Arc<PortStats>> = (0..pairs).map(|_| Arc::default()).collect();
         let mut cfg = vhost_config(HoldPolicy::Forever);
         cfg.egress = egress;
@@ -118,7 +140,7 @@ impl MockFe {
                 .expect("tx ring");
             let rxm = MockQueue::new(256, buf);
             let (rx, rxd) = rxm
-                .pair_in(Format::Split, Direction::DeviceWrites, false)
+                .pair_in(Format::Split, Direction::DeviceWrites, rx_event_idx)
                 .expect("rx ring");
             for (q, queue) in [(QueueIndex::tx(k), txd), (QueueIndex::rx(k), rxd)] {
                 port.start(StartedQueue {
@@ -177,6 +199,17 @@ impl MockFe {
             .expect("post");
         }
         p.rx.publish();
+    }
+
+    /// Asks to be interrupted at the next used entry of the receive ring, as Linux's NAPI does
+    /// when it completes (`used_event` = its last used index), and re-checks.
+    pub fn arm_rx(&mut self) -> Armed {
+        self.pairs[0].rx.arm_used_notify().expect("arm")
+    }
+
+    /// Receive buffers not yet taken (delivered and waiting in the ring).
+    pub fn rx_ready(&mut self) -> usize {
+        usize::from(self.pairs[0].rx.used_available().expect("used"))
     }
 
     /// Sends `hdr ++ frame` as one descriptor (the header in this frontend's length).

@@ -249,6 +249,14 @@ impl<M: Translate> DeviceQueue<M> {
         dispatch!(self, q => q.driver_backlog())
     }
 
+    /// Whether the last publish found the driver asleep on everything published before it
+    /// (it re-armed at exactly the previous publish's end: it ran dry and waited). Needs
+    /// EVENT_IDX; a driver that polls is never idle here.
+    #[inline]
+    pub fn driver_idle(&self) -> bool {
+        dispatch!(self, q => q.driver_idle())
+    }
+
     /// Stops asking for kicks (we are polling).
     #[inline]
     pub fn disable_notify(&mut self) {

@@ -111,6 +111,65 @@ fn every_format_keeps_the_queue_contract() {
     }
 }
 
+/// The device tells a driver that ran dry from one still working: a publish finds it idle
+/// only when it re-armed at exactly the end of the previous publish (Linux's NAPI completing
+/// after consuming everything), in every format, and never without EVENT_IDX or while it
+/// polls.
+#[test]
+fn a_publish_finds_the_driver_idle_only_when_it_ran_dry_and_armed() {
+    /// One receive buffer used and published; the call decision and the idle witness.
+    fn one(dev: &mut DeviceQueue) -> (bool, bool) {
+        assert!(dev.available().unwrap() > 0);
+        let c = dev.pop().unwrap().unwrap();
+        dev.push_used(c.head, 8);
+        let call = dev.publish();
+        (call, dev.driver_idle())
+    }
+    fn drain(drv: &mut virtq::DriverQueue) -> usize {
+        drv.used_available().unwrap();
+        let mut n = 0;
+        while drv.pop_used().unwrap().is_some() {
+            n += 1;
+        }
+        n
+    }
+    for &format in Format::ALL {
+        let mq = MockQueue::new(16, 64);
+        let (mut drv, mut dev) = mq.pair_in(format, Direction::DeviceWrites, true).unwrap();
+        dev.disable_notify();
+        offer(&mut drv, &mq, 0..12, true);
+        // The first decision has nothing to compare with.
+        assert!(!one(&mut dev).1, "{format:?}: first publish");
+        // The driver consumed everything and re-armed: the next publish finds it idle.
+        assert_eq!(drain(&mut drv), 1);
+        assert_eq!(drv.arm_used_notify().unwrap(), Armed::Empty);
+        assert_eq!(one(&mut dev), (true, true), "{format:?}: ran dry, armed");
+        // It has not looked since: the next publish finds it armed further back, not idle,
+        // and owes it no call.
+        assert_eq!(one(&mut dev), (false, false), "{format:?}: still asleep");
+        // It wakes, takes one of the two, and arms behind: working, not idle.
+        assert_eq!(drv.used_available().unwrap(), 2);
+        assert!(drv.pop_used().unwrap().is_some());
+        assert_eq!(drv.arm_used_notify().unwrap(), Armed::NotEmpty);
+        assert!(!one(&mut dev).1, "{format:?}: armed with work left");
+        // It polls: never idle, whatever it consumed.
+        drv.disable_used_notify();
+        drain(&mut drv);
+        assert_eq!(one(&mut dev), (false, false), "{format:?}: polling");
+        assert!(!one(&mut dev).1, "{format:?}: polling");
+    }
+    for &format in Format::ALL {
+        // Without EVENT_IDX a flag cannot say where the driver stopped.
+        let mq = MockQueue::new(16, 64);
+        let (mut drv, mut dev) = mq.pair_in(format, Direction::DeviceWrites, false).unwrap();
+        offer(&mut drv, &mq, 0..4, true);
+        one(&mut dev);
+        drain(&mut drv);
+        assert_eq!(drv.arm_used_notify().unwrap(), Armed::Empty);
+        assert_eq!(one(&mut dev), (true, false), "{format:?}: no EVENT_IDX");
+    }
+}
+
 /// A grant cache over the mock's region: only ranges granted (with a permission) translate;
 /// a miss is retryable; revoking bumps the generation.
 #[derive(Debug)]

@@ -106,6 +106,9 @@ pub struct EgressConfig {
     /// with the receiver's measured pace caps the limit ([`pace`]); zero: no cap (DQL alone,
     /// as Linux has it).
     pub dql_target: Duration,
+    /// With the cap: a receiver seen asleep on an empty ring while the limit held packets back
+    /// raises it (a reserve on the target, [`pace`]); false: the target alone.
+    pub dql_witness: bool,
 }
 
 impl EgressConfig {
@@ -117,6 +120,7 @@ impl EgressConfig {
             dql: false,
             bulk: true,
             dql_target: Duration::ZERO,
+            dql_witness: false,
         }
     }
 
@@ -128,6 +132,7 @@ impl EgressConfig {
             dql: true,
             bulk: true,
             dql_target: pace::TARGET,
+            dql_witness: true,
         }
     }
 }
@@ -154,6 +159,10 @@ pub(crate) struct Egress {
     posted: Option<u32>,
     /// Buffers used in all.
     used: u32,
+    /// The last publish crossed the limit with packets waiting: the limit held them back.
+    held: bool,
+    /// Whether a witnessed idle raises the ceiling ([`EgressConfig::dql_witness`]).
+    witness: bool,
     /// Since when the queue has sent nothing while packets wait.
     stalled_since: Option<Instant>,
 }
@@ -182,6 +191,8 @@ impl Egress {
             epoch,
             posted: None,
             used: 0,
+            held: false,
+            witness: cfg.dql_witness,
             stalled_since: None,
         }
     }
@@ -309,6 +320,7 @@ impl Egress {
     /// [`cap`](Self::cap)'s reckoning: completions credited, then how many more buffers the
     /// limit allows (negative: over it).
     fn budget(&mut self, avail: u16, now: Instant) -> i64 {
+        let waiting = self.waiting();
         let Some(d) = self.dql.as_mut() else {
             return i64::MAX;
         };
@@ -319,8 +331,6 @@ impl Egress {
                 let t = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos())
                     .unwrap_or(u64::MAX);
                 let fresh = fresh.min(d.in_flight());
-                // Packets wait for room: queued, or the queue is out being drained.
-                let waiting = self.has_queue && self.queue.as_ref().is_none_or(|q| !q.is_empty());
                 if let Some(max) = self
                     .pace
                     .as_mut()
@@ -338,6 +348,12 @@ impl Egress {
         d.avail()
     }
 
+    /// Packets wait for room: queued, or the queue is out being drained.
+    #[inline]
+    fn waiting(&self) -> bool {
+        self.has_queue && self.queue.as_ref().is_none_or(|q| !q.is_empty())
+    }
+
     /// `bufs` buffers were used in one batch (its publish).
     #[inline]
     pub(crate) fn used(&mut self, bufs: u32) {
@@ -345,14 +361,34 @@ impl Egress {
             self.used = self.used.wrapping_add(bufs);
             if let Some(d) = self.dql.as_mut() {
                 d.queued(bufs);
+                self.held = d.avail() < 0 && self.has_queue;
             }
         }
+    }
+
+    /// A publish at `now` found the receiver asleep on everything published before it
+    /// (`virtq::DeviceQueue::driver_idle`); `ring`: its size. If the limit had held packets
+    /// back at the previous publish, the receiver was starved by the limit, not late: its
+    /// ceiling gets a step of reserve ([`pace`]) unless the port turned that off. True if it
+    /// was such a starvation (counted as the port's `dql_idle` either way). Called before the
+    /// publish's [`used`](Self::used).
+    #[cold]
+    pub(crate) fn driver_idle(&mut self, now: Instant, ring: u16) -> bool {
+        if !(self.held && self.waiting()) {
+            return false;
+        }
+        let t = self.ns(now);
+        if let Some(p) = self.pace.as_mut().filter(|_| self.witness) {
+            p.idle(t, u32::from(ring));
+        }
+        true
     }
 
     /// The device ring started again: nothing of it is in flight, its counts start over.
     pub(crate) fn ring_restarted(&mut self) {
         self.posted = None;
         self.used = 0;
+        self.held = false;
         if let Some(d) = self.dql.as_mut() {
             *d = Dql::new(self.floor, 0);
         }

@@ -25,6 +25,24 @@
 //! * `target`: the port's `dql_target` (default [`TARGET`]), the time a packet should wait in
 //!   the ring beyond one burst.
 //!
+//! A fixed target is the wrong time for a receiver that sleeps between hand-backs: a Linux
+//! guest's NAPI that empties its ring re-arms and waits for an interrupt, and while it waits
+//! it takes nothing, however many packets pvnet holds back for it. The ceiling cannot see that
+//! from the buffers alone (a late receiver hands back the same bursts), so the ring tells it:
+//! a publish that finds the driver asleep on everything published before it
+//! (`virtq::DeviceQueue::driver_idle`) while the limit held packets back is a receiver
+//! starved by the limit. Each such witness adds a step of **reserve** to the target,
+//!
+//! ```text
+//! ceiling = burst + rate * (target + reserve)
+//! ```
+//!
+//! the time the receiver takes for an eighth of its burst (8 buffers for a NAPI guest,
+//! whatever its rate: the ceiling rises by about that much), and each [`RESERVE_HOLD_NS`]
+//! without a witness takes a step back (AIAD on a time, so a receiver whose rate changes keeps
+//! the same slack in time). A receiver that polls, or one that is only late, is never witnessed
+//! and keeps the plain ceiling.
+//!
 //! Linux leaves `limit_max` to the administrator; here it follows the receiver. DQL's own rules
 //! still run below it. It never goes under 64 buffers (what a Linux guest uses before it gives
 //! any back), and under the limit's floor of two batches only for a receiver whose pace calls
@@ -40,6 +58,10 @@ pub const TARGET: Duration = Duration::from_micros(25);
 /// How long the rate is measured over, while packets wait all along.
 pub(crate) const WINDOW_NS: u64 = 1_000_000;
 
+/// How long a reserve step stays without a witnessed idle before it is taken back: DQL's
+/// own hold before it shrinks (Linux's `HZ`).
+pub(crate) const RESERVE_HOLD_NS: u64 = super::dql::SLACK_HOLD_NS;
+
 /// A receiver's measured pace.
 #[derive(Debug, Clone)]
 pub(crate) struct Pace {
@@ -52,6 +74,10 @@ pub(crate) struct Pace {
     rate: Option<f64>,
     /// Buffers given back at one look while packets waited, smoothed.
     burst: f64,
+    /// Time added to the target by witnessed idles, in ns.
+    reserve_ns: f64,
+    /// When the reserve last changed (a witness, or a step back).
+    reserve_at: u64,
 }
 
 impl Pace {
@@ -64,6 +90,8 @@ impl Pace {
             done: 0,
             rate: None,
             burst: 0.0,
+            reserve_ns: 0.0,
+            reserve_at: 0,
         }
     }
 
@@ -73,12 +101,43 @@ impl Pace {
         self.done = 0;
         self.rate = None;
         self.burst = 0.0;
+        self.reserve_ns = 0.0;
+    }
+
+    /// The receiver was witnessed asleep, having consumed everything, while the limit held
+    /// packets back for it (at `now`, ns): one step of reserve more, the ceiling kept within
+    /// `most` buffers (its ring). Nothing before the rate is measured (no ceiling yet).
+    pub(crate) fn idle(&mut self, now: u64, most: u32) {
+        let Some(r) = self.rate.filter(|&r| r > 0.0) else {
+            return;
+        };
+        let room = (f64::from(most) - self.burst) / r - self.target_ns;
+        self.reserve_ns = (self.reserve_ns + self.step(r)).min(room).max(0.0);
+        self.reserve_at = now;
+    }
+
+    /// A reserve step: the time the receiver takes for an eighth of its burst (at least one
+    /// buffer's), at rate `r`.
+    fn step(&self, r: f64) -> f64 {
+        (self.burst / 8.0).max(1.0) / r
+    }
+
+    /// The reserve now, in ns.
+    #[cfg(test)]
+    pub(crate) fn reserve_ns(&self) -> f64 {
+        self.reserve_ns
     }
 
     /// `count` buffers came back at `now` (ns); `waiting`: packets waited for room at this
     /// look. Returns the ceiling, once the rate has been measured.
     #[allow(clippy::cast_precision_loss)]
     pub(crate) fn completed(&mut self, count: u32, now: u64, waiting: bool) -> Option<u32> {
+        if self.reserve_ns > 0.0 && now.saturating_sub(self.reserve_at) >= RESERVE_HOLD_NS {
+            if let Some(r) = self.rate.filter(|&r| r > 0.0) {
+                self.reserve_ns = (self.reserve_ns - self.step(r)).max(0.0);
+            }
+            self.reserve_at = now;
+        }
         if !waiting {
             // The receiver kept up: what it gives back now is what it was offered.
             self.since = None;
@@ -107,7 +166,7 @@ impl Pace {
     pub(crate) fn ceiling(&self) -> Option<u32> {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         self.rate.map(|r| {
-            (self.burst + r * self.target_ns)
+            (self.burst + r * (self.target_ns + self.reserve_ns))
                 .ceil()
                 .min(f64::from(u32::MAX)) as u32
         })
@@ -165,6 +224,64 @@ mod tests {
             c < 200,
             "ceiling {c} must stay well below the 256-entry ring"
         );
+    }
+
+    /// 64 buffers every 32 us (2 Mpps) for `n` looks from `t0`: the last ceiling.
+    fn paced(p: &mut Pace, t0: u64, n: u64) -> u32 {
+        let mut c = None;
+        for i in 0..n {
+            c = p.completed(64, t0 + i * 32 * US, true);
+        }
+        c.unwrap()
+    }
+
+    #[test]
+    fn a_witnessed_idle_raises_the_ceiling_by_an_eighth_of_a_burst() {
+        let mut p = Pace::new(TARGET);
+        let before = paced(&mut p, 0, 1000);
+        p.idle(32_000 * US, 256);
+        // An eighth of 64 buffers at 2 per us: 4 us of reserve, 8 buffers of ceiling.
+        assert!(
+            (p.reserve_ns() - 4_000.0).abs() < 100.0,
+            "{}",
+            p.reserve_ns()
+        );
+        let after = p.ceiling().unwrap();
+        assert!((7..=9).contains(&(after - before)), "{before} -> {after}");
+        // Never past the ring, however many witnesses.
+        for _ in 0..100 {
+            p.idle(32_000 * US, 256);
+        }
+        assert!(p.ceiling().unwrap() <= 256);
+    }
+
+    #[test]
+    fn the_reserve_steps_back_once_per_quiet_hold_and_never_below_zero() {
+        let mut p = Pace::new(TARGET);
+        let t = 1000 * 32 * US;
+        paced(&mut p, 0, 1000);
+        for _ in 0..3 {
+            p.idle(t, 256);
+        }
+        let three = p.reserve_ns();
+        assert!((three - 12_000.0).abs() < 300.0, "{three}");
+        // Under a second quiet: kept.
+        paced(&mut p, t, 30_000);
+        assert!((p.reserve_ns() - three).abs() < 1.0, "{}", p.reserve_ns());
+        // Past it: one step back.
+        paced(&mut p, t + 30_000 * 32 * US, 2_000);
+        assert!(
+            (p.reserve_ns() - 8_000.0).abs() < 300.0,
+            "{}",
+            p.reserve_ns()
+        );
+        // Three seconds more: gone, not negative.
+        paced(&mut p, t + 40_000 * 32 * US, 100_000);
+        assert!(p.reserve_ns() == 0.0, "{}", p.reserve_ns());
+        // Before a rate is measured a witness changes nothing.
+        let mut q = Pace::new(TARGET);
+        q.idle(0, 256);
+        assert!(q.reserve_ns() == 0.0);
     }
 
     #[test]

@@ -614,6 +614,169 @@ fn the_pace_cap_keeps_a_bursty_late_receiver_from_taking_the_whole_ring() {
     assert!((rate(&seen_linux) - 32.0).abs() < 0.5);
 }
 
+/// What a [`napi_run`] measured after its warm-up.
+#[derive(Debug)]
+struct Napi {
+    /// Packets the receiver took per step.
+    rate: f64,
+    /// Steps it slept (waiting for its interrupt) while packets waited for it.
+    slept_waiting: u32,
+    /// The port's limit at the end.
+    limit: u64,
+    /// Idles witnessed during the warm-up and after it.
+    idle: (u64, u64),
+    /// A request-response flow beside the bulk one (one request out at a time, from a third
+    /// port): its requests' time to the receiver, p50 and p99, in steps.
+    rtt: (u32, u32),
+}
+
+/// [`paced_run`]'s bulk sender (6 Mpps) to a receiver that behaves as a Linux guest's NAPI:
+/// it takes up to `per_step` packets a 10 us step, in polls of at most 64 (the budget),
+/// giving its buffers back at the end of a poll when more than 32 are free (as
+/// `virtnet_receive` refills). A poll that used its whole budget polls again at once; one that
+/// found the ring dry re-arms at its last used entry and sleeps until pvnet publishes past
+/// it, and wakes `irq` steps after that (the interrupt's cost: long under TCG). A third
+/// port sends the receiver a request whenever the last one arrived (a sparse flow).
+fn napi_run(egress: EgressConfig, steps: u32, per_step: usize, irq: u32) -> Napi {
+    const WARM: u32 = 2000;
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = MockFe::with_event_idx(1, MODERN, 256, egress);
+    let (mut c, pc) = fe(2, MODERN);
+    let mut ports = vec![pa, pb, pc];
+    let (mut request, mut rtt) = (None, Vec::new());
+    let t0 = Instant::now();
+    b.send(&VnetHdr::default(), &frame(mac(1), mac(2), 0, 60));
+    f.round(&mut ports, t0);
+    let _ = (a.received(), b.completed());
+    let (mut sent, mut got, mut taken) = (0u64, 0u64, 0u64);
+    // Asleep: None while polling; Some(None) until pvnet publishes; Some(Some(t)) awake at t.
+    let mut asleep: Option<Option<u32>> = None;
+    let (mut done, mut unposted, mut slept_waiting, mut idle_warm) = (0usize, 0u16, 0, 0);
+    for i in 0..steps {
+        let now = t0 + Duration::from_micros(10) * i;
+        a.completed();
+        let k = 60
+            .min(a.room())
+            .min(usize::try_from(1000u64.saturating_sub(sent - got)).unwrap());
+        for _ in 0..k {
+            a.send(&VnetHdr::default(), &frame(mac(2), mac(1), 1, 60));
+        }
+        sent += k as u64;
+        c.completed();
+        if request.is_none() {
+            c.send(&VnetHdr::default(), &frame(mac(2), mac(3), 200, 60));
+            request = Some(i);
+        }
+        f.round(&mut ports, now);
+        if i == WARM {
+            idle_warm = get(&b.stats.dql_idle);
+        }
+        let waiting = get(&b.stats.backlog) > 0;
+        asleep = match asleep {
+            Some(None) if b.rx_ready() > 0 => Some(Some(i + irq)),
+            Some(Some(t)) if i >= t => None,
+            s => s,
+        };
+        if asleep.is_some() {
+            slept_waiting += u32::from(waiting && i >= WARM);
+            continue;
+        }
+        let mut cap = per_step;
+        while cap > 0 {
+            let r = b.receive(cap.min(64 - done));
+            if r.iter().any(|(_, fr)| fr[14] == 200) {
+                if i >= WARM {
+                    rtt.push(i - request.unwrap_or(i));
+                }
+                request = None;
+            }
+            let n = r.len();
+            (cap, done, unposted) = (cap - n, done + n, unposted + u16::try_from(n).unwrap());
+            got += n as u64;
+            if i >= WARM {
+                taken += n as u64;
+            }
+            let budget_used = done == 64;
+            if !budget_used && cap > 0 {
+                // Dry before the budget: refill, complete, re-arm (and re-check).
+                if unposted > 32 {
+                    b.post(std::mem::take(&mut unposted));
+                }
+                done = 0;
+                if b.arm_rx() == virtq::Armed::Empty {
+                    asleep = Some(None);
+                    break;
+                }
+            } else if budget_used {
+                if unposted > 32 {
+                    b.post(std::mem::take(&mut unposted));
+                }
+                done = 0;
+            }
+        }
+    }
+    rtt.sort_unstable();
+    let pct = |p: usize| rtt[(rtt.len() - 1) * p / 100];
+    #[allow(clippy::cast_precision_loss)]
+    Napi {
+        rtt: (pct(50), pct(99)),
+        rate: taken as f64 / f64::from(steps - WARM),
+        slept_waiting,
+        limit: get(&b.stats.dql_limit),
+        idle: (idle_warm, get(&b.stats.dql_idle) - idle_warm),
+    }
+}
+
+#[test]
+fn a_napi_receiver_that_runs_dry_gets_a_reserve_not_the_ring() {
+    // 12 packets a step while it polls; a target too short for a receiver that sleeps (2 us):
+    // the limit sits at one NAPI budget and a little, the repoll after each budget finds the
+    // ring dry before pvnet has refilled it, and the receiver sleeps through its interrupt.
+    let mut short = EgressConfig::switch_default();
+    short.dql_target = Duration::from_micros(2);
+    let mut blind = short;
+    blind.dql_witness = false;
+    let fifo = napi_run(queued(Qdisc::Fifo, 1024, false, true), 8000, 12, 5);
+    let plain = napi_run(blind, 8000, 12, 5);
+    let seen = napi_run(short, 8000, 12, 5);
+    eprintln!("fifo {fifo:?}\nblind {plain:?}\nwitness {seen:?}");
+    assert!(fifo.rate > 11.9, "fifo keeps it busy: {fifo:?}");
+    assert!(
+        plain.rate < 0.8 * fifo.rate,
+        "without the witness it starves: {plain:?}"
+    );
+    assert!(
+        plain.idle.1 > 100,
+        "and every dry poll is counted: {plain:?}"
+    );
+    assert!(
+        seen.rate >= 0.95 * fifo.rate,
+        "the witness keeps its rate: {seen:?}"
+    );
+    assert!(seen.idle.1 <= 2, "starved in the warm-up only: {seen:?}");
+    assert!(
+        (65..=128).contains(&seen.limit),
+        "well below the ring: {seen:?}"
+    );
+    // And a request waits behind that limit, not behind FIFO's queue and a full ring.
+    assert!(
+        f64::from(seen.rtt.1) <= 0.2 * f64::from(fifo.rtt.1),
+        "p99 {} against FIFO's {}",
+        seen.rtt.1,
+        fifo.rtt.1
+    );
+}
+
+#[test]
+fn a_steady_napi_receiver_is_never_witnessed_starved() {
+    // The default target: the ceiling leaves a budget's repoll enough, nothing runs dry.
+    let r = napi_run(EgressConfig::switch_default(), 8000, 12, 5);
+    assert!(r.rate > 11.9, "{r:?}");
+    assert_eq!((r.slept_waiting, r.idle.1), (0, 0), "{r:?}");
+    assert!(r.limit < 200, "{r:?}");
+}
+
 #[test]
 fn fq_codel_lets_a_sparse_flow_past_a_bulk_backlog_and_fifo_does_not() {
     for (qdisc, within) in [(Qdisc::FqCodel, 30usize), (Qdisc::Fifo, 61)] {

@@ -57,6 +57,10 @@ pub(crate) enum PortConfig {
         /// burst; with the frontend's measured pace it caps the limit (0: no cap).
         #[serde(default = "dql_target_us")]
         dql_target_us: u32,
+        /// With the cap: a frontend found asleep on an empty ring while the limit held
+        /// packets back raises the cap (false: the target alone).
+        #[serde(default = "yes")]
+        dql_witness: bool,
         /// Drain the egress queue in bulk (false: one packet per dequeue).
         #[serde(default = "yes")]
         bulk: bool,
@@ -505,18 +509,17 @@ pub(crate) fn kernel_egress(p: &PortConfig) -> Result<Option<(EgressConfig, Opti
         return Ok(None);
     };
     Ok(Some((
-        egress_of(name, qdisc, false, 0, *bulk, *limit)?,
+        egress_of(name, qdisc, (false, 0, false), *bulk, *limit)?,
         *sndbuf,
     )))
 }
 
-/// A vhost-user port's egress settings from its `qdisc`, `dql`, `dql_target_us`, `bulk` and
-/// `limit` keys.
+/// A vhost-user port's egress settings from its `qdisc`, `dql`, `dql_target_us`,
+/// `dql_witness`, `bulk` and `limit` keys (the three DQL keys together).
 pub(crate) fn egress_of(
     name: &str,
     qdisc: &str,
-    dql: bool,
-    dql_target_us: u32,
+    (dql, dql_target_us, dql_witness): (bool, u32, bool),
     bulk: bool,
     limit: u32,
 ) -> Result<EgressConfig> {
@@ -546,6 +549,7 @@ pub(crate) fn egress_of(
         queue,
         dql: dql && queue.is_some(),
         dql_target: Duration::from_micros(u64::from(dql_target_us)),
+        dql_witness,
         bulk,
         ..base
     })
@@ -764,6 +768,7 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
             qdisc,
             dql,
             dql_target_us,
+            dql_witness,
             bulk,
             limit,
             mtu,
@@ -779,7 +784,13 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
                     "port {name}: mtu must be {MIN_MTU} to 65535 (virtio-net's range)"
                 )));
             }
-            egress_of(name, qdisc, *dql, *dql_target_us, *bulk, *limit)?;
+            egress_of(
+                name,
+                qdisc,
+                (*dql, *dql_target_us, *dql_witness),
+                *bulk,
+                *limit,
+            )?;
             port_policy(p)?;
         }
         PortConfig::Tap { name, io, .. } | PortConfig::AfPacket { name, io, .. } => {
@@ -938,6 +949,7 @@ mod tests {
                 qdisc: "fq_codel".into(),
                 dql: true,
                 dql_target_us: 25,
+                dql_witness: true,
                 bulk: true,
                 limit: 1024,
                 policy: None,
@@ -953,10 +965,17 @@ mod tests {
                 qdisc,
                 dql,
                 dql_target_us,
+                dql_witness,
                 bulk,
                 limit,
                 ..
-            } => egress_of(&name, &qdisc, dql, dql_target_us, bulk, limit),
+            } => egress_of(
+                &name,
+                &qdisc,
+                (dql, dql_target_us, dql_witness),
+                bulk,
+                limit,
+            ),
             _ => unreachable!(),
         };
         let k = |spec: &str| kernel_egress(&parse_port_spec(spec)?).map(Option::unwrap);
@@ -986,6 +1005,15 @@ mod tests {
             "DQL without the cap"
         );
         assert!(e("vhost-user:name=a,socket=/s,dql_target_us=2000000").is_err());
+        assert!(
+            d.dql_witness,
+            "a starved frontend raises the cap by default"
+        );
+        assert!(
+            !e("vhost-user:name=a,socket=/s,dql_witness=false")
+                .unwrap()
+                .dql_witness
+        );
         let fifo = e("vhost-user:name=a,socket=/s,qdisc=fifo,dql=false,bulk=false").unwrap();
         assert_eq!(fifo.queue.map(|q| q.qdisc), Some(Qdisc::Fifo));
         assert!(!fifo.dql && !fifo.bulk);

@@ -91,6 +91,7 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
         qdisc,
         dql,
         dql_target_us,
+        dql_witness,
         bulk,
         limit,
         mtu,
@@ -110,7 +111,13 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
         ..BackendConfig::default()
     };
     Ok(Some((
-        egress_of(name, qdisc, *dql, *dql_target_us, *bulk, *limit)?,
+        egress_of(
+            name,
+            qdisc,
+            (*dql, *dql_target_us, *dql_witness),
+            *bulk,
+            *limit,
+        )?,
         offer,
     )))
 }
@@ -548,7 +555,7 @@ impl Runtime {
         }
         if !in_place(&l.cfg, &new) {
             return Err(usage(format!(
-                "port {name}: only VLAN settings (vlan, trunk, native) and a vhost-user port's egress (qdisc, dql, dql_target_us, bulk, limit), policy, offloads and queue_pairs change in place; delete the port and add it again"
+                "port {name}: only VLAN settings (vlan, trunk, native) and a vhost-user port's egress (qdisc, dql, dql_target_us, dql_witness, bulk, limit), policy, offloads and queue_pairs change in place; delete the port and add it again"
             )));
         }
         let mut notes = Vec::new();

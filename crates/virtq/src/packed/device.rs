@@ -58,6 +58,9 @@ pub struct DeviceQueue<M: Translate = MemTable> {
     /// Used slot and wrap at the last call decision.
     signalled: (u16, bool),
     signalled_valid: bool,
+    /// The last publish found the driver asleep on everything published before it (see
+    /// [`driver_idle`](Self::driver_idle)).
+    driver_idle: bool,
     notify_on: bool,
     hint: usize,
     /// Segments of the current batch.
@@ -101,6 +104,7 @@ impl<M: Translate> DeviceQueue<M> {
             popped: Vec::with_capacity(usize::from(cfg.size)),
             signalled: (idx, wrap),
             signalled_valid: false,
+            driver_idle: false,
             notify_on: true,
             hint: 0,
             segs: Segs::with_capacity(4 * usize::from(cfg.size)),
@@ -548,6 +552,15 @@ impl<M: Translate> DeviceQueue<M> {
         self.m.logging
     }
 
+    /// Whether the last publish found the driver asleep on everything published before it:
+    /// a descriptor event at exactly the slot and wrap the previous publish ended with, which
+    /// Linux writes when it re-arms after consuming all it was given (see the split ring's).
+    /// False with events enabled or disabled as a whole.
+    #[inline]
+    pub(crate) fn driver_idle(&self) -> bool {
+        self.driver_idle
+    }
+
     /// The batch's call decision, as DPDK's vhost and Linux decide it (2.8.10).
     fn need_call(&mut self) -> bool {
         let flags = self
@@ -557,6 +570,7 @@ impl<M: Translate> DeviceQueue<M> {
             .load(Ordering::Relaxed);
         let prev = std::mem::replace(&mut self.signalled, (self.used_idx, self.used_wrap));
         let valid = std::mem::replace(&mut self.signalled_valid, true);
+        self.driver_idle = false;
         if flags != EVENT_DESC || !self.event_idx {
             // Enabled or disabled as a whole: exactly what the driver asked, the first time
             // too (a driver that polls gets no call).
@@ -571,6 +585,7 @@ impl<M: Translate> DeviceQueue<M> {
             .ring
             .event(self.m.ring.driver, 0)
             .load(Ordering::Relaxed);
+        self.driver_idle = off_wrap == prev.0 | (u16::from(prev.1) << 15);
         let (new, mut old) = (self.used_idx, prev.0);
         if new <= old {
             old = old.wrapping_sub(self.size);

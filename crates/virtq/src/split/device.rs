@@ -46,6 +46,9 @@ pub struct DeviceQueue<M: Translate = MemTable> {
     /// Used index at the last notification decision (event-idx "old").
     signalled_used: u16,
     signalled_valid: bool,
+    /// The last publish found the driver asleep on everything published before it (see
+    /// [`driver_idle`](Self::driver_idle)).
+    driver_idle: bool,
     /// Whether we last asked the driver for kicks.
     notify_on: bool,
     /// Last-hit region for address translation.
@@ -79,6 +82,7 @@ impl<M: Translate> DeviceQueue<M> {
             shadow: Vec::with_capacity(usize::from(cfg.size)),
             signalled_used: cfg.base,
             signalled_valid: false,
+            driver_idle: false,
             notify_on: true,
             hint: 0,
             segs: Segs::with_capacity(cap),
@@ -545,11 +549,25 @@ impl<M: Translate> DeviceQueue<M> {
         })
     }
 
+    /// Whether the last publish found the driver asleep on everything published before it:
+    /// it asked to be interrupted at exactly the entry the previous publish ended with
+    /// (`used_event` = the old `used->idx`), which a driver writes when it re-arms after
+    /// consuming all it was given (Linux's NAPI completing: `virtqueue_enable_cb_prepare`
+    /// writes its last used index). So it ran dry and waited for this publish. A driver
+    /// still working, or one that polls (its `used_event` far behind), is never idle here.
+    /// False without EVENT_IDX (a flag cannot say where the driver stopped). Read from the
+    /// load the call decision does anyway.
+    #[inline]
+    pub(crate) fn driver_idle(&self) -> bool {
+        self.driver_idle
+    }
+
     fn need_call(&mut self) -> bool {
         if self.event_idx {
             let event = self.m.ring.used_event().load(Ordering::Relaxed);
             let old = self.signalled_used;
             self.signalled_used = self.published;
+            self.driver_idle = event == old && self.signalled_valid;
             if !self.signalled_valid {
                 self.signalled_valid = true;
                 return true;

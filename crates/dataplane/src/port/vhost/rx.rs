@@ -326,6 +326,16 @@ pub(super) fn fill(
     }
 }
 
+/// A publish found the frontend asleep on an empty receive ring: if the limit had held
+/// packets back, it was starved by the limit (counted, and the limit's ceiling learns).
+#[cold]
+#[inline(never)]
+fn starved(egress: &mut Egress, rx: &QueueSlot, stats: &PortStats, now: Instant) {
+    if egress.driver_idle(now, rx.q.size()) {
+        bump(&stats.dql_idle, 1);
+    }
+}
+
 /// The receive side's state of a pair, apart from its ring.
 #[derive(Debug)]
 pub(super) struct RxState {
@@ -404,7 +414,9 @@ impl RxState {
         if std::mem::take(&mut self.open) {
             let used = self.rxb.finish(&mut rx.q);
             rx.worked = true;
-            rx.publish(stats);
+            if rx.publish(stats) {
+                starved(&mut self.egress, rx, stats, self.now);
+            }
             bump(&stats.tx_packets, self.sent[0]);
             bump(&stats.tx_bytes, self.sent[1]);
             self.sent = [0; 2];
@@ -490,8 +502,10 @@ impl RxSide<'_> {
         let st = &mut *self.st;
         st.retry = false;
         let used = st.rxb.finish(&mut self.rx.q);
+        if self.rx.publish(self.stats) {
+            starved(&mut st.egress, self.rx, self.stats, st.now);
+        }
         st.egress.used(used);
-        self.rx.publish(self.stats);
         let (egress, now) = (&mut st.egress, st.now);
         st.rxb
             .fill(self.rx, (self.id, self.stats), MAX_MERGE, |a| {

@@ -104,9 +104,10 @@ impl QueueSlot {
     }
 
     /// Publishes used entries; calls the frontend if it asked (a transmit-completion call may
-    /// be held back, see [`Calls`]).
+    /// be held back, see [`Calls`]). True if the frontend was found asleep on everything
+    /// published before (`virtq::DeviceQueue::driver_idle`: it ran dry and waited for this).
     #[inline]
-    pub(crate) fn publish(&mut self, stats: &PortStats) {
+    pub(crate) fn publish(&mut self, stats: &PortStats) -> bool {
         let batches = if self.is_tx() {
             &stats.rx_batches
         } else {
@@ -134,7 +135,10 @@ impl QueueSlot {
             } else {
                 self.signal_call(stats);
             }
+            // A driver found idle is always owed a call: asked only then.
+            return self.q.driver_idle();
         }
+        false
     }
 
     pub(super) fn signal_call(&mut self, stats: &PortStats) {
