@@ -24,7 +24,10 @@
 # receiver, which answers requests (`--role echo`, the rest dropped as before): requests
 # cross b's congested egress, answers go back through r's uncongested one. p50/p99 of the
 # round trip per configuration of b's egress: fifo and fq_codel, each with and without DQL,
-# and no queue (qdisc=none: packets wait in their sender).
+# and no queue (qdisc=none: packets wait in their sender). The pseudo-configuration `floor`
+# (in LCFGS_ONLY) runs the request loop with the bulk sender off, b's egress at its default:
+# the harness's own round trip (three frontends sharing CPU0, the receiver's pace), under
+# which no egress can bring a request.
 #
 # Usage: scripts/bench_egress_paced.sh   Env: PARTS="bulk latency" ROUNDS=3 DUR=4
 #        SEND_PPS=2200000 RECV_PPS=2000000 RECV_BURST=64 RECV_RING=256
@@ -51,10 +54,12 @@ CFGS=("qdisc=fifo,bulk=true" "qdisc=fifo,bulk=false" "qdisc=fq_codel,dql=true,bu
 LCFGS=("qdisc=fifo,dql=false" "qdisc=fifo,dql=true" "qdisc=fq_codel,dql=false" "qdisc=fq_codel,dql=true,dql_target_us=0" "qdisc=fq_codel,dql=true" "qdisc=none")
 [ -n "${LCFGS_ONLY:-}" ] && read -r -a LCFGS <<< "$LCFGS_ONLY"
 
-# start_runs CFG TAG [rr]: the switch, the paced receiver (an echo with rr), the bulk sender,
-# and with rr the request/response client for DUR s after the warm-up; sets SW RX TX RR.
+# start_runs CFG TAG [rr]: the switch, the paced receiver (an echo with rr), the bulk sender
+# (not for CFG `floor`: b's egress then at its default), and with rr the request/response
+# client for DUR s after the warm-up; sets SW RX TX RR.
 start_runs() {
-  local cfg="$1" tag="$2" role=drop more=()
+  local cfg="$1" tag="$2" role=drop more=() bulk=1
+  [ "$cfg" = floor ] && { cfg="qdisc=fq_codel"; bulk=; }
   [ -n "${3:-}" ] && { role=echo; more=(--port "vhost-user:name=r,socket=$B/r.sock"); }
   rm -f "$B"/*.sock
   timeout -k 5 60 "$PVNET_BIN" switch --cpu 1 --ctl-socket "$B/ctl.sock" \
@@ -69,10 +74,13 @@ start_runs() {
     > "$B/$tag.rx.json" 2> "$B/$tag.rx.log" &
   RX=$!; PIDS+=("$RX")
   wait_for 10 grep -q '"ready"' "$B/$tag.rx.json" || die "receiver did not connect ($B/$tag.rx.log)"
-  timeout -k 5 60 "$PVNET_BIN" frontend --socket "$B/a.sock" --role tx --cpu 0 --rate "$SEND_PPS" \
-    --paced-batches --batch 256 --queue-size 1024 --secs $((WARM + DUR + 3)) \
-    > "$B/$tag.tx.json" 2> "$B/$tag.tx.log" &
-  TX=$!; PIDS+=("$TX")
+  TX=
+  if [ -n "$bulk" ]; then
+    timeout -k 5 60 "$PVNET_BIN" frontend --socket "$B/a.sock" --role tx --cpu 0 --rate "$SEND_PPS" \
+      --paced-batches --batch 256 --queue-size 1024 --secs $((WARM + DUR + 3)) \
+      > "$B/$tag.tx.json" 2> "$B/$tag.tx.log" &
+    TX=$!; PIDS+=("$TX")
+  fi
   sleep "$WARM"
   RR=
   if [ -n "${3:-}" ]; then
@@ -86,7 +94,7 @@ start_runs() {
 stop_runs() {
   [ -n "$RR" ] && { wait "$RR" || die "rr client failed ($B/$1.rr.log)"; }
   wait "$RX" || die "receiver failed ($B/$1.rx.log)"
-  wait "$TX" || die "sender failed ($B/$1.tx.log)"
+  [ -z "$TX" ] || wait "$TX" || die "sender failed ($B/$1.tx.log)"
   stop_pid "$SW" INT; wait "$SW" 2>/dev/null; PIDS=()
 }
 

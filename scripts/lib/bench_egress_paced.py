@@ -27,11 +27,11 @@ def latency_result(cfg, rnd, c2c, a, b, rr):
     # b's delivered packets: the bulk sender's and the requests (a few thousand a second).
     mpps = (counters(b, "b")["tx_packets"] - counters(a, "b")["tx_packets"]) / dt / 1e6
     return (
-        "RESULT cfg=%s round=%s c2c_ns=%s rr_p50_us=%.1f rr_p99_us=%.1f rr_per_sec=%.0f transactions=%d lost=%d"
-        " strays=%d bulk_mpps=%.3f dql_limit=%d"
+        "RESULT cfg=%s round=%s c2c_ns=%s rr_p50_us=%.1f rr_p99_us=%.1f rr_p999_us=%.1f rr_per_sec=%.0f transactions=%d"
+        " lost=%d strays=%d bulk_mpps=%.3f dql_limit=%d dql_idle=%d"
     ) % (
-        cfg, rnd, c2c, rr["p50_us"], rr["p99_us"], rr["rr_per_sec"], rr["transactions"], rr["lost"], rr["strays"],
-        mpps, counters(b, "b")["dql_limit"],
+        cfg, rnd, c2c, rr["p50_us"], rr["p99_us"], rr.get("p999_us", float("nan")), rr["rr_per_sec"], rr["transactions"],
+        rr["lost"], rr["strays"], mpps, counters(b, "b")["dql_limit"], counters(b, "b").get("dql_idle", 0),
     )  # fmt: skip
 
 
@@ -123,6 +123,7 @@ LATENCY_CFGS = {
     "qdisc=fq_codel,dql=true,dql_target_us=0": "fq_codel + DQL alone (Linux's, no pace cap)",
     "qdisc=fq_codel,dql=true": "fq_codel + DQL capped by the receiver's pace (default)",
     "qdisc=none": "none (packets wait in their sender)",
+    "floor": "no bulk sender: the request loop alone (the harness's floor)",
 }
 
 
@@ -135,15 +136,20 @@ def latency_summary(rows, send, recv):
         " one request in flight; medians of %d runs each."
         % (c2c[0], c2c[-1], send, recv, len(rows.rows) // len({r["cfg"] for r in rows.rows})),
         "",
-        ("| egress of b | RR p50 us | RR p99 us | RR p99 vs fifo | transactions/s | requests lost | delivered to b, Mpps"
-        " | vs fifo | DQL limit (buffers) |"),
-        "|---|---|---|---|---|---|---|---|---|",
+        ("| egress of b | RR p50 us | RR p99 us | RR p99.9 us | RR p99 vs fifo | transactions/s | requests lost"
+        " | delivered to b, Mpps | vs fifo | DQL limit (buffers) |"),
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def p999(c):  # results from before the p99.9 was recorded have none
+        v = [r for r in rows.rows if r["cfg"] == c and "rr_p999_us" in r]
+        return "%.0f" % med(c, "rr_p999_us") if v else "-"
+
     for c, name in LATENCY_CFGS.items():
         if not any(r["cfg"] == c for r in rows.rows):
             continue
-        out.append("| %s | %.0f | %.0f | %.3fx | %.0f | %d | %.3f | %.3fx | %s |" % (
-            name, med(c, "rr_p50_us"), med(c, "rr_p99_us"), med(c, "rr_p99_us") / med(base, "rr_p99_us"),
+        out.append("| %s | %.0f | %.0f | %s | %.3fx | %.0f | %d | %.3f | %.3fx | %s |" % (
+            name, med(c, "rr_p50_us"), med(c, "rr_p99_us"), p999(c), med(c, "rr_p99_us") / med(base, "rr_p99_us"),
             med(c, "rr_per_sec"), sum(int(r["lost"]) for r in rows.rows if r["cfg"] == c), med(c, "bulk_mpps"),
             med(c, "bulk_mpps") / med(base, "bulk_mpps"), "%.0f" % med(c, "dql_limit") if "dql=true" in c else "-",
         ))  # fmt: skip

@@ -4,7 +4,7 @@
     bench_guest_tap.py kicks PVNET_JSON
         the vm port's kicks and calls per packet, the tap port's direct share and the vm port's
         DQL limit, from the switch's final report (" vm_kicks_per_pkt=.. vm_calls_per_pkt=..
-        tap_direct_share=.. vm_dql_limit=..")
+        tap_direct_share=.. vm_dql_limit=.. vm_dql_idle=..")
     bench_guest_tap.py result CONSOLE CFG ROUND C2C DUR TESTS EXTRA
         the RESULT line from the guest's console (its BENCH lines: iperf3 and sockperf)
     bench_guest_tap.py summary RESULTS OUT
@@ -25,9 +25,9 @@ def kicks(report):
     p = counters(report, "vm")
     n = p.get("rx_packets", 0) + p.get("tx_packets", 0)
     h = counters(report, "host")
-    return " vm_kicks_per_pkt=%.3f vm_calls_per_pkt=%.3f tap_direct_share=%.3f vm_dql_limit=%d" % (
+    return " vm_kicks_per_pkt=%.3f vm_calls_per_pkt=%.3f tap_direct_share=%.3f vm_dql_limit=%d vm_dql_idle=%d" % (
         p.get("kicks", 0) / max(n, 1), p.get("calls", 0) / max(n, 1), h.get("rx_direct", 0) / max(h.get("rx_packets", 0), 1),
-        p.get("dql_limit", 0))
+        p.get("dql_limit", 0), p.get("dql_idle", 0))
 
 
 class Console:
@@ -112,6 +112,7 @@ LABEL = {
     "rrudp_bulk_gbit": "the UDP flood's Gbit/s at the guest",
     "rrudp_lost_pct": "requests lost under the UDP flood, %",
     "vm_dql_limit": "the guest port's DQL limit at the end, buffers (0: no DQL)",
+    "vm_dql_idle": "publishes that found the guest asleep on an empty ring while the limit held packets back",
     "tcp_g2h_gbit": "TCP guest->host Gbit/s",
     "tcp_h2g_gbit": "TCP host->guest Gbit/s",
     "udp_g2h_pps": "UDP 64 B guest->host pps",
