@@ -15,8 +15,11 @@
 //! ring says it sleeps. Frames come back through the completion ring, reclaimed at the next
 //! batch.
 //!
-//! Its MTU is the interface's when the port opens (within a UMEM frame): the switch drops a
-//! longer frame as `too_big`, never cuts it.
+//! Its MTU is the interface's when the port opens: within a UMEM frame, or, where the kernel
+//! and the driver have AF_XDP multi-buffer (`XDP_USE_SG`), within [`MAX_FRAGS`] of them (a
+//! jumbo frame comes as several descriptors, each but the last marked `XDP_PKT_CONTD`, and
+//! becomes one packet of several segments; one going out is cut into frames the same way).
+//! The switch drops a longer frame as `too_big`, never cuts it.
 //!
 //! Offloads: XDP gives a frame with no metadata, and takes none: the port offers no receive
 //! offload, so the switch completes checksums and segments GSO packets in software before
@@ -54,6 +57,13 @@ const XDP_HOLD: HoldPolicy = HoldPolicy::Bounded(Duration::from_millis(1));
 /// Most `sendto` kicks of one commit (each sends up to 32 frames in copy mode).
 const MAX_KICKS: usize = 64;
 
+/// Most UMEM frames of one packet with multi-buffer (a 9000-byte MTU takes 3 received, 3
+/// sent); the kernel's own bound is 17.
+pub const MAX_FRAGS: u32 = 5;
+
+/// The kernel's headroom in front of each received frame (`XDP_PACKET_HEADROOM`).
+const XDP_HEADROOM: u32 = 256;
+
 /// The port.
 #[derive(Debug)]
 pub struct AfXdpPort {
@@ -81,7 +91,9 @@ pub struct AfXdpPort {
 impl AfXdpPort {
     /// Wraps an opened device.
     pub fn new(id: PortId, stats: Arc<PortStats>, dev: XdpDev) -> Self {
-        let most = FRAME - crate::pkt::MTU_OVERHEAD;
+        // A received frame's data starts behind the kernel's headroom, in each descriptor.
+        let frames = if dev.multi_buffer() { MAX_FRAGS } else { 1 };
+        let most = frames * (FRAME - XDP_HEADROOM) - crate::pkt::MTU_OVERHEAD;
         let mtu = u16::try_from(dev.mtu().min(most)).unwrap_or(u16::MAX);
         let free = (RX_FRAMES..RX_FRAMES + TX_FRAMES)
             .rev()
@@ -183,14 +195,22 @@ impl AfXdpPort {
         Ok(())
     }
 
-    /// Copies one packet into a free transmit frame and describes it on the ring.
+    /// Copies one packet into free transmit frames (one, or with multi-buffer as many as it
+    /// takes, each but the last marked `XDP_PKT_CONTD`) and describes them on the ring.
     fn put(&mut self, pkt: &Pkt<'_>) -> TxOut {
         let len = pkt.frame_len();
-        if len > FRAME {
-            // Past the MTU the switch already dropped it; a UMEM frame is the last bound.
+        let frames = len.div_ceil(FRAME).max(1);
+        let most = if self.dev.multi_buffer() {
+            MAX_FRAGS
+        } else {
+            1
+        };
+        if frames > most {
+            // Past the MTU the switch already dropped it; the UMEM frames are the last bound.
             return TxOut::Dropped(DropReason::TooBig);
         }
-        if self.free.is_empty() || self.dev.queues[0].tx.free(1) == 0 {
+        let want = frames as usize;
+        if self.free.len() < want || self.dev.queues[0].tx.free(frames) < frames {
             // The kernel may have sent some since the batch began.
             self.flush();
             self.reclaim();
@@ -198,43 +218,53 @@ impl AfXdpPort {
         let Some(x) = self.dev.queues.first_mut() else {
             return TxOut::Dropped(DropReason::PortDown);
         };
-        if x.tx.free(1) == 0 {
+        if x.tx.free(frames) < frames || self.free.len() < want {
             return TxOut::NoRoom;
         }
-        let Some(addr) = self.free.pop() else {
-            return TxOut::NoRoom;
-        };
         let base = x.umem.base();
-        // SAFETY: `addr` is a transmit frame of this UMEM (FRAME bytes within it) that is
-        // free: neither on the transmit ring nor in the kernel's hands, so nothing else reads
-        // or writes it; `len` <= FRAME.
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(
-                base.as_ptr().add(usize::try_from(addr).unwrap_or(0)),
-                len as usize,
-            )
-        };
-        let k = read_segs(pkt.segs, pkt.hdr_len, dst);
-        x.tx.push(libc::xdp_desc {
-            addr,
-            len: u32::try_from(k).unwrap_or(0),
-            options: 0,
-        });
+        let mut at = 0u32;
+        for f in 0..frames {
+            let Some(addr) = self.free.pop() else {
+                return TxOut::NoRoom;
+            };
+            let n = (len - at).min(FRAME);
+            // SAFETY: `addr` is a transmit frame of this UMEM (FRAME bytes within it) that is
+            // free: neither on the transmit ring nor in the kernel's hands, so nothing else
+            // reads or writes it; `n` <= FRAME.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(
+                    base.as_ptr().add(usize::try_from(addr).unwrap_or(0)),
+                    n as usize,
+                )
+            };
+            let k = read_segs(pkt.segs, pkt.hdr_len + at, dst);
+            at += u32::try_from(k).unwrap_or(0);
+            x.tx.push(libc::xdp_desc {
+                addr,
+                len: u32::try_from(k).unwrap_or(0),
+                options: if f + 1 < frames {
+                    libc::XDP_PKT_CONTD
+                } else {
+                    0
+                },
+            });
+        }
         self.egress.sent();
         self.batch.0 += 1;
-        self.batch.1 += k as u64;
+        self.batch.1 += u64::from(at);
         TxOut::Sent
     }
 
-    /// Hands out up to `max` frames of queue `q`'s receive ring; returns the packets taken
+    /// Hands out up to `max` packets of queue `q`'s receive ring; returns the packets taken
     /// and whether some were left waiting.
     fn rx_queue(&mut self, q: usize, max: usize, to: &mut impl Ingress) -> (usize, bool) {
         let stats = &*self.stats;
         let x = &mut self.dev.queues[q];
         let mut done = 0;
         while done < max {
+            // Descriptors: a packet is one, or with multi-buffer up to MAX_FRAGS.
             let want = u32::try_from((max - done).min(MAX_BURST)).unwrap_or(0);
-            let n = x.rx.ready(want) as usize;
+            let n = x.rx.ready(want);
             if n == 0 {
                 break;
             }
@@ -242,22 +272,22 @@ impl AfXdpPort {
             let size = x.umem.len();
             let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
             let mut pkts = [EMPTY; MAX_BURST];
-            let mut addrs = [0u64; MAX_BURST];
-            let mut m = 0;
-            let mut bad = false;
-            for (k, a) in addrs.iter_mut().enumerate().take(n) {
-                let d = x.rx.get(u32::try_from(k).unwrap_or(0));
-                *a = d.addr;
-                match frame_seg(base, size, d) {
-                    Some(s) => {
-                        let Some((hdr, macs)) = read_head(&[s], HDR_LEN) else {
-                            bad = true;
+            // Each packet's descriptors: the first's index and how many.
+            let mut spans = [(0u32, 0u32); MAX_BURST];
+            let (mut m, mut k) = (0, 0u32);
+            let mut bad = None;
+            while k < n {
+                match gather(base, size, &x.rx, (k, n), &mut segs[k as usize..n as usize]) {
+                    Gather::Packet(len, descs) => {
+                        let first = [segs[k as usize]];
+                        let Some((hdr, macs)) = read_head(&first, HDR_LEN) else {
+                            bad = Some(descs);
                             break;
                         };
-                        segs[m] = s;
+                        spans[m] = (k, descs);
                         pkts[m] = Pkt {
                             segs: &[],
-                            len: d.len + HDR_LEN,
+                            len: len + HDR_LEN,
                             hdr_len: HDR_LEN,
                             hdr,
                             macs,
@@ -265,15 +295,18 @@ impl AfXdpPort {
                             vlan: 0,
                         };
                         m += 1;
+                        k += descs;
                     }
-                    None => {
-                        bad = true;
+                    Gather::Bad(descs) => {
+                        bad = Some(descs);
                         break;
                     }
+                    // The rest of a packet is past `want`: the next batch.
+                    Gather::Partial => break,
                 }
             }
-            for (p, s) in pkts.iter_mut().zip(segs.iter()).take(m) {
-                p.segs = std::slice::from_ref(s);
+            for (p, &(k, c)) in pkts.iter_mut().zip(spans.iter()).take(m) {
+                p.segs = &segs[k as usize..(k + c) as usize];
             }
             let taken = if m > 0 {
                 to.burst(&pkts[..m], stats)
@@ -283,21 +316,25 @@ impl AfXdpPort {
             let bytes: u64 = pkts[..taken].iter().map(|p| u64::from(p.frame_len())).sum();
             bump(&stats.rx_packets, taken as u64);
             bump(&stats.rx_bytes, bytes);
-            let mut used = taken;
-            if bad && m == 0 {
-                // The first frame is not one: dropped in its place.
-                bump(&stats.drops[DropReason::Invalid as usize], 1);
-                bump(&stats.rx_packets, 1);
-                used = 1;
-                done += 1;
+            let mut used = spans[..taken].iter().map(|s| s.1).sum::<u32>();
+            match bad {
+                Some(descs) if m == 0 => {
+                    // The first packet is not one: dropped in its place.
+                    bump(&stats.drops[DropReason::Invalid as usize], 1);
+                    bump(&stats.rx_packets, 1);
+                    used = descs;
+                    done += 1;
+                }
+                None if m == 0 => return (done, true),
+                _ => {}
             }
             done += taken;
-            // The slots first (our reads of them are done), then the frames back to the
-            // kernel: the fill ring holds every receive frame, so it has room.
-            x.rx.release(u32::try_from(used).unwrap_or(0));
-            for &a in &addrs[..used] {
-                x.fill.push(a & !u64::from(FRAME - 1));
+            // The slots' frames go back to the kernel (the fill ring holds every receive
+            // frame, so it has room), then the slots (our reads of them are done).
+            for d in 0..used {
+                x.fill.push(x.rx.get(d).addr & !u64::from(FRAME - 1));
             }
+            x.rx.release(used);
             x.fill.submit();
             if x.fill.needs_wakeup() {
                 bump(&stats.syscalls, 1);
@@ -309,6 +346,53 @@ impl AfXdpPort {
         }
         (done, false)
     }
+}
+
+/// What [`gather`] found at a receive ring's slot.
+enum Gather {
+    /// A whole packet: its frame bytes and its descriptors.
+    Packet(u32, u32),
+    /// Descriptors that are no packet (out of the UMEM, too short, too many): this many.
+    Bad(u32),
+    /// Its last descriptor is not among those ready yet.
+    Partial,
+}
+
+/// Gathers the packet at slot `k` of `rx` (of `n` ready) into `segs`: one descriptor, or a
+/// run of them each marked `XDP_PKT_CONTD` but the last (multi-buffer), at most
+/// [`MAX_FRAGS`]. The first segment gets the virtio-net header in front ([`frame_seg`]).
+fn gather<'m>(
+    base: NonNull<u8>,
+    size: usize,
+    rx: &crate::sys::xdp::ring::Ring<libc::xdp_desc>,
+    (k, n): (u32, u32),
+    segs: &mut [Seg<'m>],
+) -> Gather {
+    let mut len = 0u32;
+    for c in 0..MAX_FRAGS {
+        if k + c >= n {
+            return Gather::Partial;
+        }
+        let d = rx.get(k + c);
+        let seg = if c == 0 {
+            frame_seg(base, size, d)
+        } else {
+            frag_seg(base, size, d)
+        };
+        let Some(seg) = seg else {
+            return Gather::Bad(c + 1);
+        };
+        segs[c as usize] = seg;
+        len += d.len;
+        if d.options & libc::XDP_PKT_CONTD == 0 {
+            return if len < MACS + 2 {
+                Gather::Bad(c + 1)
+            } else {
+                Gather::Packet(len, c + 1)
+            };
+        }
+    }
+    Gather::Bad(MAX_FRAGS)
 }
 
 impl Drop for AfXdpPort {
@@ -332,9 +416,9 @@ impl Drop for AfXdpPort {
     }
 }
 
-/// The segment of a received frame with 12 bytes in front of it for the virtio-net header
-/// (written, all zero: no offload metadata), if the descriptor lies within one frame of the
-/// UMEM with that much headroom (the kernel leaves 256 bytes).
+/// The segment of a received packet's first frame with 12 bytes in front of it for the
+/// virtio-net header (written, all zero: no offload metadata), if the descriptor lies within
+/// one frame of the UMEM with that much headroom (the kernel leaves 256 bytes).
 #[inline]
 fn frame_seg<'m>(base: NonNull<u8>, size: usize, d: libc::xdp_desc) -> Option<Seg<'m>> {
     let off = d.addr % u64::from(FRAME);
@@ -342,7 +426,7 @@ fn frame_seg<'m>(base: NonNull<u8>, size: usize, d: libc::xdp_desc) -> Option<Se
     if off < hdr
         || off + u64::from(d.len) > u64::from(FRAME)
         || d.addr + u64::from(d.len) > size as u64
-        || d.len < MACS + 2
+        || (d.len < MACS + 2 && d.options & libc::XDP_PKT_CONTD == 0)
     {
         return None;
     }
@@ -355,6 +439,23 @@ fn frame_seg<'m>(base: NonNull<u8>, size: usize, d: libc::xdp_desc) -> Option<Se
         let p = base.as_ptr().add(start);
         std::ptr::write_bytes(p, 0, HDR_LEN as usize);
         Some(Seg::from_raw(NonNull::new_unchecked(p), len))
+    }
+}
+
+/// The segment of a multi-buffer packet's later frame, as it is, if the descriptor lies within
+/// one frame of the UMEM.
+#[inline]
+fn frag_seg<'m>(base: NonNull<u8>, size: usize, d: libc::xdp_desc) -> Option<Seg<'m>> {
+    let off = d.addr % u64::from(FRAME);
+    if off + u64::from(d.len) > u64::from(FRAME) || d.addr + u64::from(d.len) > size as u64 {
+        return None;
+    }
+    let start = usize::try_from(d.addr).ok()?;
+    // SAFETY: as for `frame_seg`: within one frame the kernel handed over and does not touch
+    // until the descriptor is released.
+    unsafe {
+        let p = base.as_ptr().add(start);
+        Some(Seg::from_raw(NonNull::new_unchecked(p), d.len))
     }
 }
 

@@ -216,10 +216,17 @@ fn round_trip(tag: &str, net: u8, mode: ModeReq, want: Mode) {
     assert_eq!(get(&stats.tx_packets) - tx0, 1000);
     assert_eq!(stats.snapshot(5).drops.iter().map(|d| d.1).sum::<u64>(), 0);
 
-    // The interface's MTU, for the switch's too_big check; past a UMEM frame the port
-    // itself refuses.
+    // The interface's MTU, for the switch's too_big check; past what its frames hold (with
+    // multi-buffer, MAX_FRAGS of them) the port itself refuses.
     assert_eq!(port.mtu(), Some(1500));
-    let big = vec![0u8; 4097];
+    let AnyPort::AfXdp(p) = &port else {
+        unreachable!()
+    };
+    assert!(
+        p.dev().multi_buffer(),
+        "this kernel has AF_XDP multi-buffer"
+    );
+    let big = vec![0u8; (super::MAX_FRAGS * crate::sys::xdp::FRAME) as usize + 1];
     assert_eq!(
         send(&mut port, &big, HDR_LEN),
         TxOut::Dropped(DropReason::TooBig)
@@ -280,6 +287,119 @@ fn af_xdp_port_native_mode_round_trip_and_exact_counts() {
 #[test]
 fn af_xdp_port_generic_mode_round_trip_and_exact_counts() {
     round_trip("g", 42, ModeReq::Generic, Mode::Generic);
+}
+
+/// Jumbo frames (MTU 9000 on both ends of the veth) both ways through AF_XDP multi-buffer:
+/// a 9000-byte echo request answered byte for byte, 100 jumbo frames each way counted
+/// exactly, each arriving whole as one packet of several segments.
+fn jumbo(tag: &str, net: u8, mode: ModeReq) {
+    let (veth, kernel_mac) = Veth::new(tag, net);
+    for i in [&veth.a, &veth.b] {
+        ip(&["link", "set", i, "mtu", "9000"]);
+    }
+    let dev = open(&veth.a, mode);
+    assert!(dev.multi_buffer(), "{}", dev.describe());
+    assert!(
+        dev.describe().contains("multi-buffer"),
+        "{}",
+        dev.describe()
+    );
+    let stats: Arc<PortStats> = Arc::default();
+    let mut port = AnyPort::AfXdp(AfXdpPort::new(6, stats.clone(), dev));
+    assert_eq!(port.mtu(), Some(9000));
+    let (peer, host) = ([10, 214, net, 2], [10, 214, net, 1]);
+    // 20 + 8 + 8972 = 9000 bytes of IP: the largest packet the MTU takes.
+    let mut icmp = vec![8, 0, 0, 0, 0x70, 0x77, 0, 1];
+    icmp.extend((0..8972u32).map(|i| u8::try_from(i % 251).unwrap_or(0)));
+    let c = !fold(sum(&icmp, 0));
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let f = ipv4_frame(kernel_mac, peer, host, 1, &icmp);
+    assert_eq!(f.len(), 9014);
+    assert_eq!(send(&mut port, &f, HDR_LEN), TxOut::Sent);
+    let mut c = Collect::all();
+    let reply = |c: &Collect| {
+        c.got
+            .iter()
+            .find_map(|(h, b)| match parse_ipv4(&b[*h as usize..]) {
+                Some(Ipv4 { proto: 1, l4, .. }) if l4.len() >= 8 && l4[0] == 0 => Some(l4.to_vec()),
+                _ => None,
+            })
+    };
+    collect(&mut port, &mut c, |c| reply(c).is_some());
+    let r = reply(&c).unwrap_or_else(|| panic!("{mode:?}: no answer to the jumbo request"));
+    assert_eq!(
+        r.len(),
+        icmp.len(),
+        "{mode:?}: the whole answer, one packet"
+    );
+    assert_eq!(r[8..], icmp[8..], "{mode:?}: byte for byte");
+
+    // 100 jumbo frames each way, counted exactly.
+    let (rx0, _) = kernel_counts(&veth.b);
+    let mut f = vec![0u8; 9014];
+    frame::write_template(&mut f, 9014, [2, 0, 0, 0, 0x13, 2], kernel_mac);
+    for s in 0..100u64 {
+        frame::set_seq(&mut f, s);
+        assert_eq!(send(&mut port, &f, HDR_LEN), TxOut::Sent);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while kernel_counts(&veth.b).0 - rx0 < 100 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        kernel_counts(&veth.b).0 - rx0,
+        100,
+        "{mode:?}: the kernel got every jumbo frame"
+    );
+    let sock = crate::sys::packet::open(&veth.b).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Collect::all();
+    let mut b = vec![0u8; HDR_LEN as usize + 9014];
+    frame::write_template(
+        &mut b[HDR_LEN as usize..],
+        9014,
+        kernel_mac,
+        [2, 0, 0, 0, 0x13, 2],
+    );
+    for s in 0..100u64 {
+        frame::set_seq(&mut b[HDR_LEN as usize..], s);
+        let iov = [libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        }];
+        let sent = sock.send_iovecs(&iov).unwrap_or_else(|e| panic!("{e}"));
+        assert!(sent.is_some(), "the kernel took frame {s}");
+        if s % 20 == 19 {
+            let want = usize::try_from(s + 1).unwrap_or(usize::MAX);
+            collect(&mut port, &mut c, |c| c.got.len() >= want);
+        }
+    }
+    let seqs: Vec<u64> = c
+        .got
+        .iter()
+        .filter_map(|(h, b)| {
+            assert_eq!(b.len() - *h as usize, 9014, "{mode:?}: whole");
+            match frame::parse(&b[*h as usize..]) {
+                frame::Bench::Data(s) => Some(s),
+                _ => None,
+            }
+        })
+        .collect();
+    assert_eq!(
+        seqs,
+        (0..100).collect::<Vec<_>>(),
+        "{mode:?}: every frame, in order"
+    );
+    assert_eq!(stats.snapshot(6).drops.iter().map(|d| d.1).sum::<u64>(), 0);
+}
+
+#[test]
+fn af_xdp_native_mode_passes_jumbo_frames_both_ways() {
+    jumbo("jn", 47, ModeReq::Native);
+}
+
+#[test]
+fn af_xdp_generic_mode_passes_jumbo_frames_both_ways() {
+    jumbo("jg", 48, ModeReq::Generic);
 }
 
 #[test]

@@ -24,6 +24,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
+/// `prog_flags`: the XDP program takes multi-buffer frames (Linux 5.18).
+const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 const BPF_PROG_TYPE_XDP: u32 = 6;
@@ -168,8 +170,10 @@ impl XskMap {
 pub struct Prog(OwnedFd);
 
 impl Prog {
-    /// Loads the redirect program over `map`. On a refusal the verifier's log is in the error.
-    pub fn load(map: &XskMap) -> io::Result<Self> {
+    /// Loads the redirect program over `map`; `frags`: declared as taking multi-buffer frames
+    /// (`BPF_F_XDP_HAS_FRAGS`: a driver then hands it frames larger than a page, and a veth
+    /// lets it attach with a jumbo MTU). On a refusal the verifier's log is in the error.
+    pub fn load(map: &XskMap, frags: bool) -> io::Result<Self> {
         let insns = program(map.0.as_raw_fd());
         let license = c"GPL";
         let mut log = vec![0u8; 64 * 1024];
@@ -196,6 +200,7 @@ impl Prog {
                         0
                     },
                 )
+                .u32(44, if frags { BPF_F_XDP_HAS_FRAGS } else { 0 })
                 .u32(68, BPF_XDP);
             let name = b"pvnet_xsk";
             a.bytes()[48..48 + name.len()].copy_from_slice(name);

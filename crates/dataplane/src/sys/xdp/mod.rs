@@ -205,6 +205,8 @@ pub struct Xsk {
     pub queue: u32,
     /// Bound in zero-copy mode.
     pub zerocopy: bool,
+    /// Bound with `XDP_USE_SG`: a packet may span several frames (multi-buffer).
+    pub sg: bool,
 }
 
 fn err(e: io::Error, what: &str) -> io::Error {
@@ -241,6 +243,25 @@ fn getopt<T: Copy>(fd: RawFd, opt: libc::c_int, val: &mut T, what: &str) -> io::
 }
 
 impl Xsk {
+    /// [`open`](Self::open) with `XDP_USE_SG` if `sg` (multi-buffer: a frame larger than a
+    /// UMEM frame comes and goes as several descriptors, each but the last marked
+    /// `XDP_PKT_CONTD`), falling back to one frame per packet where the driver or the mode
+    /// has no multi-buffer (a fresh socket: a failed bind leaves one half set up).
+    fn open_sg(ifindex: u32, queue: u32, flags: u16, sg: bool) -> io::Result<Self> {
+        if sg {
+            match Self::open(ifindex, queue, flags | libc::XDP_USE_SG) {
+                Ok(mut x) => {
+                    x.sg = true;
+                    return Ok(x);
+                }
+                Err(e) => {
+                    tracing::debug!(queue, "no AF_XDP multi-buffer ({e}): one frame a packet")
+                }
+            }
+        }
+        Self::open(ifindex, queue, flags)
+    }
+
     /// A socket on queue `queue` of interface `ifindex`, its UMEM registered, its rings
     /// mapped, every receive frame on the fill ring, bound with `flags` (`XDP_COPY` or
     /// `XDP_ZEROCOPY`, with `XDP_USE_NEED_WAKEUP`).
@@ -317,6 +338,7 @@ impl Xsk {
             umem,
             queue,
             zerocopy: false,
+            sg: false,
         };
         let n = x.fill.free(RX_FRAMES).min(RX_FRAMES);
         for k in 0..n {
@@ -451,7 +473,13 @@ impl XdpDev {
         crate::sys::tap::set_link_up(name, None)?;
         let mtu = crate::sys::tap::link_mtu(name)?;
         let map = XskMap::new(cfg.queues)?;
-        let prog = Prog::load(&map)?;
+        // Multi-buffer where the kernel has it (5.18): frames past one UMEM frame arrive as
+        // several descriptors. A kernel without it refuses the flag (EINVAL): one frame each.
+        let (prog, frags) = match Prog::load(&map, true) {
+            Ok(p) => (p, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (Prog::load(&map, false)?, false),
+            Err(e) => return Err(e),
+        };
         let (link, mode) = match cfg.mode {
             ModeReq::Native => (
                 Link::attach(&prog, ifindex, name, XDP_FLAGS_DRV_MODE)?,
@@ -482,22 +510,21 @@ impl XdpDev {
         let mut queues = Vec::new();
         for q in 0..cfg.queues {
             let x = match (mode, cfg.zerocopy) {
-                (Mode::Native, ZeroCopy::On) => {
-                    Xsk::open(ifindex, q, libc::XDP_ZEROCOPY).map_err(|e| {
+                (Mode::Native, ZeroCopy::On) => Xsk::open_sg(ifindex, q, libc::XDP_ZEROCOPY, frags)
+                    .map_err(|e| {
                         err(
                             e,
                             &format!("{name}: zero-copy (the driver may not support it)"),
                         )
-                    })?
-                }
+                    })?,
                 (Mode::Native, ZeroCopy::Auto) => {
                     // A failed zero-copy bind leaves the socket half set up: a fresh one.
-                    match Xsk::open(ifindex, q, libc::XDP_ZEROCOPY) {
+                    match Xsk::open_sg(ifindex, q, libc::XDP_ZEROCOPY, frags) {
                         Ok(x) => x,
-                        Err(_) => Xsk::open(ifindex, q, libc::XDP_COPY)?,
+                        Err(_) => Xsk::open_sg(ifindex, q, libc::XDP_COPY, frags)?,
                     }
                 }
-                _ => Xsk::open(ifindex, q, libc::XDP_COPY)?,
+                _ => Xsk::open_sg(ifindex, q, libc::XDP_COPY, frags)?,
             };
             map.set(q, x.as_raw_fd())?;
             queues.push(x);
@@ -533,14 +560,25 @@ impl XdpDev {
         self.queues.iter().all(|q| q.zerocopy)
     }
 
+    /// Whether every socket takes multi-buffer packets (`XDP_USE_SG`): frames larger than a
+    /// UMEM frame, as jumbo frames are.
+    pub fn multi_buffer(&self) -> bool {
+        self.queues.iter().all(|q| q.sg)
+    }
+
     /// What it runs as, for `pvnet ctl ports`: "veth0, XDP native, copy, 1 queue".
     pub fn describe(&self) -> String {
         let n = self.queues.len();
         format!(
-            "{}, XDP {}, {}, {n} queue{}",
+            "{}, XDP {}, {}{}, {n} queue{}",
             self.name,
             self.mode.name(),
             if self.zerocopy() { "zero-copy" } else { "copy" },
+            if self.multi_buffer() {
+                ", multi-buffer"
+            } else {
+                ""
+            },
             if n == 1 { "" } else { "s" }
         )
     }
