@@ -83,6 +83,7 @@ fn parse_from(argv: Vec<OsString>) -> Result<(Cli, Vec<&'static args::Renamed>),
 }
 
 fn main() -> ExitCode {
+    proc::bound_heap();
     init_logging();
     let cli = match parse_from(std::env::args_os().collect()) {
         Ok((cli, old)) => {
