@@ -107,7 +107,9 @@ pub struct EgressConfig {
     /// as Linux has it).
     pub dql_target: Duration,
     /// With the cap: a receiver seen asleep on an empty ring while the limit held packets back
-    /// raises it (a reserve on the target, [`pace`]); false: the target alone.
+    /// raises it (a reserve on the target, [`pace`]); false (the default): the target alone.
+    /// Off by default: on the receivers measured it traded latency for rate (the TCG guest)
+    /// or cost latency for nothing (a receiver that sleeps on its own timer), docs/egress.md.
     pub dql_witness: bool,
 }
 
@@ -132,7 +134,7 @@ impl EgressConfig {
             dql: true,
             bulk: true,
             dql_target: pace::TARGET,
-            dql_witness: true,
+            dql_witness: false,
         }
     }
 }

@@ -58,9 +58,11 @@ pub const TARGET: Duration = Duration::from_micros(25);
 /// How long the rate is measured over, while packets wait all along.
 pub(crate) const WINDOW_NS: u64 = 1_000_000;
 
-/// How long a reserve step stays without a witnessed idle before it is taken back: DQL's
-/// own hold before it shrinks (Linux's `HZ`).
-pub(crate) const RESERVE_HOLD_NS: u64 = super::dql::SLACK_HOLD_NS;
+/// How long a reserve step stays without a witnessed idle before it is taken back: CoDel's
+/// interval (100 ms). With DQL's one-second hold, a receiver found asleep a few times a
+/// second (pvnet's paced receiver, which sleeps between its batches and catches up after)
+/// ratcheted the ceiling toward the ring: 7 witnesses a second against one step back.
+pub(crate) const RESERVE_HOLD_NS: u64 = 100_000_000;
 
 /// A receiver's measured pace.
 #[derive(Debug, Clone)]
@@ -265,18 +267,18 @@ mod tests {
         }
         let three = p.reserve_ns();
         assert!((three - 12_000.0).abs() < 300.0, "{three}");
-        // Under a second quiet: kept.
-        paced(&mut p, t, 30_000);
+        // Under a hold quiet: kept.
+        paced(&mut p, t, 3_000);
         assert!((p.reserve_ns() - three).abs() < 1.0, "{}", p.reserve_ns());
         // Past it: one step back.
-        paced(&mut p, t + 30_000 * 32 * US, 2_000);
+        paced(&mut p, t + 3_000 * 32 * US, 200);
         assert!(
             (p.reserve_ns() - 8_000.0).abs() < 300.0,
             "{}",
             p.reserve_ns()
         );
-        // Three seconds more: gone, not negative.
-        paced(&mut p, t + 40_000 * 32 * US, 100_000);
+        // Three holds more: gone, not negative.
+        paced(&mut p, t + 4_000 * 32 * US, 10_000);
         assert!(p.reserve_ns() == 0.0, "{}", p.reserve_ns());
         // Before a rate is measured a witness changes nothing.
         let mut q = Pace::new(TARGET);

@@ -733,10 +733,10 @@ fn a_napi_receiver_that_runs_dry_gets_a_reserve_not_the_ring() {
     // 12 packets a step while it polls; a target too short for a receiver that sleeps (2 us):
     // the limit sits at one NAPI budget and a little, the repoll after each budget finds the
     // ring dry before pvnet has refilled it, and the receiver sleeps through its interrupt.
-    let mut short = EgressConfig::switch_default();
-    short.dql_target = Duration::from_micros(2);
-    let mut blind = short;
-    blind.dql_witness = false;
+    let mut blind = EgressConfig::switch_default();
+    blind.dql_target = Duration::from_micros(2);
+    let mut short = blind;
+    short.dql_witness = true;
     let fifo = napi_run(queued(Qdisc::Fifo, 1024, false, true), 8000, 12, 5);
     let plain = napi_run(blind, 8000, 12, 5);
     let seen = napi_run(short, 8000, 12, 5);

@@ -58,8 +58,8 @@ pub(crate) enum PortConfig {
         #[serde(default = "dql_target_us")]
         dql_target_us: u32,
         /// With the cap: a frontend found asleep on an empty ring while the limit held
-        /// packets back raises the cap (false: the target alone).
-        #[serde(default = "yes")]
+        /// packets back raises the cap (default false: the target alone).
+        #[serde(default)]
         dql_witness: bool,
         /// Drain the egress queue in bulk (false: one packet per dequeue).
         #[serde(default = "yes")]
@@ -949,7 +949,7 @@ mod tests {
                 qdisc: "fq_codel".into(),
                 dql: true,
                 dql_target_us: 25,
-                dql_witness: true,
+                dql_witness: false,
                 bulk: true,
                 limit: 1024,
                 policy: None,
@@ -1005,12 +1005,9 @@ mod tests {
             "DQL without the cap"
         );
         assert!(e("vhost-user:name=a,socket=/s,dql_target_us=2000000").is_err());
+        assert!(!d.dql_witness, "the target alone by default");
         assert!(
-            d.dql_witness,
-            "a starved frontend raises the cap by default"
-        );
-        assert!(
-            !e("vhost-user:name=a,socket=/s,dql_witness=false")
+            e("vhost-user:name=a,socket=/s,dql_witness=true")
                 .unwrap()
                 .dql_witness
         );
