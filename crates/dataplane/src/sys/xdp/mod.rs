@@ -162,6 +162,31 @@ impl Umem {
         Ok(Self { base, len })
     }
 
+    /// Registers it with socket `s` (`XDP_UMEM_REG`): aligned chunks of [`FRAME`] bytes.
+    fn register(&self, s: RawFd) -> io::Result<()> {
+        let reg = libc::xdp_umem_reg {
+            addr: self.base.as_ptr() as u64,
+            len: self.len as u64,
+            chunk_size: FRAME,
+            headroom: 0,
+            flags: 0,
+            tx_metadata_len: 0,
+        };
+        setopt(s, libc::XDP_UMEM_REG, &reg, "XDP_UMEM_REG").map_err(|e| {
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOBUFS | libc::ENOMEM | libc::EPERM)
+            ) {
+                io::Error::new(
+                    e.kind(),
+                    format!("{e} (locked memory: needs CAP_IPC_LOCK or a higher ulimit -l)"),
+                )
+            } else {
+                e
+            }
+        })
+    }
+
     /// The start of the memory.
     pub fn base(&self) -> NonNull<u8> {
         self.base
@@ -286,27 +311,7 @@ impl Xsk {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let s = fd.as_raw_fd();
         let umem = Umem::new(RX_FRAMES + TX_FRAMES)?;
-        let reg = libc::xdp_umem_reg {
-            addr: umem.base().as_ptr() as u64,
-            len: umem.len() as u64,
-            chunk_size: FRAME,
-            headroom: 0,
-            flags: 0,
-            tx_metadata_len: 0,
-        };
-        setopt(s, libc::XDP_UMEM_REG, &reg, "XDP_UMEM_REG").map_err(|e| {
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENOBUFS | libc::ENOMEM | libc::EPERM)
-            ) {
-                io::Error::new(
-                    e.kind(),
-                    format!("{e} (locked memory: needs CAP_IPC_LOCK or a higher ulimit -l)"),
-                )
-            } else {
-                e
-            }
-        })?;
+        umem.register(s)?;
         let size: libc::c_int = libc::c_int::try_from(RING).unwrap_or(1024);
         setopt(s, libc::XDP_UMEM_FILL_RING, &size, "XDP_UMEM_FILL_RING")?;
         setopt(
