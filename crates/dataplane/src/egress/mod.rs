@@ -371,9 +371,9 @@ impl Egress {
     /// A publish at `now` found the receiver asleep on everything published before it
     /// (`virtq::DeviceQueue::driver_idle`); `ring`: its size. If the limit had held packets
     /// back at the previous publish, the receiver was starved by the limit, not late: its
-    /// ceiling gets a step of reserve ([`pace`]) unless the port turned that off. True if it
-    /// was such a starvation (counted as the port's `dql_idle` either way). Called before the
-    /// publish's [`used`](Self::used).
+    /// ceiling gets a step of reserve ([`pace`]) if the port asked for it (`dql_witness`).
+    /// True if it was such a starvation (counted as the port's `dql_idle` either way). Called
+    /// before the publish's [`used`](Self::used).
     #[cold]
     pub(crate) fn driver_idle(&mut self, now: Instant, ring: u16) -> bool {
         if !(self.held && self.waiting()) {
