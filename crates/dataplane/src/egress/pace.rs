@@ -41,7 +41,10 @@
 //! whatever its rate: the ceiling rises by about that much), and each [`RESERVE_HOLD_NS`]
 //! without a witness takes a step back (AIAD on a time, so a receiver whose rate changes keeps
 //! the same slack in time). A receiver that polls, or one that is only late, is never witnessed
-//! and keeps the plain ceiling.
+//! and keeps the plain ceiling. One that sleeps on its own timer between batches is (a publish
+//! cannot tell that sleep from NAPI's wait for an interrupt) and loses nothing by it, so for
+//! it the reserve only lengthens the ring: the reserve is opt-in (`dql_witness`), measured in
+//! docs/egress.md.
 //!
 //! Linux leaves `limit_max` to the administrator; here it follows the receiver. DQL's own rules
 //! still run below it. It never goes under 64 buffers (what a Linux guest uses before it gives
