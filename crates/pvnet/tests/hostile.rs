@@ -1229,6 +1229,23 @@ fn a_gso_flood_leaves_a_paced_port_its_rate() {
     assert!(sw.proc.alive(), "switch died\n{}", sw.proc.stderr());
 }
 
+/// The receiver of a switch's paced generator (`dst=02:00:00:00:00:04`): a frontend on `b`
+/// that announces that address and reads everything, once the switch has learned it.
+fn paced_receiver(sw: &common::Switch) -> Proc {
+    let rx = common::frontend(
+        "frontend rx",
+        &sw.b,
+        &["--role", "rx", "--announce", "--idle-timeout", "60"],
+    );
+    rx.wait_json("ready", EVENT);
+    let until = Instant::now() + EVENT;
+    while !sw.ctl("macs").to_string().contains("02:00:00:00:00:04") {
+        assert!(Instant::now() < until, "b not learned: {}", sw.ctl("macs"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rx
+}
+
 /// The switch's open fds and mapping lines (`/proc/PID`).
 fn fds_and_maps(pid: i32) -> (usize, usize) {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -1265,17 +1282,7 @@ fn a_hostile_queue_pair_stops_alone_on_a_multiqueue_port() {
         &[("MALLOC_ARENA_MAX", "1")],
     );
     let swp = sw.proc.pid();
-    let rx = common::frontend(
-        "frontend rx",
-        &sw.b,
-        &["--role", "rx", "--announce", "--idle-timeout", "60"],
-    );
-    rx.wait_json("ready", EVENT);
-    let until = Instant::now() + EVENT;
-    while !sw.ctl("macs").to_string().contains("02:00:00:00:00:04") {
-        assert!(Instant::now() < until, "b not learned: {}", sw.ctl("macs"));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let rx = paced_receiver(&sw);
     let workers = common::placement(&sw.ctl("ports"));
     println!("placement: {workers:?}");
     assert!(
@@ -1421,17 +1428,7 @@ fn a_frontend_asking_for_everything_in_a_loop_leaves_the_memory_bounded() {
         &[],
     );
     let pid = sw.proc.pid();
-    let rx = common::frontend(
-        "frontend rx",
-        &sw.b,
-        &["--role", "rx", "--announce", "--idle-timeout", "60"],
-    );
-    rx.wait_json("ready", EVENT);
-    let until = Instant::now() + EVENT;
-    while !sw.ctl("macs").to_string().contains("02:00:00:00:00:04") {
-        assert!(Instant::now() < until, "b not learned: {}", sw.ctl("macs"));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let rx = paced_receiver(&sw);
     // 128 rings of 32768 entries, 1 MiB apart from 1 MiB up (desc 512 KiB, avail 64 KiB and
     // 6 bytes, used 256 KiB and 6), in a sparse memfd nothing but the backend's reads touch.
     let lay = Layout {

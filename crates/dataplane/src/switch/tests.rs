@@ -524,6 +524,20 @@ fn dql_keeps_the_ring_from_filling_ahead_of_a_frontend_that_does_not_give_buffer
     assert_eq!(get(&b.stats.backlog), 0);
 }
 
+/// One 10 us step of the bulk sender of [`paced_run`] and [`napi_run`] (`a`, with `flight`
+/// frames on their way): up to 60 frames (6 Mpps), at most 1000 on their way (a TCP-like
+/// window). Returns how many it sent.
+fn bulk_step(a: &mut MockFe, flight: u64) -> u64 {
+    a.completed();
+    let k = 60
+        .min(a.room())
+        .min(usize::try_from(1000u64.saturating_sub(flight)).unwrap());
+    for _ in 0..k {
+        a.send(&VnetHdr::default(), &frame(mac(2), mac(1), 1, 60));
+    }
+    k as u64
+}
+
 /// A bulk sender offering 6 Mpps (60 frames a 10 us step, at most 1000 on their way) to a
 /// receiver behind `egress` that takes, at step `i`, what `take(i, owed)` says (`owed`: what
 /// it has not taken of its pace so far) and gives its buffers back at once: for each step
@@ -546,14 +560,7 @@ fn paced_run(
     let mut seen = Vec::new();
     for i in 0..steps {
         let now = t0 + Duration::from_micros(10) * i;
-        a.completed();
-        let k = 60
-            .min(a.room())
-            .min(usize::try_from(1000u64.saturating_sub(sent - got)).unwrap());
-        for _ in 0..k {
-            a.send(&VnetHdr::default(), &frame(mac(2), mac(1), 1, 60));
-        }
-        sent += k as u64;
+        sent += bulk_step(&mut a, sent - got);
         f.round(&mut ports, now);
         let waiting = get(&b.stats.backlog) > 0;
         let want = take(i, &mut owed);
@@ -655,14 +662,7 @@ fn napi_run(egress: EgressConfig, steps: u32, per_step: usize, irq: u32) -> Napi
     let (mut done, mut unposted, mut slept_waiting, mut idle_warm) = (0usize, 0u16, 0, 0);
     for i in 0..steps {
         let now = t0 + Duration::from_micros(10) * i;
-        a.completed();
-        let k = 60
-            .min(a.room())
-            .min(usize::try_from(1000u64.saturating_sub(sent - got)).unwrap());
-        for _ in 0..k {
-            a.send(&VnetHdr::default(), &frame(mac(2), mac(1), 1, 60));
-        }
-        sent += k as u64;
+        sent += bulk_step(&mut a, sent - got);
         c.completed();
         if request.is_none() {
             c.send(&VnetHdr::default(), &frame(mac(2), mac(3), 200, 60));

@@ -136,6 +136,23 @@ fn send(port: &mut AnyPort, f: &[u8], hdr_len: u32) -> TxOut {
     }
 }
 
+/// Sends `n` numbered bench frames of `len` bytes through the port to the kernel's end of
+/// `veth`, each taken; returns how many the kernel's end counted within 2 s.
+fn to_kernel(port: &mut AnyPort, veth: &Veth, kernel_mac: [u8; 6], len: usize, n: u64) -> u64 {
+    let (rx0, _) = kernel_counts(&veth.b);
+    let mut f = vec![0u8; len];
+    frame::write_template(&mut f, len, [2, 0, 0, 0, 0x13, 2], kernel_mac);
+    for s in 0..n {
+        frame::set_seq(&mut f, s);
+        assert_eq!(send(port, &f, HDR_LEN), TxOut::Sent);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while kernel_counts(&veth.b).0 - rx0 < n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    kernel_counts(&veth.b).0 - rx0
+}
+
 /// Polls the port until `done` says enough arrived or 2 s pass.
 fn collect(port: &mut AnyPort, c: &mut Collect, done: impl Fn(&Collect) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -196,20 +213,9 @@ fn round_trip(tag: &str, net: u8, mode: ModeReq, want: Mode) {
     assert!(c.got.iter().all(|(h, _)| *h == HDR_LEN));
 
     // pvnet -> kernel: 1000 frames, the kernel's end counts exactly that many.
-    let (rx0, _) = kernel_counts(&veth.b);
     let tx0 = get(&stats.tx_packets);
-    let mut f = vec![0u8; 64];
-    frame::write_template(&mut f, 64, [2, 0, 0, 0, 0x13, 2], kernel_mac);
-    for s in 0..1000u64 {
-        frame::set_seq(&mut f, s);
-        assert_eq!(send(&mut port, &f, HDR_LEN), TxOut::Sent);
-    }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while kernel_counts(&veth.b).0 - rx0 < 1000 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
     assert_eq!(
-        kernel_counts(&veth.b).0 - rx0,
+        to_kernel(&mut port, &veth, kernel_mac, 64, 1000),
         1000,
         "{mode:?}: the kernel got every frame"
     );
@@ -335,19 +341,8 @@ fn jumbo(tag: &str, net: u8, mode: ModeReq) {
     assert_eq!(r[8..], icmp[8..], "{mode:?}: byte for byte");
 
     // 100 jumbo frames each way, counted exactly.
-    let (rx0, _) = kernel_counts(&veth.b);
-    let mut f = vec![0u8; 9014];
-    frame::write_template(&mut f, 9014, [2, 0, 0, 0, 0x13, 2], kernel_mac);
-    for s in 0..100u64 {
-        frame::set_seq(&mut f, s);
-        assert_eq!(send(&mut port, &f, HDR_LEN), TxOut::Sent);
-    }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while kernel_counts(&veth.b).0 - rx0 < 100 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
     assert_eq!(
-        kernel_counts(&veth.b).0 - rx0,
+        to_kernel(&mut port, &veth, kernel_mac, 9014, 100),
         100,
         "{mode:?}: the kernel got every jumbo frame"
     );
