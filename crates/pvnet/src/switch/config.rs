@@ -179,6 +179,10 @@ pub(crate) enum PortConfig {
         /// Zero-copy: auto (where the driver has it), true or false.
         #[serde(default = "auto", deserialize_with = "bool_or_str")]
         zerocopy: String,
+        /// Take each frame's RX hash from the driver (XDP metadata, native mode) where it has
+        /// one, for steering, instead of hashing the headers.
+        #[serde(default = "yes")]
+        rx_hash: bool,
         /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vlan: Option<u32>,
@@ -419,6 +423,7 @@ pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::
         queues,
         mode,
         zerocopy,
+        rx_hash,
         ..
     } = p
     else {
@@ -436,6 +441,7 @@ pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::
         zerocopy: zerocopy
             .parse()
             .map_err(|e| usage(format!("port {name}: {e}")))?,
+        rx_hash: *rx_hash,
     }))
 }
 
@@ -1149,15 +1155,17 @@ mod tests {
         assert_eq!(p.resource().as_deref(), Some("interface v0"));
         let c = xdp_config(&p).unwrap().unwrap();
         assert_eq!(
-            (c.queues, c.mode, c.zerocopy),
-            (1, ModeReq::Auto, ZeroCopy::Auto)
+            (c.queues, c.mode, c.zerocopy, c.rx_hash),
+            (1, ModeReq::Auto, ZeroCopy::Auto, true)
         );
-        let p = parse_port_spec("af-xdp:name=w,ifname=v0,queues=2,mode=generic,zerocopy=false")
-            .unwrap();
+        let p = parse_port_spec(
+            "af-xdp:name=w,ifname=v0,queues=2,mode=generic,zerocopy=false,rx_hash=false",
+        )
+        .unwrap();
         let c = xdp_config(&p).unwrap().unwrap();
         assert_eq!(
-            (c.queues, c.mode, c.zerocopy),
-            (2, ModeReq::Generic, ZeroCopy::Off)
+            (c.queues, c.mode, c.zerocopy, c.rx_hash),
+            (2, ModeReq::Generic, ZeroCopy::Off, false)
         );
         for bad in [
             "af-xdp:name=w,ifname=v0,mode=fast",

@@ -21,9 +21,14 @@
 //! becomes one packet of several segments; one going out is cut into frames the same way).
 //! The switch drops a longer frame as `too_big`, never cuts it.
 //!
-//! Offloads: XDP gives a frame with no metadata, and takes none: the port offers no receive
-//! offload, so the switch completes checksums and segments GSO packets in software before
-//! they reach it (counted as `sw_csum`, `sw_gso`), as for any receiver without them.
+//! Offloads: the one piece of XDP metadata a driver gives that pvnet uses is the RX hash
+//! (where the program could be bound to the device: [`crate::sys::xdp::bpf`]): it becomes the
+//! packet's [`Pkt::hash`], so that steering onto a frontend's receive rings and a VXLAN
+//! source port take the kernel's (a NIC's RSS) hash instead of hashing the headers again.
+//! No checksum status exists in XDP metadata (Linux 6.18: hash, timestamp, VLAN tag), and a
+//! frame is sent with none: the port offers no receive offload, so the switch completes
+//! checksums and segments GSO packets in software before they reach it (counted as `sw_csum`,
+//! `sw_gso`), as for any receiver without them.
 //!
 //! Queues: one socket per interface queue (`queues=N`), all polled by the shard the port is
 //! on; transmit goes through the first.
@@ -259,6 +264,7 @@ impl AfXdpPort {
     /// and whether some were left waiting.
     fn rx_queue(&mut self, q: usize, max: usize, to: &mut impl Ingress) -> (usize, bool) {
         let stats = &*self.stats;
+        let rx_hash = self.dev.rx_hash();
         let x = &mut self.dev.queues[q];
         let mut done = 0;
         while done < max {
@@ -278,7 +284,7 @@ impl AfXdpPort {
             let mut bad = None;
             while k < n {
                 match gather(base, size, &x.rx, (k, n), &mut segs[k as usize..n as usize]) {
-                    Gather::Packet(len, descs) => {
+                    Gather::Packet(len, descs, hash) => {
                         let first = [segs[k as usize]];
                         let Some((hdr, macs)) = read_head(&first, HDR_LEN) else {
                             bad = Some(descs);
@@ -291,7 +297,8 @@ impl AfXdpPort {
                             hdr_len: HDR_LEN,
                             hdr,
                             macs,
-                            hash: 0,
+                            // The kernel's hash, from the program (0 where it has none).
+                            hash: if rx_hash { hash } else { 0 },
                             vlan: 0,
                         };
                         m += 1;
@@ -350,8 +357,9 @@ impl AfXdpPort {
 
 /// What [`gather`] found at a receive ring's slot.
 enum Gather {
-    /// A whole packet: its frame bytes and its descriptors.
-    Packet(u32, u32),
+    /// A whole packet: its frame bytes, its descriptors, and the 4 bytes in front of its
+    /// first frame's metadata (the RX hash where the program put it there).
+    Packet(u32, u32, u32),
     /// Descriptors that are no packet (out of the UMEM, too short, too many): this many.
     Bad(u32),
     /// Its last descriptor is not among those ready yet.
@@ -368,14 +376,14 @@ fn gather<'m>(
     (k, n): (u32, u32),
     segs: &mut [Seg<'m>],
 ) -> Gather {
-    let mut len = 0u32;
+    let (mut len, mut hash) = (0u32, 0u32);
     for c in 0..MAX_FRAGS {
         if k + c >= n {
             return Gather::Partial;
         }
         let d = rx.get(k + c);
         let seg = if c == 0 {
-            frame_seg(base, size, d)
+            frame_seg(base, size, d, &mut hash)
         } else {
             frag_seg(base, size, d)
         };
@@ -388,7 +396,7 @@ fn gather<'m>(
             return if len < MACS + 2 {
                 Gather::Bad(c + 1)
             } else {
-                Gather::Packet(len, c + 1)
+                Gather::Packet(len, c + 1, hash)
             };
         }
     }
@@ -418,9 +426,19 @@ impl Drop for AfXdpPort {
 
 /// The segment of a received packet's first frame with 12 bytes in front of it for the
 /// virtio-net header (written, all zero: no offload metadata), if the descriptor lies within
-/// one frame of the UMEM with that much headroom (the kernel leaves 256 bytes).
+/// one frame of the UMEM with that much headroom (the kernel leaves 256 bytes). The first 4 of
+/// the 8 bytes in front of the frame go to `hash` before the header covers them: the RX hash,
+/// where the program put it there as metadata ([`crate::sys::xdp::bpf::META_LEN`]). Where it
+/// did not, they are zero: the kernel writes nothing in front of a frame but metadata, the
+/// UMEM starts zeroed, and each frame always lands at the same offset, behind the header this
+/// writes.
 #[inline]
-fn frame_seg<'m>(base: NonNull<u8>, size: usize, d: libc::xdp_desc) -> Option<Seg<'m>> {
+fn frame_seg<'m>(
+    base: NonNull<u8>,
+    size: usize,
+    d: libc::xdp_desc,
+    hash: &mut u32,
+) -> Option<Seg<'m>> {
     let off = d.addr % u64::from(FRAME);
     let hdr = u64::from(HDR_LEN);
     if off < hdr
@@ -437,6 +455,8 @@ fn frame_seg<'m>(base: NonNull<u8>, size: usize, d: libc::xdp_desc) -> Option<Se
     // descriptor is released; the UMEM outlives the burst the segment is used in.
     unsafe {
         let p = base.as_ptr().add(start);
+        let meta = (HDR_LEN - crate::sys::xdp::bpf::META_LEN) as usize;
+        *hash = p.add(meta).cast::<u32>().read_unaligned();
         std::ptr::write_bytes(p, 0, HDR_LEN as usize);
         Some(Seg::from_raw(NonNull::new_unchecked(p), len))
     }

@@ -108,6 +108,7 @@ fn open(ifname: &str, mode: ModeReq) -> XdpDev {
         queues: 1,
         mode,
         zerocopy: ZeroCopy::Auto,
+        rx_hash: true,
     })
     .unwrap_or_else(|e| panic!("open AF_XDP on {ifname}: {e}"))
 }
@@ -418,6 +419,7 @@ fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
             queues: 1,
             mode,
             zerocopy: ZeroCopy::Auto,
+            rx_hash: true,
         })
         .expect_err("a second program must be refused");
         assert!(
@@ -436,6 +438,7 @@ fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
         queues: 1,
         mode: ModeReq::Generic,
         zerocopy: ZeroCopy::On,
+        rx_hash: true,
     })
     .expect_err("zero-copy in generic mode");
     assert!(e.to_string().contains("zero-copy"), "{e}");
@@ -445,6 +448,7 @@ fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
         queues: 1,
         mode: ModeReq::Auto,
         zerocopy: ZeroCopy::Auto,
+        rx_hash: true,
     })
     .expect_err("no such interface");
     assert!(e.to_string().contains("pvnoifx0"), "{e}");
@@ -524,6 +528,7 @@ fn af_xdp_port_takes_every_queue_it_is_given() {
         queues: 2,
         mode: ModeReq::Native,
         zerocopy: ZeroCopy::Auto,
+        rx_hash: true,
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(dev.describe().ends_with("2 queues"), "{}", dev.describe());
@@ -560,4 +565,93 @@ fn af_xdp_port_takes_every_queue_it_is_given() {
     assert_eq!(get(&stats.rx_packets), 200);
     drop(port);
     assert!(no_program(&a));
+}
+
+/// Records each packet's hash and its UDP source port.
+#[derive(Default)]
+struct Hashes(Vec<(u32, u16)>);
+
+impl crate::port::Ingress for Hashes {
+    fn burst(&mut self, pkts: &[Pkt<'_>], _stats: &PortStats) -> usize {
+        for p in pkts {
+            let mut b = vec![0u8; p.len as usize];
+            virtq::read_segs(p.segs, 0, &mut b);
+            let f = &b[p.hdr_len as usize..];
+            // IPv4 (no options), UDP: the source port.
+            if f.len() >= 42 && f[12..14] == [8, 0] && f[23] == 17 {
+                self.0.push((p.hash, u16::from_be_bytes([f[34], f[35]])));
+            }
+        }
+        pkts.len()
+    }
+    fn has_receiver(&self) -> bool {
+        true
+    }
+}
+
+/// UDP datagrams of 4 flows from the kernel's end (4 sockets, 5 each); the port's packets,
+/// each with its hash and source port.
+fn hashes_of_flows(net: u8, port: &mut AnyPort) -> Hashes {
+    let socks: Vec<std::net::UdpSocket> = (0..4)
+        .map(|_| std::net::UdpSocket::bind(format!("10.214.{net}.1:0")).expect("bind"))
+        .collect();
+    for _ in 0..5 {
+        for s in &socks {
+            s.send_to(&[0x5a; 32], format!("10.214.{net}.2:9"))
+                .expect("send");
+        }
+    }
+    let mut h = Hashes::default();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while h.0.len() < 20 && Instant::now() < deadline {
+        if port.rx_burst(64, Instant::now(), &mut h) == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    assert_eq!(h.0.len(), 20, "every datagram arrives");
+    h
+}
+
+/// Native mode on a veth: the program reads each frame's RX hash from the driver (XDP
+/// metadata) and the packet carries it: never zero, one per flow, different flows apart.
+/// Asked not to (`rx_hash=false`), or in generic mode (no device-bound program), packets carry
+/// none and the switch hashes their headers.
+#[test]
+fn af_xdp_native_mode_carries_the_drivers_rx_hash_per_flow() {
+    let (veth, _) = Veth::new("h", 47);
+    let dev = open(&veth.a, ModeReq::Native);
+    assert!(dev.rx_hash(), "{}", dev.describe());
+    assert!(dev.describe().contains("rx-hash"), "{}", dev.describe());
+    let mut port = AnyPort::AfXdp(AfXdpPort::new(8, Arc::default(), dev));
+    let h = hashes_of_flows(47, &mut port);
+    let mut per_flow = std::collections::HashMap::new();
+    for &(hash, sport) in &h.0 {
+        assert_ne!(hash, 0, "flow {sport} has no hash");
+        let first = *per_flow.entry(sport).or_insert(hash);
+        assert_eq!(first, hash, "flow {sport}: one hash");
+    }
+    let distinct: std::collections::HashSet<u32> = per_flow.values().copied().collect();
+    assert_eq!((per_flow.len(), distinct.len()), (4, 4), "{per_flow:?}");
+    drop(port);
+    assert!(no_program(&veth.a));
+    for (mode, rx_hash) in [(ModeReq::Native, false), (ModeReq::Generic, true)] {
+        let dev = XdpDev::open(&XdpConfig {
+            ifname: veth.a.clone(),
+            queues: 1,
+            mode,
+            zerocopy: ZeroCopy::Auto,
+            rx_hash,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!dev.rx_hash(), "{mode:?} {rx_hash}: {}", dev.describe());
+        let mut port = AnyPort::AfXdp(AfXdpPort::new(8, Arc::default(), dev));
+        let h = hashes_of_flows(47, &mut port);
+        assert!(
+            h.0.iter().all(|&(hash, _)| hash == 0),
+            "{mode:?}: {:?}",
+            h.0
+        );
+        drop(port);
+        assert!(no_program(&veth.a));
+    }
 }

@@ -12,6 +12,26 @@
 //! exit
 //! ```
 //!
+//! Where the driver can tell the frame's RX hash (XDP metadata, Linux 6.3: a veth, mlx5, ice,
+//! ...), a second form of it asks first, and puts the answer in front of the frame as
+//! metadata the `AF_XDP` socket receives with it:
+//!
+//! ```text
+//! r6 = r1
+//! r2 = -8; call bpf_xdp_adjust_meta          ; helper 54: 8 bytes of metadata
+//! if r0 != 0 goto redirect
+//! r2 = ctx->data; r7 = ctx->data_meta
+//! r1 = r7 + 8; if r1 > r2 goto redirect      ; the verifier's bounds check
+//! *(u32 *)(r7 + 0) = 0; *(u32 *)(r7 + 4) = 0 ; no hash unless the driver has one
+//! r1 = r6; r2 = r7; r3 = r7 + 4
+//! call bpf_xdp_metadata_rx_hash              ; a kfunc, by its id in the kernel's BTF
+//! redirect: (the five instructions above, ctx in r6)
+//! ```
+//!
+//! A program that calls it must be bound to the device when loaded (`prog_ifindex`,
+//! `BPF_F_XDP_DEV_BOUND_ONLY`): the kernel then calls the driver's own function in its place.
+//! It attaches in native mode only.
+//!
 //! It is attached through a BPF link (`BPF_LINK_CREATE`, Linux 5.9+), never a netlink
 //! attachment: the link belongs to the fd, so the program leaves the interface when the port
 //! closes it, and also when pvnet dies. A link refuses an interface that already has a
@@ -26,6 +46,15 @@ const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 /// `prog_flags`: the XDP program takes multi-buffer frames (Linux 5.18).
 const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
+/// `prog_flags`: bound to the device `prog_ifindex` names (its XDP metadata kfuncs), Linux 6.3.
+const BPF_F_XDP_DEV_BOUND_ONLY: u32 = 1 << 6;
+/// `src_reg` of a call to a kernel function (`imm`: its BTF id).
+const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
+const BPF_FUNC_XDP_ADJUST_META: i32 = 54;
+/// The kfunc that gives a frame's RX hash (`u32 *hash, enum xdp_rss_hash_type *type`).
+pub const RX_HASH_KFUNC: &str = "bpf_xdp_metadata_rx_hash";
+/// Bytes of metadata the hash program puts in front of a frame: the hash, then its type.
+pub const META_LEN: u32 = 8;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 const BPF_PROG_TYPE_XDP: u32 = 6;
@@ -40,7 +69,9 @@ pub const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
 pub const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
 /// Bytes of `union bpf_attr` this code fills (the kernel takes a shorter one, zeros past it).
 const ATTR_LEN: usize = 128;
-/// Offset of `xdp_md.rx_queue_index`.
+/// Offsets in `struct xdp_md`.
+const XDP_MD_DATA: i16 = 0;
+const XDP_MD_DATA_META: i16 = 8;
 const XDP_MD_RX_QUEUE: i16 = 16;
 
 /// One BPF instruction (`struct bpf_insn`): opcode, registers (dst low nibble, src high),
@@ -63,11 +94,12 @@ const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
     }
 }
 
-/// The program's instructions, with the map's fd in the `ld_imm64`.
-fn program(map_fd: i32) -> [Insn; 6] {
+/// The program's instructions, with the map's fd in the `ld_imm64`; `ctx`: the register that
+/// holds the context (r1 on entry, r6 after the hash part).
+fn redirect(map_fd: i32, ctx: u8) -> [Insn; 6] {
     [
-        // BPF_LDX | BPF_MEM | BPF_W: r2 = *(u32 *)(r1 + 16)
-        insn(0x61, 2, 1, XDP_MD_RX_QUEUE, 0),
+        // BPF_LDX | BPF_MEM | BPF_W: r2 = *(u32 *)(ctx + 16)
+        insn(0x61, 2, ctx, XDP_MD_RX_QUEUE, 0),
         // BPF_LD | BPF_IMM | BPF_DW (two slots): r1 = the map
         insn(0x18, 1, BPF_PSEUDO_MAP_FD, 0, map_fd),
         insn(0, 0, 0, 0, 0),
@@ -78,6 +110,45 @@ fn program(map_fd: i32) -> [Insn; 6] {
         // BPF_JMP | BPF_EXIT
         insn(0x95, 0, 0, 0, 0),
     ]
+}
+
+/// The plain program.
+fn program(map_fd: i32) -> Vec<Insn> {
+    redirect(map_fd, 1).to_vec()
+}
+
+/// The program that first puts the RX hash in front of the frame (the module docs), calling
+/// kfunc `kfunc` (its BTF id).
+fn program_hash(map_fd: i32, kfunc: i32) -> Vec<Insn> {
+    // The hash part's length: both of its jumps land right after it.
+    const PART: i16 = 16;
+    let mut p = vec![
+        // BPF_ALU64 | BPF_MOV | BPF_X: r6 = r1
+        insn(0xbf, 6, 1, 0, 0),
+        // r2 = -8
+        insn(0xb7, 2, 0, 0, -8),
+        insn(0x85, 0, 0, 0, BPF_FUNC_XDP_ADJUST_META),
+        // BPF_JMP | BPF_JNE | BPF_K: if r0 != 0 goto redirect
+        insn(0x55, 0, 0, PART - 4, 0),
+        insn(0x61, 2, 6, XDP_MD_DATA, 0),
+        insn(0x61, 7, 6, XDP_MD_DATA_META, 0),
+        insn(0xbf, 1, 7, 0, 0),
+        // BPF_ALU64 | BPF_ADD | BPF_K: r1 += 8
+        insn(0x07, 1, 0, 0, 8),
+        // BPF_JMP | BPF_JGT | BPF_X: if r1 > r2 goto redirect
+        insn(0x2d, 1, 2, PART - 9, 0),
+        // BPF_ST | BPF_MEM | BPF_W: *(u32 *)(r7 + 0) = 0, *(u32 *)(r7 + 4) = 0
+        insn(0x62, 7, 0, 0, 0),
+        insn(0x62, 7, 0, 4, 0),
+        insn(0xbf, 1, 6, 0, 0),
+        insn(0xbf, 2, 7, 0, 0),
+        insn(0xbf, 3, 7, 0, 0),
+        insn(0x07, 3, 0, 0, 4),
+        insn(0x85, 0, BPF_PSEUDO_KFUNC_CALL, 0, kfunc),
+    ];
+    debug_assert_eq!(p.len(), PART as usize);
+    p.extend_from_slice(&redirect(map_fd, 6));
+    p
 }
 
 /// A zeroed `union bpf_attr` with little-endian fields put at their offsets.
@@ -174,7 +245,27 @@ impl Prog {
     /// (`BPF_F_XDP_HAS_FRAGS`: a driver then hands it frames larger than a page, and a veth
     /// lets it attach with a jumbo MTU). On a refusal the verifier's log is in the error.
     pub fn load(map: &XskMap, frags: bool) -> io::Result<Self> {
-        let insns = program(map.0.as_raw_fd());
+        Self::load_insns(&program(map.0.as_raw_fd()), frags, 0)
+    }
+
+    /// Loads the program that puts each frame's RX hash in front of it ([`META_LEN`] bytes:
+    /// the hash, then its type, both zero where the driver has none for that frame), bound to
+    /// interface `ifindex`: it attaches there alone, in native mode. Fails where the kernel
+    /// has no BTF, no [`RX_HASH_KFUNC`] or no device-bound programs.
+    pub fn load_hash(map: &XskMap, frags: bool, ifindex: u32) -> io::Result<Self> {
+        let id = super::btf::kfunc_id(RX_HASH_KFUNC)?;
+        let kfunc = i32::try_from(id).map_err(io::Error::other)?;
+        Self::load_insns(&program_hash(map.0.as_raw_fd(), kfunc), frags, ifindex)
+    }
+
+    /// Loads `insns`; `ifindex` non-zero: bound to that device.
+    fn load_insns(insns: &[Insn], frags: bool, ifindex: u32) -> io::Result<Self> {
+        let flags = if frags { BPF_F_XDP_HAS_FRAGS } else { 0 }
+            | if ifindex != 0 {
+                BPF_F_XDP_DEV_BOUND_ONLY
+            } else {
+                0
+            };
         let license = c"GPL";
         let mut log = vec![0u8; 64 * 1024];
         let load = |log: &mut [u8], level: u32| {
@@ -200,7 +291,8 @@ impl Prog {
                         0
                     },
                 )
-                .u32(44, if frags { BPF_F_XDP_HAS_FRAGS } else { 0 })
+                .u32(44, flags)
+                .u32(64, ifindex)
                 .u32(68, BPF_XDP);
             let name = b"pvnet_xsk";
             a.bytes()[48..48 + name.len()].copy_from_slice(name);
@@ -267,9 +359,18 @@ mod tests {
     /// The instruction encoding clang gives the same program (llvm-objdump of the C source).
     #[test]
     fn the_program_is_what_clang_makes_of_the_redirect() {
-        let p = program(7);
-        let raw: Vec<[u8; 8]> = p
-            .iter()
+        let raw = raw(&program(7));
+        assert_eq!(raw[0], [0x61, 0x12, 0x10, 0, 0, 0, 0, 0]);
+        assert_eq!(raw[1], [0x18, 0x11, 0, 0, 7, 0, 0, 0]);
+        assert_eq!(raw[2], [0; 8]);
+        assert_eq!(raw[3], [0xb7, 0x03, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(raw[4], [0x85, 0, 0, 0, 51, 0, 0, 0]);
+        assert_eq!(raw[5], [0x95, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(size_of::<Insn>(), 8);
+    }
+
+    fn raw(p: &[Insn]) -> Vec<[u8; 8]> {
+        p.iter()
             .map(|i| {
                 let mut b = [0u8; 8];
                 b[0] = i.code;
@@ -278,13 +379,22 @@ mod tests {
                 b[4..8].copy_from_slice(&i.imm.to_le_bytes());
                 b
             })
-            .collect();
-        assert_eq!(raw[0], [0x61, 0x12, 0x10, 0, 0, 0, 0, 0]);
-        assert_eq!(raw[1], [0x18, 0x11, 0, 0, 7, 0, 0, 0]);
-        assert_eq!(raw[2], [0; 8]);
-        assert_eq!(raw[3], [0xb7, 0x03, 0, 0, 2, 0, 0, 0]);
-        assert_eq!(raw[4], [0x85, 0, 0, 0, 51, 0, 0, 0]);
-        assert_eq!(raw[5], [0x95, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(size_of::<Insn>(), 8);
+            .collect()
+    }
+
+    /// The hash form: both its jumps land on the redirect, which reads the context from r6,
+    /// and the kfunc is called by id.
+    #[test]
+    fn the_hash_program_jumps_to_the_redirect_and_calls_the_kfunc_by_id() {
+        let p = raw(&program_hash(7, 70_000));
+        assert_eq!(p.len(), 22);
+        // insn 3 (JNE) and insn 8 (JGT): pc + 1 + off = 16.
+        assert_eq!(p[3][0..4], [0x55, 0x00, 12, 0]);
+        assert_eq!(p[8][0..4], [0x2d, 0x21, 7, 0]);
+        // The kfunc call: src_reg 2, imm the id.
+        assert_eq!(p[15], [0x85, 0x20, 0, 0, 0x70, 0x11, 0x01, 0]);
+        // The redirect: r2 = *(u32 *)(r6 + 16).
+        assert_eq!(p[16], [0x61, 0x62, 0x10, 0, 0, 0, 0, 0]);
+        assert_eq!(p[21], [0x95, 0, 0, 0, 0, 0, 0, 0]);
     }
 }

@@ -29,6 +29,7 @@
 //! missing.
 
 pub mod bpf;
+mod btf;
 pub mod ring;
 
 use bpf::{Link, Prog, XskMap, XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE};
@@ -123,6 +124,9 @@ pub struct XdpConfig {
     pub mode: ModeReq,
     /// Zero-copy.
     pub zerocopy: ZeroCopy,
+    /// Ask the driver for each frame's RX hash (XDP metadata) where it can tell it (native
+    /// mode, Linux 6.3, a driver with the kfunc: a veth has it).
+    pub rx_hash: bool,
 }
 
 /// The packet memory a socket registered: `RX_FRAMES + TX_FRAMES` frames, receive frames
@@ -452,6 +456,7 @@ pub struct XdpDev {
     name: String,
     mode: Mode,
     mtu: u32,
+    hash: bool,
 }
 
 impl XdpDev {
@@ -478,34 +483,7 @@ impl XdpDev {
         crate::sys::tap::set_link_up(name, None)?;
         let mtu = crate::sys::tap::link_mtu(name)?;
         let map = XskMap::new(cfg.queues)?;
-        // Multi-buffer where the kernel has it (5.18): frames past one UMEM frame arrive as
-        // several descriptors. A kernel without it refuses the flag (EINVAL): one frame each.
-        let (prog, frags) = match Prog::load(&map, true) {
-            Ok(p) => (p, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (Prog::load(&map, false)?, false),
-            Err(e) => return Err(e),
-        };
-        let (link, mode) = match cfg.mode {
-            ModeReq::Native => (
-                Link::attach(&prog, ifindex, name, XDP_FLAGS_DRV_MODE)?,
-                Mode::Native,
-            ),
-            ModeReq::Generic => (
-                Link::attach(&prog, ifindex, name, XDP_FLAGS_SKB_MODE)?,
-                Mode::Generic,
-            ),
-            ModeReq::Auto => match Link::attach(&prog, ifindex, name, XDP_FLAGS_DRV_MODE) {
-                Ok(l) => (l, Mode::Native),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(e),
-                Err(native) => match Link::attach(&prog, ifindex, name, XDP_FLAGS_SKB_MODE) {
-                    Ok(l) => {
-                        tracing::info!(ifname = name, "no native XDP ({native}): generic mode");
-                        (l, Mode::Generic)
-                    }
-                    Err(e) => return Err(io::Error::new(e.kind(), format!("{native}; {e}"))),
-                },
-            },
-        };
+        let (prog, link, mode, frags, hash) = attach(cfg, &map, ifindex)?;
         if mode == Mode::Generic && cfg.zerocopy == ZeroCopy::On {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -542,7 +520,14 @@ impl XdpDev {
             name: name.to_string(),
             mode,
             mtu,
+            hash,
         })
+    }
+
+    /// Whether the program puts each frame's RX hash in front of it ([`bpf::META_LEN`] bytes:
+    /// the hash, zero where the driver had none for that frame, then its type).
+    pub fn rx_hash(&self) -> bool {
+        self.hash
     }
 
     /// The interface.
@@ -575,7 +560,7 @@ impl XdpDev {
     pub fn describe(&self) -> String {
         let n = self.queues.len();
         format!(
-            "{}, XDP {}, {}{}, {n} queue{}",
+            "{}, XDP {}, {}{}{}, {n} queue{}",
             self.name,
             self.mode.name(),
             if self.zerocopy() { "zero-copy" } else { "copy" },
@@ -584,7 +569,60 @@ impl XdpDev {
             } else {
                 ""
             },
+            if self.hash { ", rx-hash" } else { "" },
             if n == 1 { "" } else { "s" }
         )
     }
+}
+
+/// Loads the program and attaches it to `ifindex` in the mode `cfg` asks for: the form that
+/// reads the RX hash where it loads and attaches natively (`cfg.rx_hash`, a mode other than
+/// generic), else the plain one. Returns the program, its link, the mode, whether it takes
+/// multi-buffer frames, and whether it is the hash form.
+fn attach(
+    cfg: &XdpConfig,
+    map: &XskMap,
+    ifindex: u32,
+) -> io::Result<(Prog, Link, Mode, bool, bool)> {
+    let name = cfg.ifname.as_str();
+    // Multi-buffer where the kernel has it (5.18): frames past one UMEM frame arrive as
+    // several descriptors. A kernel without it refuses the flag (EINVAL): one frame each.
+    let (prog, frags) = match Prog::load(map, true) {
+        Ok(p) => (p, true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (Prog::load(map, false)?, false),
+        Err(e) => return Err(e),
+    };
+    if cfg.rx_hash && cfg.mode != ModeReq::Generic {
+        match Prog::load_hash(map, frags, ifindex) {
+            Ok(p) => match Link::attach(&p, ifindex, name, XDP_FLAGS_DRV_MODE) {
+                Ok(l) => return Ok((p, l, Mode::Native, frags, true)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(e),
+                // No native XDP: the plain program decides below.
+                Err(_) => {}
+            },
+            Err(e) => tracing::info!(ifname = name, "no XDP RX hash ({e}): pvnet hashes flows"),
+        }
+    }
+    let (link, mode) = match cfg.mode {
+        ModeReq::Native => (
+            Link::attach(&prog, ifindex, name, XDP_FLAGS_DRV_MODE)?,
+            Mode::Native,
+        ),
+        ModeReq::Generic => (
+            Link::attach(&prog, ifindex, name, XDP_FLAGS_SKB_MODE)?,
+            Mode::Generic,
+        ),
+        ModeReq::Auto => match Link::attach(&prog, ifindex, name, XDP_FLAGS_DRV_MODE) {
+            Ok(l) => (l, Mode::Native),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(e),
+            Err(native) => match Link::attach(&prog, ifindex, name, XDP_FLAGS_SKB_MODE) {
+                Ok(l) => {
+                    tracing::info!(ifname = name, "no native XDP ({native}): generic mode");
+                    (l, Mode::Generic)
+                }
+                Err(e) => return Err(io::Error::new(e.kind(), format!("{native}; {e}"))),
+            },
+        },
+    };
+    Ok((prog, link, mode, frags, false))
 }
