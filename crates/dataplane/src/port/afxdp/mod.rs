@@ -31,7 +31,8 @@
 //! `sw_gso`), as for any receiver without them.
 //!
 //! Queues: one socket per interface queue (`queues=N`), all polled by the shard the port is
-//! on; transmit goes through the first.
+//! on. Each packet goes out on the queue its flow hash picks (the packet's, as the RX hash
+//! above, or its headers'): a flow stays on one queue, in order.
 //!
 //! When the interface goes away under the port, the kernel unbinds its sockets: the next
 //! kick fails (`ENXIO`), the port logs it once, marks itself down (`up` 0 in `pvnet ctl
@@ -76,18 +77,14 @@ pub struct AfXdpPort {
     stats: Arc<PortStats>,
     dev: XdpDev,
     egress: Egress,
-    /// Free transmit frames (UMEM addresses) of the first queue's socket.
-    free: Vec<u64>,
-    /// Packets and bytes put on the transmit ring and not yet published.
-    batch: (u64, u64),
+    /// Each socket's transmit side, by queue.
+    txq: Vec<TxQueue>,
     /// Which queue to read first next round (fairness between queues).
     next: usize,
     /// Packets were left on a receive ring (the switch made them wait).
     left: bool,
     /// The interface is gone (the sockets were unbound).
     down: bool,
-    /// Frames are left on the transmit ring after the kicks of a commit.
-    unsent: bool,
     /// The interface's MTU when the port opened, within what a UMEM frame holds: the switch
     /// drops what is longer as `too_big` ([`crate::pkt::fits_mtu`]).
     mtu: u16,
@@ -100,21 +97,16 @@ impl AfXdpPort {
         let frames = if dev.multi_buffer() { MAX_FRAGS } else { 1 };
         let most = frames * (FRAME - XDP_HEADROOM) - crate::pkt::MTU_OVERHEAD;
         let mtu = u16::try_from(dev.mtu().min(most)).unwrap_or(u16::MAX);
-        let free = (RX_FRAMES..RX_FRAMES + TX_FRAMES)
-            .rev()
-            .map(|k| u64::from(k) * u64::from(FRAME))
-            .collect();
+        let txq = dev.queues.iter().map(|_| TxQueue::new()).collect();
         Self {
             id,
             stats,
             dev,
             egress: Egress::new(XDP_HOLD),
-            free,
-            batch: (0, 0),
+            txq,
             next: 0,
             left: false,
             down: false,
-            unsent: false,
             mtu,
         }
     }
@@ -142,31 +134,34 @@ impl AfXdpPort {
         }
     }
 
-    /// Takes back the transmit frames the kernel is done with.
+    /// Takes back the transmit frames the kernel is done with, on every queue.
     fn reclaim(&mut self) {
-        let Some(x) = self.dev.queues.first_mut() else {
-            return;
-        };
-        let n = x.comp.ready(TX_FRAMES);
-        for k in 0..n {
-            self.free.push(x.comp.get(k));
-        }
-        if n > 0 {
-            x.comp.release(n);
+        for (x, t) in self.dev.queues.iter_mut().zip(&mut self.txq) {
+            let n = x.comp.ready(TX_FRAMES);
+            for k in 0..n {
+                t.free.push(x.comp.get(k));
+            }
+            if n > 0 {
+                x.comp.release(n);
+            }
         }
     }
 
-    /// Publishes the transmit batch and wakes the kernel if it sleeps.
+    /// Publishes each queue's transmit batch and wakes the kernel where it sleeps.
     fn flush(&mut self) {
-        let (n, bytes) = std::mem::take(&mut self.batch);
+        for q in 0..self.txq.len() {
+            self.flush_queue(q);
+        }
+    }
+
+    /// Publishes queue `q`'s transmit batch and wakes the kernel if it sleeps.
+    fn flush_queue(&mut self, q: usize) {
+        let (n, bytes) = std::mem::take(&mut self.txq[q].batch);
         if n == 0 {
             return;
         }
-        let Some(x) = self.dev.queues.first_mut() else {
-            return;
-        };
-        x.tx.submit();
-        match self.kick() {
+        self.dev.queues[q].tx.submit();
+        match self.kick(q) {
             Ok(()) => {
                 bump(&self.stats.tx_packets, n);
                 bump(&self.stats.tx_bytes, bytes);
@@ -179,14 +174,14 @@ impl AfXdpPort {
         }
     }
 
-    /// Wakes the kernel to send what the transmit ring holds, if it sleeps: again while it
-    /// says it has more (copy mode sends up to 32 frames a call), at most [`MAX_KICKS`]
-    /// times; what is still left is kicked again from [`Port::idle`](super::Port::idle).
-    fn kick(&mut self) -> std::io::Result<()> {
-        let Some(x) = self.dev.queues.first_mut() else {
-            return Ok(());
-        };
-        self.unsent = false;
+    /// Wakes the kernel to send what queue `q`'s transmit ring holds, if it sleeps: again
+    /// while it says it has more (copy mode sends up to 32 frames a call), at most
+    /// [`MAX_KICKS`] times; what is still left is kicked again from
+    /// [`Port::idle`](super::Port::idle).
+    fn kick(&mut self, q: usize) -> std::io::Result<()> {
+        let x = &mut self.dev.queues[q];
+        let t = &mut self.txq[q];
+        t.unsent = false;
         if !x.tx.needs_wakeup() {
             return Ok(());
         }
@@ -196,12 +191,31 @@ impl AfXdpPort {
                 return Ok(());
             }
         }
-        self.unsent = true;
+        t.unsent = true;
         Ok(())
     }
 
-    /// Copies one packet into free transmit frames (one, or with multi-buffer as many as it
-    /// takes, each but the last marked `XDP_PKT_CONTD`) and describes them on the ring.
+    /// The queue a packet goes out on: one flow always on one (its order kept), flows spread
+    /// over all of them by their hash (the packet's, or its headers'), as Linux picks a
+    /// transmit queue by the socket buffer's hash.
+    #[inline]
+    fn queue_of(&self, pkt: &Pkt<'_>) -> usize {
+        let n = self.txq.len();
+        if n == 1 {
+            return 0;
+        }
+        let h = if pkt.hash != 0 {
+            u64::from(pkt.hash)
+        } else {
+            crate::pkt::flow_hash_of(pkt)
+        };
+        // Multiply-shift onto 0..n (no division).
+        (((h & 0xffff_ffff) * n as u64) >> 32) as usize
+    }
+
+    /// Copies one packet into free transmit frames of its queue (one, or with multi-buffer as
+    /// many as it takes, each but the last marked `XDP_PKT_CONTD`) and describes them on the
+    /// ring.
     fn put(&mut self, pkt: &Pkt<'_>) -> TxOut {
         let len = pkt.frame_len();
         let frames = len.div_ceil(FRAME).max(1);
@@ -214,22 +228,21 @@ impl AfXdpPort {
             // Past the MTU the switch already dropped it; the UMEM frames are the last bound.
             return TxOut::Dropped(DropReason::TooBig);
         }
+        let q = self.queue_of(pkt);
         let want = frames as usize;
-        if self.free.len() < want || self.dev.queues[0].tx.free(frames) < frames {
+        if self.txq[q].free.len() < want || self.dev.queues[q].tx.free(frames) < frames {
             // The kernel may have sent some since the batch began.
-            self.flush();
+            self.flush_queue(q);
             self.reclaim();
         }
-        let Some(x) = self.dev.queues.first_mut() else {
-            return TxOut::Dropped(DropReason::PortDown);
-        };
-        if x.tx.free(frames) < frames || self.free.len() < want {
+        let (x, t) = (&mut self.dev.queues[q], &mut self.txq[q]);
+        if x.tx.free(frames) < frames || t.free.len() < want {
             return TxOut::NoRoom;
         }
         let base = x.umem.base();
         let mut at = 0u32;
         for f in 0..frames {
-            let Some(addr) = self.free.pop() else {
+            let Some(addr) = t.free.pop() else {
                 return TxOut::NoRoom;
             };
             let n = (len - at).min(FRAME);
@@ -255,8 +268,8 @@ impl AfXdpPort {
             });
         }
         self.egress.sent();
-        self.batch.0 += 1;
-        self.batch.1 += u64::from(at);
+        t.batch.0 += 1;
+        t.batch.1 += u64::from(at);
         TxOut::Sent
     }
 
@@ -352,6 +365,31 @@ impl AfXdpPort {
             }
         }
         (done, false)
+    }
+}
+
+/// One socket's transmit side.
+#[derive(Debug)]
+struct TxQueue {
+    /// Its free transmit frames (UMEM addresses).
+    free: Vec<u64>,
+    /// Packets and bytes put on its transmit ring and not yet published.
+    batch: (u64, u64),
+    /// Frames are left on its transmit ring after the kicks of a commit.
+    unsent: bool,
+}
+
+impl TxQueue {
+    /// Every transmit frame of a fresh UMEM free.
+    fn new() -> Self {
+        Self {
+            free: (RX_FRAMES..RX_FRAMES + TX_FRAMES)
+                .rev()
+                .map(|k| u64::from(k) * u64::from(FRAME))
+                .collect(),
+            batch: (0, 0),
+            unsent: false,
+        }
     }
 }
 
@@ -548,12 +586,15 @@ impl super::Port for AfXdpPort {
     /// sockets (readable when a receive ring has frames).
     fn idle(&mut self, _now: Instant, settle: &mut Settle) {
         self.egress.new_round();
-        if self.unsent && !self.down {
-            if let Err(e) = self.kick() {
-                self.gone(&e);
+        for q in 0..self.txq.len() {
+            if self.txq[q].unsent && !self.down {
+                if let Err(e) = self.kick(q) {
+                    self.gone(&e);
+                }
             }
         }
-        if self.left || self.unsent || self.egress.blocked() {
+        let unsent = self.txq.iter().any(|t| t.unsent);
+        if self.left || unsent || self.egress.blocked() {
             settle.idle(Idle::Poll);
         }
     }
