@@ -15,9 +15,9 @@
 # to the receiver's CPU, as a NIC's interrupt on the receiver's core);
 # the kernel carries the frames to pvs0's peer pvs0p, where `pvnet switch` B (CPU 1) takes
 # them into a sink port through the port under test:
-#   xdp-native   af-xdp:ifname=pvs0p,mode=native   (the veth driver's XDP hook; the program
-#                asks the driver for each frame's RX hash, XDP metadata)
-#   xdp-native-nohash  the same with rx_hash=false (the plain redirect program)
+#   xdp-native   af-xdp:ifname=pvs0p,mode=native   (the veth driver's XDP hook)
+#   xdp-native-hash  the same with rx_hash=true: the program asks the driver for each
+#                frame's RX hash (XDP metadata; a veth computes it in software)
 #   xdp-generic  af-xdp:ifname=pvs0p,mode=generic  (XDP after the socket buffer is built)
 #   af-packet    af-packet:ifname=pvs0p,io=uring
 #   tap          tap pvb1, bridged with pvs0p (the kernel forwards into the tap)
@@ -91,7 +91,7 @@ for r in $(seq 1 "$ROUNDS"); do
       tag="$cfg-$size-$r"
       case "$cfg" in
         xdp-native) pb="af-xdp:name=t,ifname=pvs0p,mode=native" ;;
-        xdp-native-nohash) pb="af-xdp:name=t,ifname=pvs0p,mode=native,rx_hash=false" ;;
+        xdp-native-hash) pb="af-xdp:name=t,ifname=pvs0p,mode=native,rx_hash=true" ;;
         xdp-generic) pb="af-xdp:name=t,ifname=pvs0p,mode=generic" ;;
         af-packet) pb="af-packet:name=t,ifname=pvs0p,io=uring" ;;
         tap) pb="tap:name=t,ifname=pvb1,io=uring" ;;

@@ -21,6 +21,7 @@
 //! read at most every [`TAP_LOOK`] (each look is a syscall); right after every sleep it is
 //! read at once. `syscalls` counts every `read`, `writev` and `io_uring_enter`.
 
+use super::mtu::MtuWatch;
 use super::{offer_each, Ingress, Lease, RX_OFFLOADS};
 use crate::egress::{Egress, EgressConfig, HoldPolicy};
 use crate::pkt::{read_head, Caps, Pkt, PortId, Staged, TxOut, EMPTY, MACS, MAX_MERGE};
@@ -261,10 +262,11 @@ pub struct KernelPort {
     /// Read straight into the receive buffers of the frontend the packets go to, when the
     /// switch expects one (direct receive, batched path only).
     direct: bool,
-    /// The interface's MTU when the port started (a tap's `mtu=` sets it): a frame too big
-    /// for it is dropped by the switch and counted (`too_big`), not handed to the kernel,
-    /// which would refuse it (`AF_PACKET`) or pass it on oversized (a tap).
-    mtu: Option<u16>,
+    /// The interface's MTU (a tap's `mtu=` sets it at the start; read again about once a
+    /// second): a frame too big for it is dropped by the switch and counted (`too_big`), not
+    /// handed to the kernel, which would refuse it (`AF_PACKET`) or pass it on oversized (a
+    /// tap).
+    mtu: MtuWatch,
     /// What the kernel dropped on its way here.
     kernel_drops: KernelDrops,
 }
@@ -306,6 +308,11 @@ impl KernelPort {
             );
         }
         let kernel_drops = KernelDrops::open(&dev);
+        let ifname = match &dev {
+            HostDev::Tap(t) => t.name(),
+            HostDev::Packet(p) => p.name(),
+        };
+        let mtu = MtuWatch::new(ifname, mtu, u32::from(u16::MAX));
         Self {
             uring,
             id,
@@ -415,7 +422,7 @@ impl super::Port for KernelPort {
     }
 
     fn mtu(&self) -> Option<u16> {
-        self.mtu
+        self.mtu.get()
     }
 
     fn caps(&self) -> Caps {
@@ -496,7 +503,8 @@ impl super::Port for KernelPort {
         done
     }
 
-    fn tx_begin(&mut self, _now: Instant, _hint: usize) -> bool {
+    fn tx_begin(&mut self, now: Instant, _hint: usize) -> bool {
+        self.mtu.poll(now, self.id);
         true
     }
 
@@ -535,6 +543,7 @@ impl super::Port for KernelPort {
             self.kernel_drops.next = Some(now + KERNEL_DROPS_EVERY);
             self.count_kernel_drops();
         }
+        self.mtu.poll(now, self.id);
         let ready = self.uring.as_ref().is_some_and(|u| !u.ready.is_empty());
         self.egress.new_round();
         if self.look || self.pending > 0 || ready || self.egress.backlogged() {

@@ -24,6 +24,7 @@
 pub(crate) mod afxdp;
 pub(crate) mod gen;
 pub(crate) mod kernel;
+pub(crate) mod mtu;
 pub(crate) mod sink;
 pub(crate) mod trunk;
 pub(crate) mod vhost;

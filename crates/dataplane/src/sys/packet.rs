@@ -20,6 +20,8 @@ pub struct PacketSock {
     fd: OwnedFd,
     /// The interface's MTU when the socket was opened.
     mtu: Option<u16>,
+    /// The interface's name.
+    name: String,
 }
 
 fn setopt(fd: RawFd, opt: libc::c_int, val: &impl Sized, what: &str) -> io::Result<()> {
@@ -118,13 +120,22 @@ pub fn open(name: &str) -> io::Result<PacketSock> {
     let mtu = crate::sys::tap::link_mtu(name)
         .ok()
         .and_then(|m| u16::try_from(m).ok());
-    Ok(PacketSock { fd, mtu })
+    Ok(PacketSock {
+        fd,
+        mtu,
+        name: name.to_string(),
+    })
 }
 
 impl PacketSock {
     /// The interface's MTU when the socket was opened (`SIOCGIFMTU`), if it could be read.
     pub(crate) fn mtu(&self) -> Option<u16> {
         self.mtu
+    }
+
+    /// The interface it is bound to.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     /// Bounds the bytes of its writes the kernel holds and has not sent yet (`SO_SNDBUF`;

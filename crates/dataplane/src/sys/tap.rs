@@ -286,6 +286,34 @@ pub fn link_mtu(name: &str) -> io::Result<u32> {
     u32::try_from(mtu).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "negative MTU"))
 }
 
+/// Whether interface `name` has hardware behind it: its driver names a bus address
+/// (`ETHTOOL_GDRVINFO`'s `bus_info`: a PCI device's, say), which a virtual device (a veth, a
+/// tap, a bridge) does not. False where the driver cannot be asked.
+pub fn has_hardware(name: &str) -> bool {
+    /// `struct ethtool_drvinfo`: cmd, then driver, version, firmware and bus names (32 bytes
+    /// each), then the rest this does not read.
+    #[repr(C)]
+    struct DrvInfo {
+        cmd: u32,
+        names: [[u8; 32]; 4],
+        rest: [u8; 64],
+    }
+    const ETHTOOL_GDRVINFO: u32 = 3;
+    let (Ok(sock), Ok(mut ifr)) = (inet_socket(), ifreq(name)) else {
+        return false;
+    };
+    let mut info = DrvInfo {
+        cmd: ETHTOOL_GDRVINFO,
+        names: [[0; 32]; 4],
+        rest: [0; 64],
+    };
+    ifr.ifr_ifru.ifru_data = std::ptr::from_mut(&mut info).cast();
+    // SAFETY: SIOCETHTOOL with ETHTOOL_GDRVINFO writes at most a `struct ethtool_drvinfo`
+    // (196 bytes) through `ifru_data`, which points at `info`, as large and live for the call.
+    let r = unsafe { ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) };
+    r.is_ok() && info.names[3][0] != 0
+}
+
 /// Packets interface `name`, in the calling thread's network namespace, dropped on transmit
 /// since it was made (`/proc/thread-self/net/dev`); `None` if it is not there. For a tap this
 /// is what the kernel could not queue for its reader (its queue of `txqueuelen` full).

@@ -49,8 +49,9 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       [,mtu=9000]: offers VIRTIO_NET_F_MTU and takes the MTU the frontend sets
       (VHOST_USER_NET_SET_MTU, QEMU's host_mtu=) up to it; without mtu= any the frontend
       sets. A frame longer than a port's MTU + 18 (Ethernet and one VLAN tag; GSO packets
-      excepted) is not sent to it: dropped, counted too_big at its sender. A tap's or an
-      AF_PACKET interface's MTU is the interface's when the port starts (tap: mtu= sets it).
+      excepted) is not sent to it: dropped, counted too_big at its sender. A tap's, an
+      AF_PACKET or an AF_XDP interface's MTU is the interface's (tap: mtu= sets it at the
+      start), followed within a second when it changes (ip link set dev X mtu N).
   tap:name=host,ifname=pvtap0[,offloads=true][,mtu=1500][,io=uring][,direct=true][,persist=false]
       the host kernel, IFF_VNET_HDR: checksum and TSO pass through in both directions.
       io=uring: reads and writes go to the kernel in bursts, one io_uring submission each
@@ -78,14 +79,15 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       (sndbuf: SO_SNDBUF, default net.core.wmem_default; the kernel's queue fills when the
       interface's qdisc holds packets, e.g. under a rate limit).
   af-xdp:name=wire,ifname=veth0[,queues=1][,mode=auto|native|generic][,zerocopy=auto|true|false]
-      [,rx_hash=true]
+      [,rx_hash=auto|true|false]
       an existing interface through AF_XDP sockets (one per queue, 0..queues) and an XDP
       program pvnet loads and attaches (removed with the port, or when pvnet exits; an
       interface that already has a program is refused). mode=auto: native XDP, else
       generic; `pvnet ctl ports` says which, copy or zero-copy, multi-buffer (jumbo
       frames: the MTU is the interface's, up to 19182 with AF_XDP multi-buffer, 3822
-      without) and rx-hash (rx_hash=true, native mode, a driver with XDP metadata, as a
-      veth: each frame's RX hash from the driver steers it, not a hash of its headers).
+      without) and rx-hash (native mode, a driver with XDP metadata: each frame's RX hash
+      from the driver steers it, not a hash of its headers; rx_hash=auto: only where the
+      interface has hardware behind it, since a veth's driver would hash in software).
       No offloads: checksums
       and GSO packets sent to it are completed in software (sw_csum, sw_gso). Needs root
       (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md). XDP

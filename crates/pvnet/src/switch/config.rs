@@ -179,10 +179,11 @@ pub(crate) enum PortConfig {
         /// Zero-copy: auto (where the driver has it), true or false.
         #[serde(default = "auto", deserialize_with = "bool_or_str")]
         zerocopy: String,
-        /// Take each frame's RX hash from the driver (XDP metadata, native mode) where it has
-        /// one, for steering, instead of hashing the headers.
-        #[serde(default = "yes")]
-        rx_hash: bool,
+        /// Take each frame's RX hash from the driver (XDP metadata, native mode), for
+        /// steering, instead of hashing the headers: auto (where the interface has hardware
+        /// behind it), true or false.
+        #[serde(default = "auto", deserialize_with = "bool_or_str")]
+        rx_hash: String,
         /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vlan: Option<u32>,
@@ -441,7 +442,16 @@ pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::
         zerocopy: zerocopy
             .parse()
             .map_err(|e| usage(format!("port {name}: {e}")))?,
-        rx_hash: *rx_hash,
+        rx_hash: match rx_hash.as_str() {
+            "auto" => None,
+            "true" | "on" => Some(true),
+            "false" | "off" => Some(false),
+            o => {
+                return Err(usage(format!(
+                    "port {name}: unknown rx_hash {o:?} (auto, true, false)"
+                )))
+            }
+        },
     }))
 }
 
@@ -1156,7 +1166,7 @@ mod tests {
         let c = xdp_config(&p).unwrap().unwrap();
         assert_eq!(
             (c.queues, c.mode, c.zerocopy, c.rx_hash),
-            (1, ModeReq::Auto, ZeroCopy::Auto, true)
+            (1, ModeReq::Auto, ZeroCopy::Auto, None)
         );
         let p = parse_port_spec(
             "af-xdp:name=w,ifname=v0,queues=2,mode=generic,zerocopy=false,rx_hash=false",
@@ -1165,11 +1175,12 @@ mod tests {
         let c = xdp_config(&p).unwrap().unwrap();
         assert_eq!(
             (c.queues, c.mode, c.zerocopy, c.rx_hash),
-            (2, ModeReq::Generic, ZeroCopy::Off, false)
+            (2, ModeReq::Generic, ZeroCopy::Off, Some(false))
         );
         for bad in [
             "af-xdp:name=w,ifname=v0,mode=fast",
             "af-xdp:name=w,ifname=v0,zerocopy=maybe",
+            "af-xdp:name=w,ifname=v0,rx_hash=sometimes",
             "af-xdp:name=w,ifname=v0,queues=0",
         ] {
             let p = parse_port_spec(bad).unwrap();

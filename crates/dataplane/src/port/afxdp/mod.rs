@@ -15,7 +15,8 @@
 //! ring says it sleeps. Frames come back through the completion ring, reclaimed at the next
 //! batch.
 //!
-//! Its MTU is the interface's when the port opens: within a UMEM frame, or, where the kernel
+//! Its MTU is the interface's (read again about once a second: [`super::mtu`]): within a
+//! UMEM frame, or, where the kernel
 //! and the driver have AF_XDP multi-buffer (`XDP_USE_SG`), within [`MAX_FRAGS`] of them (a
 //! jumbo frame comes as several descriptors, each but the last marked `XDP_PKT_CONTD`, and
 //! becomes one packet of several segments; one going out is cut into frames the same way).
@@ -39,6 +40,7 @@
 //! ports`), and the switch drops what it is sent as `port_down`. The rest of the switch runs
 //! on.
 
+use super::mtu::MtuWatch;
 use super::{offer_each, Ingress};
 use crate::egress::{Egress, HoldPolicy};
 use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_BURST};
@@ -85,9 +87,9 @@ pub struct AfXdpPort {
     left: bool,
     /// The interface is gone (the sockets were unbound).
     down: bool,
-    /// The interface's MTU when the port opened, within what a UMEM frame holds: the switch
-    /// drops what is longer as `too_big` ([`crate::pkt::fits_mtu`]).
-    mtu: u16,
+    /// The interface's MTU (read again about once a second), within what its UMEM frames
+    /// hold: the switch drops what is longer as `too_big` ([`crate::pkt::fits_mtu`]).
+    mtu: MtuWatch,
 }
 
 impl AfXdpPort {
@@ -96,7 +98,8 @@ impl AfXdpPort {
         // A received frame's data starts behind the kernel's headroom, in each descriptor.
         let frames = if dev.multi_buffer() { MAX_FRAGS } else { 1 };
         let most = frames * (FRAME - XDP_HEADROOM) - crate::pkt::MTU_OVERHEAD;
-        let mtu = u16::try_from(dev.mtu().min(most)).unwrap_or(u16::MAX);
+        let now = u16::try_from(dev.mtu().min(most)).unwrap_or(u16::MAX);
+        let mtu = MtuWatch::new(dev.name(), Some(now), most);
         let txq = dev.queues.iter().map(|_| TxQueue::new()).collect();
         Self {
             id,
@@ -523,7 +526,7 @@ impl super::Port for AfXdpPort {
     }
 
     fn mtu(&self) -> Option<u16> {
-        Some(self.mtu)
+        self.mtu.get()
     }
 
     fn caps(&self) -> Caps {
@@ -565,10 +568,11 @@ impl super::Port for AfXdpPort {
         done
     }
 
-    fn tx_begin(&mut self, _now: Instant, _hint: usize) -> bool {
+    fn tx_begin(&mut self, now: Instant, _hint: usize) -> bool {
         if self.down {
             return false;
         }
+        self.mtu.poll(now, self.id);
         self.reclaim();
         true
     }
@@ -584,7 +588,8 @@ impl super::Port for AfXdpPort {
     /// `Poll` while frames wait on a receive ring, a sender waits for frames, or frames
     /// wait on the transmit ring (kicked again); else it may sleep: epoll waits on the
     /// sockets (readable when a receive ring has frames).
-    fn idle(&mut self, _now: Instant, settle: &mut Settle) {
+    fn idle(&mut self, now: Instant, settle: &mut Settle) {
+        self.mtu.poll(now, self.id);
         self.egress.new_round();
         for q in 0..self.txq.len() {
             if self.txq[q].unsent && !self.down {

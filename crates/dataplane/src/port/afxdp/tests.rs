@@ -108,7 +108,7 @@ fn open(ifname: &str, mode: ModeReq) -> XdpDev {
         queues: 1,
         mode,
         zerocopy: ZeroCopy::Auto,
-        rx_hash: true,
+        rx_hash: None,
     })
     .unwrap_or_else(|e| panic!("open AF_XDP on {ifname}: {e}"))
 }
@@ -419,7 +419,7 @@ fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
             queues: 1,
             mode,
             zerocopy: ZeroCopy::Auto,
-            rx_hash: true,
+            rx_hash: None,
         })
         .expect_err("a second program must be refused");
         assert!(
@@ -438,7 +438,7 @@ fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
         queues: 1,
         mode: ModeReq::Generic,
         zerocopy: ZeroCopy::On,
-        rx_hash: true,
+        rx_hash: None,
     })
     .expect_err("zero-copy in generic mode");
     assert!(e.to_string().contains("zero-copy"), "{e}");
@@ -448,7 +448,7 @@ fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
         queues: 1,
         mode: ModeReq::Auto,
         zerocopy: ZeroCopy::Auto,
-        rx_hash: true,
+        rx_hash: None,
     })
     .expect_err("no such interface");
     assert!(e.to_string().contains("pvnoifx0"), "{e}");
@@ -529,7 +529,7 @@ fn af_xdp_port_takes_every_queue_it_is_given() {
         queues: 2,
         mode: ModeReq::Native,
         zerocopy: ZeroCopy::Auto,
-        rx_hash: true,
+        rx_hash: None,
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(dev.describe().ends_with("2 queues"), "{}", dev.describe());
@@ -681,15 +681,24 @@ fn hashes_of_flows(net: u8, port: &mut AnyPort) -> Hashes {
     h
 }
 
-/// Native mode on a veth: the program reads each frame's RX hash from the driver (XDP
-/// metadata) and the packet carries it: never zero, one per flow, different flows apart.
-/// Asked not to (`rx_hash=false`), or in generic mode (no device-bound program), packets carry
+/// Native mode on a veth, asked to (`rx_hash=true`): the program reads each frame's RX hash
+/// from the driver (XDP metadata) and the packet carries it: never zero, one per flow,
+/// different flows apart. Asked not to (`rx_hash=false`), in generic mode (no device-bound
+/// program), or by default on a veth (a virtual device: auto leaves it off), packets carry
 /// none and the switch hashes their headers.
 #[test]
 fn af_xdp_native_mode_carries_the_drivers_rx_hash_per_flow() {
     let (veth, _) = Veth::new("h", 47);
-    let dev = open(&veth.a, ModeReq::Native);
+    let dev = XdpDev::open(&XdpConfig {
+        ifname: veth.a.clone(),
+        queues: 1,
+        mode: ModeReq::Native,
+        zerocopy: ZeroCopy::Auto,
+        rx_hash: Some(true),
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
     assert!(dev.rx_hash(), "{}", dev.describe());
+    assert!(!crate::sys::tap::has_hardware(&veth.a), "a veth is virtual");
     assert!(dev.describe().contains("rx-hash"), "{}", dev.describe());
     let mut port = AnyPort::AfXdp(AfXdpPort::new(8, Arc::default(), dev));
     let h = hashes_of_flows(47, &mut port);
@@ -703,7 +712,11 @@ fn af_xdp_native_mode_carries_the_drivers_rx_hash_per_flow() {
     assert_eq!((per_flow.len(), distinct.len()), (4, 4), "{per_flow:?}");
     drop(port);
     assert!(no_program(&veth.a));
-    for (mode, rx_hash) in [(ModeReq::Native, false), (ModeReq::Generic, true)] {
+    for (mode, rx_hash) in [
+        (ModeReq::Native, Some(false)),
+        (ModeReq::Generic, Some(true)),
+        (ModeReq::Native, None),
+    ] {
         let dev = XdpDev::open(&XdpConfig {
             ifname: veth.a.clone(),
             queues: 1,
@@ -712,7 +725,7 @@ fn af_xdp_native_mode_carries_the_drivers_rx_hash_per_flow() {
             rx_hash,
         })
         .unwrap_or_else(|e| panic!("{e}"));
-        assert!(!dev.rx_hash(), "{mode:?} {rx_hash}: {}", dev.describe());
+        assert!(!dev.rx_hash(), "{mode:?} {rx_hash:?}: {}", dev.describe());
         let mut port = AnyPort::AfXdp(AfXdpPort::new(8, Arc::default(), dev));
         let h = hashes_of_flows(47, &mut port);
         assert!(
@@ -723,4 +736,21 @@ fn af_xdp_native_mode_carries_the_drivers_rx_hash_per_flow() {
         drop(port);
         assert!(no_program(&veth.a));
     }
+}
+
+/// The interface's MTU changed under a running port: the port's follows within a second, so
+/// the switch checks frames against the new one.
+#[test]
+fn af_xdp_port_follows_its_interfaces_mtu() {
+    let (veth, _) = Veth::new("m", 48);
+    let dev = open(&veth.a, ModeReq::Native);
+    let mut port = AnyPort::AfXdp(AfXdpPort::new(9, Arc::default(), dev));
+    let t0 = Instant::now();
+    assert!(port.tx_begin(t0, 1));
+    port.tx_commit();
+    assert_eq!(port.mtu(), Some(1500));
+    ip(&["link", "set", &veth.a, "mtu", "9000"]);
+    assert!(port.tx_begin(t0 + Duration::from_secs(2), 1));
+    port.tx_commit();
+    assert_eq!(port.mtu(), Some(9000));
 }
