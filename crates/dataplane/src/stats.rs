@@ -141,8 +141,9 @@ pub struct PortStats {
     pub rx_direct: AtomicU64,
     /// Kernel port: packets the kernel dropped on their way to pvnet since the port opened (a
     /// tap's queue for its reader full: the interface's `tx_dropped`; an `AF_PACKET` socket's
-    /// receive queue full: `tp_drops`), read about once a second. Not in `drops_*`: pvnet
-    /// never had them.
+    /// receive queue full: `tp_drops`; an `AF_XDP` socket's fill ring empty or receive ring
+    /// full: `XDP_STATISTICS`), read about once a second. Not in `drops_*`: pvnet never had
+    /// them.
     pub kernel_drops: AtomicU64,
     /// A frontend is attached (vhost-user) or the port is open (tap, sink, gen): 1, else 0.
     pub up: AtomicU64,

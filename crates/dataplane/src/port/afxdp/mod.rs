@@ -87,6 +87,8 @@ pub struct AfXdpPort {
     left: bool,
     /// The interface is gone (the sockets were unbound).
     down: bool,
+    /// When to read the kernel's drop counts next.
+    kernel_next: Option<Instant>,
     /// The interface's MTU (read again about once a second), within what its UMEM frames
     /// hold: the switch drops what is longer as `too_big` ([`crate::pkt::fits_mtu`]).
     mtu: MtuWatch,
@@ -110,6 +112,7 @@ impl AfXdpPort {
             next: 0,
             left: false,
             down: false,
+            kernel_next: None,
             mtu,
         }
     }
@@ -122,6 +125,26 @@ impl AfXdpPort {
     /// The device (its mode, its queues).
     pub fn dev(&self) -> &XdpDev {
         &self.dev
+    }
+
+    /// The frames the kernel dropped before the port saw them, on every socket: no free frame
+    /// on the fill ring (the port fell behind returning them) or no room on the receive ring.
+    /// A frame dropped for want of a fill frame counts in `rx_dropped` too, so it is
+    /// `rx_dropped + rx_ring_full`. Into `kernel_drops`, about once a second (a `getsockopt`
+    /// per socket).
+    fn count_kernel_drops(&mut self, now: Instant) {
+        if self.kernel_next.is_some_and(|t| now < t) {
+            return;
+        }
+        self.kernel_next = Some(now + Duration::from_secs(1));
+        let n: u64 = self
+            .dev
+            .queues
+            .iter()
+            .filter_map(|x| x.kernel_stats().ok())
+            .map(|k| k.rx_dropped + k.rx_ring_full)
+            .sum();
+        self.stats.kernel_drops.store(n, Ordering::Relaxed);
     }
 
     /// The interface went away: said once, the port marked down.
@@ -446,7 +469,7 @@ fn gather<'m>(
 
 impl Drop for AfXdpPort {
     /// Logs what the kernel dropped before the port saw it (its rings full or its fill ring
-    /// empty: `XDP_STATISTICS`), which no counter of the port's can show.
+    /// empty: `XDP_STATISTICS`), socket by socket (the port's `kernel_drops` has their sum).
     fn drop(&mut self) {
         for x in &self.dev.queues {
             if let Ok(k) = x.kernel_stats() {
@@ -590,6 +613,7 @@ impl super::Port for AfXdpPort {
     /// sockets (readable when a receive ring has frames).
     fn idle(&mut self, now: Instant, settle: &mut Settle) {
         self.mtu.poll(now, self.id);
+        self.count_kernel_drops(now);
         self.egress.new_round();
         for q in 0..self.txq.len() {
             if self.txq[q].unsent && !self.down {

@@ -754,3 +754,52 @@ fn af_xdp_port_follows_its_interfaces_mtu() {
     port.tx_commit();
     assert_eq!(port.mtu(), Some(9000));
 }
+
+/// More frames than the port has receive frames, sent while it does not read: the kernel
+/// drops the rest (no fill frame, no ring room) and the port's `kernel_drops` says how many,
+/// so that what it received and what the kernel dropped add up to what was sent.
+#[test]
+fn af_xdp_port_counts_what_the_kernel_dropped_before_it() {
+    let (veth, _) = Veth::new("k", 49);
+    let stats: Arc<PortStats> = Arc::default();
+    let mut port = AnyPort::AfXdp(AfXdpPort::new(
+        10,
+        stats.clone(),
+        open(&veth.a, ModeReq::Native),
+    ));
+    let sock = crate::sys::packet::open(&veth.b).unwrap_or_else(|e| panic!("{e}"));
+    let mut f = vec![0u8; HDR_LEN as usize + 64];
+    frame::write_template(
+        &mut f[HDR_LEN as usize..],
+        64,
+        [2, 0, 0, 0, 0, 9],
+        [2, 0, 0, 0, 0, 8],
+    );
+    let sent = 1500u64;
+    for s in 0..sent {
+        frame::set_seq(&mut f[HDR_LEN as usize..], s);
+        let iov = [libc::iovec {
+            iov_base: f.as_mut_ptr().cast(),
+            iov_len: f.len(),
+        }];
+        while sock
+            .send_iovecs(&iov)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_none()
+        {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    port.idle(Instant::now(), &mut crate::poll::plan::Settle::new());
+    let dropped = get(&stats.kernel_drops);
+    let mut c = Collect::all();
+    collect(&mut port, &mut c, |c| c.got.len() as u64 + dropped >= sent);
+    let got = get(&stats.rx_packets);
+    assert!(dropped > 0, "the receive frames ran out: {dropped}");
+    assert_eq!(
+        got + dropped,
+        sent,
+        "received {got}, dropped in the kernel {dropped}"
+    );
+}
