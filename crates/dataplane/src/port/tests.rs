@@ -233,6 +233,35 @@ fn af_packet_port_writes_to_a_veth_and_reads_its_answer() {
     }
 }
 
+/// The interface's MTU changed under a running `AF_PACKET` port: the port's follows within a
+/// second (`port/mtu.rs`, polled from its transmit hook), so the switch checks frames against
+/// the new one.
+#[test]
+fn af_packet_port_follows_its_interfaces_mtu() {
+    use super::kernel::{HostDev, HostIo};
+    use crate::sys::tap::tests::ip;
+    let (veth, _) = Veth::new("mt", 37);
+    let sock = crate::sys::packet::open(&veth.0).unwrap_or_else(|e| panic!("{e}"));
+    let mut port = AnyPort::Kernel(KernelPort::new(
+        9,
+        Arc::default(),
+        HostDev::Packet(sock),
+        HostIo::Uring,
+        true,
+    ));
+    let t0 = Instant::now();
+    assert!(port.tx_begin(t0, 1));
+    port.tx_commit();
+    assert_eq!(port.mtu(), Some(1500));
+    ip(&["link", "set", &veth.0, "mtu", "4000"]);
+    assert!(port.tx_begin(t0 + Duration::from_millis(500), 1));
+    port.tx_commit();
+    assert_eq!(port.mtu(), Some(1500), "read at most once a second");
+    assert!(port.tx_begin(t0 + Duration::from_secs(2), 1));
+    port.tx_commit();
+    assert_eq!(port.mtu(), Some(4000));
+}
+
 /// A packet staged in memory the switch reuses before the commit (`Port::staged`) leaves
 /// with the bytes it had when it was offered: the io_uring path, which otherwise reads the
 /// packet at the commit, writes it at once.
