@@ -25,7 +25,9 @@
 # compares receivers only within one state), B's rx_packets per second over the measured window, B's CPU time over it (all its
 # threads, /proc/<pid>/task/*/schedstat) per packet, its worker's busy time per packet (the
 # rounds that moved packets only: the cost of a packet without the sleeps and wake-ups a
-# source slower than the receiver brings), the syscalls its port made per packet,
+# source slower than the receiver brings), the syscalls its port made per packet, what the
+# kernel dropped on its way to the port (its kernel_drops: for AF_XDP no fill frame or ring
+# room, for AF_PACKET a full socket, for the tap a full queue) as a share of what A sent,
 # and A's sent packets per second and CPU per packet sent (when B takes less than A sends,
 # the difference was dropped in the kernel). The kernel's own work
 # of delivering a frame (the veth's NAPI, the XDP program, the copy into the UMEM or the
@@ -120,17 +122,17 @@ for r in $(seq 1 "$ROUNDS"); do
       fi
       sleep "$WARM"; sleep 0.5
       c0=$(cpu_ns "$bpid"); d0=$(cpu_ns "$apid")
-      a0=$(src_sent "$tag"); read -r _ b0 s0 w0 < <(snap "$B/ctl.b.$tag")
+      a0=$(src_sent "$tag"); read -r _ b0 s0 w0 k0 < <(snap "$B/ctl.b.$tag")
       t0=$(date +%s.%N); sleep "$DUR"; t1=$(date +%s.%N)
       c1=$(cpu_ns "$bpid"); d1=$(cpu_ns "$apid")
-      a1=$(src_sent "$tag"); read -r _ b1 s1 w1 < <(snap "$B/ctl.b.$tag")
+      a1=$(src_sent "$tag"); read -r _ b1 s1 w1 k1 < <(snap "$B/ctl.b.$tag")
       # The source first: what it sends while the receiver stops would count as the kernel's drops.
       kill -INT "$apid" 2>/dev/null || true; wait "$apid" || true; apid=
       kill -INT "$bpid" 2>/dev/null || true; wait "$bpid" || true; bpid=
       ca=$(c2c_ns)
       grep -ho "the kernel's own counts.*" "$B/b.$tag.log" | sed 's/^/  /' || true
       line=$(python3 "$PYLIB/bench_afxdp.py" result "$cfg" "$size" "$r" "$cb/$ca" "$t0" "$t1" "$a0" "$a1" "$b0" "$b1" \
-        "$s0" "$s1" "$c0" "$c1" "$d0" "$d1" "$w0" "$w1")
+        "$s0" "$s1" "$c0" "$c1" "$d0" "$d1" "$w0" "$w1" "$k0" "$k1")
       echo "$line" | tee -a "$RES"
       [ "$b1" -gt "$b0" ] || { log "no packets received in run $tag: see $B/b.$tag.log"; exit 1; }
     done
