@@ -57,6 +57,32 @@ impl Clock for MonoClock {
     }
 }
 
+/// Something done at most once a period from a port's hooks, due at the first look: the
+/// syscalls a host port makes now and then (its interface's MTU, the kernel's drop counts),
+/// never per packet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Every {
+    period: Duration,
+    next: Option<Instant>,
+}
+
+impl Every {
+    /// Once every `period`.
+    pub(crate) const fn new(period: Duration) -> Self {
+        Self { period, next: None }
+    }
+
+    /// Whether it is due at `now`; when it is, the next time is a period on.
+    #[inline]
+    pub(crate) fn due(&mut self, now: Instant) -> bool {
+        if self.next.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.next = Some(now + self.period);
+        true
+    }
+}
+
 /// How a queue is polled and when its notifications are armed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Policy {

@@ -26,7 +26,7 @@ use super::{offer_each, Ingress, Lease, RX_OFFLOADS};
 use crate::egress::{Egress, EgressConfig, HoldPolicy};
 use crate::pkt::{read_head, Caps, Pkt, PortId, Staged, TxOut, EMPTY, MACS, MAX_MERGE};
 use crate::poll::plan::Settle;
-use crate::poll::Idle;
+use crate::poll::{Every, Idle};
 use crate::stats::{bump, DropReason, PortStats};
 use crate::sys::packet::PacketSock;
 use crate::sys::tap::{Tap, RECV_BUF_LEN};
@@ -102,15 +102,15 @@ impl HostDev {
     }
 }
 
-/// How often a kernel port reads what the kernel dropped on the way to it.
-const KERNEL_DROPS_EVERY: Duration = Duration::from_secs(1);
+/// How often a host port reads what the kernel dropped on the way to it.
+pub(crate) const KERNEL_DROPS_EVERY: Duration = Duration::from_secs(1);
 
 /// What the kernel dropped on its way to a port (its queue for pvnet full), read now and then
 /// into `kernel_drops`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct KernelDrops {
-    /// When to read next.
-    next: Option<Instant>,
+    /// When to read.
+    every: Every,
     /// A tap's `tx_dropped` when the port opened (the count runs from the interface's making).
     base: Option<u64>,
     /// An `AF_PACKET` socket's drops so far (each read returns those since the last).
@@ -120,7 +120,11 @@ struct KernelDrops {
 impl KernelDrops {
     /// Starts the count at what the kernel reports now.
     fn open(dev: &HostDev) -> Self {
-        let mut d = Self::default();
+        let mut d = Self {
+            every: Every::new(KERNEL_DROPS_EVERY),
+            base: None,
+            sum: 0,
+        };
         let _ = d.read(dev);
         d.base = d.base.or(Some(0));
         d.sum = 0;
@@ -295,24 +299,18 @@ impl KernelPort {
                 }
             },
         };
-        let mtu = match &dev {
-            HostDev::Tap(t) => crate::sys::tap::link_mtu(t.name())
-                .ok()
-                .and_then(|m| u16::try_from(m).ok()),
-            HostDev::Packet(p) => p.mtu(),
+        let ifname = match &dev {
+            HostDev::Tap(t) => t.name(),
+            HostDev::Packet(p) => p.name(),
         };
-        if mtu.is_none() {
+        let mtu = MtuWatch::new(ifname, u32::from(u16::MAX));
+        if mtu.get().is_none() {
             tracing::warn!(
                 port = id,
                 "the interface's MTU could not be read: no MTU check"
             );
         }
         let kernel_drops = KernelDrops::open(&dev);
-        let ifname = match &dev {
-            HostDev::Tap(t) => t.name(),
-            HostDev::Packet(p) => p.name(),
-        };
-        let mtu = MtuWatch::new(ifname, mtu, u32::from(u16::MAX));
         Self {
             uring,
             id,
@@ -539,8 +537,7 @@ impl super::Port for KernelPort {
     /// (level-triggered).
     /// Also `Poll` while packets wait in its egress queue: nothing signals room in the kernel.
     fn idle(&mut self, now: Instant, settle: &mut Settle) {
-        if self.kernel_drops.next.is_none_or(|t| now >= t) {
-            self.kernel_drops.next = Some(now + KERNEL_DROPS_EVERY);
+        if self.kernel_drops.every.due(now) {
             self.count_kernel_drops();
         }
         self.mtu.poll(now, self.id);

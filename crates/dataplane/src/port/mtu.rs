@@ -3,14 +3,13 @@
 //!
 //! The switch checks each packet against its receiver's MTU ([`crate::pkt::fits_mtu`]), so a
 //! stale MTU either drops frames the interface would now take (`too_big`) or hands it frames
-//! it would refuse. Reading the MTU is a syscall (`SIOCGIFMTU`), so it is read again at most
-//! once every [`EVERY`], from the port's transmit and idle hooks: never per packet.
+//! it would refuse. Reading the MTU is a syscall (`SIOCGIFMTU`), so it is read when the port
+//! opens and again at most once a second, from the port's transmit and idle hooks: never per
+//! packet.
 
 use crate::pkt::PortId;
+use crate::poll::Every;
 use std::time::{Duration, Instant};
-
-/// How often the MTU is read again.
-const EVERY: Duration = Duration::from_secs(1);
 
 /// The MTU of an interface a port sends to.
 #[derive(Debug)]
@@ -19,19 +18,21 @@ pub(crate) struct MtuWatch {
     /// The most the port's buffers carry: a larger MTU is taken as this.
     most: u32,
     mtu: Option<u16>,
-    next: Option<Instant>,
+    every: Every,
 }
 
 impl MtuWatch {
-    /// Follows `ifname`, whose MTU is `mtu` now (None: it could not be read: no check until
-    /// it can), bounded by `most`.
-    pub(crate) fn new(ifname: &str, mtu: Option<u16>, most: u32) -> Self {
-        Self {
+    /// Follows `ifname`, its MTU read now (None where it cannot be: no check until it can),
+    /// bounded by `most`.
+    pub(crate) fn new(ifname: &str, most: u32) -> Self {
+        let mut w = Self {
             ifname: ifname.to_string(),
             most,
-            mtu,
-            next: None,
-        }
+            mtu: None,
+            every: Every::new(Duration::from_secs(1)),
+        };
+        w.mtu = w.current();
+        w
     }
 
     /// The MTU as last read.
@@ -40,23 +41,26 @@ impl MtuWatch {
         self.mtu
     }
 
-    /// Reads the MTU again if [`EVERY`] has passed since the last read; a change is logged.
+    /// Reads the MTU again if a second has passed since the last read; a change is logged.
     /// An interface that cannot be read (gone, renamed) keeps the last MTU.
     #[inline]
     pub(crate) fn poll(&mut self, now: Instant, port: PortId) {
-        if self.next.is_some_and(|t| now < t) {
-            return;
+        if self.every.due(now) {
+            self.read(port);
         }
-        self.next = Some(now + EVERY);
-        self.read(port);
+    }
+
+    /// The interface's MTU now, bounded; None where it cannot be read.
+    fn current(&self) -> Option<u16> {
+        let m = crate::sys::tap::link_mtu(&self.ifname).ok()?;
+        Some(u16::try_from(m.min(self.most)).unwrap_or(u16::MAX))
     }
 
     #[cold]
     fn read(&mut self, port: PortId) {
-        let Ok(m) = crate::sys::tap::link_mtu(&self.ifname) else {
+        let Some(m) = self.current() else {
             return;
         };
-        let m = u16::try_from(m.min(self.most)).unwrap_or(u16::MAX);
         if self.mtu != Some(m) {
             tracing::info!(
                 port,
@@ -83,7 +87,7 @@ mod tests {
         let name = format!("pvmtu{}", std::process::id() % 10000);
         let peer = format!("{name}p");
         ip(&["link", "add", &name, "type", "veth", "peer", "name", &peer]);
-        let mut w = MtuWatch::new(&name, Some(1500), 4000);
+        let mut w = MtuWatch::new(&name, 4000);
         let t0 = Instant::now();
         w.poll(t0, 1);
         assert_eq!(w.get(), Some(1500));

@@ -18,8 +18,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 #[derive(Debug)]
 pub struct PacketSock {
     fd: OwnedFd,
-    /// The interface's MTU when the socket was opened.
-    mtu: Option<u16>,
     /// The interface's name.
     name: String,
 }
@@ -117,22 +115,13 @@ pub fn open(name: &str) -> io::Result<PacketSock> {
         &mreq,
         "promiscuous mode",
     )?;
-    let mtu = crate::sys::tap::link_mtu(name)
-        .ok()
-        .and_then(|m| u16::try_from(m).ok());
     Ok(PacketSock {
         fd,
-        mtu,
         name: name.to_string(),
     })
 }
 
 impl PacketSock {
-    /// The interface's MTU when the socket was opened (`SIOCGIFMTU`), if it could be read.
-    pub(crate) fn mtu(&self) -> Option<u16> {
-        self.mtu
-    }
-
     /// The interface it is bound to.
     pub(crate) fn name(&self) -> &str {
         &self.name

@@ -45,7 +45,7 @@ use super::{offer_each, Ingress};
 use crate::egress::{Egress, HoldPolicy};
 use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_BURST};
 use crate::poll::plan::Settle;
-use crate::poll::Idle;
+use crate::poll::{Every, Idle};
 use crate::stats::{bump, DropReason, PortStats};
 use crate::sys::xdp::{XdpDev, FRAME, RX_FRAMES, TX_FRAMES};
 use pvnet_net::HDR_LEN;
@@ -87,8 +87,8 @@ pub struct AfXdpPort {
     left: bool,
     /// The interface is gone (the sockets were unbound).
     down: bool,
-    /// When to read the kernel's drop counts next.
-    kernel_next: Option<Instant>,
+    /// When to read the kernel's drop counts.
+    kernel_drops: Every,
     /// The interface's MTU (read again about once a second), within what its UMEM frames
     /// hold: the switch drops what is longer as `too_big` ([`crate::pkt::fits_mtu`]).
     mtu: MtuWatch,
@@ -100,8 +100,7 @@ impl AfXdpPort {
         // A received frame's data starts behind the kernel's headroom, in each descriptor.
         let frames = if dev.multi_buffer() { MAX_FRAGS } else { 1 };
         let most = frames * (FRAME - XDP_HEADROOM) - crate::pkt::MTU_OVERHEAD;
-        let now = u16::try_from(dev.mtu().min(most)).unwrap_or(u16::MAX);
-        let mtu = MtuWatch::new(dev.name(), Some(now), most);
+        let mtu = MtuWatch::new(dev.name(), most);
         let txq = dev.queues.iter().map(|_| TxQueue::new()).collect();
         Self {
             id,
@@ -112,7 +111,7 @@ impl AfXdpPort {
             next: 0,
             left: false,
             down: false,
-            kernel_next: None,
+            kernel_drops: Every::new(super::kernel::KERNEL_DROPS_EVERY),
             mtu,
         }
     }
@@ -133,10 +132,9 @@ impl AfXdpPort {
     /// `rx_dropped + rx_ring_full`. Into `kernel_drops`, about once a second (a `getsockopt`
     /// per socket).
     fn count_kernel_drops(&mut self, now: Instant) {
-        if self.kernel_next.is_some_and(|t| now < t) {
+        if !self.kernel_drops.due(now) {
             return;
         }
-        self.kernel_next = Some(now + Duration::from_secs(1));
         let n: u64 = self
             .dev
             .queues
