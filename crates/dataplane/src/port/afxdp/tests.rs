@@ -154,6 +154,36 @@ fn to_kernel(port: &mut AnyPort, veth: &Veth, kernel_mac: [u8; 6], len: usize, n
     kernel_counts(&veth.b).0 - rx0
 }
 
+/// Numbered bench frames `seqs` of `len` bytes from `macs` (destination, source), written
+/// from the kernel's side through `sock` (an `AF_PACKET` socket on the kernel's end); `wait`:
+/// a write the socket has no room for is tried again until it is taken, else every write
+/// must be taken at once.
+fn from_kernel(
+    sock: &crate::sys::packet::PacketSock,
+    seqs: std::ops::Range<u64>,
+    len: usize,
+    macs: ([u8; 6], [u8; 6]),
+    wait: bool,
+) {
+    let mut f = vec![0u8; HDR_LEN as usize + len];
+    frame::write_template(&mut f[HDR_LEN as usize..], len, macs.0, macs.1);
+    for s in seqs {
+        frame::set_seq(&mut f[HDR_LEN as usize..], s);
+        let iov = [libc::iovec {
+            iov_base: f.as_mut_ptr().cast(),
+            iov_len: f.len(),
+        }];
+        loop {
+            let sent = sock.send_iovecs(&iov).unwrap_or_else(|e| panic!("{e}"));
+            assert!(sent.is_some() || wait, "the kernel took frame {s}");
+            if sent.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
 /// Polls the port until `done` says enough arrived or 2 s pass.
 fn collect(port: &mut AnyPort, c: &mut Collect, done: impl Fn(&Collect) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -244,23 +274,15 @@ fn round_trip(tag: &str, net: u8, mode: ModeReq, want: Mode) {
     let sock = crate::sys::packet::open(&veth.b).unwrap_or_else(|e| panic!("{e}"));
     let mut c = Collect::all();
     let rx_before = get(&stats.rx_packets);
-    let mut b = vec![0u8; HDR_LEN as usize + 64];
-    frame::write_template(
-        &mut b[HDR_LEN as usize..],
-        64,
-        kernel_mac,
-        [2, 0, 0, 0, 0x13, 2],
-    );
+    let peer = [2, 0, 0, 0, 0x13, 2];
     for burst in 0..10u64 {
-        for s in burst * 100..(burst + 1) * 100 {
-            frame::set_seq(&mut b[HDR_LEN as usize..], s);
-            let iov = [libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
-            }];
-            let sent = sock.send_iovecs(&iov).unwrap_or_else(|e| panic!("{e}"));
-            assert!(sent.is_some(), "the kernel took frame {s}");
-        }
+        from_kernel(
+            &sock,
+            burst * 100..(burst + 1) * 100,
+            64,
+            (kernel_mac, peer),
+            false,
+        );
         let want = usize::try_from((burst + 1) * 100).unwrap_or(usize::MAX);
         collect(&mut port, &mut c, |c| c.got.len() >= want);
     }
@@ -349,25 +371,17 @@ fn jumbo(tag: &str, net: u8, mode: ModeReq) {
     );
     let sock = crate::sys::packet::open(&veth.b).unwrap_or_else(|e| panic!("{e}"));
     let mut c = Collect::all();
-    let mut b = vec![0u8; HDR_LEN as usize + 9014];
-    frame::write_template(
-        &mut b[HDR_LEN as usize..],
-        9014,
-        kernel_mac,
-        [2, 0, 0, 0, 0x13, 2],
-    );
-    for s in 0..100u64 {
-        frame::set_seq(&mut b[HDR_LEN as usize..], s);
-        let iov = [libc::iovec {
-            iov_base: b.as_mut_ptr().cast(),
-            iov_len: b.len(),
-        }];
-        let sent = sock.send_iovecs(&iov).unwrap_or_else(|e| panic!("{e}"));
-        assert!(sent.is_some(), "the kernel took frame {s}");
-        if s % 20 == 19 {
-            let want = usize::try_from(s + 1).unwrap_or(usize::MAX);
-            collect(&mut port, &mut c, |c| c.got.len() >= want);
-        }
+    for k in 0..5u64 {
+        let seqs = k * 20..(k + 1) * 20;
+        from_kernel(
+            &sock,
+            seqs,
+            9014,
+            (kernel_mac, [2, 0, 0, 0, 0x13, 2]),
+            false,
+        );
+        let want = usize::try_from((k + 1) * 20).unwrap_or(usize::MAX);
+        collect(&mut port, &mut c, |c| c.got.len() >= want);
     }
     let seqs: Vec<u64> = c
         .got
@@ -539,24 +553,8 @@ fn af_xdp_port_takes_every_queue_it_is_given() {
     // Frames from the kernel's end, on both of its transmit queues (the queue is picked per
     // sending CPU and socket hash); every one arrives, whichever queue it came in on.
     let sock = crate::sys::packet::open(&veth.b).unwrap_or_else(|e| panic!("{e}"));
-    let mut f = vec![0u8; HDR_LEN as usize + 64];
-    frame::write_template(
-        &mut f[HDR_LEN as usize..],
-        64,
-        [2, 0, 0, 0, 0, 9],
-        [2, 0, 0, 0, 0, 8],
-    );
-    for s in 0..200u64 {
-        frame::set_seq(&mut f[HDR_LEN as usize..], s);
-        let iov = [libc::iovec {
-            iov_base: f.as_mut_ptr().cast(),
-            iov_len: f.len(),
-        }];
-        assert!(sock
-            .send_iovecs(&iov)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .is_some());
-    }
+    let macs = ([2, 0, 0, 0, 0, 9], [2, 0, 0, 0, 0, 8]);
+    from_kernel(&sock, 0..200, 64, macs, false);
     let mut c = Collect::all();
     collect(&mut port, &mut c, |c| c.got.len() >= 200);
     // Nothing more comes (a frame of the kernel's would be one more).
@@ -768,28 +766,14 @@ fn af_xdp_port_counts_what_the_kernel_dropped_before_it() {
         open(&veth.a, ModeReq::Native),
     ));
     let sock = crate::sys::packet::open(&veth.b).unwrap_or_else(|e| panic!("{e}"));
-    let mut f = vec![0u8; HDR_LEN as usize + 64];
-    frame::write_template(
-        &mut f[HDR_LEN as usize..],
-        64,
-        [2, 0, 0, 0, 0, 9],
-        [2, 0, 0, 0, 0, 8],
-    );
     let sent = 1500u64;
-    for s in 0..sent {
-        frame::set_seq(&mut f[HDR_LEN as usize..], s);
-        let iov = [libc::iovec {
-            iov_base: f.as_mut_ptr().cast(),
-            iov_len: f.len(),
-        }];
-        while sock
-            .send_iovecs(&iov)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .is_none()
-        {
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
+    from_kernel(
+        &sock,
+        0..sent,
+        64,
+        ([2, 0, 0, 0, 0, 9], [2, 0, 0, 0, 0, 8]),
+        true,
+    );
     std::thread::sleep(Duration::from_millis(50));
     port.idle(Instant::now(), &mut crate::poll::plan::Settle::new());
     let dropped = get(&stats.kernel_drops);
