@@ -442,16 +442,8 @@ pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::
         zerocopy: zerocopy
             .parse()
             .map_err(|e| usage(format!("port {name}: {e}")))?,
-        rx_hash: match rx_hash.as_str() {
-            "auto" => None,
-            "true" | "on" => Some(true),
-            "false" | "off" => Some(false),
-            o => {
-                return Err(usage(format!(
-                    "port {name}: unknown rx_hash {o:?} (auto, true, false)"
-                )))
-            }
-        },
+        rx_hash: pvnet_dataplane::xdp::parse_rx_hash(rx_hash)
+            .map_err(|e| usage(format!("port {name}: {e}")))?,
     }))
 }
 

@@ -101,16 +101,31 @@ pub enum ZeroCopy {
     Off,
 }
 
+/// A setting that is `auto`, or forced `true` / `false` (`on` / `off`): None for auto; `key`
+/// names it in the error.
+fn auto_bool(key: &str, s: &str) -> Result<Option<bool>, String> {
+    match s {
+        "auto" => Ok(None),
+        "true" | "on" => Ok(Some(true)),
+        "false" | "off" => Ok(Some(false)),
+        o => Err(format!("unknown {key} {o:?} (auto, true, false)")),
+    }
+}
+
 impl std::str::FromStr for ZeroCopy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "true" | "on" => Ok(Self::On),
-            "false" | "off" => Ok(Self::Off),
-            o => Err(format!("unknown zerocopy {o:?} (auto, true, false)")),
-        }
+        Ok(match auto_bool("zerocopy", s)? {
+            None => Self::Auto,
+            Some(true) => Self::On,
+            Some(false) => Self::Off,
+        })
     }
+}
+
+/// An `rx_hash` setting ([`XdpConfig::rx_hash`]): `auto` (None), `true` or `false`.
+pub fn parse_rx_hash(s: &str) -> Result<Option<bool>, String> {
+    auto_bool("rx_hash", s)
 }
 
 /// What to open.
@@ -581,8 +596,9 @@ impl XdpDev {
 
 /// Loads the program and attaches it to `ifindex` in the mode `cfg` asks for: the form that
 /// reads the RX hash where it loads and attaches natively (`cfg.rx_hash`, or by default where
-/// the interface has hardware behind it, in a mode other than generic), else the plain one. Returns the program, its link, the mode, whether it takes
-/// multi-buffer frames, and whether it is the hash form.
+/// the interface has hardware behind it, in a mode other than generic), else the plain one.
+/// Returns the program, its link, the mode, whether it takes multi-buffer frames, and whether
+/// it is the hash form.
 fn attach(
     cfg: &XdpConfig,
     map: &XskMap,
