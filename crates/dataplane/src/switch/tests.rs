@@ -1142,11 +1142,14 @@ fn tap_to_frontend(c: &TapCase<'_>) {
     match expect {
         Direct::All => assert_eq!(in_place, rx, "{tag}: every packet read in place"),
         Direct::AllButFirst => {
-            // The first read of a burst is not in place; the kernel's own frames (an IPv6
-            // report, ...) can come as bursts of their own, each with its first read.
+            // The first read is not in place (a small read: the packet does not fit it, and
+            // the port reads large from then on). Nor is a frame of the kernel's own (an IPv6
+            // report, ...; flooded, not the lender's alone), and, when it falls among ours,
+            // the read after it: the small frame fitted a large read, so the port reads small
+            // again, and the next full-size packet does not fit.
             let own = (all - got.len()) as u64;
             assert!(
-                in_place + 1 + own >= rx,
+                in_place + 1 + 2 * own >= rx,
                 "{tag}: {in_place} of {rx} read in place ({own} of the kernel's own)"
             );
             assert!(get(&fe.stats.tx_batches) > 0);
