@@ -121,7 +121,7 @@ LATENCY_CFGS = {
     "qdisc=fifo,dql=true": "fifo + DQL",
     "qdisc=fq_codel,dql=false": "fq_codel",
     "qdisc=fq_codel,dql=true,dql_target_us=0": "fq_codel + DQL alone (Linux's, no pace cap)",
-    "qdisc=fq_codel,dql=true": "fq_codel + DQL capped by the receiver's pace (default)",
+    "qdisc=fq_codel,dql=true": "fq_codel + DQL capped by the receiver's pace, reserve on trial (default)",
     "qdisc=fq_codel,dql=true,dql_witness=false": "the same, the cap without its reserve (dql_witness=false)",
     "qdisc=none": "none (packets wait in their sender)",
     "floor": "no bulk sender: the request loop alone (the harness's floor)",

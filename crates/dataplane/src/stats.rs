@@ -133,6 +133,11 @@ pub struct PortStats {
     /// packets back for it (starved by the limit: each raises the limit's ceiling, see the
     /// egress module's `pace`).
     pub dql_idle: AtomicU64,
+    /// Trials of the reserve those starvations bring (with `dql_witness`): the receiver's
+    /// rate measured with it, then without it (the egress module's `pace`).
+    pub dql_trials: AtomicU64,
+    /// Trials whose reserve bought the receiver rate, and was kept.
+    pub dql_kept: AtomicU64,
     /// Tap: syscalls made to move packets (`read`, `writev`, `io_uring_enter`).
     pub syscalls: AtomicU64,
     /// Kernel port: packets the kernel wrote straight into a frontend's receive buffers
@@ -221,6 +226,10 @@ pub struct PortSnapshot {
     pub dql_limit: u64,
     /// See [`PortStats`].
     pub dql_idle: u64,
+    /// See [`PortStats`].
+    pub dql_trials: u64,
+    /// See [`PortStats`].
+    pub dql_kept: u64,
     /// See [`PortStats`].
     pub syscalls: u64,
     /// See [`PortStats`].
@@ -315,6 +324,8 @@ impl PortSnapshot {
             t.backlog += s.backlog;
             t.dql_limit = t.dql_limit.max(s.dql_limit);
             t.dql_idle += s.dql_idle;
+            t.dql_trials += s.dql_trials;
+            t.dql_kept += s.dql_kept;
             t.syscalls += s.syscalls;
             t.rx_direct += s.rx_direct;
             t.kernel_drops += s.kernel_drops;
@@ -364,6 +375,8 @@ impl PortStats {
             backlog: r(&self.backlog),
             dql_limit: r(&self.dql_limit),
             dql_idle: r(&self.dql_idle),
+            dql_trials: r(&self.dql_trials),
+            dql_kept: r(&self.dql_kept),
             syscalls: r(&self.syscalls),
             rx_direct: r(&self.rx_direct),
             kernel_drops: r(&self.kernel_drops),

@@ -100,11 +100,16 @@ pub(crate) fn drain(tx: &mut impl Sender, batch: usize, now: Instant) -> usize {
     };
     let backlog = u64::from(q.len());
     let (id, limit) = (tx.id(), tx.egress().and_then(|e| e.dql_limit()));
+    let (trials, kept) = tx.egress().map_or((0, 0), Egress::take_trials);
     let stats = tx.stats();
     count_queue(stats, &c, dequeues);
     stats.backlog.store(backlog, Relaxed);
     if let Some(l) = limit {
         stats.dql_limit.store(u64::from(l), Relaxed);
+    }
+    if trials > 0 {
+        bump(&stats.dql_trials, trials);
+        bump(&stats.dql_kept, kept);
     }
     let Some(e) = tx.egress() else {
         return sent;

@@ -107,9 +107,10 @@ pub struct EgressConfig {
     /// as Linux has it).
     pub dql_target: Duration,
     /// With the cap: a receiver seen asleep on an empty ring while the limit held packets back
-    /// raises it (a reserve on the target, [`pace`]); false (the default): the target alone.
-    /// Off by default: on the receivers measured it traded latency for rate (the TCG guest)
-    /// or cost latency for nothing (a receiver that sleeps on its own timer), docs/egress.md.
+    /// raises it (a reserve on the target, [`pace`]), on trial: the reserve is kept only if
+    /// the receiver's rate is higher with it than without it (a NAPI poll that runs dry and
+    /// waits for its interrupt), not for a receiver that sleeps on its own clock; false: the
+    /// target alone. On by default (docs/egress.md).
     pub dql_witness: bool,
 }
 
@@ -134,7 +135,7 @@ impl EgressConfig {
             dql: true,
             bulk: true,
             dql_target: pace::TARGET,
-            dql_witness: false,
+            dql_witness: true,
         }
     }
 }
@@ -304,6 +305,11 @@ impl Egress {
     /// The device-queue limit, if one is kept.
     pub(crate) fn dql_limit(&self) -> Option<u32> {
         self.dql.as_ref().map(Dql::limit)
+    }
+
+    /// The reserve's trials judged since the last call, and how many kept it.
+    pub(crate) fn take_trials(&mut self) -> (u64, u64) {
+        self.pace.as_mut().map_or((0, 0), Pace::take_trials)
     }
 
     /// A receive batch opens: the frontend has `avail` buffers posted beyond the ones pvnet

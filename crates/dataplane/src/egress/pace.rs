@@ -41,10 +41,21 @@
 //! whatever its rate: the ceiling rises by about that much), and each [`RESERVE_HOLD_NS`]
 //! without a witness takes a step back (AIAD on a time, so a receiver whose rate changes keeps
 //! the same slack in time). A receiver that polls, or one that is only late, is never witnessed
-//! and keeps the plain ceiling. One that sleeps on its own timer between batches is (a publish
-//! cannot tell that sleep from NAPI's wait for an interrupt) and loses nothing by it, so for
-//! it the reserve only lengthens the ring: the reserve is opt-in (`dql_witness`), measured in
-//! docs/egress.md.
+//! and keeps the plain ceiling. One that sleeps on its own timer between batches is: a publish
+//! cannot tell that sleep from NAPI's wait for an interrupt. What tells them apart is the rate
+//! each loses. NAPI asleep for want of buffers takes nothing meanwhile, so more buffers buy it
+//! rate; a receiver on its own clock catches up at its next tick, so they buy it nothing and
+//! only lengthen its ring. So reserve is taken on **trial**: the first step opens it, and the
+//! steps of the next [`PROBE_NS`] share it; then the reserve goes back to where it was for as
+//! long again, and the rates of the two halves (buffers given back per ns while packets waited,
+//! each half's first [`PROBE_SETTLE_NS`] left out, at least [`PROBE_BUFFERS`] each) decide:
+//! kept if the half with it was faster by [`PROBE_GAIN`], else left off. Either way no reserve
+//! is added for [`PROBE_BACKOFF_NS`], doubled after each trial in a row that bought nothing up
+//! to [`PROBE_BACKOFF_MAX_NS`]: a receiver that gains nothing has its ring lengthened, and a
+//! NAPI receiver that gains is starved again, for a half of about 20 ms every few seconds. A
+//! rate, not a count of witnesses, judges because witnesses fall with the reserve for both
+//! kinds (a longer ring is emptied less often whoever empties it). On by default
+//! (`dql_witness=false`: the target alone), measured in docs/egress.md.
 //!
 //! Linux leaves `limit_max` to the administrator; here it follows the receiver. DQL's own rules
 //! still run below it. It never goes under 64 buffers (what a Linux guest uses before it gives
@@ -67,6 +78,48 @@ pub(crate) const WINDOW_NS: u64 = 1_000_000;
 /// ratcheted the ceiling toward the ring: 7 witnesses a second against one step back.
 pub(crate) const RESERVE_HOLD_NS: u64 = 100_000_000;
 
+/// How long each half of a trial lasts at least (the reserve with it, then without it), and
+/// the part of it left unmeasured while the ring settles to the other limit.
+pub(crate) const PROBE_NS: u64 = 20 * WINDOW_NS;
+const PROBE_SETTLE_NS: u64 = 5 * WINDOW_NS;
+
+/// The least buffers each half measures: 64 NAPI polls, so that a receiver as slow as a guest
+/// under TCG (tens of thousands of packets a second) is measured over about 100 ms, long
+/// enough for the witnesses of the first half to climb and for its rate to be told within a
+/// few percent.
+const PROBE_BUFFERS: u64 = 4096;
+
+/// The least gain in rate, while packets wait, that keeps the reserve taken on trial (5%).
+const PROBE_GAIN: f64 = 1.05;
+
+/// How long witnesses add no reserve after a trial: at first, and always after one whose
+/// reserve was kept. A trial that bought nothing (the receiver sleeps on a clock of its own
+/// and catches up after: more buffers only lengthen its ring) doubles it for the next, up to
+/// [`PROBE_BACKOFF_MAX_NS`].
+pub(crate) const PROBE_BACKOFF_NS: u64 = 1_000_000_000;
+
+/// The longest back-off: a receiver that gains nothing has its ring lengthened for at most
+/// about a two-hundredth of the time.
+pub(crate) const PROBE_BACKOFF_MAX_NS: u64 = 8_000_000_000;
+
+/// Reserve on trial: its rate with the reserve, then without it; kept only if the first is
+/// higher by [`PROBE_GAIN`].
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// The first half (with the reserve) is running.
+    with: bool,
+    /// When the half began.
+    at: u64,
+    /// The reserve before the trial, in ns.
+    from_ns: f64,
+    /// The reserve at the end of the first half, and the rate measured with it.
+    with_ns: f64,
+    with_rate: f64,
+    /// Buffers given back and the time, while packets waited, over the half's windows.
+    done: u64,
+    span: u64,
+}
+
 /// A receiver's measured pace.
 #[derive(Debug, Clone)]
 pub(crate) struct Pace {
@@ -81,8 +134,18 @@ pub(crate) struct Pace {
     burst: f64,
     /// Time added to the target by witnessed idles, in ns.
     reserve_ns: f64,
-    /// When the reserve last changed (a witness, or a step back).
+    /// When the reserve last changed, or a witness found it short.
     reserve_at: u64,
+    /// The step on trial, if one is.
+    probe: Option<Probe>,
+    /// Witnesses add no reserve before this (ns): the last trial bought no rate.
+    quiet_until: u64,
+    /// The back-off after the next trial that buys nothing, in ns.
+    backoff_ns: u64,
+    /// Trials judged, and those whose reserve was kept, since the last
+    /// [`take_trials`](Self::take_trials).
+    trials: u64,
+    kept: u64,
 }
 
 impl Pace {
@@ -97,7 +160,20 @@ impl Pace {
             burst: 0.0,
             reserve_ns: 0.0,
             reserve_at: 0,
+            probe: None,
+            quiet_until: 0,
+            backoff_ns: PROBE_BACKOFF_NS,
+            trials: 0,
+            kept: 0,
         }
+    }
+
+    /// Trials judged since the last call, and how many kept their reserve.
+    pub(crate) fn take_trials(&mut self) -> (u64, u64) {
+        (
+            std::mem::take(&mut self.trials),
+            std::mem::take(&mut self.kept),
+        )
     }
 
     /// The ring started over (the receiver may be another): nothing measured is kept.
@@ -107,18 +183,96 @@ impl Pace {
         self.rate = None;
         self.burst = 0.0;
         self.reserve_ns = 0.0;
+        self.probe = None;
+        self.quiet_until = 0;
+        self.backoff_ns = PROBE_BACKOFF_NS;
     }
 
     /// The receiver was witnessed asleep, having consumed everything, while the limit held
     /// packets back for it (at `now`, ns): one step of reserve more, the ceiling kept within
-    /// `most` buffers (its ring). Nothing before the rate is measured (no ceiling yet).
+    /// `most` buffers (its ring). The first step opens a trial ([`judge`](Self::judge)), whose
+    /// first half the steps taken during it share. None in its second half, nor for the
+    /// back-off after it, nor before the rate is measured (no ceiling yet); the reserve it has
+    /// is kept from stepping back either way.
     pub(crate) fn idle(&mut self, now: u64, most: u32) {
         let Some(r) = self.rate.filter(|&r| r > 0.0) else {
             return;
         };
-        let room = (f64::from(most) - self.burst) / r - self.target_ns;
-        self.reserve_ns = (self.reserve_ns + self.step(r)).min(room).max(0.0);
         self.reserve_at = now;
+        if now < self.quiet_until || self.probe.is_some_and(|p| !p.with) {
+            return;
+        }
+        let room = (f64::from(most) - self.burst) / r - self.target_ns;
+        let before = self.reserve_ns;
+        self.reserve_ns = (before + self.step(r)).min(room).max(0.0);
+        if self.probe.is_none() && self.reserve_ns > before {
+            self.probe = Some(Probe {
+                with: true,
+                at: now,
+                from_ns: before,
+                with_ns: 0.0,
+                with_rate: 0.0,
+                done: 0,
+                span: 0,
+            });
+        }
+    }
+
+    /// A window of `span` ns closed at `now` with `done` buffers given back, packets waiting
+    /// all along: a trial measures it. A half ends once it has run [`PROBE_NS`] and measured
+    /// [`PROBE_BUFFERS`] (windows that close in its first [`PROBE_SETTLE_NS`] are not its).
+    /// After the first, the reserve goes back to where it was; after the second, it is
+    /// restored if the rate with it was higher by [`PROBE_GAIN`] (the receiver had been
+    /// losing time asleep for want of buffers: a NAPI poll that ran dry waits for its
+    /// interrupt), and left off if not, with a longer back-off.
+    #[allow(clippy::cast_precision_loss)]
+    fn judge(&mut self, now: u64, done: u64, span: u64) {
+        let Some(p) = self.probe.as_mut() else {
+            return;
+        };
+        let run = now.saturating_sub(p.at);
+        if run >= PROBE_SETTLE_NS {
+            p.done += done;
+            p.span += span;
+        }
+        if run < PROBE_NS || p.done < PROBE_BUFFERS {
+            return;
+        }
+        let rate = p.done as f64 / p.span.max(1) as f64;
+        if p.with {
+            *p = Probe {
+                with: false,
+                at: now,
+                with_ns: self.reserve_ns,
+                with_rate: rate,
+                done: 0,
+                span: 0,
+                ..*p
+            };
+            self.reserve_ns = self.reserve_ns.min(p.from_ns);
+            self.reserve_at = now;
+            return;
+        }
+        let p = *p;
+        self.probe = None;
+        self.reserve_at = now;
+        self.quiet_until = now + self.backoff_ns;
+        self.trials += 1;
+        let kept = p.with_rate >= rate * PROBE_GAIN;
+        tracing::debug!(
+            with_ns = p.with_ns,
+            with_rate = p.with_rate,
+            without_rate = rate,
+            kept,
+            "egress: the receiver's rate with the reserve against without it"
+        );
+        if kept {
+            self.kept += 1;
+            self.reserve_ns = p.with_ns;
+            self.backoff_ns = PROBE_BACKOFF_NS;
+        } else {
+            self.backoff_ns = (2 * self.backoff_ns).min(PROBE_BACKOFF_MAX_NS);
+        }
     }
 
     /// A reserve step: the time the receiver takes for an eighth of its burst (at least one
@@ -142,6 +296,7 @@ impl Pace {
                 self.reserve_ns = (self.reserve_ns - self.step(r)).max(0.0);
             }
             self.reserve_at = now;
+            self.probe = None;
         }
         if !waiting {
             // The receiver kept up: what it gives back now is what it was offered.
@@ -159,6 +314,7 @@ impl Pace {
                 if span >= WINDOW_NS {
                     let sample = self.done as f64 / span as f64;
                     self.rate = Some(self.rate.map_or(sample, |r| r + (sample - r) / 4.0));
+                    self.judge(now, self.done, span);
                     self.since = Some(now);
                     self.done = 0;
                 }
@@ -233,11 +389,30 @@ mod tests {
 
     /// 64 buffers every 32 us (2 Mpps) for `n` looks from `t0`: the last ceiling.
     fn paced(p: &mut Pace, t0: u64, n: u64) -> u32 {
+        paced_every(p, t0, n, 32)
+    }
+
+    /// 64 buffers every `every` us for `n` looks from `t0`: the last ceiling.
+    fn paced_every(p: &mut Pace, t0: u64, n: u64, every: u64) -> u32 {
         let mut c = None;
         for i in 0..n {
-            c = p.completed(64, t0 + i * 32 * US, true);
+            c = p.completed(64, t0 + i * every * US, true);
         }
         c.unwrap()
+    }
+
+    /// A witness at `t` opens a trial: the receiver takes 64 buffers every `with` us while
+    /// it has the reserve, then every `without` us without it. Returns the reserve in the
+    /// second half and the time the trial ended.
+    fn trial(p: &mut Pace, t: u64, with: u64, without: u64) -> (f64, u64) {
+        p.idle(t, 256);
+        let n = (PROBE_NS + 2 * WINDOW_NS) / (with * US);
+        paced_every(p, t, n, with);
+        let t = t + n * with * US;
+        let during = p.reserve_ns();
+        let n = (PROBE_NS + 2 * WINDOW_NS) / (without * US);
+        paced_every(p, t, n, without);
+        (during, t + n * without * US)
     }
 
     #[test]
@@ -253,7 +428,9 @@ mod tests {
         );
         let after = p.ceiling().unwrap();
         assert!((7..=9).contains(&(after - before)), "{before} -> {after}");
-        // Never past the ring, however many witnesses.
+        // Each witness of the trial's first half adds a step; never past the ring.
+        p.idle(32_000 * US, 256);
+        assert!(p.ceiling().unwrap() > after + 6);
         for _ in 0..100 {
             p.idle(32_000 * US, 256);
         }
@@ -261,27 +438,72 @@ mod tests {
     }
 
     #[test]
+    fn reserve_that_buys_the_receiver_rate_is_kept() {
+        // Found asleep at 2 Mpps; with the reserve it takes 64 every 28 us (2.29 Mpps),
+        // without it 64 every 32 us again: kept.
+        let mut p = Pace::new(TARGET);
+        let plain = paced(&mut p, 0, 1000);
+        let (during, t) = trial(&mut p, 32_000 * US, 28, 32);
+        assert!(during == 0.0, "the second half runs without it: {during}");
+        assert!(p.reserve_ns() > 3_000.0, "{}", p.reserve_ns());
+        assert!(p.ceiling().unwrap() > plain + 6);
+        // The next trial waits a back-off: a witness adds nothing till then.
+        let kept = p.reserve_ns();
+        p.idle(t + PROBE_BACKOFF_NS / 2, 256);
+        assert!((p.reserve_ns() - kept).abs() < 1.0);
+        p.idle(t + PROBE_BACKOFF_NS, 256);
+        assert!(p.reserve_ns() > kept, "{}", p.reserve_ns());
+    }
+
+    #[test]
+    fn reserve_that_buys_no_rate_is_taken_back_and_tried_ever_more_rarely() {
+        // A receiver on its own clock (2 Mpps whatever its ring): found asleep, given reserve,
+        // takes no more with it.
+        let mut p = Pace::new(TARGET);
+        let plain = paced(&mut p, 0, 1000);
+        let (_, t) = trial(&mut p, 32_000 * US, 32, 32);
+        assert!(p.reserve_ns() == 0.0, "{}", p.reserve_ns());
+        assert_eq!(p.ceiling().unwrap(), plain);
+        // Witnessed again and again within the back-off: nothing.
+        for k in 0..19 {
+            p.idle(t + k * 50_000 * US, 256);
+            assert!(p.reserve_ns() == 0.0);
+        }
+        // After it, another trial, as fruitless: then twice the back-off, up to the longest.
+        let mut t = t + PROBE_BACKOFF_NS;
+        let mut backoff = PROBE_BACKOFF_NS;
+        for _ in 0..5 {
+            let (during, end) = trial(&mut p, t, 32, 32);
+            assert!(during == 0.0 && p.reserve_ns() == 0.0);
+            backoff = (2 * backoff).min(PROBE_BACKOFF_MAX_NS);
+            p.idle(end + backoff - 5 * WINDOW_NS, 256);
+            assert!(p.reserve_ns() == 0.0, "still backing off");
+            t = end + backoff;
+        }
+        assert_eq!(backoff, PROBE_BACKOFF_MAX_NS);
+    }
+
+    #[test]
     fn the_reserve_steps_back_once_per_quiet_hold_and_never_below_zero() {
         let mut p = Pace::new(TARGET);
-        let t = 1000 * 32 * US;
         paced(&mut p, 0, 1000);
-        for _ in 0..3 {
-            p.idle(t, 256);
-        }
+        // Three witnesses in a trial that pays: three steps kept.
+        let t = 32_000 * US;
+        p.idle(t, 256);
+        p.idle(t, 256);
+        let (_, t) = trial(&mut p, t, 28, 32);
         let three = p.reserve_ns();
-        assert!((three - 12_000.0).abs() < 300.0, "{three}");
-        // Under a hold quiet: kept.
-        paced(&mut p, t, 3_000);
+        assert!(three > 9_000.0, "{three}");
+        // Under a hold quiet (from the trial's end, within the last windows): kept.
+        paced_every(&mut p, t, (RESERVE_HOLD_NS - 5 * WINDOW_NS) / (28 * US), 28);
         assert!((p.reserve_ns() - three).abs() < 1.0, "{}", p.reserve_ns());
         // Past it: one step back.
-        paced(&mut p, t + 3_000 * 32 * US, 200);
-        assert!(
-            (p.reserve_ns() - 8_000.0).abs() < 300.0,
-            "{}",
-            p.reserve_ns()
-        );
-        // Three holds more: gone, not negative.
-        paced(&mut p, t + 4_000 * 32 * US, 10_000);
+        let t = t + RESERVE_HOLD_NS;
+        paced_every(&mut p, t, 100, 28);
+        let two = p.reserve_ns();
+        assert!(two < three - 2_000.0 && two > 0.0, "{three} -> {two}");
+        // Holds more: gone, not negative.
+        paced_every(&mut p, t + 100 * 28 * US, 50_000, 28);
         assert!(p.reserve_ns() == 0.0, "{}", p.reserve_ns());
         // Before a rate is measured a witness changes nothing.
         let mut q = Pace::new(TARGET);

@@ -630,6 +630,8 @@ struct Napi {
     slept_waiting: u32,
     /// The port's limit at the end.
     limit: u64,
+    /// Trials of the reserve, and those that kept it.
+    trials: (u64, u64),
     /// Idles witnessed during the warm-up and after it.
     idle: (u64, u64),
     /// A request-response flow beside the bulk one (one request out at a time, from a third
@@ -645,58 +647,24 @@ struct Napi {
 /// it, and wakes `irq` steps after that (the interrupt's cost: long under TCG). A third
 /// port sends the receiver a request whenever the last one arrived (a sparse flow).
 fn napi_run(egress: EgressConfig, steps: u32, per_step: usize, irq: u32) -> Napi {
-    const WARM: u32 = 2000;
-    let mut f = switch();
-    let (mut a, pa) = fe(0, MODERN);
-    let (mut b, pb) = MockFe::with_event_idx(1, MODERN, 256, egress);
-    let (mut c, pc) = fe(2, MODERN);
-    let mut ports = vec![pa, pb, pc];
-    let (mut request, mut rtt) = (None, Vec::new());
-    let t0 = Instant::now();
-    b.send(&VnetHdr::default(), &frame(mac(1), mac(2), 0, 60));
-    f.round(&mut ports, t0);
-    let _ = (a.received(), b.completed());
-    let (mut sent, mut got, mut taken) = (0u64, 0u64, 0u64);
     // Asleep: None while polling; Some(None) until pvnet publishes; Some(Some(t)) awake at t.
     let mut asleep: Option<Option<u32>> = None;
-    let (mut done, mut unposted, mut slept_waiting, mut idle_warm) = (0usize, 0u16, 0, 0);
-    for i in 0..steps {
-        let now = t0 + Duration::from_micros(10) * i;
-        sent += bulk_step(&mut a, sent - got);
-        c.completed();
-        if request.is_none() {
-            c.send(&VnetHdr::default(), &frame(mac(2), mac(3), 200, 60));
-            request = Some(i);
-        }
-        f.round(&mut ports, now);
-        if i == WARM {
-            idle_warm = get(&b.stats.dql_idle);
-        }
-        let waiting = get(&b.stats.backlog) > 0;
+    let (mut done, mut unposted) = (0usize, 0u16);
+    receiver_run(egress, steps, |i, b| {
         asleep = match asleep {
             Some(None) if b.rx_ready() > 0 => Some(Some(i + irq)),
             Some(Some(t)) if i >= t => None,
             s => s,
         };
         if asleep.is_some() {
-            slept_waiting += u32::from(waiting && i >= WARM);
-            continue;
+            return None;
         }
-        let mut cap = per_step;
+        let (mut cap, mut took) = (per_step, Vec::new());
         while cap > 0 {
             let r = b.receive(cap.min(64 - done));
-            if r.iter().any(|(_, fr)| fr[14] == 200) {
-                if i >= WARM {
-                    rtt.push(i - request.unwrap_or(i));
-                }
-                request = None;
-            }
             let n = r.len();
+            took.extend(r);
             (cap, done, unposted) = (cap - n, done + n, unposted + u16::try_from(n).unwrap());
-            got += n as u64;
-            if i >= WARM {
-                taken += n as u64;
-            }
             let budget_used = done == 64;
             if !budget_used && cap > 0 {
                 // Dry before the budget: refill, complete, re-arm (and re-check).
@@ -715,15 +683,95 @@ fn napi_run(egress: EgressConfig, steps: u32, per_step: usize, irq: u32) -> Napi
                 done = 0;
             }
         }
+        Some(took)
+    })
+}
+
+/// [`paced_run`]'s bulk sender (6 Mpps) to a receiver on its own clock, as pvnet's paced
+/// receiver: owed `per_step` packets a 10 us step, it wakes every `period` steps (every
+/// `late`-th time `period` late), takes what it is owed, gives the buffers back, arms its
+/// notifications (it is asleep on everything it took) and sleeps till its next tick, whatever
+/// pvnet publishes. The same request flow as [`napi_run`].
+fn clocked_run(egress: EgressConfig, steps: u32, per_step: u64, period: u32, late: u32) -> Napi {
+    let (mut owed, mut next, mut ticks) = (0u64, 0u32, 0u32);
+    receiver_run(egress, steps, |i, b| {
+        owed += per_step;
+        if i < next {
+            return None;
+        }
+        ticks += 1;
+        next = i + if ticks % late == 0 {
+            2 * period
+        } else {
+            period
+        };
+        let took = b.receive(usize::try_from(owed).unwrap());
+        owed -= took.len() as u64;
+        b.post(u16::try_from(took.len()).unwrap());
+        let _ = b.arm_rx();
+        Some(took)
+    })
+}
+
+/// [`paced_run`]'s bulk sender (6 Mpps) and a request flow (a third port sends the receiver a
+/// request whenever the last one arrived) to a receiver with an event index behind `egress`
+/// that, at step `i`, takes what `rx(i, ..)` returns (None: it sleeps).
+fn receiver_run(
+    egress: EgressConfig,
+    steps: u32,
+    mut rx: impl FnMut(u32, &mut MockFe) -> Option<Vec<(VnetHdr, Vec<u8>)>>,
+) -> Napi {
+    // The first quarter warms up (the limit learned, a trial of reserve run).
+    let warm = steps / 4;
+    let mut f = switch();
+    let (mut a, pa) = fe(0, MODERN);
+    let (mut b, pb) = MockFe::with_event_idx(1, MODERN, 256, egress);
+    let (mut c, pc) = fe(2, MODERN);
+    let mut ports = vec![pa, pb, pc];
+    let (mut request, mut rtt) = (None, Vec::new());
+    let t0 = Instant::now();
+    b.send(&VnetHdr::default(), &frame(mac(1), mac(2), 0, 60));
+    f.round(&mut ports, t0);
+    let _ = (a.received(), b.completed());
+    let (mut sent, mut got, mut taken) = (0u64, 0u64, 0u64);
+    let (mut slept_waiting, mut idle_warm) = (0, 0);
+    for i in 0..steps {
+        let now = t0 + Duration::from_micros(10) * i;
+        sent += bulk_step(&mut a, sent - got);
+        c.completed();
+        if request.is_none() {
+            c.send(&VnetHdr::default(), &frame(mac(2), mac(3), 200, 60));
+            request = Some(i);
+        }
+        f.round(&mut ports, now);
+        if i == warm {
+            idle_warm = get(&b.stats.dql_idle);
+        }
+        let waiting = get(&b.stats.backlog) > 0;
+        let Some(took) = rx(i, &mut b) else {
+            slept_waiting += u32::from(waiting && i >= warm);
+            continue;
+        };
+        if took.iter().any(|(_, fr)| fr[14] == 200) {
+            if i >= warm {
+                rtt.push(i - request.unwrap_or(i));
+            }
+            request = None;
+        }
+        got += took.len() as u64;
+        if i >= warm {
+            taken += took.len() as u64;
+        }
     }
     rtt.sort_unstable();
     let pct = |p: usize| rtt[(rtt.len() - 1) * p / 100];
     #[allow(clippy::cast_precision_loss)]
     Napi {
         rtt: (pct(50), pct(99)),
-        rate: taken as f64 / f64::from(steps - WARM),
+        rate: taken as f64 / f64::from(steps - warm),
         slept_waiting,
         limit: get(&b.stats.dql_limit),
+        trials: (get(&b.stats.dql_trials), get(&b.stats.dql_kept)),
         idle: (idle_warm, get(&b.stats.dql_idle) - idle_warm),
     }
 }
@@ -735,11 +783,13 @@ fn a_napi_receiver_that_runs_dry_gets_a_reserve_not_the_ring() {
     // ring dry before pvnet has refilled it, and the receiver sleeps through its interrupt.
     let mut blind = EgressConfig::switch_default();
     blind.dql_target = Duration::from_micros(2);
+    blind.dql_witness = false;
     let mut short = blind;
     short.dql_witness = true;
-    let fifo = napi_run(queued(Qdisc::Fifo, 1024, false, true), 8000, 12, 5);
-    let plain = napi_run(blind, 8000, 12, 5);
-    let seen = napi_run(short, 8000, 12, 5);
+    // 240 ms: the reserve's trial (with it, then without it) runs in the first 60.
+    let fifo = napi_run(queued(Qdisc::Fifo, 1024, false, true), 24_000, 12, 5);
+    let plain = napi_run(blind, 24_000, 12, 5);
+    let seen = napi_run(short, 24_000, 12, 5);
     eprintln!("fifo {fifo:?}\nblind {plain:?}\nwitness {seen:?}");
     assert!(fifo.rate > 11.9, "fifo keeps it busy: {fifo:?}");
     assert!(
@@ -755,6 +805,7 @@ fn a_napi_receiver_that_runs_dry_gets_a_reserve_not_the_ring() {
         "the witness keeps its rate: {seen:?}"
     );
     assert!(seen.idle.1 <= 2, "starved in the warm-up only: {seen:?}");
+    assert_eq!(seen.trials, (1, 1), "one trial, its reserve kept: {seen:?}");
     assert!(
         (65..=128).contains(&seen.limit),
         "well below the ring: {seen:?}"
@@ -765,6 +816,38 @@ fn a_napi_receiver_that_runs_dry_gets_a_reserve_not_the_ring() {
         "p99 {} against FIFO's {}",
         seen.rtt.1,
         fifo.rtt.1
+    );
+}
+
+#[test]
+fn a_receiver_on_its_own_clock_is_witnessed_but_keeps_the_plain_ceiling() {
+    // 2 Mpps in wakes of 60 every 30 us, every eighth wake 30 us late: then it takes all it
+    // is owed (more than the ring holds of it), arms and sleeps on its clock. Found asleep
+    // with packets held back, it is witnessed; a reserve step buys it no rate (it catches up
+    // at its next tick), so with the witness on the ceiling stays where the target alone puts
+    // it, and so does the request's wait.
+    let mut blind = EgressConfig::switch_default();
+    blind.dql_witness = false;
+    let plain = clocked_run(blind, 12_000, 20, 3, 8);
+    let probed = clocked_run(EgressConfig::switch_default(), 12_000, 20, 3, 8);
+    eprintln!("plain {plain:?}\nwitness {probed:?}");
+    assert!(plain.idle.1 > 100, "it is witnessed: {plain:?}");
+    assert!(probed.idle.1 > 100, "it is witnessed: {probed:?}");
+    assert_eq!(probed.trials, (1, 0), "a trial, its reserve not kept");
+    assert_eq!(plain.trials, (0, 0));
+    assert!((probed.rate - 20.0).abs() < 0.2, "{probed:?}");
+    assert!((plain.rate - 20.0).abs() < 0.2, "{plain:?}");
+    assert!(
+        probed.limit <= plain.limit + 4,
+        "no reserve kept: {} against {}",
+        probed.limit,
+        plain.limit
+    );
+    assert!(
+        f64::from(probed.rtt.1) <= 1.25 * f64::from(plain.rtt.1),
+        "p99 {} against {}",
+        probed.rtt.1,
+        plain.rtt.1
     );
 }
 

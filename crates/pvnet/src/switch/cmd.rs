@@ -30,7 +30,7 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       queue_pairs=N (1 to 64) offers N pairs (VIRTIO_NET_F_MQ): every pair the frontend
       enables is serviced, and each flow sent to it goes to one receive ring, by its hash
       (QEMU: -netdev vhost-user,queues=N and virtio-net-pci,mq=on; DPDK: queues=N).
-      [,qdisc=fq_codel|fifo|none][,dql=true][,dql_target_us=25][,dql_witness=false]
+      [,qdisc=fq_codel|fifo|none][,dql=true][,dql_target_us=25][,dql_witness=true]
       [,bulk=true][,limit=1024]:
       packets that find the frontend's receive ring full wait in this port's egress queue
       (copied; the sender goes on): fq_codel (flow queues, CoDel: target 5 ms, interval
@@ -39,9 +39,11 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       frontend (dynamic queue limits, learned from the buffers it gives back), and at most
       the frontend's burst plus what it takes in dql_target_us at its measured pace
       (0: no such cap); each time the frontend is found asleep on an empty ring while
-      the limit held packets back it is counted (dql_idle), and with dql_witness=true the
-      cap grows a little for it (a slow guest whose NAPI runs dry: more rate, more
-      latency; docs/egress.md); qdisc=none: no queue, a packet waits in its sender up to
+      the limit held packets back it is counted (dql_idle), and the cap grows a little
+      for it, on trial: kept only if the frontend takes more with it than without it (a
+      guest whose NAPI runs dry and waits for its interrupt), not for one that sleeps on
+      its own clock (dql_trials, dql_kept; dql_witness=false: the target alone;
+      docs/egress.md); qdisc=none: no queue, a packet waits in its sender up to
       2 ms, then is dropped (no_buffer). Drops: queue_limit, aqm.
       [,policy=coalesce:500]: this port's transmit rings are polled by their own policy
       (--policy's values; default: the switch's --policy), e.g. coalesce for a bulk

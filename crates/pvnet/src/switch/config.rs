@@ -58,8 +58,9 @@ pub(crate) enum PortConfig {
         #[serde(default = "dql_target_us")]
         dql_target_us: u32,
         /// With the cap: a frontend found asleep on an empty ring while the limit held
-        /// packets back raises the cap (default false: the target alone).
-        #[serde(default)]
+        /// packets back raises the cap, on trial: kept only if it buys the frontend rate
+        /// (default true; false: the target alone).
+        #[serde(default = "yes")]
         dql_witness: bool,
         /// Drain the egress queue in bulk (false: one packet per dequeue).
         #[serde(default = "yes")]
@@ -957,7 +958,7 @@ mod tests {
                 qdisc: "fq_codel".into(),
                 dql: true,
                 dql_target_us: 25,
-                dql_witness: false,
+                dql_witness: true,
                 bulk: true,
                 limit: 1024,
                 policy: None,
@@ -1013,9 +1014,9 @@ mod tests {
             "DQL without the cap"
         );
         assert!(e("vhost-user:name=a,socket=/s,dql_target_us=2000000").is_err());
-        assert!(!d.dql_witness, "the target alone by default");
+        assert!(d.dql_witness, "reserve on trial by default");
         assert!(
-            e("vhost-user:name=a,socket=/s,dql_witness=true")
+            !e("vhost-user:name=a,socket=/s,dql_witness=false")
                 .unwrap()
                 .dql_witness
         );

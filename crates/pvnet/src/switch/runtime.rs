@@ -130,6 +130,7 @@ fn egress_text(e: &EgressConfig) -> String {
         match (e.dql, e.dql_target.as_micros()) {
             (false, _) => String::new(),
             (true, 0) => "+dql".into(),
+            (true, us) if e.dql_witness => format!("+dql (target {us} us, reserve on trial)"),
             (true, us) => format!("+dql (target {us} us)"),
         },
         if e.bulk || e.queue.is_none() {
