@@ -605,13 +605,6 @@ fn attach(
     ifindex: u32,
 ) -> io::Result<(Prog, Link, Mode, bool, bool)> {
     let name = cfg.ifname.as_str();
-    // Multi-buffer where the kernel has it (5.18): frames past one UMEM frame arrive as
-    // several descriptors. A kernel without it refuses the flag (EINVAL): one frame each.
-    let (prog, frags) = match Prog::load(map, true) {
-        Ok(p) => (p, true),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (Prog::load(map, false)?, false),
-        Err(e) => return Err(e),
-    };
     let want_hash = cfg.rx_hash.unwrap_or_else(|| {
         let hw = crate::sys::tap::has_hardware(name);
         if !hw {
@@ -623,8 +616,8 @@ fn attach(
         hw
     });
     if want_hash && cfg.mode != ModeReq::Generic {
-        match Prog::load_hash(map, frags, ifindex) {
-            Ok(p) => match Link::attach(&p, ifindex, name, XDP_FLAGS_DRV_MODE) {
+        match with_frags(|frags| Prog::load_hash(map, frags, ifindex)) {
+            Ok((p, frags)) => match Link::attach(&p, ifindex, name, XDP_FLAGS_DRV_MODE) {
                 Ok(l) => return Ok((p, l, Mode::Native, frags, true)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(e),
                 // No native XDP: the plain program decides below.
@@ -633,6 +626,7 @@ fn attach(
             Err(e) => tracing::info!(ifname = name, "no XDP RX hash ({e}): pvnet hashes flows"),
         }
     }
+    let (prog, frags) = with_frags(|frags| Prog::load(map, frags))?;
     let (link, mode) = match cfg.mode {
         ModeReq::Native => (
             Link::attach(&prog, ifindex, name, XDP_FLAGS_DRV_MODE)?,
@@ -655,4 +649,15 @@ fn attach(
         },
     };
     Ok((prog, link, mode, frags, false))
+}
+
+/// Loads a program with multi-buffer (`BPF_F_XDP_HAS_FRAGS`) where the kernel has it (5.18):
+/// frames past one UMEM frame then arrive as several descriptors. A kernel without it refuses
+/// the flag (EINVAL): loaded without, one frame each. Returns whether it has it.
+fn with_frags(load: impl Fn(bool) -> io::Result<Prog>) -> io::Result<(Prog, bool)> {
+    match load(true) {
+        Ok(p) => Ok((p, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((load(false)?, false)),
+        Err(e) => Err(e),
+    }
 }
