@@ -239,7 +239,6 @@ fn af_packet_port_writes_to_a_veth_and_reads_its_answer() {
 #[test]
 fn af_packet_port_follows_its_interfaces_mtu() {
     use super::kernel::{HostDev, HostIo};
-    use crate::sys::tap::tests::ip;
     let (veth, _) = Veth::new("mt", 37);
     let sock = crate::sys::packet::open(&veth.0).unwrap_or_else(|e| panic!("{e}"));
     let mut port = AnyPort::Kernel(KernelPort::new(
@@ -249,17 +248,24 @@ fn af_packet_port_follows_its_interfaces_mtu() {
         HostIo::Uring,
         true,
     ));
+    follows_mtu(&mut port, &veth.0, 1500, 4000);
+}
+
+/// Sets `ifname`'s MTU from `before` to `after` under a running `port`: the port takes the new
+/// one from its transmit hook a second after its last read, not half a second after.
+pub(crate) fn follows_mtu(port: &mut AnyPort, ifname: &str, before: u16, after: u16) {
+    use crate::sys::tap::tests::ip;
     let t0 = Instant::now();
     assert!(port.tx_begin(t0, 1));
     port.tx_commit();
-    assert_eq!(port.mtu(), Some(1500));
-    ip(&["link", "set", &veth.0, "mtu", "4000"]);
+    assert_eq!(port.mtu(), Some(before));
+    ip(&["link", "set", ifname, "mtu", &after.to_string()]);
     assert!(port.tx_begin(t0 + Duration::from_millis(500), 1));
     port.tx_commit();
-    assert_eq!(port.mtu(), Some(1500), "read at most once a second");
+    assert_eq!(port.mtu(), Some(before), "read at most once a second");
     assert!(port.tx_begin(t0 + Duration::from_secs(2), 1));
     port.tx_commit();
-    assert_eq!(port.mtu(), Some(4000));
+    assert_eq!(port.mtu(), Some(after));
 }
 
 /// A packet staged in memory the switch reuses before the commit (`Port::staged`) leaves

@@ -621,7 +621,7 @@ fn the_pace_cap_keeps_a_bursty_late_receiver_from_taking_the_whole_ring() {
     assert!((rate(&seen_linux) - 32.0).abs() < 0.5);
 }
 
-/// What a [`napi_run`] measured after its warm-up.
+/// What a [`receiver_run`] measured after its warm-up.
 #[derive(Debug)]
 struct Napi {
     /// Packets the receiver took per step.

@@ -743,14 +743,7 @@ fn af_xdp_port_follows_its_interfaces_mtu() {
     let (veth, _) = Veth::new("m", 48);
     let dev = open(&veth.a, ModeReq::Native);
     let mut port = AnyPort::AfXdp(AfXdpPort::new(9, Arc::default(), dev));
-    let t0 = Instant::now();
-    assert!(port.tx_begin(t0, 1));
-    port.tx_commit();
-    assert_eq!(port.mtu(), Some(1500));
-    ip(&["link", "set", &veth.a, "mtu", "9000"]);
-    assert!(port.tx_begin(t0 + Duration::from_secs(2), 1));
-    port.tx_commit();
-    assert_eq!(port.mtu(), Some(9000));
+    crate::port::tests::follows_mtu(&mut port, &veth.a, 1500, 9000);
 }
 
 /// More frames than the port has receive frames, sent while it does not read: the kernel

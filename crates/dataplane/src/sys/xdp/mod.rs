@@ -474,7 +474,6 @@ pub struct XdpDev {
     pub queues: Vec<Xsk>,
     name: String,
     mode: Mode,
-    mtu: u32,
     hash: bool,
 }
 
@@ -500,7 +499,6 @@ impl XdpDev {
             ));
         }
         crate::sys::tap::set_link_up(name, None)?;
-        let mtu = crate::sys::tap::link_mtu(name)?;
         let map = XskMap::new(cfg.queues)?;
         let (prog, link, mode, frags, hash) = attach(cfg, &map, ifindex)?;
         if mode == Mode::Generic && cfg.zerocopy == ZeroCopy::On {
@@ -538,7 +536,6 @@ impl XdpDev {
             queues,
             name: name.to_string(),
             mode,
-            mtu,
             hash,
         })
     }
@@ -557,11 +554,6 @@ impl XdpDev {
     /// The XDP mode in use.
     pub fn mode(&self) -> Mode {
         self.mode
-    }
-
-    /// The interface's MTU when it was opened.
-    pub fn mtu(&self) -> u32 {
-        self.mtu
     }
 
     /// Whether the sockets run zero-copy.
