@@ -24,13 +24,18 @@
 # receiver, which answers requests (`--role echo`, the rest dropped as before): requests
 # cross b's congested egress, answers go back through r's uncongested one. p50/p99 of the
 # round trip per configuration of b's egress: fifo and fq_codel, each with and without DQL,
-# and no queue (qdisc=none: packets wait in their sender). The pseudo-configuration `floor`
+# and no queue (qdisc=none: packets wait in their sender). Each request's one-way delay, from
+# the client's send to the receiver's take (both read CLOCK_MONOTONIC), is the receiver's
+# figure: what b's egress, b's ring and the receiver's pace make a request wait, without the
+# answer's way back (the client's wake-up on its CPU, which no egress touches). The client
+# runs on RR_CPU (0: with the receiver and the sender). The pseudo-configuration `floor`
 # (in LCFGS_ONLY) runs the request loop with the bulk sender off, b's egress at its default:
 # the harness's own round trip (three frontends sharing CPU0, the receiver's pace), under
 # which no egress can bring a request.
 #
 # Usage: scripts/bench_egress_paced.sh   Env: PARTS="bulk latency" ROUNDS=3 DUR=4
-#        SEND_PPS=2200000 RECV_PPS=2000000 RECV_BURST=64 RECV_RING=256
+#        SEND_PPS=2200000 RECV_PPS=2000000 RECV_BURST=64 RECV_RING=256 RR_CPU=0
+#        RR_POLICY= (the client's --policy; its default, adaptive, when empty)
 #        DOC=docs/egress.md (DOC= to skip)
 #        LCFGS_ONLY="qdisc=fifo,dql=false qdisc=fq_codel,dql=true" (latency: only these
 #        configurations of b's egress; include qdisc=fifo,dql=false, the table's base)
@@ -38,9 +43,10 @@
 source "$(dirname "$0")/lib/common.sh"
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-4}"; SEND_PPS="${SEND_PPS:-2200000}"; RECV_PPS="${RECV_PPS:-2000000}"
 RECV_BURST="${RECV_BURST:-64}"; RECV_RING="${RECV_RING:-256}"; WARM=2; PARTS="${PARTS:-bulk latency}"
+RR_CPU="${RR_CPU:-0}"; RR_POLICY="${RR_POLICY:-}"
 DOC="${DOC-$PVNET_ROOT/docs/egress.md}"; QUIET_PCT="${QUIET_PCT:-15}"; QUIET_WAIT="${QUIET_WAIT:-60}"
 [ "$RECV_PPS" -lt "$SEND_PPS" ] || die "RECV_PPS ($RECV_PPS) must be below SEND_PPS ($SEND_PPS): no backlog otherwise"
-CMD="ROUNDS=$ROUNDS DUR=$DUR SEND_PPS=$SEND_PPS RECV_PPS=$RECV_PPS RECV_BURST=$RECV_BURST RECV_RING=$RECV_RING scripts/bench_egress_paced.sh"
+CMD="ROUNDS=$ROUNDS DUR=$DUR SEND_PPS=$SEND_PPS RECV_PPS=$RECV_PPS RECV_BURST=$RECV_BURST RECV_RING=$RECV_RING RR_CPU=$RR_CPU${RR_POLICY:+ RR_POLICY=$RR_POLICY} scripts/bench_egress_paced.sh"
 build_pvnet
 B="$WORK/egress-paced"; rm -rf "$B"; mkdir -p "$B"
 cp "$PVNET_BIN" "$B/pvnet"; PVNET_BIN="$B/pvnet"
@@ -84,7 +90,7 @@ start_runs() {
   sleep "$WARM"
   RR=
   if [ -n "${3:-}" ]; then
-    timeout -k 5 60 "$PVNET_BIN" frontend --socket "$B/r.sock" --role rr --flows 1 --cpu 0 --secs "$DUR" \
+    timeout -k 5 60 "$PVNET_BIN" frontend --socket "$B/r.sock" --role rr --flows 1 --cpu "$RR_CPU" ${RR_POLICY:+--policy "$RR_POLICY"} --secs "$DUR" \
       > "$B/$tag.rr.json" 2> "$B/$tag.rr.log" &
     RR=$!; PIDS+=("$RR")
   fi
@@ -109,7 +115,7 @@ run_lat() {   # run_lat CFG ROUND
   "$PVNET_BIN" ctl --ctl-socket "$B/ctl.sock" --json > "$B/$tag.c1.json" || die "ctl failed ($B/$tag.sw.log)"
   stop_runs "$tag"
   c2c="$c2c/$(c2c_ns)"
-  python3 "$PYLIB/bench_egress_paced.py" latency "$cfg" "$round" "$c2c" "$B/$tag.c0.json" "$B/$tag.c1.json" "$B/$tag.rr.json" \
+  python3 "$PYLIB/bench_egress_paced.py" latency "$cfg" "$round" "$c2c" "$B/$tag.c0.json" "$B/$tag.c1.json" "$B/$tag.rr.json" "$B/$tag.rx.json" \
     | tee -a "$LAT"
 }
 

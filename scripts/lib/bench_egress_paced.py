@@ -3,8 +3,8 @@
 
     bench_egress_paced.py bulk CFG ROUND C2C CTL0 CTL1
         a bulk run's RESULT line from the two `pvnet ctl --json` snapshots at the window's ends
-    bench_egress_paced.py latency CFG ROUND C2C CTL0 CTL1 RR_JSON
-        a latency run's RESULT line, with the rr frontend's final report
+    bench_egress_paced.py latency CFG ROUND C2C CTL0 CTL1 RR_JSON RX_JSON
+        a latency run's RESULT line, with the rr client's and the receiver's final reports
     bench_egress_paced.py summary bulk|latency RESULTS OUT SEND_PPS RECV_PPS
         the part's table, written to OUT and printed
 """
@@ -21,17 +21,19 @@ def _load(path):
         return json.load(f)
 
 
-def latency_result(cfg, rnd, c2c, a, b, rr):
-    """A: the ctl snapshot at the window's start, B: at its end, RR: the rr client's final."""
+def latency_result(cfg, rnd, c2c, a, b, rr, rx):
+    """A: the ctl snapshot at the window's start, B: at its end, RR: the rr client's final,
+    RX: the receiver's (each request's one-way delay, from the client's send to its take)."""
     dt = b["uptime_secs"] - a["uptime_secs"]
     # b's delivered packets: the bulk sender's and the requests (a few thousand a second).
     mpps = (counters(b, "b")["tx_packets"] - counters(a, "b")["tx_packets"]) / dt / 1e6
     return (
         "RESULT cfg=%s round=%s c2c_ns=%s rr_p50_us=%.1f rr_p99_us=%.1f rr_p999_us=%.1f rr_per_sec=%.0f transactions=%d"
-        " lost=%d strays=%d bulk_mpps=%.3f dql_limit=%d dql_idle=%d"
+        " lost=%d strays=%d bulk_mpps=%.3f dql_limit=%d dql_idle=%d req_p50_us=%.1f req_p99_us=%.1f req_p999_us=%.1f"
     ) % (
         cfg, rnd, c2c, rr["p50_us"], rr["p99_us"], rr.get("p999_us", float("nan")), rr["rr_per_sec"], rr["transactions"],
         rr["lost"], rr["strays"], mpps, counters(b, "b")["dql_limit"], counters(b, "b").get("dql_idle", 0),
+        rx["request_p50_us"], rx["request_p99_us"], rx["request_p999_us"],
     )  # fmt: skip
 
 
@@ -137,20 +139,29 @@ def latency_summary(rows, send, recv):
         " one request in flight; medians of %d runs each."
         % (c2c[0], c2c[-1], send, recv, len(rows.rows) // len({r["cfg"] for r in rows.rows})),
         "",
-        ("| egress of b | RR p50 us | RR p99 us | RR p99.9 us | RR p99 vs fifo | transactions/s | requests lost"
-        " | delivered to b, Mpps | vs fifo | DQL limit (buffers) |"),
-        "|---|---|---|---|---|---|---|---|---|---|",
+        ("| egress of b | request one-way p50 / p99 / p99.9 us | one-way p99 vs fifo | RR p50 us | RR p99 us"
+        " | RR p99.9 us | RR p99 vs fifo | transactions/s | requests lost | delivered to b, Mpps | vs fifo"
+        " | DQL limit (buffers) |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def p999(c):  # results from before the p99.9 was recorded have none
-        v = [r for r in rows.rows if r["cfg"] == c and "rr_p999_us" in r]
-        return "%.0f" % med(c, "rr_p999_us") if v else "-"
+    def has(c, k):  # results from before a field was recorded have none
+        return all(k in r for r in rows.rows if r["cfg"] == c)
+
+    def p999(c):
+        return "%.0f" % med(c, "rr_p999_us") if has(c, "rr_p999_us") else "-"
+
+    def oneway(c):
+        if not has(c, "req_p99_us"):
+            return "-", "-"
+        ratio = "%.3fx" % (med(c, "req_p99_us") / med(base, "req_p99_us")) if has(base, "req_p99_us") else "-"
+        return "%.0f / %.0f / %.0f" % (med(c, "req_p50_us"), med(c, "req_p99_us"), med(c, "req_p999_us")), ratio
 
     for c, name in LATENCY_CFGS.items():
         if not any(r["cfg"] == c for r in rows.rows):
             continue
-        out.append("| %s | %.0f | %.0f | %s | %.3fx | %.0f | %d | %.3f | %.3fx | %s |" % (
-            name, med(c, "rr_p50_us"), med(c, "rr_p99_us"), p999(c), med(c, "rr_p99_us") / med(base, "rr_p99_us"),
+        out.append("| %s | %s | %s | %.0f | %.0f | %s | %.3fx | %.0f | %d | %.3f | %.3fx | %s |" % (
+            name, *oneway(c), med(c, "rr_p50_us"), med(c, "rr_p99_us"), p999(c), med(c, "rr_p99_us") / med(base, "rr_p99_us"),
             med(c, "rr_per_sec"), sum(int(r["lost"]) for r in rows.rows if r["cfg"] == c), med(c, "bulk_mpps"),
             med(c, "bulk_mpps") / med(base, "bulk_mpps"), "%.0f" % med(c, "dql_limit") if "dql=true" in c else "-",
         ))  # fmt: skip
@@ -162,10 +173,11 @@ def main(argv):
     if cmd == "bulk":
         print(bulk_result(a[0], a[1], a[2], _load(a[3]), _load(a[4])))
     elif cmd == "latency":
-        rr = final(a[5])
-        if rr is None:
-            sys.exit("no final line in %s" % a[5])
-        print(latency_result(a[0], a[1], a[2], _load(a[3]), _load(a[4]), rr))
+        rr, rx = final(a[5]), final(a[6])
+        for path, v in ((a[5], rr), (a[6], rx)):
+            if v is None:
+                sys.exit("no final line in %s" % path)
+        print(latency_result(a[0], a[1], a[2], _load(a[3]), _load(a[4]), rr, rx))
     elif cmd == "summary":
         part, res, out_path, send, recv = a
         with open(res) as f:

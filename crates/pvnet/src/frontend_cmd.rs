@@ -44,7 +44,8 @@ pub enum FrontRole {
     Drop,
     /// As drop (paced by --rate too), and answer every request of `--role rr` (addresses
     /// swapped): the far end of a request/response flow through a switch, sharing its
-    /// egress with whatever else is sent to it.
+    /// egress with whatever else is sent to it. Reports each request's one-way delay, from
+    /// the rr client's send to this take (`request_p50_us`, `request_p99_us`, ...).
     Echo,
 }
 
@@ -652,11 +653,39 @@ impl Pace {
     }
 }
 
+/// CLOCK_MONOTONIC in ns: one clock for every process of the machine, so that a request's
+/// send time, stamped by the rr client, is read against it by the echo that takes it.
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// A latency histogram in ns, 1 ns to 60 s, 3 significant digits.
+fn latency_histogram() -> Result<Histogram<u64>> {
+    Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+        .map_err(|e| failed(format!("histogram: {e}")))
+}
+
+/// ns as us, for reports.
+#[allow(clippy::cast_precision_loss)]
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
 /// What drop and echo do with each frame they take.
 struct Taker {
     mode: RxMode,
     /// Keep requests (`--role echo`).
     echo: bool,
+    /// Echoing: each request's one-way delay, from the rr client's send to this take (the
+    /// egress queue, the ring and this receiver's pace; not the answer's way back), for the
+    /// requests whose round trip the client records.
+    oneway: Histogram<u64>,
     body: Vec<u8>,
     /// Requests waiting for their answer: the frames back to back, and each one's length.
     asks: Vec<u8>,
@@ -694,6 +723,12 @@ impl Taker {
                 .and_then(|s| s.read_array::<{ frame::MIN_FRAME }>(0));
             if head.as_ref().and_then(|h| frame::kind(h)) == Some(frame::KIND_REQUEST) {
                 let n = f.read(0, &mut self.body).min(2048 - 12);
+                match rr_answer(&self.body[..n]) {
+                    Some((_, sent)) if self.body[RR_RECORD] == 1 => {
+                        let _ = self.oneway.record(mono_ns().saturating_sub(sent).max(1));
+                    }
+                    _ => {}
+                }
                 self.asks.extend_from_slice(&self.body[..n]);
                 self.ask_lens.push(n);
             }
@@ -721,6 +756,7 @@ fn drop_all(
         asks: Vec::new(),
         ask_lens: Vec::new(),
         sum: 0,
+        oneway: latency_histogram()?,
     };
     let mut scratch = vec![0u8; 2048];
     let mut answered = 0u64;
@@ -790,6 +826,10 @@ fn drop_all(
         "cpu_ns_per_frame": if pkts > 0 { ns as f64 / pkts as f64 } else { 0.0 },
         "busy_ns_per_frame": if pkts > 0 { busy.as_nanos() as f64 / pkts as f64 } else { 0.0 },
         "sum": taker.sum,
+        "requests": taker.oneway.len(),
+        "request_p50_us": us(taker.oneway.value_at_quantile(0.50)),
+        "request_p99_us": us(taker.oneway.value_at_quantile(0.99)),
+        "request_p999_us": us(taker.oneway.value_at_quantile(0.999)),
     }))
 }
 
@@ -818,10 +858,14 @@ fn answer(
     Ok(n as u64)
 }
 
-/// Bytes an RR frame needs: the bench header, then flow id (u32) and send time (u64 ns).
+/// Bytes an RR frame needs: the bench header, then flow id (u32), send time (u64 ns of
+/// [`mono_ns`]) and whether it is recorded (u8).
 const RR_MIN: usize = 64;
 const RR_FLOW: usize = 30;
 const RR_TS: usize = 34;
+/// 1 when the client records the request's round trip (past its warm-up): the echo times
+/// the same requests one way.
+const RR_RECORD: usize = 42;
 /// A request not answered within this is lost (ns).
 const RR_TIMEOUT_NS: u64 = 20_000_000;
 
@@ -839,7 +883,7 @@ fn rr_answer(body: &[u8]) -> Option<(u32, u64)> {
     Some((u32::from_le_bytes(fl), u64::from_le_bytes(w)))
 }
 
-/// A request unanswered for [`RR_TIMEOUT_NS`] by `t` (ns since the start) was lost (a
+/// A request unanswered for [`RR_TIMEOUT_NS`] by `t` ([`mono_ns`]) was lost (a
 /// switch's queue dropped it, or its answer): its flow starts again. Returns how many.
 fn expire(in_flight: &mut [Option<u64>], pending: &mut Vec<u32>, t: u64) -> u64 {
     let mut lost = 0;
@@ -861,8 +905,7 @@ fn rr(
     mut p: Poller,
 ) -> Result<serde_json::Value> {
     let (mut scratch, tpl) = template(frame_len, RR_SRC, TX_DST);
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
-        .map_err(|e| failed(format!("histogram: {e}")))?;
+    let mut hist = latency_histogram()?;
     let t0 = Instant::now();
     let dur = Duration::from_secs_f64(a.traffic.secs);
     // Warm-up: the first 10% of the run is not recorded.
@@ -886,9 +929,9 @@ fn rr(
                 frame::set_seq(buf, seq + k as u64);
                 frame::set_kind(buf, frame::KIND_REQUEST);
                 buf[RR_FLOW..RR_FLOW + 4].copy_from_slice(&pending[k].to_le_bytes());
-                #[allow(clippy::cast_possible_truncation)] // ns since start of a bounded run
-                let ts = t0.elapsed().as_nanos() as u64;
+                let ts = mono_ns();
                 buf[RR_TS..RR_TS + 8].copy_from_slice(&ts.to_le_bytes());
+                buf[RR_RECORD] = u8::from(now >= record_from);
                 if let Some(t) = in_flight.get_mut(pending[k] as usize) {
                     *t = Some(ts);
                 }
@@ -918,9 +961,9 @@ fn rr(
                     return;
                 }
             }
-            #[allow(clippy::cast_possible_truncation)]
-            let lat = (t0.elapsed().as_nanos() as u64).saturating_sub(ts);
-            if Instant::now() >= record_from {
+            let lat = mono_ns().saturating_sub(ts);
+            // Recorded as it was marked when sent (the echo times the same requests).
+            if body[RR_RECORD] == 1 {
                 let _ = hist.record(lat.max(1));
                 recorded += 1;
             }
@@ -930,16 +973,14 @@ fn rr(
         if got > 0 {
             p.on_work(now);
         } else if pending.len() < usize::from(a.flows) {
-            #[allow(clippy::cast_possible_truncation)]
-            let t = now.duration_since(t0).as_nanos() as u64;
-            lost += expire(&mut in_flight, &mut pending, t);
+            lost += expire(&mut in_flight, &mut pending, mono_ns());
             idle(c, &mut p, Ring::Rx, now)?;
         }
     }
     let measured = dur.as_secs_f64() * 0.9;
-    let q = |x: f64| hist.value_at_quantile(x) as f64 / 1000.0;
+    let q = |x: f64| us(hist.value_at_quantile(x));
     Ok(json!({
-        "flows": a.flows, "transactions": done, "strays": strays, "lost": lost, "rr_per_sec": recorded as f64 / measured,
+        "flows": a.flows, "transactions": done, "recorded": recorded, "strays": strays, "lost": lost, "rr_per_sec": recorded as f64 / measured,
         "p50_us": q(0.50), "p99_us": q(0.99), "p999_us": q(0.999), "mean_us": hist.mean() / 1000.0,
     }))
 }

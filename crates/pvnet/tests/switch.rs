@@ -609,6 +609,18 @@ fn requests_cross_the_switch_to_an_echo_frontend_and_come_back() {
     assert_eq!((u(&rr, "/strays"), u(&rr, "/lost")), (0, 0), "{rr}");
     // The echo answered each request it took, and only those (the announcement was its own).
     assert_eq!(u(&e, "/answered"), n, "{e}\n{rr}");
+    // It timed one way the requests whose round trip the client recorded (past its warm-up),
+    // on the client's clock: more than the microsecond a crossing takes at least, less than
+    // the slow round trips (a wrong clock is off by the machine's uptime, or reads 0).
+    let recorded = u(&rr, "/recorded");
+    assert!(recorded > n / 2, "{rr}");
+    assert_eq!(u(&e, "/requests"), recorded, "{e}\n{rr}");
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let (one, rtt) = (f(&e, "request_p50_us"), f(&rr, "p99_us"));
+    assert!(
+        (1.0..=rtt).contains(&one),
+        "one-way p50 {one} us, round trip p99 {rtt} us\n{e}"
+    );
     let (ca, cb) = (sw.counters("a"), sw.counters("b"));
     assert_eq!(u(&cb, "/tx_packets"), n, "requests to b: {cb}");
     assert_eq!(u(&ca, "/tx_packets"), n, "answers to a: {ca}");
