@@ -87,7 +87,7 @@ def result(text, cfg, rnd, c2c, tests, extra):
     ok = all(("BENCH_RC %s 0" % n) in g.lines for n in tests)
     out = []
     for n in tests:
-        if n.startswith("tcp"):
+        if n.startswith(("tcp", "flood")):
             out.append("%s_gbit=%.3f" % (n, g.gbit(n)))
         elif n.startswith("udp"):
             out.append("%s_pps=%.0f" % (n, g.pps(n)))
@@ -111,6 +111,7 @@ LABEL = {
     "rrudp_tps": "answers/s under the UDP flood",
     "rrudp_bulk_gbit": "the UDP flood's Gbit/s at the guest",
     "rrudp_lost_pct": "requests lost under the UDP flood, %",
+    "flood_gbit": "the same UDP flood alone (no requests), Gbit/s at the guest",
     "vm_dql_limit": "the guest port's DQL limit at the end, buffers (0: no DQL)",
     "vm_dql_idle": "publishes that found the guest asleep on an empty ring while the limit held packets back",
     "tcp_g2h_gbit": "TCP guest->host Gbit/s",

@@ -17,6 +17,8 @@
 #                       guest (UDP: no window holds the flood back, so a backlog stands at the
 #                       guest's egress): RTT p50/p99, the share of requests lost, the flood's
 #                       Gbit/s at the guest (rrudp_bulk_gbit)
+#   flood               the same UDP flood alone, no requests: Gbit/s at the guest (what the
+#                       guest's egress costs the flood when no request competes for the guest)
 # With FLOWS="1 10 100" every test also runs with N concurrent flows (test name suffix _xN):
 # iperf3 -P N (the [SUM] line), and N sockperf ping-pong clients at once against one server
 # (transactions/s summed; p50/p99 the median over the clients). 100 clients need
@@ -120,8 +122,9 @@ for f in $FLOWS; do
       udp_h2g) echo "t $n iperf3 -c $NET.1 -t $DUR -u -l 22 -b 0 -R $P" ;;
       rrload) echo "rrl $n" ;;
       rrudp) echo "rru $n" ;;
+      flood) echo "t $n iperf3 -c $NET.1 -t $DUR -f m -u -b 1G -R $P" ;;
       rr) if [ "$f" = 1 ]; then echo "t $n sockperf pp -i $NET.1 -p 11111 -t $DUR -m 64 --full-rtt"; else echo "rrn $n $f"; fi ;;
-      *) die "unknown test $t (tcp_g2h tcp_h2g udp_g2h udp_h2g rr rrload rrudp)" ;;
+      *) die "unknown test $t (tcp_g2h tcp_h2g udp_g2h udp_h2g rr rrload rrudp flood)" ;;
     esac
   done
 done >> "$B/run.sh"
