@@ -72,6 +72,18 @@ pub(crate) enum Backpressure {
 /// limit under that could wait for a completion that never comes.
 pub(crate) const DQL_MIN_BUFFERS: u32 = 64;
 
+/// Fewest buffers the ceiling from the receiver's pace ([`pace`]) lets the limit have: a NAPI
+/// budget and a half. A Linux guest overloaded by a flood (its application reads less than
+/// reaches it) needs its ring to stay fuller than one poll takes, or NAPI runs dry at each
+/// poll, re-arms, and its receive work takes the CPU in interrupt context ahead of the
+/// application (receive livelock): measured with the TCG guest flooded alone, a ceiling of 64
+/// left its application 0.45-0.58x of the flood, 96 and 128 gave it 0.97-1.00x
+/// (docs/egress.md, the flood alone). Below two of the paced receiver's bursts of 64 (128),
+/// a request that fq_codel puts first after a hand-back is still within the receiver's next
+/// take, so the paced receiver's request latency is that of 64 (one-way p99 0.19x FIFO's;
+/// 0.22x at 128).
+pub(crate) const CEILING_MIN_BUFFERS: u32 = 96;
+
 /// The device queue limit's floor for a port that moves `batch` packets per round: two
 /// batches (one the frontend is taking while pvnet writes the next; below that the limit
 /// cuts the batches themselves and bulk dequeue is lost: `docs/egress.md`, the device queue
@@ -345,8 +357,9 @@ impl Egress {
                     .and_then(|p| p.completed(fresh, t, waiting))
                 {
                     // Under the two-batch floor only for a receiver whose pace calls for less
-                    // (no batch of pvnet's outruns it), and never under a NAPI poll's need.
-                    let max = max.max(DQL_MIN_BUFFERS);
+                    // (no batch of pvnet's outruns it), and never under what keeps a NAPI
+                    // receiver polling.
+                    let max = max.max(CEILING_MIN_BUFFERS);
                     d.set_bounds(self.floor.min(max), max);
                 }
                 d.completed(fresh, t);

@@ -59,10 +59,12 @@
 //! (`dql_witness=false`: the target alone), measured in docs/egress.md.
 //!
 //! Linux leaves `limit_max` to the administrator; here it follows the receiver. DQL's own rules
-//! still run below it. It never goes under 64 buffers (what a Linux guest uses before it gives
-//! any back), and under the limit's floor of two batches only for a receiver whose pace calls
-//! for less: one that slow cannot be outrun by any batch of pvnet's, which is what the floor
-//! is for. Until a window has been measured there is no ceiling (DQL as Linux has it).
+//! still run below it. It never goes under 96 buffers (`CEILING_MIN_BUFFERS`: a NAPI budget
+//! and a half, so that a guest's NAPI that takes a budget finds more at its repoll and stays in
+//! polling mode; under 64 a Linux guest gives none back at all), and under the limit's floor
+//! of two batches only for a receiver whose pace calls for less: one that slow cannot be
+//! outrun by any batch of pvnet's, which is what the floor is for. Until a window has been
+//! measured there is no ceiling (DQL as Linux has it).
 
 use std::time::Duration;
 
