@@ -639,6 +639,27 @@ struct Napi {
     rtt: (u32, u32),
 }
 
+impl Napi {
+    /// Asserts that this run's request p99 is at most `share` of `base`'s.
+    fn assert_p99_within(&self, share: f64, base: &Napi) {
+        assert!(
+            f64::from(self.rtt.1) <= share * f64::from(base.rtt.1),
+            "p99 {} against {}",
+            self.rtt.1,
+            base.rtt.1
+        );
+    }
+}
+
+/// The switch's egress with a target too short for a receiver that sleeps (2 us), the
+/// witness on or off.
+fn short_target(witness: bool) -> EgressConfig {
+    let mut e = EgressConfig::switch_default();
+    e.dql_target = Duration::from_micros(2);
+    e.dql_witness = witness;
+    e
+}
+
 /// [`paced_run`]'s bulk sender (6 Mpps) to a receiver that behaves as a Linux guest's NAPI:
 /// it takes up to `per_step` packets a 10 us step, in polls of at most `budget` (a Linux
 /// guest's: 64), giving its buffers back at the end of a poll when more than half a budget
@@ -784,15 +805,10 @@ fn a_napi_receiver_that_runs_dry_gets_a_reserve_not_the_ring() {
     // while it polls; a target too short for a receiver that sleeps (2 us): the limit sits
     // at the ceiling's minimum (96), under one poll, so every poll finds the ring dry before
     // pvnet has refilled it, and the receiver sleeps through its interrupt.
-    let mut blind = EgressConfig::switch_default();
-    blind.dql_target = Duration::from_micros(2);
-    blind.dql_witness = false;
-    let mut short = blind;
-    short.dql_witness = true;
     // 240 ms: the reserve's trial (with it, then without it) runs in the first 60.
     let fifo = napi_run(queued(Qdisc::Fifo, 1024, false, true), 24_000, 24, 5, 128);
-    let plain = napi_run(blind, 24_000, 24, 5, 128);
-    let seen = napi_run(short, 24_000, 24, 5, 128);
+    let plain = napi_run(short_target(false), 24_000, 24, 5, 128);
+    let seen = napi_run(short_target(true), 24_000, 24, 5, 128);
     eprintln!("fifo {fifo:?}\nblind {plain:?}\nwitness {seen:?}");
     assert!(fifo.rate > 23.9, "fifo keeps it busy: {fifo:?}");
     assert!(
@@ -814,12 +830,7 @@ fn a_napi_receiver_that_runs_dry_gets_a_reserve_not_the_ring() {
         "well below the ring: {seen:?}"
     );
     // And a request waits behind that limit, not behind FIFO's queue and a full ring.
-    assert!(
-        f64::from(seen.rtt.1) <= 0.2 * f64::from(fifo.rtt.1),
-        "p99 {} against FIFO's {}",
-        seen.rtt.1,
-        fifo.rtt.1
-    );
+    seen.assert_p99_within(0.2, &fifo);
 }
 
 #[test]
@@ -827,11 +838,8 @@ fn a_guests_napi_is_kept_polling_by_the_ceilings_minimum() {
     // A Linux guest's NAPI (budget 64) with a target too short for it (2 us) and no
     // witness: the ceiling's minimum (a budget and a half) alone keeps its repoll fed, so it
     // never runs dry, takes FIFO's rate, and a request waits behind 96 buffers at most.
-    let mut blind = EgressConfig::switch_default();
-    blind.dql_target = Duration::from_micros(2);
-    blind.dql_witness = false;
     let fifo = napi_run(queued(Qdisc::Fifo, 1024, false, true), 24_000, 12, 5, 64);
-    let r = napi_run(blind, 24_000, 12, 5, 64);
+    let r = napi_run(short_target(false), 24_000, 12, 5, 64);
     eprintln!("fifo {fifo:?}\nblind {r:?}");
     assert!(r.rate >= 0.99 * fifo.rate, "{r:?} against {fifo:?}");
     assert_eq!((r.slept_waiting, r.idle.1), (0, 0), "{r:?}");
@@ -840,12 +848,7 @@ fn a_guests_napi_is_kept_polling_by_the_ceilings_minimum() {
         u64::from(crate::egress::CEILING_MIN_BUFFERS),
         "{r:?}"
     );
-    assert!(
-        f64::from(r.rtt.1) <= 0.2 * f64::from(fifo.rtt.1),
-        "p99 {} against FIFO's {}",
-        r.rtt.1,
-        fifo.rtt.1
-    );
+    r.assert_p99_within(0.2, &fifo);
 }
 
 #[test]
@@ -872,12 +875,7 @@ fn a_receiver_on_its_own_clock_is_witnessed_but_keeps_the_plain_ceiling() {
         probed.limit,
         plain.limit
     );
-    assert!(
-        f64::from(probed.rtt.1) <= 1.25 * f64::from(plain.rtt.1),
-        "p99 {} against {}",
-        probed.rtt.1,
-        plain.rtt.1
-    );
+    probed.assert_p99_within(1.25, &plain);
 }
 
 #[test]
