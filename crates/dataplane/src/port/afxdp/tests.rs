@@ -736,6 +736,21 @@ fn af_xdp_native_mode_carries_the_drivers_rx_hash_per_flow() {
     }
 }
 
+/// A port closed and at once opened again on the same queue, as removing and re-adding it at
+/// runtime or restarting the switch does: the kernel lets go of a closed socket's queue a
+/// moment after the close (from a work queue), and the new socket waits for that rather than
+/// failing to bind with `EBUSY`.
+#[test]
+fn af_xdp_port_opens_a_queue_just_closed() {
+    let (veth, _) = Veth::new("o", 50);
+    for _ in 0..40 {
+        for mode in [ModeReq::Native, ModeReq::Generic] {
+            drop(open(&veth.a, mode));
+        }
+    }
+    assert!(no_program(&veth.a));
+}
+
 /// The interface's MTU changed under a running port: the port's follows within a second, so
 /// the switch checks frames against the new one.
 #[test]

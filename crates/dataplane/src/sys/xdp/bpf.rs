@@ -36,7 +36,8 @@
 //! attachment: the link belongs to the fd, so the program leaves the interface when the port
 //! closes it, and also when pvnet dies. A link refuses an interface that already has a
 //! program in that mode (`EBUSY`) or in the other one (`EEXIST`): pvnet leaves another
-//! program alone and says so.
+//! program alone and says so (after a short wait: a link a port closed a moment ago can still
+//! be held by a process being started, see `while_busy`).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -337,18 +338,20 @@ impl Link {
         } else {
             "generic"
         };
-        bpf(BPF_LINK_CREATE, &mut a)
-            .map(|fd| Self { _fd: owned(fd) })
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::EBUSY | libc::EEXIST) => io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!(
-                        "{ifname} already has an XDP program attached: pvnet leaves it alone \
+        super::while_busy(&[libc::EBUSY, libc::EEXIST], || {
+            bpf(BPF_LINK_CREATE, &mut a)
+        })
+        .map(|fd| Self { _fd: owned(fd) })
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY | libc::EEXIST) => io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{ifname} already has an XDP program attached: pvnet leaves it alone \
                          (detach it first, e.g. `ip link set dev {ifname} xdp off`)"
-                    ),
                 ),
-                _ => missing(e, &format!("attaching XDP to {ifname} ({mode} mode)")),
-            })
+            ),
+            _ => missing(e, &format!("attaching XDP to {ifname} ({mode} mode)")),
+        })
     }
 }
 

@@ -38,6 +38,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
+use std::time::{Duration, Instant};
 
 /// Bytes of one UMEM frame (a chunk): one page.
 pub const FRAME: u32 = 4096;
@@ -47,6 +48,30 @@ pub const RX_FRAMES: u32 = 1024;
 pub const TX_FRAMES: u32 = 1024;
 /// Entries of each ring (fill, receive, transmit, completion).
 const RING: u32 = 1024;
+/// How long pvnet waits for the kernel to let go of what a closed port held before it calls
+/// the queue or the interface taken (see [`while_busy`]); it takes milliseconds.
+const RELEASE_WAIT: Duration = Duration::from_secs(1);
+
+/// `f`, again every 2 ms while it fails with one of `busy` (errno values), for at most
+/// [`RELEASE_WAIT`]. What a port closed a moment ago held can still look taken: the kernel
+/// lets go of a closed AF_XDP socket's queue from a work queue after the close returns, and a
+/// process another thread is starting holds a copy of every descriptor (the XDP link's too)
+/// until it execs. A port removed and added again, or a switch restarted, waits for that; what
+/// another live socket or program holds is still refused, after the wait.
+pub(super) fn while_busy<T>(busy: &[i32], mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let deadline = Instant::now() + RELEASE_WAIT;
+    loop {
+        match f() {
+            Err(e)
+                if e.raw_os_error().is_some_and(|c| busy.contains(&c))
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            r => return r,
+        }
+    }
+}
 
 /// Which XDP mode to run in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,13 +406,23 @@ impl Xsk {
             sxdp_shared_umem_fd: 0,
         };
         let len = libc::socklen_t::try_from(size_of::<libc::sockaddr_xdp>()).unwrap_or(0);
-        // SAFETY: `sa` is a valid `sockaddr_xdp` of `len` bytes for the call.
-        let r = unsafe { libc::bind(s, std::ptr::from_ref(&sa).cast(), len) };
-        if r < 0 {
-            return Err(err(
-                io::Error::last_os_error(),
-                &format!("bind to queue {queue}"),
-            ));
+        // A bind that finds the queue taken (`EBUSY`) fails before it changes anything, so
+        // binding again is sound.
+        let bound = while_busy(&[libc::EBUSY], || {
+            // SAFETY: `sa` is a valid `sockaddr_xdp` of `len` bytes for the call.
+            let r = unsafe { libc::bind(s, std::ptr::from_ref(&sa).cast(), len) };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+        if let Err(e) = bound {
+            let hint = if e.raw_os_error() == Some(libc::EBUSY) {
+                " (another AF_XDP socket holds this queue)"
+            } else {
+                ""
+            };
+            return Err(err(e, &format!("bind to queue {queue}{hint}")));
         }
         let mut o = libc::xdp_options { flags: 0 };
         getopt(s, libc::XDP_OPTIONS, &mut o, "XDP_OPTIONS")?;
