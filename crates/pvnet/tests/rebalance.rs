@@ -10,10 +10,12 @@ use std::time::Duration;
 /// Two workers, two frontends sending as fast as they can on ports a and c, both placed on
 /// worker 0 (by hand), worker 1 idle: once worker 0 has been saturated for 3 s, the balancer
 /// moves one of them to worker 1, and every frame still reaches the switch, counted once.
-/// On these two CPUs the frontends leave no CPU idle, and the balancer (rightly) moves nothing
-/// on its own measurement: `--rebalance-spare 1` says a CPU is idle (saturated from 70% busy:
-/// a frontend off its CPU leaves worker 0 rounds with nothing to move). Then, measured: no
-/// CPU idle, no move.
+/// On these two CPUs the frontends leave little CPU idle, and the balancer moves on its own
+/// measurement only where it finds half a CPU to spare: `--rebalance-spare 1` says a CPU is
+/// idle (saturated from 70% busy: a frontend off its CPU leaves worker 0 rounds with nothing
+/// to move). Then, measured, with the machine's CPUs taken (a spinner on each, as other work
+/// would: how much the frontends alone leave idle depends on the machine's state, from none
+/// to half a CPU): worker 0 saturated, no CPU idle, no move.
 #[test]
 fn a_saturated_worker_hands_a_port_to_an_idle_one() {
     let dir = TestDir::new("swbal");
@@ -79,6 +81,17 @@ fn a_saturated_worker_hands_a_port_to_an_idle_one() {
     );
     let r = sw.ctl_args(&["port", "move", "c", "0"]);
     assert_eq!(r["result"], "moved", "{r}");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinners: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
     for mut fe in [&sw.a, &dir.sock("c")]
         .into_iter()
         .map(|s| frontend("frontend tx", s, &["--role", "tx", "--secs", "6"]))
@@ -87,6 +100,14 @@ fn a_saturated_worker_hands_a_port_to_an_idle_one() {
         fe.finish(RUN);
     }
     let st = sw.ctl("ports");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in spinners {
+        let _ = t.join();
+    }
+    assert!(
+        st["workers"][0]["load_pct"].as_f64().unwrap_or(0.0) >= 70.0,
+        "worker 0 saturated, as in the first half: {st}"
+    );
     assert_eq!(placement(&st), [vec!["a", "s", "c"], vec!["b"]], "{st}");
     assert!(
         !sw.proc.stderr().contains("moving a port"),
