@@ -90,7 +90,8 @@ fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
     let dir = TestDir::new("xdp");
     let c = dir.sock("ctl");
     let p0 = format!("af-xdp:name=p0,ifname={x0}a,mode=native");
-    let p1 = format!("af-xdp:name=p1,ifname={x1}a,mode=generic");
+    // p1 with an egress queue under DQL (its frames in flight bounded by its completions).
+    let p1 = format!("af-xdp:name=p1,ifname={x1}a,mode=generic,qdisc=fq_codel");
     let mut sw = Proc::spawn(
         "switch",
         &[
@@ -116,6 +117,8 @@ fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
         .to_string();
     assert!(d0.contains("XDP native"), "{d0}");
     assert!(d1.contains("XDP generic"), "{d1}");
+    assert!(d0.contains("egress none"), "{d0}");
+    assert!(d1.contains("egress fq_codel+dql"), "{d1}");
     assert!(link_show(&format!("{x0}a")).contains("xdp "));
     assert!(link_show(&format!("{x1}a")).contains("xdpgeneric"));
 
@@ -155,6 +158,12 @@ fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
     let (added, v) = ctl_json(&c, &["port", "add", &spec]);
     assert!(added, "port add: {v}");
     assert!(link_show(&x2a).contains("xdp"), "{}", link_show(&x2a));
+    let (deleted, v) = ctl_json(&c, &["port", "del", "p2"]);
+    assert!(deleted, "port del: {v}");
+    // Added again at once: its queue, which the kernel lets go of a moment after the close,
+    // is waited for, not refused.
+    let (added, v) = ctl_json(&c, &["port", "add", &spec]);
+    assert!(added, "port added again: {v}");
     let (deleted, v) = ctl_json(&c, &["port", "del", "p2"]);
     assert!(deleted, "port del: {v}");
     let gone = Instant::now() + Duration::from_secs(2);

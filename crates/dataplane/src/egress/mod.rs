@@ -337,35 +337,53 @@ impl Egress {
         usize::try_from(self.budget(avail, now) + 1).unwrap_or(0)
     }
 
+    /// [`cap`](Self::cap) for a device that counts its completions itself (an `AF_XDP`
+    /// port's completion ring): `fresh` buffers completed since the last call.
+    #[inline]
+    pub(crate) fn cap_completed(&mut self, fresh: u32, now: Instant) -> usize {
+        if self.dql.is_none() {
+            return usize::MAX;
+        }
+        usize::try_from(self.credit(fresh, now) + 1).unwrap_or(0)
+    }
+
     /// [`cap`](Self::cap)'s reckoning: completions credited, then how many more buffers the
     /// limit allows (negative: over it).
     fn budget(&mut self, avail: u16, now: Instant) -> i64 {
+        if self.dql.is_none() {
+            return i64::MAX;
+        }
+        let posted = self.used.wrapping_add(u32::from(avail));
+        let fresh = self.posted.map_or(0, |prev| posted.wrapping_sub(prev));
+        self.posted = Some(posted);
+        self.credit(fresh, now)
+    }
+
+    /// `fresh` buffers completed (a wrapped, negative count is none): credited to DQL, and
+    /// to the pace ceiling, which bounds the limit; then how many more buffers the limit
+    /// allows (negative: over it).
+    fn credit(&mut self, fresh: u32, now: Instant) -> i64 {
         let waiting = self.waiting();
         let Some(d) = self.dql.as_mut() else {
             return i64::MAX;
         };
-        let posted = self.used.wrapping_add(u32::from(avail));
-        if let Some(prev) = self.posted {
-            let fresh = posted.wrapping_sub(prev);
-            if fresh != 0 && (fresh as i32) > 0 {
-                let t = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos())
-                    .unwrap_or(u64::MAX);
-                let fresh = fresh.min(d.in_flight());
-                if let Some(max) = self
-                    .pace
-                    .as_mut()
-                    .and_then(|p| p.completed(fresh, t, waiting))
-                {
-                    // Under the two-batch floor only for a receiver whose pace calls for less
-                    // (no batch of pvnet's outruns it), and never under what keeps a NAPI
-                    // receiver polling.
-                    let max = max.max(CEILING_MIN_BUFFERS);
-                    d.set_bounds(self.floor.min(max), max);
-                }
-                d.completed(fresh, t);
+        if fresh != 0 && (fresh as i32) > 0 {
+            let t = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos())
+                .unwrap_or(u64::MAX);
+            let fresh = fresh.min(d.in_flight());
+            if let Some(max) = self
+                .pace
+                .as_mut()
+                .and_then(|p| p.completed(fresh, t, waiting))
+            {
+                // Under the two-batch floor only for a receiver whose pace calls for less
+                // (no batch of pvnet's outruns it), and never under what keeps a NAPI
+                // receiver polling.
+                let max = max.max(CEILING_MIN_BUFFERS);
+                d.set_bounds(self.floor.min(max), max);
             }
+            d.completed(fresh, t);
         }
-        self.posted = Some(posted);
         d.avail()
     }
 
@@ -479,6 +497,58 @@ mod tests {
         );
         e.new_round();
         assert!(!e.blocked());
+    }
+
+    /// A device that counts its own completions (an `AF_XDP` port's completion ring): what
+    /// it may put is the limit less what is in flight, completions credited as they come;
+    /// a device that completes half of what it has each round gets a steady stream, never more
+    /// in flight than the limit and one, and keeps its limit near the floor; without DQL, no bound.
+    #[test]
+    fn a_device_counting_its_completions_is_bounded_by_the_limit() {
+        let t0 = Instant::now();
+        let cfg = EgressConfig {
+            queue: Some(QueueConfig::default()),
+            dql: true,
+            dql_target: Duration::ZERO,
+            ..EgressConfig::switch_default()
+        };
+        let mut e = Egress::with(cfg, DQL_MIN_BUFFERS);
+        let first = e.cap_completed(0, t0);
+        assert_eq!(
+            first,
+            DQL_MIN_BUFFERS as usize + 1,
+            "the limit starts at the floor"
+        );
+        e.used(u32::try_from(first).unwrap_or(0));
+        assert_eq!(e.cap_completed(0, t0), 0, "over the limit: nothing more");
+        let mut in_flight = u32::try_from(first).unwrap_or(0);
+        let mut t = t0;
+        let mut put = 0u64;
+        for _ in 0..2000 {
+            t += Duration::from_micros(10);
+            let done = in_flight / 2;
+            in_flight -= done;
+            let cap = e.cap_completed(done, t);
+            let limit = e.dql_limit().unwrap_or(0);
+            assert!(
+                in_flight + u32::try_from(cap).unwrap_or(u32::MAX) <= limit + 1,
+                "{in_flight} in flight and {cap} more against a limit of {limit}"
+            );
+            e.used(u32::try_from(cap).unwrap_or(0));
+            in_flight += u32::try_from(cap).unwrap_or(0);
+            put += cap as u64;
+        }
+        assert!(
+            put >= 2000 * 16,
+            "completions make room: {put} put in 2000 rounds"
+        );
+        let limit = e.dql_limit().unwrap_or(0);
+        assert!(
+            (DQL_MIN_BUFFERS..=2 * DQL_MIN_BUFFERS).contains(&limit),
+            "a device that keeps up needs little: {limit}"
+        );
+        let mut none = Egress::new(HoldPolicy::Forever);
+        assert_eq!(none.cap_completed(5, t0), usize::MAX);
     }
 
     #[test]

@@ -353,7 +353,10 @@ impl Shard {
                 AnyPort::Kernel(p)
             }
             HostPort::AfXdp(dev) => {
-                let p = crate::port::afxdp::AfXdpPort::new(id, stats, dev);
+                let mut p = crate::port::afxdp::AfXdpPort::new(id, stats, dev);
+                if let Some(&e) = self.egress.get(&id) {
+                    p.set_egress(e);
+                }
                 for fd in p.fds() {
                     self.epoll.add(fd, token(id, HOST_QUEUE));
                 }
@@ -529,6 +532,7 @@ impl Shard {
         match self.index_of(id).map(|i| &mut self.ports[i]) {
             Some(AnyPort::Vhost(p)) => p.set_egress(cfg),
             Some(AnyPort::Kernel(p)) => p.set_egress(e),
+            Some(AnyPort::AfXdp(p)) => p.set_egress(e),
             _ => {}
         }
     }

@@ -95,6 +95,13 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md). XDP
       frames carry no checksum metadata: on a veth, turn the kernel's end's transmit
       checksum offload off (ethtool -K PEER tx off), or its TCP/UDP arrive unfinished.
+      [,qdisc=none|fq_codel|fifo][,dql=true][,bulk=true][,limit=1024]: an egress queue as
+      for vhost-user (default none: a packet that finds no transmit frame free waits in
+      its sender up to 1 ms, then is dropped, no_buffer). The device queue beneath it is
+      the transmit rings and their frames (1024 a queue); dql=true bounds the frames in
+      flight by what the completion ring shows the kernel (a NIC's driver, after its DMA)
+      gets through, as Linux's BQL does a NIC's queue: the backlog waits in pvnet's queue,
+      where fq_codel orders it.
   vxlan:name=t,local=IP,remote=IP[,remote=IP...][,vni=1][,dstport=4789][,srcports=4][,netns=NS][,gso=true][,gro=true]
       VXLAN tunnels (RFC 7348) to other hosts over the host's UDP stack, interoperating
       with Linux's vxlan device, OVS and VPP: one VNI per port, a plain L2 port to the

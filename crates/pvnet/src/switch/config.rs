@@ -185,6 +185,20 @@ pub(crate) enum PortConfig {
         /// behind it), true or false.
         #[serde(default = "auto", deserialize_with = "bool_or_str")]
         rx_hash: String,
+        /// Egress queue scheduler: none (a packet with no transmit frame free waits in its
+        /// sender, then is dropped), fq_codel or fifo.
+        #[serde(default = "no_qdisc")]
+        qdisc: String,
+        /// With a queue: a dynamic limit on the transmit frames in flight, learned from the
+        /// completion ring (Linux's BQL over a NIC's queue).
+        #[serde(default = "yes")]
+        dql: bool,
+        /// Drain the egress queue in bulk (false: one packet per dequeue).
+        #[serde(default = "yes")]
+        bulk: bool,
+        /// Most packets in the egress queue.
+        #[serde(default = "qlimit")]
+        limit: u32,
         /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vlan: Option<u32>,
@@ -523,6 +537,23 @@ pub(crate) fn kernel_egress(p: &PortConfig) -> Result<Option<(EgressConfig, Opti
     )))
 }
 
+/// An `AF_XDP` port's egress settings from its `qdisc`, `dql`, `bulk` and `limit` keys
+/// (DQL over its transmit frames, without the pace cap: Linux's BQL); None for another kind.
+pub(crate) fn xdp_egress(p: &PortConfig) -> Result<Option<EgressConfig>> {
+    let PortConfig::AfXdp {
+        name,
+        qdisc,
+        dql,
+        bulk,
+        limit,
+        ..
+    } = p
+    else {
+        return Ok(None);
+    };
+    egress_of(name, qdisc, (*dql, 0, false), *bulk, *limit).map(Some)
+}
+
 /// A vhost-user port's egress settings from its `qdisc`, `dql`, `dql_target_us`,
 /// `dql_witness`, `bulk` and `limit` keys (the three DQL keys together).
 pub(crate) fn egress_of(
@@ -826,6 +857,7 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
         }
         PortConfig::AfXdp { .. } => {
             xdp_config(p)?;
+            xdp_egress(p)?;
         }
         PortConfig::Vxlan { .. } => {
             vxlan_config(p)?;
@@ -1002,6 +1034,26 @@ mod tests {
             k("tap:name=h,dql=true").is_err(),
             "no dql key on a kernel port"
         );
+        let x = |spec: &str| xdp_egress(&parse_port_spec(spec)?).map(Option::unwrap);
+        let wire = x("af-xdp:name=w,ifname=v0,qdisc=fq_codel").unwrap();
+        let q = wire.queue.expect("a queue");
+        assert_eq!(
+            (q.qdisc, q.limit, wire.dql, wire.dql_target, wire.bulk),
+            (Qdisc::FqCodel, 1024, true, Duration::ZERO, true),
+            "BQL over the transmit frames by default, no pace cap"
+        );
+        let fifo = x("af-xdp:name=w,ifname=v0,qdisc=fifo,dql=false,bulk=false,limit=64").unwrap();
+        assert_eq!(
+            (fifo.queue.map(|q| (q.qdisc, q.limit)), fifo.dql, fifo.bulk),
+            (Some((Qdisc::Fifo, 64)), false, false)
+        );
+        assert_eq!(
+            x("af-xdp:name=w,ifname=v0").unwrap().queue,
+            None,
+            "none unless asked"
+        );
+        assert!(x("af-xdp:name=w,ifname=v0,qdisc=red").is_err());
+        assert!(x("af-xdp:name=w,ifname=v0,qdisc=fifo,limit=0").is_err());
         let d = e("vhost-user:name=a,socket=/s").unwrap();
         assert_eq!(
             d.dql_target,

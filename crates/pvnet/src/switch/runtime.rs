@@ -10,7 +10,8 @@
 
 use super::config::{
     check_port, egress_of, fmt_mac, host_io, io_name, kernel_egress, parse_mac, parse_port_spec,
-    port_policy, spec_value, vlan_mode, vxlan_config, xdp_config, FileConfig, PortConfig,
+    port_policy, spec_value, vlan_mode, vxlan_config, xdp_config, xdp_egress, FileConfig,
+    PortConfig,
 };
 use crate::ctl::{self, PortInfo, Reply};
 use crate::error::{io, usage, Result};
@@ -249,13 +250,17 @@ impl Runtime {
                 ))
             }
             PortConfig::AfXdp { name, ifname, .. } => {
-                let cfg =
-                    xdp_config(p)?.ok_or_else(|| usage(format!("port {name}: not af-xdp")))?;
+                let not = || usage(format!("port {name}: not af-xdp"));
+                let cfg = xdp_config(p)?.ok_or_else(not)?;
+                let egress = xdp_egress(p)?.ok_or_else(not)?;
                 let dev = pvnet_dataplane::xdp::XdpDev::open(&cfg)
                     .map_err(io(format!("port {name}: AF_XDP")))?;
-                let detail = dev.describe();
+                let detail = format!("{}, egress {}", dev.describe(), egress_text(&egress));
                 info!(port = %name, ifname = %ifname, mode = dev.mode().name(), zerocopy = dev.zerocopy(), "AF_XDP sockets bound");
                 self.dp.add_host(id, HostPort::AfXdp(dev));
+                if egress.queue.is_some() {
+                    self.dp.set_egress(id, egress);
+                }
                 Ok((Running::Host { persist: None }, detail))
             }
             PortConfig::Vxlan { name, .. } => {

@@ -42,7 +42,7 @@
 
 use super::mtu::MtuWatch;
 use super::{offer_each, Ingress};
-use crate::egress::{Egress, HoldPolicy};
+use crate::egress::{Egress, EgressConfig, HoldPolicy};
 use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::{Every, Idle};
@@ -92,6 +92,12 @@ pub struct AfXdpPort {
     /// The interface's MTU (read again about once a second), within what its UMEM frames
     /// hold: the switch drops what is longer as `too_big` ([`crate::pkt::fits_mtu`]).
     mtu: MtuWatch,
+    /// Transmit frames the egress's DQL lets this round still put on the rings (unbounded
+    /// without DQL), and the round's time for asking it again.
+    budget: usize,
+    now: Instant,
+    /// Transmit frames the kernel completed since DQL was last told.
+    completed: u32,
 }
 
 impl AfXdpPort {
@@ -113,7 +119,47 @@ impl AfXdpPort {
             down: false,
             kernel_drops: Every::new(super::kernel::KERNEL_DROPS_EVERY),
             mtu,
+            budget: usize::MAX,
+            now: Instant::now(),
+            completed: 0,
         }
+    }
+
+    /// New egress settings: a queue (`qdisc`, `limit`, `bulk`) and DQL over the transmit
+    /// frames, or none. What waited in the old queue is dropped, counted as `reconfigured`.
+    /// The transmit rings and their frames are the device queue, and the completion ring
+    /// says when the kernel (a NIC's driver, after its DMA) is done with each frame: the
+    /// completions Linux's BQL learns from, so `dql` applies as it does to a NIC's queue
+    /// (Linux's algorithm alone: no pace cap, which is for a virtio receiver's bursts).
+    pub(crate) fn set_egress(&mut self, e: EgressConfig) {
+        let n = self.egress.purge();
+        bump(&self.stats.drops[DropReason::Reconfigured as usize], n);
+        self.stats.backlog.store(0, Ordering::Relaxed);
+        let e = EgressConfig {
+            hold: XDP_HOLD,
+            dql_target: Duration::ZERO,
+            ..e
+        };
+        self.egress = Egress::with(e, crate::egress::DQL_MIN_BUFFERS);
+        // The frames in flight now were put before the limit existed: it starts from them.
+        self.egress.used(self.in_flight());
+        self.completed = 0;
+        self.budget = usize::MAX;
+        tracing::info!(port = self.id, egress = ?e, "egress settings changed");
+    }
+
+    /// Transmit frames on a ring or in the kernel's hands, on every queue.
+    fn in_flight(&self) -> u32 {
+        let all = TX_FRAMES as usize * self.txq.len();
+        let free: usize = self.txq.iter().map(|t| t.free.len()).sum();
+        u32::try_from(all - all.min(free)).unwrap_or(u32::MAX)
+    }
+
+    /// Asks the egress's DQL how many frames this round may still put: the completions
+    /// taken back since the last ask are credited first.
+    fn ask_budget(&mut self) {
+        let fresh = std::mem::take(&mut self.completed);
+        self.budget = self.egress.cap_completed(fresh, self.now);
     }
 
     /// The sockets' fds, to wait on them (readable: a receive ring has frames).
@@ -167,6 +213,7 @@ impl AfXdpPort {
             }
             if n > 0 {
                 x.comp.release(n);
+                self.completed = self.completed.wrapping_add(n);
             }
         }
     }
@@ -180,11 +227,12 @@ impl AfXdpPort {
 
     /// Publishes queue `q`'s transmit batch and wakes the kernel if it sleeps.
     fn flush_queue(&mut self, q: usize) {
-        let (n, bytes) = std::mem::take(&mut self.txq[q].batch);
+        let (n, bytes, frames) = std::mem::take(&mut self.txq[q].batch);
         if n == 0 {
             return;
         }
         self.dev.queues[q].tx.submit();
+        self.egress.used(frames);
         match self.kick(q) {
             Ok(()) => {
                 bump(&self.stats.tx_packets, n);
@@ -252,8 +300,18 @@ impl AfXdpPort {
             // Past the MTU the switch already dropped it; the UMEM frames are the last bound.
             return TxOut::Dropped(DropReason::TooBig);
         }
-        let q = self.queue_of(pkt);
         let want = frames as usize;
+        if self.budget < want {
+            // The limit is reached as far as this round knew: what the kernel completed
+            // meanwhile counts (copy mode completes at the kick; a NIC after its DMA).
+            self.flush();
+            self.reclaim();
+            self.ask_budget();
+            if self.budget < want {
+                return TxOut::NoRoom;
+            }
+        }
+        let q = self.queue_of(pkt);
         if self.txq[q].free.len() < want || self.dev.queues[q].tx.free(frames) < frames {
             // The kernel may have sent some since the batch began.
             self.flush_queue(q);
@@ -292,8 +350,10 @@ impl AfXdpPort {
             });
         }
         self.egress.sent();
+        self.budget -= want;
         t.batch.0 += 1;
         t.batch.1 += u64::from(at);
+        t.batch.2 += frames;
         TxOut::Sent
     }
 
@@ -397,8 +457,8 @@ impl AfXdpPort {
 struct TxQueue {
     /// Its free transmit frames (UMEM addresses).
     free: Vec<u64>,
-    /// Packets and bytes put on its transmit ring and not yet published.
-    batch: (u64, u64),
+    /// Packets, bytes and frames put on its transmit ring and not yet published.
+    batch: (u64, u64, u32),
     /// Frames are left on its transmit ring after the kicks of a commit.
     unsent: bool,
 }
@@ -411,7 +471,7 @@ impl TxQueue {
                 .rev()
                 .map(|k| u64::from(k) * u64::from(FRAME))
                 .collect(),
-            batch: (0, 0),
+            batch: (0, 0, 0),
             unsent: false,
         }
     }
@@ -566,6 +626,10 @@ impl super::Port for AfXdpPort {
         Some(&mut self.egress)
     }
 
+    fn backlogged(&self) -> bool {
+        self.egress.backlogged()
+    }
+
     #[inline(never)]
     fn rx_burst(&mut self, max: usize, _now: Instant, to: &mut impl Ingress) -> usize {
         let n = self.dev.queues.len();
@@ -595,6 +659,8 @@ impl super::Port for AfXdpPort {
         }
         self.mtu.poll(now, self.id);
         self.reclaim();
+        self.now = now;
+        self.ask_budget();
         true
     }
 
@@ -619,6 +685,9 @@ impl super::Port for AfXdpPort {
                     self.gone(&e);
                 }
             }
+        }
+        if let Some(l) = self.egress.dql_limit() {
+            self.stats.dql_limit.store(u64::from(l), Ordering::Relaxed);
         }
         let unsent = self.txq.iter().any(|t| t.unsent);
         if self.left || unsent || self.egress.blocked() {

@@ -751,6 +751,78 @@ fn af_xdp_port_opens_a_queue_just_closed() {
     assert!(no_program(&veth.a));
 }
 
+/// With an egress queue and DQL (`qdisc=fq_codel,dql=true`): the limit bounds the transmit
+/// frames in flight by what the completion ring gives back, and a kernel that completes at
+/// each kick (copy mode on a veth sends in the `sendto`) never finds it in the way: 3008
+/// frames in bursts of 64, each burst taken whole, every frame counted by the kernel's end,
+/// nothing dropped, the limit reported. A port that credited no completion would refuse a
+/// burst once its first limit's worth was out.
+#[test]
+fn af_xdp_port_under_dql_takes_every_burst_when_the_kernel_keeps_up() {
+    use crate::egress::queue::{Qdisc, QueueConfig};
+    use crate::egress::EgressConfig;
+    let (veth, kernel_mac) = Veth::new("q", 51);
+    let stats: Arc<PortStats> = Arc::default();
+    let mut p = AfXdpPort::new(11, stats.clone(), open(&veth.a, ModeReq::Native));
+    p.set_egress(EgressConfig {
+        queue: Some(QueueConfig {
+            qdisc: Qdisc::FqCodel,
+            ..QueueConfig::default()
+        }),
+        dql: true,
+        ..EgressConfig::switch_default()
+    });
+    let mut port = AnyPort::AfXdp(p);
+    let (rx0, _) = kernel_counts(&veth.b);
+    let h = HDR_LEN as usize;
+    let (bursts, per) = (47u64, 64u64);
+    for b in 0..bursts {
+        let mut bufs: Vec<Vec<u8>> = (0..per)
+            .map(|i| {
+                let mut f = vec![0u8; h + 64];
+                frame::write_template(&mut f[h..], 64, [2, 0, 0, 0, 0x13, 2], kernel_mac);
+                frame::set_seq(&mut f[h..], b * per + i);
+                f
+            })
+            .collect();
+        let segs: Vec<[Seg<'_>; 1]> = bufs.iter_mut().map(|f| [Seg::from_mut(f)]).collect();
+        let pkts: Vec<Pkt<'_>> = segs
+            .iter()
+            .map(|s| Pkt {
+                segs: s,
+                len: HDR_LEN + 64,
+                hdr_len: HDR_LEN,
+                hdr: VnetHdr::default(),
+                macs: [0; 12],
+                hash: 0,
+                vlan: 0,
+            })
+            .collect();
+        assert!(port.tx_begin(Instant::now(), pkts.len()));
+        let (n, out) = port.tx_burst(&pkts);
+        port.tx_commit();
+        assert_eq!(n, pkts.len(), "burst {b}: {out:?}");
+    }
+    let sent = bursts * per;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while kernel_counts(&veth.b).0 - rx0 < sent && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        kernel_counts(&veth.b).0 - rx0,
+        sent,
+        "the kernel got every frame"
+    );
+    assert_eq!(get(&stats.tx_packets), sent);
+    assert_eq!(stats.snapshot(11).drops.iter().map(|d| d.1).sum::<u64>(), 0);
+    port.idle(Instant::now(), &mut crate::poll::plan::Settle::new());
+    let limit = get(&stats.dql_limit);
+    assert!(
+        (64..=u64::from(crate::sys::xdp::TX_FRAMES)).contains(&limit),
+        "the limit: {limit}"
+    );
+}
+
 /// The interface's MTU changed under a running port: the port's follows within a second, so
 /// the switch checks frames against the new one.
 #[test]
