@@ -753,10 +753,11 @@ fn af_xdp_port_opens_a_queue_just_closed() {
 
 /// With an egress queue and DQL (`qdisc=fq_codel,dql=true`): the limit bounds the transmit
 /// frames in flight by what the completion ring gives back, and a kernel that completes at
-/// each kick (copy mode on a veth sends in the `sendto`) never finds it in the way: 3008
-/// frames in bursts of 64, each burst taken whole, every frame counted by the kernel's end,
-/// nothing dropped, the limit reported. A port that credited no completion would refuse a
-/// burst once its first limit's worth was out.
+/// each kick (copy mode on a veth sends in the `sendto`) never finds it in the way: 3040
+/// frames in bursts of 160, each past the limit (64 at first), so that the port publishes,
+/// takes back what the kernel completed and asks again within the burst; each burst taken
+/// whole, every frame counted by the kernel's end, nothing dropped, the limit reported. A
+/// port that credited no completion would refuse the first burst's 66th frame.
 #[test]
 fn af_xdp_port_under_dql_takes_every_burst_when_the_kernel_keeps_up() {
     use crate::egress::queue::{Qdisc, QueueConfig};
@@ -775,7 +776,7 @@ fn af_xdp_port_under_dql_takes_every_burst_when_the_kernel_keeps_up() {
     let mut port = AnyPort::AfXdp(p);
     let (rx0, _) = kernel_counts(&veth.b);
     let h = HDR_LEN as usize;
-    let (bursts, per) = (47u64, 64u64);
+    let (bursts, per) = (19u64, 160u64);
     for b in 0..bursts {
         let mut bufs: Vec<Vec<u8>> = (0..per)
             .map(|i| {
