@@ -127,6 +127,9 @@ pub struct PortStats {
     pub dequeues: AtomicU64,
     /// Egress queue: packets waiting now (a gauge).
     pub backlog: AtomicU64,
+    /// Egress queue: packets CoDel marked Congestion Experienced instead of dropping them
+    /// (their senders declared ECN-capable transport) and sent.
+    pub ecn_marked: AtomicU64,
     /// The device queue's dynamic limit, in buffers (a gauge; 0: none kept).
     pub dql_limit: AtomicU64,
     /// Publishes that found the receiver asleep on an empty ring while the limit had held
@@ -222,6 +225,8 @@ pub struct PortSnapshot {
     pub dequeues: u64,
     /// See [`PortStats`].
     pub backlog: u64,
+    /// See [`PortStats`].
+    pub ecn_marked: u64,
     /// See [`PortStats`].
     pub dql_limit: u64,
     /// See [`PortStats`].
@@ -322,6 +327,7 @@ impl PortSnapshot {
             t.dequeued += s.dequeued;
             t.dequeues += s.dequeues;
             t.backlog += s.backlog;
+            t.ecn_marked += s.ecn_marked;
             t.dql_limit = t.dql_limit.max(s.dql_limit);
             t.dql_idle += s.dql_idle;
             t.dql_trials += s.dql_trials;
@@ -373,6 +379,7 @@ impl PortStats {
             dequeued: r(&self.dequeued),
             dequeues: r(&self.dequeues),
             backlog: r(&self.backlog),
+            ecn_marked: r(&self.ecn_marked),
             dql_limit: r(&self.dql_limit),
             dql_idle: r(&self.dql_idle),
             dql_trials: r(&self.dql_trials),

@@ -3,6 +3,7 @@
 //!
 //! * `hdr`: `virtio_net_hdr` / `virtio_net_hdr_v1` ([`VnetHdr`]) and [`hdr_len`];
 //! * [`offload`]: checksum completion and segmentation (TSO, USO) in software;
+//! * [`ecn`]: Congestion Experienced set in place of a drop;
 //! * [`features`]: the virtio-net feature bits;
 //! * `queue`: which queue index is which pair's receive or transmit queue ([`QueueIndex`]).
 //!
@@ -12,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod ecn;
 pub mod features;
 mod hdr;
 pub mod offload;

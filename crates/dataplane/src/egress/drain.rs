@@ -184,4 +184,5 @@ pub(crate) fn count_queue(stats: &PortStats, c: &QueueCounts, dequeues: u64) {
     bump(&stats.dequeues, dequeues);
     bump(&stats.drops[DropReason::QueueLimit as usize], c.drop_limit);
     bump(&stats.drops[DropReason::Aqm as usize], c.drop_aqm);
+    bump(&stats.ecn_marked, c.ecn_mark);
 }

@@ -11,6 +11,9 @@
 //!
 //! Every packet offered is queued or dropped with a reason (`queue_limit` when the queue or
 //! its memory is full, `aqm` when CoDel drops it at dequeue), counted in [`QueueCounts`].
+//! Where CoDel would drop a packet whose sender declared ECN-capable transport, it sets
+//! Congestion Experienced instead and sends it (`ecn`, on by default, as Linux's fq_codel),
+//! counted as `ecn_marked`.
 
 use crate::flow::flow_hash;
 use crate::pkt::Pkt;
@@ -76,6 +79,8 @@ pub struct QueueConfig {
     pub target_ns: u64,
     /// CoDel's interval, ns (100 ms).
     pub interval_ns: u64,
+    /// Mark an ECN-capable packet CE where CoDel would drop it (fq_codel's `ecn`).
+    pub ecn: bool,
 }
 
 impl Default for QueueConfig {
@@ -87,6 +92,7 @@ impl Default for QueueConfig {
             quantum: 1514,
             target_ns: 5_000_000,
             interval_ns: 100_000_000,
+            ecn: true,
         }
     }
 }
@@ -102,6 +108,8 @@ pub(crate) struct QueueCounts {
     pub drop_limit: u64,
     /// Dropped by CoDel.
     pub drop_aqm: u64,
+    /// Marked Congestion Experienced by CoDel instead of dropped (and sent).
+    pub ecn_mark: u64,
 }
 
 /// No entry.
@@ -521,6 +529,12 @@ impl Queue {
             } else if now >= self.flows[fi].codel.drop_next {
                 while self.flows[fi].codel.dropping && now >= self.flows[fi].codel.drop_next {
                     self.flows[fi].codel.count += 1;
+                    if self.mark_ce(cur) {
+                        // Marked, not dropped: it goes, and the next mark is due later.
+                        let c = &mut self.flows[fi].codel;
+                        c.drop_next = control_law(c.drop_next, interval, c.count);
+                        break;
+                    }
                     self.drop_ent(cur);
                     e = self.pop_head(f);
                     if !self.should_drop(f, e, now) {
@@ -536,10 +550,12 @@ impl Queue {
                 }
             }
         } else if drop {
-            self.drop_ent(cur);
-            e = self.pop_head(f);
-            // Whether the new head is above target too only moves `first_above` here.
-            self.should_drop(f, e, now);
+            if !self.mark_ce(cur) {
+                self.drop_ent(cur);
+                e = self.pop_head(f);
+                // Whether the new head is above target too only moves `first_above` here.
+                self.should_drop(f, e, now);
+            }
             let c = &mut self.flows[fi].codel;
             c.dropping = true;
             let delta = c.count.wrapping_sub(c.lastcount);
@@ -558,6 +574,22 @@ impl Queue {
     fn drop_ent(&mut self, e: u32) {
         self.release(Handle(e));
         self.counts.drop_aqm += 1;
+    }
+
+    /// Where CoDel would drop `e`: with `ecn`, sets CE in its IP header if its sender can
+    /// take a mark for a loss (counted); false: drop it.
+    fn mark_ce(&mut self, e: u32) -> bool {
+        if !self.cfg.ecn {
+            return false;
+        }
+        let en = self.ents[e as usize];
+        let b = self.slot_mut(en.slot);
+        let frame = b
+            .get_mut(en.hdr_len as usize..en.len as usize)
+            .unwrap_or(&mut []);
+        let marked = pvnet_net::ecn::set_ce(frame);
+        self.counts.ecn_mark += u64::from(marked);
+        marked
     }
 
     /// `codel_should_drop`: the head `e`'s sojourn time is above target (and more than one
@@ -614,7 +646,31 @@ mod tests {
     }
 
     fn put(q: &mut Queue, sport: u16, len: usize, tag: u32, now: u64) -> bool {
+        put_tos(q, sport, len, tag, now, 0)
+    }
+
+    /// The IPv4 header checksum of `h` summed from scratch: 0 when valid.
+    fn ip_sum(h: &[u8]) -> u16 {
+        let mut s: u32 = h
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        while s > 0xffff {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        !u16::try_from(s).unwrap_or(0)
+    }
+
+    /// [`put`] with the IPv4 TOS byte `tos` (its low two bits the ECN field).
+    fn put_tos(q: &mut Queue, sport: u16, len: usize, tag: u32, now: u64, tos: u8) -> bool {
         let mut b = frame(sport, len, tag);
+        if tos != 0 {
+            // 12-byte header, 14-byte Ethernet header: the IPv4 header at 26.
+            b[27] = tos;
+            b[36..38].fill(0);
+            let c = ip_sum(&b[26..46]);
+            b[36..38].copy_from_slice(&c.to_be_bytes());
+        }
         let n = u32::try_from(b.len()).unwrap();
         let segs = [Seg::from_mut(&mut b)];
         q.enqueue(
@@ -644,6 +700,16 @@ mod tests {
             u16::from_be_bytes([f[34], f[35]]),
             u32::from_le_bytes(f[n - 4..].try_into().unwrap()),
         ))
+    }
+
+    /// Dequeues one packet at `now`: its IPv4 TOS byte, and whether its header checksum holds.
+    fn take_tos(q: &mut Queue, now: u64) -> Option<(u8, bool)> {
+        let h = q.dequeue(now)?;
+        let (seg, meta) = q.get(h);
+        let mut b = vec![0u8; meta.len as usize];
+        seg.read(0, &mut b);
+        q.release(h);
+        Some((b[27], ip_sum(&b[26..46]) == 0))
     }
 
     fn fifo(limit: u32) -> Queue {
@@ -736,6 +802,39 @@ mod tests {
             "every packet out or counted: {c:?}"
         );
         assert_eq!(got, c.dequeued);
+    }
+
+    /// The standing queue above, every packet ECN-capable (ECT(0)): where CoDel would drop,
+    /// it marks CE and sends, so every packet is delivered, as many carrying CE as were
+    /// counted, each header's checksum still valid; with `ecn: false`, dropped as before.
+    #[test]
+    fn codel_marks_ecn_capable_packets_instead_of_dropping_them() {
+        for ecn in [true, false] {
+            let mut q = Queue::new(QueueConfig {
+                ecn,
+                ..QueueConfig::default()
+            });
+            for t in 0..1000 {
+                assert!(put_tos(&mut q, 1, 1000, t, 0, 0xb8 | 0x02));
+            }
+            let (mut now, mut ce) = (0, 0u64);
+            while let Some((tos, sum_ok)) = take_tos(&mut q, now) {
+                assert!(sum_ok, "the IPv4 checksum holds");
+                assert_eq!(tos & !3, 0xb8, "DSCP untouched");
+                ce += u64::from(tos & 3 == 3);
+                now += MS;
+            }
+            let c = q.take_counts();
+            if ecn {
+                assert_eq!(c.drop_aqm, 0, "{c:?}");
+                assert!(c.ecn_mark > 0, "the standing queue is signalled: {c:?}");
+                assert_eq!(c.dequeued, 1000);
+                assert_eq!(ce, c.ecn_mark);
+            } else {
+                assert_eq!((c.ecn_mark, ce), (0, 0));
+                assert!(c.drop_aqm > 0, "{c:?}");
+            }
+        }
     }
 
     #[test]

@@ -34,7 +34,9 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       [,bulk=true][,limit=1024]:
       packets that find the frontend's receive ring full wait in this port's egress queue
       (copied; the sender goes on): fq_codel (flow queues, CoDel: target 5 ms, interval
-      100 ms) or fifo, at most limit packets, drained in bulk each round (bulk=false: one
+      100 ms; a packet CoDel would drop whose sender declared ECN-capable transport is
+      marked Congestion Experienced and sent instead, counted ecn_marked, as Linux's
+      fq_codel does by default) or fifo, at most limit packets, drained in bulk each round (bulk=false: one
       packet per dequeue); dql bounds how many buffers of the ring pvnet fills ahead of the
       frontend (dynamic queue limits, learned from the buffers it gives back), and at most
       the frontend's burst plus what it takes in dql_target_us at its measured pace
