@@ -31,12 +31,12 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       enables is serviced, and each flow sent to it goes to one receive ring, by its hash
       (QEMU: -netdev vhost-user,queues=N and virtio-net-pci,mq=on; DPDK: queues=N).
       [,qdisc=fq_codel|fifo|none][,dql=true][,dql_target_us=25][,dql_witness=true]
-      [,bulk=true][,limit=1024]:
+      [,bulk=true][,limit=1024][,ecn=true]:
       packets that find the frontend's receive ring full wait in this port's egress queue
       (copied; the sender goes on): fq_codel (flow queues, CoDel: target 5 ms, interval
       100 ms; a packet CoDel would drop whose sender declared ECN-capable transport is
       marked Congestion Experienced and sent instead, counted ecn_marked, as Linux's
-      fq_codel does by default) or fifo, at most limit packets, drained in bulk each round (bulk=false: one
+      fq_codel does by default; ecn=false drops it, as tc's noecn) or fifo, at most limit packets, drained in bulk each round (bulk=false: one
       packet per dequeue); dql bounds how many buffers of the ring pvnet fills ahead of the
       frontend (dynamic queue limits, learned from the buffers it gives back), and at most
       the frontend's burst plus what it takes in dql_target_us at its measured pace
@@ -67,7 +67,7 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       persist=true: the interface outlives pvnet (TUNSETPERSIST), with its addresses and
       routes, so that a restarted pvnet attaches to it again and the host sees no change
       (deleting the port with `pvnet ctl port del` removes it).
-      [,qdisc=none|fq_codel|fifo][,bulk=true][,limit=1024][,sndbuf=BYTES]: an egress queue
+      [,qdisc=none|fq_codel|fifo][,bulk=true][,limit=1024][,ecn=true][,sndbuf=BYTES]: an egress queue
       as for vhost-user (default none: a packet the kernel has no room for is dropped,
       no_buffer). The device queue beneath it is the kernel's send buffer for the port's
       writes (sndbuf bytes: TUNSETSNDBUF, as QEMU's sndbuf=): a write past it finds no room
@@ -79,7 +79,7 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       an existing interface (a veth, a NIC) through an AF_PACKET socket with the same
       12-byte virtio-net header (Linux 6.5+), promiscuous; frames the host itself sends out
       of it are ignored. Offloads pass through as for the tap.
-      [,qdisc=none|fq_codel|fifo][,bulk=true][,limit=1024][,sndbuf=BYTES]: as for the tap
+      [,qdisc=none|fq_codel|fifo][,bulk=true][,limit=1024][,ecn=true][,sndbuf=BYTES]: as for the tap
       (sndbuf: SO_SNDBUF, default net.core.wmem_default; the kernel's queue fills when the
       interface's qdisc holds packets, e.g. under a rate limit).
   af-xdp:name=wire,ifname=veth0[,queues=1][,mode=auto|native|generic][,zerocopy=auto|true|false]
@@ -97,7 +97,7 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md). XDP
       frames carry no checksum metadata: on a veth, turn the kernel's end's transmit
       checksum offload off (ethtool -K PEER tx off), or its TCP/UDP arrive unfinished.
-      [,qdisc=none|fq_codel|fifo][,dql=true][,bulk=true][,limit=1024]: an egress queue as
+      [,qdisc=none|fq_codel|fifo][,dql=true][,bulk=true][,limit=1024][,ecn=true]: an egress queue as
       for vhost-user (default none: a packet that finds no transmit frame free waits in
       its sender up to 1 ms, then is dropped, no_buffer). The device queue beneath it is
       the transmit rings and their frames (1024 a queue); dql=true bounds the frames in

@@ -68,6 +68,10 @@ pub(crate) enum PortConfig {
         /// Most packets in the egress queue.
         #[serde(default = "qlimit")]
         limit: u32,
+        /// fq_codel: mark an ECN-capable packet Congestion Experienced where CoDel would drop
+        /// it (false: drop it, as `tc`'s noecn).
+        #[serde(default = "yes")]
+        ecn: bool,
         /// Polling policy of this port's transmit rings (default: the switch's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         policy: Option<String>,
@@ -115,6 +119,10 @@ pub(crate) enum PortConfig {
         /// Most packets in the egress queue.
         #[serde(default = "qlimit")]
         limit: u32,
+        /// fq_codel: mark an ECN-capable packet Congestion Experienced where CoDel would drop
+        /// it (false: drop it, as `tc`'s noecn).
+        #[serde(default = "yes")]
+        ecn: bool,
         /// The kernel's send buffer for the port's writes, in bytes (default: the kernel's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sndbuf: Option<u32>,
@@ -151,6 +159,10 @@ pub(crate) enum PortConfig {
         /// Most packets in the egress queue.
         #[serde(default = "qlimit")]
         limit: u32,
+        /// fq_codel: mark an ECN-capable packet Congestion Experienced where CoDel would drop
+        /// it (false: drop it, as `tc`'s noecn).
+        #[serde(default = "yes")]
+        ecn: bool,
         /// The kernel's send buffer for the port's writes, in bytes (default: the kernel's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sndbuf: Option<u32>,
@@ -199,6 +211,10 @@ pub(crate) enum PortConfig {
         /// Most packets in the egress queue.
         #[serde(default = "qlimit")]
         limit: u32,
+        /// fq_codel: mark an ECN-capable packet Congestion Experienced where CoDel would drop
+        /// it (false: drop it, as `tc`'s noecn).
+        #[serde(default = "yes")]
+        ecn: bool,
         /// 802.1Q: an access port in this VLAN (1 to 4094): its frames untagged.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vlan: Option<u32>,
@@ -517,6 +533,7 @@ pub(crate) fn kernel_egress(p: &PortConfig) -> Result<Option<(EgressConfig, Opti
         qdisc,
         bulk,
         limit,
+        ecn,
         sndbuf,
         ..
     }
@@ -525,6 +542,7 @@ pub(crate) fn kernel_egress(p: &PortConfig) -> Result<Option<(EgressConfig, Opti
         qdisc,
         bulk,
         limit,
+        ecn,
         sndbuf,
         ..
     }) = p
@@ -532,7 +550,7 @@ pub(crate) fn kernel_egress(p: &PortConfig) -> Result<Option<(EgressConfig, Opti
         return Ok(None);
     };
     Ok(Some((
-        egress_of(name, qdisc, (false, 0, false), *bulk, *limit)?,
+        egress_of(name, qdisc, (false, 0, false), *bulk, (*limit, *ecn))?,
         *sndbuf,
     )))
 }
@@ -546,12 +564,13 @@ pub(crate) fn xdp_egress(p: &PortConfig) -> Result<Option<EgressConfig>> {
         dql,
         bulk,
         limit,
+        ecn,
         ..
     } = p
     else {
         return Ok(None);
     };
-    egress_of(name, qdisc, (*dql, 0, false), *bulk, *limit).map(Some)
+    egress_of(name, qdisc, (*dql, 0, false), *bulk, (*limit, *ecn)).map(Some)
 }
 
 /// A vhost-user port's egress settings from its `qdisc`, `dql`, `dql_target_us`,
@@ -561,7 +580,7 @@ pub(crate) fn egress_of(
     qdisc: &str,
     (dql, dql_target_us, dql_witness): (bool, u32, bool),
     bulk: bool,
-    limit: u32,
+    (limit, ecn): (u32, bool),
 ) -> Result<EgressConfig> {
     let base = EgressConfig::switch_default();
     if limit == 0 || limit > 1 << 20 {
@@ -582,6 +601,7 @@ pub(crate) fn egress_of(
                 .parse::<Qdisc>()
                 .map_err(|e| usage(format!("port {name}: {e} (or none)")))?,
             limit,
+            ecn,
             ..QueueConfig::default()
         }),
     };
@@ -811,6 +831,7 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
             dql_witness,
             bulk,
             limit,
+            ecn,
             mtu,
             ..
         } => {
@@ -829,7 +850,7 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
                 qdisc,
                 (*dql, *dql_target_us, *dql_witness),
                 *bulk,
-                *limit,
+                (*limit, *ecn),
             )?;
             port_policy(p)?;
         }
@@ -993,6 +1014,7 @@ mod tests {
                 dql_witness: true,
                 bulk: true,
                 limit: 1024,
+                ecn: true,
                 policy: None,
                 mtu: None,
                 vlan: None,
@@ -1009,13 +1031,14 @@ mod tests {
                 dql_witness,
                 bulk,
                 limit,
+                ecn,
                 ..
             } => egress_of(
                 &name,
                 &qdisc,
                 (dql, dql_target_us, dql_witness),
                 bulk,
-                limit,
+                (limit, ecn),
             ),
             _ => unreachable!(),
         };
@@ -1051,6 +1074,22 @@ mod tests {
             x("af-xdp:name=w,ifname=v0").unwrap().queue,
             None,
             "none unless asked"
+        );
+        let ecn = |spec: &str| e(spec).unwrap().queue.map(|q| q.ecn);
+        assert_eq!(
+            ecn("vhost-user:name=a,socket=/s"),
+            Some(true),
+            "marks by default"
+        );
+        assert_eq!(ecn("vhost-user:name=a,socket=/s,ecn=false"), Some(false));
+        let (t, _) = k("tap:name=h,ifname=t0,qdisc=fq_codel,ecn=false").unwrap();
+        assert_eq!(t.queue.map(|q| q.ecn), Some(false));
+        assert_eq!(
+            x("af-xdp:name=w,ifname=v0,qdisc=fq_codel,ecn=false")
+                .unwrap()
+                .queue
+                .map(|q| q.ecn),
+            Some(false)
         );
         assert!(x("af-xdp:name=w,ifname=v0,qdisc=red").is_err());
         assert!(x("af-xdp:name=w,ifname=v0,qdisc=fifo,limit=0").is_err());

@@ -95,6 +95,7 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
         dql_witness,
         bulk,
         limit,
+        ecn,
         mtu,
         ..
     } = p
@@ -117,7 +118,7 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
             qdisc,
             (*dql, *dql_target_us, *dql_witness),
             *bulk,
-            *limit,
+            (*limit, *ecn),
         )?,
         offer,
     )))
@@ -126,8 +127,12 @@ fn vhost_parts(p: &PortConfig) -> Result<Option<(EgressConfig, BackendConfig)>> 
 /// How `pvnet ctl` describes an egress: `fq_codel+dql`, `fifo, one per dequeue`, `none`.
 fn egress_text(e: &EgressConfig) -> String {
     format!(
-        "{}{}{}",
+        "{}{}{}{}",
         e.queue.map_or("none".into(), |q| q.qdisc.to_string()),
+        match e.queue {
+            Some(q) if q.qdisc == pvnet_dataplane::Qdisc::FqCodel && !q.ecn => " (no ecn)",
+            _ => "",
+        },
         match (e.dql, e.dql_target.as_micros()) {
             (false, _) => String::new(),
             (true, 0) => "+dql".into(),
