@@ -121,15 +121,20 @@ fn vanishes_before_kick(sock: &Path) {
     fe.get_features().expect("GET_FEATURES");
 }
 
-/// Waits until the switch holds what it held at `base` (fds, maps and threads exactly, RSS
-/// within
-/// `slack` KiB): the dataplane lets go of a dead frontend's memory asynchronously.
+/// Lines of `/proc/PID/maps` the switch may hold beyond its count after the warm-up without
+/// a leak: the kernel splits and merges a process's mappings (a heap or thread stack grown
+/// or trimmed once) by a line or two; a mapping leaked per fault moves it by `n`.
+const MAPS_SLACK: usize = 4;
+
+/// Waits until the switch holds what it held at `base` (fds and threads exactly, maps within
+/// [`MAPS_SLACK`], RSS within `slack` KiB): the dataplane lets go of a dead frontend's memory
+/// asynchronously.
 fn settle(sw: &Switch, base: Held, slack: u64) -> Held {
     let until = Instant::now() + EVENT;
     loop {
         let h = held(sw.proc.pid());
         if (h.fds == base.fds
-            && h.maps == base.maps
+            && h.maps <= base.maps + MAPS_SLACK
             && h.threads == base.threads
             && h.rss_kib <= base.rss_kib + slack)
             || Instant::now() >= until
@@ -194,9 +199,19 @@ fn killed_and_vanishing_frontends_leave_nothing_behind() {
         mid.rss_kib
     );
     assert_eq!(
-        (end.fds, end.maps, end.threads),
-        (base.fds, base.maps, base.threads),
-        "fds, mappings or threads leaked"
+        (end.fds, end.threads),
+        (base.fds, base.threads),
+        "fds or threads leaked"
+    );
+    // The mappings: no more than the kernel's splitting of one heap or stack moves them (a
+    // CI run once had 54 -> 56, the same 56 at the half: one split after the warm-up); a
+    // mapping leaked per fault would add 2n.
+    assert!(
+        end.maps <= base.maps + MAPS_SLACK,
+        "mappings leaked: {} at the start, {} at the half, {} at the end",
+        base.maps,
+        mid.maps,
+        end.maps
     );
     assert!(
         end.rss_kib <= base.rss_kib + slack,
