@@ -492,7 +492,7 @@ fn put32(b: &mut [u8], at: usize, v: u32) {
 /// byte padded with a zero, reduced to at most 32 bits but not yet folded to 16. Sums of pieces
 /// that start at even offsets may be added together as `u64` (up to 2^32 of them) before
 /// [`fold`].
-fn sum_be(data: &[u8]) -> u64 {
+pub(crate) fn sum_be(data: &[u8]) -> u64 {
     // 64-bit words with end-around carry: folding to 16 bits later gives the same result as
     // adding 16-bit words, since 2^16, 2^32 and 2^48 are all 1 modulo 0xffff.
     let mut acc = 0u64;
@@ -518,7 +518,7 @@ fn sum_be(data: &[u8]) -> u64 {
 }
 
 /// Folds a ones' complement sum to 16 bits (not complemented).
-fn fold(sum: u64) -> u16 {
+pub(crate) fn fold(sum: u64) -> u16 {
     let s = (sum & 0xffff_ffff) + (sum >> 32); // < 2^33
     let s = (s & 0xffff_ffff) + (s >> 32); // < 2^32
     let s = (s & 0xffff) + (s >> 16); // < 2^17

@@ -30,7 +30,7 @@ pub(crate) mod pace;
 pub(crate) mod queue;
 
 use crate::pkt::Pkt;
-use crate::stats::DropReason;
+use crate::stats::{bump, DropReason, PortStats};
 use dql::Dql;
 use pace::Pace;
 use queue::{Queue, QueueConfig, QueueCounts};
@@ -446,6 +446,15 @@ impl Egress {
             let _ = q.take_counts();
             n
         })
+    }
+
+    /// [`purge`](Self::purge), the packets counted in `stats` as dropped for `why` and its
+    /// backlog gauge zeroed: returns how many.
+    pub(crate) fn empty(&mut self, stats: &PortStats, why: DropReason) -> u64 {
+        let n = self.purge();
+        bump(&stats.drops[why as usize], n);
+        stats.backlog.store(0, std::sync::atomic::Ordering::Relaxed);
+        n
     }
 
     /// Whether the port ran out of room since the last [`new_round`](Self::new_round): the

@@ -632,6 +632,7 @@ fn control_law(t: u64, interval: u64, count: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::tap::tests::{fold, sum};
     use virtq::Seg;
 
     const MS: u64 = 1_000_000;
@@ -651,14 +652,7 @@ mod tests {
 
     /// The IPv4 header checksum of `h` summed from scratch: 0 when valid.
     fn ip_sum(h: &[u8]) -> u16 {
-        let mut s: u32 = h
-            .chunks(2)
-            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-            .sum();
-        while s > 0xffff {
-            s = (s & 0xffff) + (s >> 16);
-        }
-        !u16::try_from(s).unwrap_or(0)
+        !fold(sum(h, 0))
     }
 
     /// [`put`] with the IPv4 TOS byte `tos` (its low two bits the ECN field).
@@ -687,13 +681,19 @@ mod tests {
         )
     }
 
-    /// Dequeues one packet at `now`: (source port, tag).
-    fn take(q: &mut Queue, now: u64) -> Option<(u16, u32)> {
+    /// Dequeues one packet at `now`: its bytes, header first.
+    fn take_bytes(q: &mut Queue, now: u64) -> Option<Vec<u8>> {
         let h = q.dequeue(now)?;
         let (seg, meta) = q.get(h);
         let mut b = vec![0u8; meta.len as usize];
         seg.read(0, &mut b);
         q.release(h);
+        Some(b)
+    }
+
+    /// Dequeues one packet at `now`: (source port, tag).
+    fn take(q: &mut Queue, now: u64) -> Option<(u16, u32)> {
+        let b = take_bytes(q, now)?;
         let f = &b[12..];
         let n = f.len();
         Some((
@@ -704,11 +704,7 @@ mod tests {
 
     /// Dequeues one packet at `now`: its IPv4 TOS byte, and whether its header checksum holds.
     fn take_tos(q: &mut Queue, now: u64) -> Option<(u8, bool)> {
-        let h = q.dequeue(now)?;
-        let (seg, meta) = q.get(h);
-        let mut b = vec![0u8; meta.len as usize];
-        seg.read(0, &mut b);
-        q.release(h);
+        let b = take_bytes(q, now)?;
         Some((b[27], ip_sum(&b[26..46]) == 0))
     }
 

@@ -344,11 +344,7 @@ impl KernelPort {
     /// `dql` is off and nothing is held in a sender (a packet that finds the kernel full is
     /// queued here, or dropped).
     pub(crate) fn set_egress(&mut self, e: EgressConfig) {
-        let n = self.egress.purge();
-        bump(&self.stats.drops[DropReason::Reconfigured as usize], n);
-        self.stats
-            .backlog
-            .store(0, std::sync::atomic::Ordering::Relaxed);
+        self.egress.empty(&self.stats, DropReason::Reconfigured);
         let e = EgressConfig {
             hold: KERNEL_HOLD,
             dql: false,

@@ -132,9 +132,7 @@ impl AfXdpPort {
     /// completions Linux's BQL learns from, so `dql` applies as it does to a NIC's queue
     /// (Linux's algorithm alone: no pace cap, which is for a virtio receiver's bursts).
     pub(crate) fn set_egress(&mut self, e: EgressConfig) {
-        let n = self.egress.purge();
-        bump(&self.stats.drops[DropReason::Reconfigured as usize], n);
-        self.stats.backlog.store(0, Ordering::Relaxed);
+        self.egress.empty(&self.stats, DropReason::Reconfigured);
         let e = EgressConfig {
             hold: XDP_HOLD,
             dql_target: Duration::ZERO,

@@ -5,7 +5,7 @@ use super::rx::{RxBatch, RxState};
 use super::QueueSlot;
 use crate::egress::{Egress, EgressConfig};
 use crate::pkt::PortId;
-use crate::stats::{bump, DropReason, PortStats};
+use crate::stats::{DropReason, PortStats};
 use std::sync::Arc;
 use std::time::Instant;
 use virtq::Chain;
@@ -37,11 +37,7 @@ impl QueuePair {
 
     /// Drops everything waiting in the egress queue, counted under `why`; nothing waits after.
     pub(super) fn empty_egress(&mut self, why: DropReason) {
-        let n = self.out.egress.purge();
-        bump(&self.stats.drops[why as usize], n);
-        self.stats
-            .backlog
-            .store(0, std::sync::atomic::Ordering::Relaxed);
+        self.out.egress.empty(&self.stats, why);
     }
 
     pub(super) fn new(
