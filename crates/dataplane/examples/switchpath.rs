@@ -472,7 +472,7 @@ fn trunks() -> (AnyPort, AnyPort) {
             WakeCost::FALLBACK,
         ))
     };
-    (mk(100, at_a), mk(101, at_b))
+    (mk((100, 1), at_a), mk((101, 0), at_b))
 }
 
 fn main() {

@@ -191,3 +191,279 @@ fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
         .stderr()
         .contains("the interface is gone; the port is down"));
 }
+
+/// Veth `<name>a` (pvnet's) and `<name>b` (in `ns`, with `addr`), two queues each way, IPv6
+/// off on both ends (no stray frames), the kernel's end sending on transmit queue `k` from
+/// CPU `k` (XPS), so that which of pvnet's lanes a frame reaches is the sender's CPU.
+fn veth2(name: &str, ns: &str, addr: &str) {
+    let (a, b) = (format!("{name}a"), format!("{name}b"));
+    ok(&[
+        "ip",
+        "link",
+        "add",
+        &a,
+        "numtxqueues",
+        "2",
+        "numrxqueues",
+        "2",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &b,
+        "numtxqueues",
+        "2",
+        "numrxqueues",
+        "2",
+    ]);
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{a}/disable_ipv6"), "1");
+    let _ = run(&["ethtool", "-K", &b, "tx", "off"]);
+    ok(&["ip", "link", "set", &b, "netns", ns]);
+    let sysctl = format!("net.ipv6.conf.{b}.disable_ipv6=1");
+    ok(&["ip", "netns", "exec", ns, "sysctl", "-q", "-w", &sysctl]);
+    for (q, cpus) in [(0, "1"), (1, "2")] {
+        let xps = format!("/sys/class/net/{b}/queues/tx-{q}/xps_cpus");
+        ok(&[
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "sh",
+            "-c",
+            &format!("echo {cpus} > {xps}"),
+        ]);
+    }
+    ok(&["ip", "-n", ns, "addr", "add", addr, "dev", &b]);
+    ok(&["ip", "-n", ns, "link", "set", &b, "up"]);
+}
+
+/// Runs `f` on a thread of its own in network namespace `ns`, pinned to `cpu` (sockets it
+/// opens stay in that namespace).
+fn in_netns<T: Send>(ns: &str, cpu: usize, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let nsf = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("netns");
+            // SAFETY: plain syscalls on a valid fd and a zeroed cpu set.
+            unsafe {
+                use std::os::fd::AsRawFd;
+                assert_eq!(libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET), 0, "setns");
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                assert_eq!(
+                    libc::sched_setaffinity(0, size_of_val(&set), &set),
+                    0,
+                    "pin"
+                );
+            }
+            f()
+        })
+        .join()
+        .expect("netns thread")
+    })
+}
+
+/// Ethertype of the test's own frames (IEEE local experimental).
+const PROBE: u16 = 0x88b5;
+
+/// A packet socket on `ifname` (in the calling thread's namespace) for the test's frames.
+fn probe_socket(ifname: &str) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    let name = std::ffi::CString::new(ifname).expect("name");
+    // SAFETY: plain syscalls; the address struct is fully initialised.
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(PROBE.to_be()));
+        assert!(
+            fd >= 0,
+            "packet socket: {}",
+            std::io::Error::last_os_error()
+        );
+        let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut sa: libc::sockaddr_ll = std::mem::zeroed();
+        sa.sll_family = u16::try_from(libc::AF_PACKET).expect("family");
+        sa.sll_protocol = PROBE.to_be();
+        sa.sll_ifindex = i32::try_from(libc::if_nametoindex(name.as_ptr())).expect("ifindex");
+        use std::os::fd::AsRawFd;
+        let rc = libc::bind(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(sa).cast(),
+            u32::try_from(size_of_val(&sa)).expect("len"),
+        );
+        assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+        fd
+    }
+}
+
+/// Sends `n` broadcast frames of the test's ethertype, from source address `src`.
+fn send_probes(fd: &std::os::fd::OwnedFd, src: u8, n: usize) {
+    use std::os::fd::AsRawFd;
+    let mut f = [0u8; 60];
+    f[..6].fill(0xff);
+    f[6..12].copy_from_slice(&[2, 0, 0, 0, 0x5e, src]);
+    f[12..14].copy_from_slice(&PROBE.to_be_bytes());
+    for _ in 0..n {
+        // SAFETY: a valid buffer of its length.
+        let w = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
+        assert_eq!(w, 60, "send: {}", std::io::Error::last_os_error());
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Counts the test's frames that arrive on `fd`, by the last byte of their source address,
+/// until none has come for half a second.
+fn count_probes(fd: &std::os::fd::OwnedFd) -> [usize; 256] {
+    use std::os::fd::AsRawFd;
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 500_000,
+    };
+    // SAFETY: a valid option value of its size.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            std::ptr::addr_of!(tv).cast(),
+            u32::try_from(size_of_val(&tv)).expect("len"),
+        );
+    }
+    let mut buf = [0u8; 2048];
+    let mut n = [0; 256];
+    loop {
+        // SAFETY: a valid buffer of its length.
+        let r = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if r < 0 {
+            return n;
+        }
+        if r >= 14 && buf[12..14] == PROBE.to_be_bytes() {
+            n[usize::from(buf[11])] += 1;
+        }
+    }
+}
+
+/// `pvnet switch --workers 2` with an `af-xdp` port on a two-queue veth: a lane on each
+/// worker, each reading the queue its CPU's frames come in on. The far end's broadcasts
+/// from both CPUs reach the other port once each; the other port's broadcasts reach the far
+/// end once each (not once through each lane); ping and iperf3 (TCP over 4 streams, UDP)
+/// through it both ways; removed, its program leaves the interface.
+#[test]
+fn an_af_xdp_port_spread_over_workers_carries_each_frame_once() {
+    private_netns();
+    let far = NetNs::new("lanes");
+    let id = std::process::id() % 10000;
+    let (xw, xk) = (format!("pvl{id}w"), format!("pvl{id}k"));
+    veth2(&xw, &far.0, "10.217.0.2/24");
+    veth(&xk, None, "10.217.0.1/24");
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{xk}b/disable_ipv6"), "1");
+    let dir = TestDir::new("lanes");
+    let c = dir.sock("ctl");
+    let wire = format!("af-xdp:name=wire,ifname={xw}a,queues=2,mode=native");
+    let host = format!("af-packet:name=host,ifname={xk}a");
+    let mut sw = Proc::spawn(
+        "switch",
+        &[
+            "switch",
+            "--workers",
+            "2",
+            "--port",
+            &wire,
+            "--port",
+            &host,
+            "--ctl-socket",
+            c.to_str().expect("utf-8"),
+        ],
+        &[("PVNET_LOG", "info")],
+    );
+    wait_socket(&mut sw, &c);
+    let (_, ports) = ctl_json(&c, &["ports"]);
+    let detail = port_named(&ports, "wire")["detail"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        detail.contains("2 queues") && detail.contains("2 lanes"),
+        "{detail}"
+    );
+    let placed = common::placement(&ports);
+    assert!(
+        placed.iter().all(|w| w.contains(&"wire".to_string())),
+        "a lane on each worker: {placed:?}"
+    );
+
+    // The far end broadcasts 100 frames from each CPU (so on each queue): the host's end
+    // gets each once; each lane read those of its queue.
+    let at_host = probe_socket(&format!("{xk}b"));
+    for cpu in [0, 1] {
+        in_netns(&far.0, cpu, || {
+            send_probes(
+                &probe_socket(&format!("{xw}b")),
+                0x10 + u8::try_from(cpu).expect("cpu"),
+                100,
+            );
+        });
+    }
+    let got = count_probes(&at_host);
+    assert_eq!((got[0x10], got[0x11]), (100, 100), "from CPU 0, from CPU 1");
+    let (_, ports) = ctl_json(&c, &["ports"]);
+    let lanes = port_named(&ports, "wire")["queues"].clone();
+    let rx: Vec<u64> = lanes
+        .as_array()
+        .unwrap_or_else(|| panic!("per-lane counters: {lanes}"))
+        .iter()
+        .map(|q| q["rx_packets"].as_u64().unwrap_or(0))
+        .collect();
+    assert!(
+        rx.len() == 2 && rx.iter().all(|&n| n >= 100),
+        "each lane read its queue: {rx:?}"
+    );
+
+    // The host's end broadcasts 100: the far end gets each once (one lane sends it).
+    let (far_ns, xwb) = (far.0.clone(), format!("{xw}b"));
+    let counted = std::thread::scope(|s| {
+        let t = s.spawn(|| in_netns(&far_ns, 0, || count_probes(&probe_socket(&xwb))[0x20]));
+        std::thread::sleep(Duration::from_millis(200));
+        send_probes(&at_host, 0x20, 100);
+        t.join().expect("counter")
+    });
+    assert_eq!(counted, 100, "each broadcast once on the wire");
+
+    // Ping and iperf3 both ways.
+    ok(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "10.217.0.2"]);
+    ok(&[
+        "ip",
+        "netns",
+        "exec",
+        &far.0,
+        "ping",
+        "-c",
+        "3",
+        "-i",
+        "0.2",
+        "-W",
+        "2",
+        "10.217.0.1",
+    ]);
+    let mut server = Command::new("ip")
+        .args(["netns", "exec", &far.0, "iperf3", "-s", "-B", "10.217.0.2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("iperf3 server");
+    std::thread::sleep(Duration::from_millis(500));
+    common::iperf3_both_ways("10.217.0.2");
+    let _ = server.kill();
+    let _ = server.wait();
+
+    // Removed: both lanes go, and the program with the last of them.
+    let (deleted, v) = ctl_json(&c, &["port", "del", "wire"]);
+    assert!(deleted, "port del: {v}");
+    let gone = Instant::now() + Duration::from_secs(2);
+    while link_show(&format!("{xw}a")).contains("xdp") {
+        assert!(
+            Instant::now() < gone,
+            "program left: {}",
+            link_show(&format!("{xw}a"))
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(sw.alive(), "the switch runs on");
+}

@@ -50,6 +50,13 @@ pub(crate) trait Ingress {
     /// Whether anything could take a packet from this port now (a generator starts only then).
     fn has_receiver(&self) -> bool;
 
+    /// The packets of the bursts that follow entered the switch on port `port` of another
+    /// shard (a trunk says so for what it brings over: see the switch's lanes).
+    #[inline]
+    fn origin(&mut self, port: PortId) {
+        let _ = port;
+    }
+
     /// Direct receive (technique 3, docs/no-copy.md), for a sender whose device can write
     /// packets into memory it is given (a kernel port's reads): lends it the transmit
     /// buffers of the port its packets are expected to go to, about `want` of them, if that
@@ -388,6 +395,15 @@ impl AnyPort {
     #[inline]
     pub(crate) fn is_trunk(&self) -> bool {
         matches!(self, AnyPort::Trunk(_))
+    }
+
+    /// The shard at the other end, if it is a trunk.
+    #[inline]
+    pub(crate) fn trunk_peer(&self) -> Option<usize> {
+        match self {
+            AnyPort::Trunk(t) => Some(t.peer()),
+            _ => None,
+        }
     }
 
     /// The vhost-user port, if it is one.

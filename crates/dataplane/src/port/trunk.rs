@@ -42,8 +42,10 @@ pub const TRUNK_RING_BYTES: usize = 1 << 20;
 const ALIGN: usize = 64;
 /// A record's header: the packet's length (virtio-net header included), the header's length
 /// in the low 16 bits of the second word and the packet's VLAN word ([`Pkt::vlan`]: its VLAN
-/// and whether its frame is tagged) in the high 16: the frame crosses as it is, with its VLAN.
-const REC: usize = 8;
+/// and whether its frame is tagged) in the high 16: the frame crosses as it is, with its VLAN;
+/// then the port it entered the switch on (its origin, for the rules of a port spread over
+/// workers: [`crate::switch`]'s lanes), and 4 bytes to keep the frame 8-byte aligned.
+const REC: usize = 16;
 /// In a record's length: the rest of the ring up to its end is unused, go on at its start.
 const WRAP: u32 = u32::MAX;
 
@@ -94,6 +96,54 @@ impl Ring {
     }
 }
 
+impl Ring {
+    /// Reads published records from `head` on (up to `tail`), at most `room`, all of one
+    /// origin (the port they entered the switch on): each one's segment, its length and
+    /// header word, and the index past it. Returns how many, where reading stopped, and
+    /// their origin.
+    #[inline]
+    fn read_burst<'a>(
+        &'a self,
+        (head, tail): (usize, usize),
+        room: usize,
+        segs: &mut [Seg<'a>; MAX_BURST],
+        lens: &mut [(u32, u32); MAX_BURST],
+        ends: &mut [usize; MAX_BURST],
+    ) -> (usize, usize, PortId) {
+        let (cap, base) = (self.cap, self.mem.as_ptr());
+        let (mut n, mut at) = (0, head);
+        let mut origin = None;
+        while at != tail && n < room {
+            let off = at & (cap - 1);
+            // SAFETY: `off` is a record start inside `head..tail` (published, ours to read).
+            let len = unsafe { base.add(off).cast::<u32>().read() };
+            if len == WRAP {
+                at += cap - off;
+                continue;
+            }
+            // SAFETY: as above; the record's header.
+            let (word, from) = unsafe {
+                (
+                    base.add(off + 4).cast::<u32>().read(),
+                    base.add(off + 8).cast::<u32>().read(),
+                )
+            };
+            if *origin.get_or_insert(from) != from {
+                break;
+            }
+            // SAFETY: the record's bytes lie within the ring (our allocation, alive as long
+            // as `self`), published, and stay the consumer's until its head moves past them,
+            // after the burst's commit.
+            segs[n] = unsafe { Seg::from_raw(NonNull::new_unchecked(base.add(off + REC)), len) };
+            lens[n] = (len, word);
+            at += (REC + len as usize).next_multiple_of(ALIGN);
+            ends[n] = at;
+            n += 1;
+        }
+        (n, at, origin.unwrap_or(0))
+    }
+}
+
 impl Drop for Ring {
     fn drop(&mut self) {
         let layout = std::alloc::Layout::from_size_align(self.cap, ALIGN).expect("ring layout");
@@ -106,6 +156,8 @@ impl Drop for Ring {
 #[derive(Debug)]
 pub struct Producer {
     ring: Arc<Ring>,
+    /// The port the packets pushed now entered the switch on.
+    origin: PortId,
     /// Written up to here, published or not.
     tail: usize,
     /// The consumer's head as last read (refreshed only when the ring looks full).
@@ -144,6 +196,7 @@ impl Producer {
         dst[..4].copy_from_slice(&p.len.to_ne_bytes());
         let word = (p.hdr_len & 0xffff) | u32::from(p.vlan) << 16;
         dst[4..8].copy_from_slice(&word.to_ne_bytes());
+        dst[8..12].copy_from_slice(&self.origin.to_ne_bytes());
         virtq::read_segs(p.segs, 0, &mut dst[REC..]);
         self.tail += need;
         true
@@ -187,6 +240,7 @@ pub(crate) fn ring(cap: usize) -> (Producer, Consumer) {
     (
         Producer {
             ring: r.clone(),
+            origin: 0,
             tail: 0,
             head: 0,
         },
@@ -198,6 +252,8 @@ pub(crate) fn ring(cap: usize) -> (Producer, Consumer) {
 #[derive(Debug)]
 pub struct TrunkPort {
     id: PortId,
+    /// The shard at its other end.
+    peer: usize,
     stats: Arc<PortStats>,
     to: Producer,
     from: Consumer,
@@ -213,10 +269,10 @@ pub struct TrunkPort {
 }
 
 impl TrunkPort {
-    /// A trunk end: packets go out through `to`, come in through `from`; the peer shard is
-    /// woken through `peer_wake` when it sleeps (`peer_asleep`).
+    /// A trunk end to shard `peer`: packets go out through `to`, come in through `from`; the
+    /// peer shard is woken through `peer_wake` when it sleeps (`peer_asleep`).
     pub fn new(
-        id: PortId,
+        (id, peer): (PortId, usize),
         stats: Arc<PortStats>,
         (to, from): (Producer, Consumer),
         peer_wake: Notifier,
@@ -225,6 +281,7 @@ impl TrunkPort {
     ) -> Self {
         Self {
             id,
+            peer,
             stats,
             to,
             from,
@@ -241,6 +298,19 @@ impl TrunkPort {
     #[inline]
     pub(crate) fn pending(&self) -> bool {
         self.from.pending()
+    }
+
+    /// The shard at its other end.
+    #[inline]
+    pub(crate) fn peer(&self) -> usize {
+        self.peer
+    }
+
+    /// The packets offered from now on entered the switch on port `port` (each record
+    /// carries it to the other shard).
+    #[inline]
+    pub(crate) fn set_origin(&mut self, port: PortId) {
+        self.to.origin = port;
     }
 }
 
@@ -278,35 +348,19 @@ impl super::Port for TrunkPort {
     fn rx_burst(&mut self, max: usize, _now: Instant, to: &mut impl Ingress) -> usize {
         let r = &*self.from.ring;
         let tail = r.tail.0.load(Ordering::Acquire);
-        let (cap, base) = (r.cap, r.mem.as_ptr());
         let mut head = self.from.head;
         let mut work = 0;
         while head != tail && work < max {
             let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
             let mut ends = [0usize; MAX_BURST];
             let mut lens = [(0u32, 0u32); MAX_BURST];
-            let mut n = 0;
-            let mut at = head;
-            while at != tail && n < MAX_BURST && work + n < max {
-                let off = at & (cap - 1);
-                // SAFETY: `off` is a record start inside `head..tail` (published, ours to read).
-                let len = unsafe { base.add(off).cast::<u32>().read() };
-                if len == WRAP {
-                    at += cap - off;
-                    continue;
-                }
-                // SAFETY: as above; the record's 8-byte header.
-                let word = unsafe { base.add(off + 4).cast::<u32>().read() };
-                // SAFETY: the record's bytes lie within the ring (our allocation, alive as
-                // long as `self`), published, and stay ours until `head` moves past them
-                // below, after the burst's commit.
-                segs[n] =
-                    unsafe { Seg::from_raw(NonNull::new_unchecked(base.add(off + REC)), len) };
-                lens[n] = (len, word);
-                at += (REC + len as usize).next_multiple_of(ALIGN);
-                ends[n] = at;
-                n += 1;
-            }
+            let (n, at, origin) = r.read_burst(
+                (head, tail),
+                MAX_BURST.min(max - work),
+                &mut segs,
+                &mut lens,
+                &mut ends,
+            );
             if n == 0 {
                 head = at;
                 break;
@@ -331,6 +385,7 @@ impl super::Port for TrunkPort {
                 good += 1;
             }
             let taken = if good > 0 {
+                to.origin(origin);
                 to.burst(&pkts[..good], &self.stats)
             } else {
                 0
@@ -440,7 +495,7 @@ mod tests {
     fn records_cross_in_order_wrap_and_the_space_comes_back() {
         let (mut tx, rx) = ring(4096);
         let mut a = TrunkPort::new(
-            1,
+            (1, 1),
             Arc::default(),
             ring(4096),
             Notifier::new().expect("eventfd"),

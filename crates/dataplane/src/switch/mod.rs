@@ -23,6 +23,8 @@
 //! tag inserted or removed; a plain port's packets still take the plain path, to plain ports
 //! only.
 
+mod fit;
+pub(crate) mod lanes;
 pub mod vlan;
 
 use crate::egress::drain::backpressure;
@@ -31,10 +33,12 @@ use crate::mac::MacTable;
 use crate::pkt::{fits_mtu, frame_fits_mtu, Pkt, PortId, Staged, TxOut, EMPTY, MAX_BURST};
 use crate::port::{AnyPort, Ingress, Lease, Port};
 use crate::stats::{bump, DropReason, PortStats};
-use pvnet_net::features::{
-    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
-    VIRTIO_NET_F_GUEST_TSO6,
-};
+#[cfg(test)]
+use fit::MIN_TCP_GSO_SIZE;
+use fit::{fit, Fit, RateLog};
+pub(crate) use fit::{gso_segments, SEG_BUDGET};
+use lanes::Lanes;
+use pvnet_net::features::VIRTIO_NET_F_GUEST_CSUM;
 use pvnet_net::offload;
 use pvnet_net::{VnetHdr, HDR_LEN};
 use std::mem::MaybeUninit;
@@ -47,72 +51,6 @@ use vlan::{Act, Side, VlanMode, Vlans, RETAG_SEGS, VID};
 const RUN_SEGS: usize = 4;
 
 pub use crate::mac::MacEntry;
-
-/// Segments one sender's GSO packets may be cut into per round: software segmentation is
-/// the only work whose size the sender picks (`gso_size`), so it is budgeted, and a sender
-/// past its budget waits for the next round while every other port has its turn. At least
-/// one packet per round always goes (745 segments at most, see [`gso_segments`]).
-pub(crate) const SEG_BUDGET: usize = 1024;
-/// Smallest TCP `gso_size` the switch segments: Linux's smallest MSS (`TCP_MIN_MSS`); no TCP
-/// stack asks for smaller segments, and at 88 bytes a 64 KiB packet makes at most 745.
-pub(crate) const MIN_TCP_GSO_SIZE: u16 = 88;
-/// Most segments of one UDP GSO packet (Linux's `UDP_MAX_SEGMENTS`, which
-/// `virtio_net_hdr_to_skb` enforces for `GSO_UDP_L4`).
-pub(crate) const MAX_UDP_SEGMENTS: usize = 128;
-
-/// Segments a GSO packet of `frame_len` bytes asks for, or `None` if the switch refuses to
-/// cut it: a TCP `gso_size` under [`MIN_TCP_GSO_SIZE`], more than [`MAX_UDP_SEGMENTS`] UDP
-/// segments, or a `gso_size` of 0. (A few bytes per segment would turn one packet into tens
-/// of thousands of frames of work: one sender could stop the switch for everyone.)
-pub(crate) fn gso_segments(h: &VnetHdr, frame_len: u32) -> Option<usize> {
-    let gso = usize::from(h.gso_size);
-    if gso == 0 {
-        return None;
-    }
-    // The sender's header length bounds the payload from above (54: Ethernet, IPv4, TCP).
-    let headers = if h.hdr_len > 0 {
-        usize::from(h.hdr_len)
-    } else {
-        54
-    };
-    let n = (frame_len as usize)
-        .saturating_sub(headers)
-        .div_ceil(gso)
-        .max(1);
-    match h.gso_type & !VnetHdr::GSO_ECN {
-        VnetHdr::GSO_TCPV4 | VnetHdr::GSO_TCPV6 if h.gso_size < MIN_TCP_GSO_SIZE && n > 1 => None,
-        VnetHdr::GSO_UDP_L4 if n > MAX_UDP_SEGMENTS => None,
-        _ => Some(n),
-    }
-}
-
-/// A log line for refused GSO packets at most once a second, with how many were not logged:
-/// a hostile sender cannot flood the log.
-#[derive(Debug, Default)]
-struct RateLog {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl RateLog {
-    fn note(&mut self, now: Instant, port: PortId, h: &VnetHdr) {
-        if self
-            .last
-            .is_some_and(|l| now.saturating_duration_since(l) < Duration::from_secs(1))
-        {
-            self.suppressed += 1;
-            return;
-        }
-        tracing::warn!(
-            port,
-            gso_type = h.gso_type,
-            gso_size = h.gso_size,
-            also_since_last = std::mem::take(&mut self.suppressed),
-            "GSO packet refused (offload): its gso_size would cut it into too many segments"
-        );
-        self.last = Some(now);
-    }
-}
 
 /// Largest packet (virtio-net header included) the switch stages for software offloads.
 const MAX_PKT: usize = crate::sys::tap::RECV_BUF_LEN;
@@ -184,43 +122,6 @@ enum Out {
     Dropped(DropReason),
 }
 
-/// How a packet must change for a receiver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fit {
-    /// As it is (flags the receiver cannot take cleared by the receiver).
-    Pass,
-    /// Complete the partial checksum first.
-    Csum,
-    /// Segment first.
-    Gso,
-}
-
-fn fit(h: &VnetHdr, offloads: u64) -> Fit {
-    let gso = h.gso_type & !VnetHdr::GSO_ECN;
-    if gso != VnetHdr::GSO_NONE {
-        let tso = match gso {
-            VnetHdr::GSO_TCPV4 => VIRTIO_NET_F_GUEST_TSO4,
-            VnetHdr::GSO_TCPV6 => VIRTIO_NET_F_GUEST_TSO6,
-            _ => return Fit::Gso,
-        };
-        let ecn = if h.gso_type & VnetHdr::GSO_ECN != 0 {
-            VIRTIO_NET_F_GUEST_ECN
-        } else {
-            0
-        };
-        let need = tso | ecn | VIRTIO_NET_F_GUEST_CSUM;
-        return if offloads & need == need {
-            Fit::Pass
-        } else {
-            Fit::Gso
-        };
-    }
-    if h.flags & VnetHdr::F_NEEDS_CSUM != 0 && offloads & VIRTIO_NET_F_GUEST_CSUM == 0 {
-        return Fit::Csum;
-    }
-    Fit::Pass
-}
-
 /// The switch's state: the router and scratch space. The ports are the shard's, lent per
 /// round.
 #[derive(Debug)]
@@ -237,6 +138,8 @@ pub struct Fabric {
     /// Where a packet of too many segments gets its tag inserted or removed by a copy
     /// (allocated the first time).
     retag_buf: Vec<u8>,
+    /// The ports spread over several shards ([`Lanes`]).
+    lanes: Lanes,
 }
 
 impl Fabric {
@@ -251,7 +154,13 @@ impl Fabric {
             refused: RateLog::default(),
             vlans: Vlans::default(),
             retag_buf: Vec::new(),
+            lanes: Lanes::default(),
         }
+    }
+
+    /// Port `port` has lanes on the shards of `mask` (0: none, it is not spread).
+    pub(crate) fn set_lanes(&mut self, port: PortId, mask: u64) {
+        self.lanes.set(port, mask);
     }
 
     /// Gives port `port` its VLAN settings (None: none, VLAN 0 untagged). What was learned
@@ -343,6 +252,8 @@ impl Fabric {
             Offer::Unicast
         };
         let from_trunk = src.is_trunk();
+        // What comes from a shard where a spread port has a lane follows the lanes' rules.
+        let peer = src.trunk_peer().filter(|_| !self.lanes.is_empty());
         let vlans = self.vlans.active();
         let tagging = vlans && (from_trunk || self.vlans.of(sid).is_some());
         let mut cx = Cx {
@@ -350,6 +261,8 @@ impl Fabric {
             others: Others { before, after, i },
             sid,
             from_trunk,
+            peer,
+            learn_at: sid,
             vlans,
             tagging,
             now,
@@ -416,6 +329,12 @@ struct Cx<'a, 'p> {
     /// The sender is a trunk from another shard: what it brings goes to this shard's own
     /// ports only (split horizon, see [`crate::port::trunk`]).
     from_trunk: bool,
+    /// The shard the trunk it came over leads to, while some port is spread over shards
+    /// ([`Lanes`]); None otherwise.
+    peer: Option<usize>,
+    /// Where sources are learned: the sender, or for what a trunk brings from a spread
+    /// port, the local lane of that port ([`Lanes`]).
+    learn_at: PortId,
     /// Some port has VLAN settings: a flood goes only to ports that carry its VLAN.
     vlans: bool,
     /// The sender's packets take the VLAN path ([`Cx::burst_vlan`]): it has VLAN settings,
@@ -450,6 +369,11 @@ impl Cx<'_, '_> {
         if !p.caps().receives || (self.from_trunk && p.is_trunk()) {
             return false;
         }
+        if let Some(s) = self.peer {
+            if self.f.lanes.on(p.id(), s) {
+                return false;
+            }
+        }
         !self.vlans || p.is_trunk() || self.f.vlans.of(p.id()).map_or(vid == 0, |m| m.carries(vid))
     }
 
@@ -471,9 +395,14 @@ impl Cx<'_, '_> {
         d.copy_from_slice(&macs[..6]);
         let mut s = [0u8; 6];
         s.copy_from_slice(&macs[6..]);
-        table.learn(vid, s, self.sid, self.now);
+        table.learn(vid, s, self.learn_at, self.now);
         if let Some(dst) = table.lookup(vid, d, self.now) {
             if dst == self.sid {
+                return Route::Drop(DropReason::Filtered);
+            }
+            if self.peer.is_some_and(|s| self.f.lanes.on(dst, s)) {
+                // Behind a lane of a port the other shard has a lane of: it went to the
+                // wire there, if it goes at all.
                 return Route::Drop(DropReason::Filtered);
             }
             if let Some(j) = index_of(self.others.before, self.others.after, dst) {
@@ -542,6 +471,10 @@ impl Cx<'_, '_> {
         if !touched.contains(&j) {
             if !port.tx_begin(now, self.hint) {
                 return (0, Out::Dropped(DropReason::PortDown));
+            }
+            if let AnyPort::Trunk(t) = port {
+                // Only this shard's own ports send over a trunk (never another trunk).
+                t.set_origin(self.sid);
             }
             touched.push(j);
         }
@@ -981,6 +914,19 @@ impl Ingress for Cx<'_, '_> {
         }
         self.commit(stats);
         k
+    }
+
+    /// What a trunk brings next entered the switch on `port` of the other shard: with a
+    /// local lane of that port, its sources are learned there ([`Lanes`]).
+    #[inline]
+    fn origin(&mut self, port: PortId) {
+        self.learn_at = self.sid;
+        if self.peer.is_some()
+            && self.f.lanes.on(port, self.peer.unwrap_or(usize::MAX))
+            && index_of(self.others.before, self.others.after, port).is_some()
+        {
+            self.learn_at = port;
+        }
     }
 
     fn has_receiver(&self) -> bool {

@@ -5,7 +5,7 @@
 use super::*;
 use crate::egress::{HoldPolicy, HOLD};
 use crate::testing::{frame, get, mac, MockFe, MODERN};
-use pvnet_net::features::VIRTIO_NET_F_GUEST_TSO6;
+use pvnet_net::features::{VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6};
 use std::time::Duration;
 use std::time::Instant;
 
@@ -120,6 +120,23 @@ fn switch() -> Fabric {
 
 fn fe(id: PortId, features: u64) -> (MockFe, AnyPort) {
     MockFe::new(id, features, 256, HoldPolicy::Bounded(HOLD))
+}
+
+/// A shard's end of a trunk to shard `peer` (id `id`), counting on `stats`.
+fn trunk_end(
+    id: PortId,
+    peer: usize,
+    ring: (crate::port::trunk::Producer, crate::port::trunk::Consumer),
+    stats: &std::sync::Arc<PortStats>,
+) -> AnyPort {
+    AnyPort::Trunk(crate::port::trunk::TrunkPort::new(
+        (id, peer),
+        stats.clone(),
+        ring,
+        pvnet_vhost::Notifier::new().expect("eventfd"),
+        std::sync::Arc::default(),
+        crate::poll::WakeCost::FALLBACK,
+    ))
 }
 
 #[test]
@@ -1496,8 +1513,7 @@ fn a_generator_with_flows_reaches_every_ring_of_a_multiqueue_port() {
 /// Three shards' switches joined by trunks (a full mesh), one frontend on each.
 #[test]
 fn shards_joined_by_trunks_switch_as_one_and_floods_do_not_loop() {
-    use crate::port::trunk::{link, TrunkPort};
-    use std::sync::atomic::AtomicBool;
+    use crate::port::trunk::link;
     use std::sync::Arc;
     let mut fes = Vec::new();
     let mut shards: Vec<(Fabric, Vec<AnyPort>)> = Vec::new();
@@ -1511,14 +1527,7 @@ fn shards_joined_by_trunks_switch_as_one_and_floods_do_not_loop() {
         for b in a + 1..3 {
             let (at_a, at_b) = link(1 << 16);
             let mk = |id: u32, r, stats: &Arc<PortStats>| {
-                AnyPort::Trunk(TrunkPort::new(
-                    id,
-                    stats.clone(),
-                    r,
-                    pvnet_vhost::Notifier::new().expect("eventfd"),
-                    Arc::new(AtomicBool::new(false)),
-                    crate::poll::WakeCost::FALLBACK,
-                ))
+                trunk_end(id, usize::try_from(id - 100).unwrap(), r, stats)
             };
             let (sa, sb): (Arc<PortStats>, Arc<PortStats>) = (Arc::default(), Arc::default());
             shards[a]
@@ -1566,6 +1575,91 @@ fn shards_joined_by_trunks_switch_as_one_and_floods_do_not_loop() {
     let out: u64 = trunk_stats.iter().map(|s| get(&s.tx_packets)).sum();
     let inn: u64 = trunk_stats.iter().map(|s| get(&s.rx_packets)).sum();
     assert_eq!((out, inn), (4, 4));
+}
+
+/// A port spread over two shards (port 7, a lane on each: two frontends standing for one
+/// wire), a frontend of its own on each shard (0 and 1), the shards joined by a trunk. The
+/// wire gets every frame once: a flood or a unicast that crossed the trunk never leaves by
+/// the second lane; a wire host's address is learned at the local lane on both shards, so
+/// a frontend's answer goes straight out of its own shard's lane; the wire's own frames are
+/// not sent back to it. With the lanes' rules off (no `set_lanes`), the same traffic
+/// reaches the wire twice.
+#[test]
+fn a_port_spread_over_shards_gets_each_frame_once_and_learns_at_the_local_lane() {
+    use crate::port::trunk::link;
+    for lanes in [true, false] {
+        let ((mut g0, p0), (mut w0, l0)) = (fe(0, MODERN), fe(7, MODERN));
+        let ((mut g1, p1), (mut w1, l1)) = (fe(1, MODERN), fe(7, MODERN));
+        let (at0, at1) = link(1 << 16);
+        let trunk = |id: u32, peer: usize, r| trunk_end(id, peer, r, &Default::default());
+        let mut shards = [
+            (switch(), vec![p0, l0, trunk(101, 1, at0)]),
+            (switch(), vec![p1, l1, trunk(100, 0, at1)]),
+        ];
+        if lanes {
+            for (f, _) in &mut shards {
+                f.set_lanes(7, 0b11);
+            }
+        }
+        let now = Instant::now();
+        let run_all = |shards: &mut [(Fabric, Vec<AnyPort>)]| {
+            for _ in 0..4 {
+                for (f, ports) in shards.iter_mut() {
+                    f.round(ports, now);
+                }
+            }
+        };
+        // What the wire got: both lanes' frames.
+        let wire = |w0: &mut MockFe, w1: &mut MockFe| w0.received().len() + w1.received().len();
+        let h = mac(9);
+
+        // A broadcast from frontend 0: the wire gets it once (through shard 0's lane).
+        g0.send(&VnetHdr::default(), &tcp4([0xff; 6], mac(1), 10));
+        run_all(&mut shards);
+        let (got1, on_wire) = (g1.received().len(), wire(&mut w0, &mut w1));
+        if !lanes {
+            assert_eq!(
+                (got1, on_wire),
+                (1, 2),
+                "without the rules: twice on the wire"
+            );
+            continue;
+        }
+        assert_eq!(
+            (got1, on_wire),
+            (1, 1),
+            "the broadcast: once to 1, once on the wire"
+        );
+        // A wire host, in on shard 1's lane, to frontend 0 (learned behind the trunk):
+        // delivered over the trunk, its address learned at shard 0's lane, not the trunk.
+        w1.send(&VnetHdr::default(), &tcp4(mac(1), h, 10));
+        run_all(&mut shards);
+        assert_eq!(g0.received().len(), 1);
+        assert_eq!(wire(&mut w0, &mut w1), 0, "not back to the wire");
+        let at = |f: &Fabric, m: [u8; 6]| f.macs(now).iter().find(|e| e.mac == m).map(|e| e.port);
+        assert_eq!(at(&shards[0].0, h), Some(7), "learned at the local lane");
+        assert_eq!(at(&shards[1].0, h), Some(7));
+        // Frontend 0 answers: out of its own shard's lane, nothing over the trunk.
+        g0.send(&VnetHdr::default(), &tcp4(h, mac(1), 10));
+        run_all(&mut shards);
+        assert_eq!((w0.received().len(), w1.received().len()), (1, 0));
+        // An unknown unicast from frontend 1: flooded, once on the wire (its own lane),
+        // once to frontend 0; the trunk's copy is not sent out of shard 0's lane.
+        g1.send(&VnetHdr::default(), &tcp4(mac(42), mac(2), 10));
+        run_all(&mut shards);
+        assert_eq!((w0.received().len(), w1.received().len()), (0, 1));
+        assert_eq!(g0.received().len(), 1);
+        // The wire's frame for another wire host (learned at the lane): not sent back.
+        w0.send(&VnetHdr::default(), &tcp4(mac(1), mac(8), 10));
+        run_all(&mut shards);
+        assert_eq!(g0.received().len(), 1);
+        // In on shard 1's lane (which has not seen host 8: flooded to frontend 1 and the
+        // trunk), for host 8 (learned at shard 0's lane): not sent back to the wire.
+        w1.send(&VnetHdr::default(), &tcp4(mac(8), h, 10));
+        run_all(&mut shards);
+        assert_eq!(wire(&mut w0, &mut w1), 0, "wire to wire: filtered");
+        assert_eq!((g0.received().len(), g1.received().len()), (0, 1));
+    }
 }
 
 /// `f` with an 802.1Q tag for `vid` after its addresses.
@@ -1849,19 +1943,15 @@ fn a_burst_of_offloaded_tagged_packets_arrives_whole() {
 /// from a trunk port on one shard leaves an access port on the other untagged.
 #[test]
 fn a_frame_keeps_its_vlan_between_shards() {
-    use crate::port::trunk::{link, TrunkPort};
-    use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
+    use crate::port::trunk::link;
     let (at_a, at_b) = link(1 << 16);
     let mk = |id: u32, r| {
-        AnyPort::Trunk(TrunkPort::new(
+        trunk_end(
             id,
-            Arc::default(),
+            usize::try_from(id - 100).unwrap(),
             r,
-            pvnet_vhost::Notifier::new().expect("eventfd"),
-            Arc::new(AtomicBool::new(false)),
-            crate::poll::WakeCost::FALLBACK,
-        ))
+            &Default::default(),
+        )
     };
     let (mut a, pa) = fe(0, MODERN);
     let (mut b, pb) = fe(1, MODERN);

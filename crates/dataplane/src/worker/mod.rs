@@ -206,6 +206,8 @@ struct Placement {
     of: BTreeMap<PortId, usize>,
     /// Host ports (taps, sinks, gens): placed, never moved.
     hosts: BTreeSet<PortId>,
+    /// The ports spread over several shards: the shard of each lane, lane 0's also in `of`.
+    lanes: BTreeMap<PortId, Vec<usize>>,
     /// Each shard's busy share over the last interval.
     busy: Vec<f64>,
     moved_in: Vec<u64>,
@@ -329,22 +331,33 @@ impl Dataplane {
                 }
             })
             .collect::<Vec<_>>();
-        let counts: Vec<(PortId, u64)> = {
+        let mut p = self.placement();
+        p.busy.clone_from(&busy);
+        // Each port's packets; a spread port's by lane (each on its own shard).
+        let counts: Vec<(PortId, usize, u64)> = {
             let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
             r.iter()
-                .map(|(&id, qps)| {
-                    let s = PortSnapshot::sum(id, qps.iter().map(|s| &**s));
-                    (id, s.rx_packets + s.tx_packets)
+                .flat_map(|(&id, qps)| {
+                    let total = |qs: &[Arc<PortStats>]| {
+                        let s = PortSnapshot::sum(id, qs.iter().map(|s| &**s));
+                        s.rx_packets + s.tx_packets
+                    };
+                    match p.lanes.contains_key(&id) {
+                        true => (0..qps.len())
+                            .map(|k| (id, k, total(&qps[k..=k])))
+                            .collect::<Vec<_>>(),
+                        false => vec![(id, 0, total(qps))],
+                    }
                 })
                 .collect()
         };
-        let mut p = self.placement();
-        p.busy.clone_from(&busy);
         let ports = counts
             .into_iter()
-            .filter_map(|(id, total)| {
-                let before = last.ports.insert(id, total).unwrap_or(total);
-                let shard = shard::trunk_owner(id).or_else(|| p.of.get(&id).copied())?;
+            .filter_map(|(id, lane, total)| {
+                let before = last.ports.insert((id, lane), total).unwrap_or(total);
+                let shard = shard::trunk_owner(id)
+                    .or_else(|| p.lanes.get(&id).and_then(|l| l.get(lane).copied()))
+                    .or_else(|| p.of.get(&id).copied())?;
                 Some(PortLoad {
                     id,
                     shard,
@@ -479,7 +492,11 @@ impl Dataplane {
     pub fn workers(&self) -> Vec<WorkerInfo> {
         let (placed, busy, moved_in, moved_out) = {
             let p = self.placement();
-            let placed: Vec<(PortId, usize)> = p.of.iter().map(|(&id, &k)| (id, k)).collect();
+            let mut placed: Vec<(PortId, usize)> = p.of.iter().map(|(&id, &k)| (id, k)).collect();
+            // A spread port is on each of its lanes' shards (lane 0's is in `of`).
+            for (&id, shards) in &p.lanes {
+                placed.extend(shards.iter().skip(1).map(|&k| (id, k)));
+            }
             (
                 placed,
                 p.busy.clone(),
@@ -621,22 +638,94 @@ impl Dataplane {
             .collect()
     }
 
-    /// Adds a tap, sink or gen port to the switch (its id must not be used by another port).
-    pub fn add_host(&self, id: PortId, port: HostPort) {
+    /// Adds a host port to the switch (its id must not be used by another port). Returns
+    /// the workers it runs on: one, or for an `AF_XDP` port with several queues under the
+    /// learning switch on several workers, one per lane ([`XdpDev::lanes_on`]).
+    ///
+    /// [`XdpDev::lanes_on`]: crate::sys::xdp::XdpDev::lanes_on
+    pub fn add_host(&self, id: PortId, port: HostPort) -> usize {
+        let port = match port {
+            HostPort::AfXdp(dev) if self.ports_move() && dev.lanes_on(self.shards.len()) > 1 => {
+                let n = dev.lanes_on(self.shards.len().min(64));
+                return self.add_lanes(id, dev.into_lanes(n));
+            }
+            p => p,
+        };
         self.placement().hosts.insert(id);
         self.registry
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(id)
             .or_insert_with(|| vec![Arc::default()]);
-        self.send_port(id, Cmd::AddHost(id, Box::new(port)));
+        self.send_port(id, Cmd::AddHost(id, 0, Box::new(port)));
+        1
+    }
+
+    /// Adds an `AF_XDP` port as lanes, one per shard, on the shards with the fewest ports:
+    /// each lane polls its own queues and transmits on them, all under the port's id (its
+    /// counters one block per lane). Every shard learns where the lanes are first (the
+    /// fabric's rules for what comes over a trunk: [`crate::switch`]'s `Lanes`).
+    fn add_lanes(&self, id: PortId, lanes: Vec<crate::sys::xdp::XdpDev>) -> usize {
+        let n = lanes.len();
+        let mut p = self.placement();
+        let mut count = vec![0usize; self.shards.len()];
+        for &k in
+            p.of.values()
+                .chain(p.lanes.values().flat_map(|l| l.iter().skip(1)))
+        {
+            if let Some(c) = count.get_mut(k) {
+                *c += 1;
+            }
+        }
+        let mut shards: Vec<usize> = (0..self.shards.len()).collect();
+        shards.sort_by_key(|&k| (count[k], k));
+        shards.truncate(n);
+        shards.sort_unstable();
+        p.hosts.insert(id);
+        p.of.insert(id, shards[0]);
+        p.lanes.insert(id, shards.clone());
+        self.registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, (0..n).map(|_| Arc::default()).collect());
+        let mask = shards.iter().fold(0u64, |m, &k| m | 1 << k);
+        for k in 0..self.shards.len() {
+            self.send(k, Cmd::Lanes(id, mask));
+        }
+        for (lane, (dev, &k)) in lanes.into_iter().zip(&shards).enumerate() {
+            self.send(k, Cmd::AddHost(id, lane, Box::new(HostPort::AfXdp(dev))));
+        }
+        tracing::info!(port = id, workers = ?shards, "port spread over workers: a lane each");
+        n
+    }
+
+    /// Sends a command to every shard the port is on (each lane's, see
+    /// [`Self::add_lanes`]; otherwise its one shard), under the placement lock as
+    /// [`Self::send_port`]. Returns how many were sent one.
+    fn send_port_each(&self, port: PortId, mut c: impl FnMut() -> Cmd) -> usize {
+        let mut g = self.routing();
+        let lanes = g.as_ref().and_then(|p| p.lanes.get(&port).cloned());
+        match lanes {
+            Some(shards) => {
+                for &k in &shards {
+                    self.send(k, c());
+                }
+                shards.len()
+            }
+            None => {
+                let k = self.routed(&mut g, port);
+                self.send(k, c());
+                1
+            }
+        }
     }
 
     /// Gives a switch port its own egress settings (a port without them takes
     /// [`WorkerConfig::egress`]). A connected port switches at once: what waited in its old
-    /// queue is dropped, counted as `reconfigured`.
+    /// queue is dropped, counted as `reconfigured`. (Each lane of a spread port has its own
+    /// queue with these settings.)
     pub fn set_egress(&self, id: PortId, e: crate::egress::EgressConfig) {
-        self.send_port(id, Cmd::Egress(id, e));
+        self.send_port_each(id, || Cmd::Egress(id, e));
     }
 
     /// Gives a vhost-user port its own polling policy for its transmit rings (None: back to
@@ -659,13 +748,25 @@ impl Dataplane {
     /// counters are forgotten. Returns its last counters. (A vhost-user port's frontend must
     /// already be disconnected, or it reconnects into a port that no longer exists.)
     pub fn remove_port(&self, id: PortId) -> Option<PortSnapshot> {
-        let (tx, rx) = sync_channel(1);
-        self.send_port(id, Cmd::Forget(id, tx));
-        let _ = rx.recv_timeout(Duration::from_secs(5));
-        {
+        let mut answers = Vec::new();
+        self.send_port_each(id, || {
+            let (tx, rx) = sync_channel(1);
+            answers.push(rx);
+            Cmd::Forget(id, tx)
+        });
+        for rx in answers {
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+        }
+        let spread = {
             let mut p = self.placement();
             p.of.remove(&id);
             p.hosts.remove(&id);
+            p.lanes.remove(&id).is_some()
+        };
+        if spread {
+            for k in 0..self.shards.len() {
+                self.send(k, Cmd::Lanes(id, 0));
+            }
         }
         let mut r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         r.remove(&id)
@@ -673,7 +774,7 @@ impl Dataplane {
     }
 
     /// The switch's learned addresses, every shard's (what a shard learned behind a trunk
-    /// is another shard's entry: left out). Empty for other roles.
+    /// is another shard's entry: left out), by VLAN and address. Empty for other roles.
     pub fn macs(&self) -> Vec<MacEntry> {
         let mut all = Vec::new();
         for k in 0..self.shards.len() {
@@ -686,6 +787,10 @@ impl Dataplane {
                     .filter(|e| shard::trunk_owner(e.port).is_none()),
             );
         }
+        // A host behind a spread port is learned at the lane of each shard that saw it:
+        // listed once, with its youngest age.
+        all.sort_by_key(|e| (e.vlan, e.mac, e.port, e.age));
+        all.dedup_by_key(|e| (e.vlan, e.mac, e.port));
         all
     }
 
@@ -767,8 +872,8 @@ impl DeviceHooks for Dataplane {
 struct Measured {
     /// Each shard's busy and total nanoseconds.
     shards: Vec<(u64, u64)>,
-    /// Each port's packets.
-    ports: BTreeMap<PortId, u64>,
+    /// Each port's packets (a spread port's by lane).
+    ports: BTreeMap<(PortId, usize), u64>,
     /// The machine's spare and total CPU ticks.
     cpu: Option<(u64, u64)>,
 }

@@ -45,7 +45,11 @@ pub(crate) enum Cmd {
     RemovePort(PortId, SyncSender<()>),
     /// A port deleted from the switch: removed, and its settings forgotten.
     Forget(PortId, SyncSender<()>),
-    AddHost(PortId, Box<HostPort>),
+    /// A host port, or lane `k` of one spread over shards (0 for one that is not).
+    AddHost(PortId, usize, Box<HostPort>),
+    /// Port `id` has lanes on the shards of the mask (0: it has none any more). Every shard
+    /// is sent it: the fabric's rules for what comes over a trunk depend on it.
+    Lanes(PortId, u64),
     Egress(PortId, EgressConfig),
     /// A port's own polling policy of its transmit rings (None: the shard's).
     Policy(PortId, Option<Policy>),
@@ -335,14 +339,21 @@ impl Shard {
         self.wire(gen, Wire::To(id));
     }
 
-    fn add_host(&mut self, id: PortId, h: HostPort) {
+    /// Host port `id`, or its lane `lane` (its own counters: the port's `lane`-th block).
+    fn add_host(&mut self, id: PortId, lane: usize, h: HostPort) {
         if !matches!(self.cfg.role, Role::Switch(_)) {
             warn!(port = id, "host ports need the switch role");
             return;
         }
-        let stats = self.pair_stats(id, 0).swap_remove(0);
+        let stats = self.pair_stats(id, lane).swap_remove(lane);
         stats.up.store(1, Ordering::Relaxed);
-        info!(port = id, kind = h.kind_name(), "host port added");
+        info!(
+            port = id,
+            kind = h.kind_name(),
+            shard = self.index,
+            lane,
+            "host port added"
+        );
         let port = match h {
             HostPort::Kernel(dev, io, direct) => {
                 let mut p = KernelPort::new(id, stats, dev, io, direct);
@@ -387,6 +398,8 @@ impl Shard {
         for pid in [id, id | BEHIND_SINK, id | BEHIND_GEN] {
             if let Some(i) = self.index_of(pid) {
                 let p = self.ports.remove(i);
+                // (a lane's own counters: the port's others are its other lanes')
+                p.tx_stats().up.store(0, Ordering::Relaxed);
                 if let AnyPort::Kernel(t) = &p {
                     self.epoll.remove(t.fd());
                 }
@@ -457,7 +470,8 @@ impl Shard {
                     self.remove(id);
                     let _ = reply.send(());
                 }
-                Cmd::AddHost(id, h) => self.add_host(id, *h),
+                Cmd::AddHost(id, lane, h) => self.add_host(id, lane, *h),
+                Cmd::Lanes(id, mask) => self.fabric.set_lanes(id, mask),
                 Cmd::Forget(id, reply) => {
                     self.remove(id);
                     self.egress.remove(&id);
@@ -556,7 +570,7 @@ impl Shard {
         stats.up.store(1, Ordering::Relaxed);
         info!(shard = self.index, peer = t.peer, "trunk to shard up");
         self.add(AnyPort::Trunk(TrunkPort::new(
-            id,
+            (id, t.peer),
             stats,
             t.ring,
             t.peer_wake,

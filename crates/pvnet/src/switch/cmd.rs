@@ -97,6 +97,10 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md). XDP
       frames carry no checksum metadata: on a veth, turn the kernel's end's transmit
       checksum offload off (ethtool -K PEER tx off), or its TCP/UDP arrive unfinished.
+      [,lanes=auto|N]: with several workers, its queues are spread over them, a lane of
+      sockets per worker (auto: one per worker, at most one per queue; 1: all on one
+      worker): each worker reads the queues of its lane and sends out on them, so nothing
+      crosses between workers on its way to or from the wire.
       [,qdisc=none|fq_codel|fifo][,dql=true][,bulk=true][,limit=1024][,ecn=true]: an egress queue as
       for vhost-user (default none: a packet that finds no transmit frame free waits in
       its sender up to 1 ms, then is dropped, no_buffer). The device queue beneath it is

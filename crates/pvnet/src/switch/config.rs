@@ -197,6 +197,10 @@ pub(crate) enum PortConfig {
         /// behind it), true or false.
         #[serde(default = "auto", deserialize_with = "bool_or_str")]
         rx_hash: String,
+        /// With several workers: the most workers its queues are spread over, a lane each
+        /// (auto: one per worker, at most one per queue; 1: every queue on one worker).
+        #[serde(default = "auto", deserialize_with = "u32_or_str")]
+        lanes: String,
         /// Egress queue scheduler: none (a packet with no transmit frame free waits in its
         /// sender, then is dropped), fq_codel or fifo.
         #[serde(default = "no_qdisc")]
@@ -424,6 +428,20 @@ fn bool_or_str<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<St
     })
 }
 
+/// A count or a word (`lanes = 2`, `lanes = "auto"`), as a string.
+fn u32_or_str<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum IntOrStr {
+        I(i64),
+        S(String),
+    }
+    Ok(match IntOrStr::deserialize(d)? {
+        IntOrStr::I(i) => i.to_string(),
+        IntOrStr::S(s) => s,
+    })
+}
+
 /// A VLAN list (`trunk=`): a number, or a string of numbers and ranges (`"10,20-30"`).
 fn vlan_list<'de, D: serde::Deserializer<'de>>(
     d: D,
@@ -438,6 +456,22 @@ fn vlan_list<'de, D: serde::Deserializer<'de>>(
         IntOrStr::I(i) => i.to_string(),
         IntOrStr::S(s) => s,
     }))
+}
+
+/// An `af-xdp` port's `lanes`: the most workers its queues are spread over (0: auto).
+pub(crate) fn xdp_lanes(p: &PortConfig) -> Result<u32> {
+    let PortConfig::AfXdp { name, lanes, .. } = p else {
+        return Ok(1);
+    };
+    match lanes.as_str() {
+        "auto" => Ok(0),
+        n => match n.parse::<u32>() {
+            Ok(k @ 1..=64) => Ok(k),
+            _ => Err(usage(format!(
+                "port {name}: lanes must be auto or 1 to 64, not {n:?}"
+            ))),
+        },
+    }
 }
 
 /// A port's 802.1Q settings from its `vlan`, `trunk` and `native` keys (None: none, the
@@ -879,6 +913,7 @@ pub(crate) fn check_port(p: &PortConfig) -> Result<()> {
         PortConfig::AfXdp { .. } => {
             xdp_config(p)?;
             xdp_egress(p)?;
+            xdp_lanes(p)?;
         }
         PortConfig::Vxlan { .. } => {
             vxlan_config(p)?;
@@ -1261,11 +1296,17 @@ mod tests {
             (c.queues, c.mode, c.zerocopy, c.rx_hash),
             (2, ModeReq::Generic, ZeroCopy::Off, Some(false))
         );
+        assert_eq!(xdp_lanes(&p).unwrap(), 0, "lanes=auto by default");
+        let p = parse_port_spec("af-xdp:name=w,ifname=v0,queues=4,lanes=2").unwrap();
+        assert_eq!(xdp_lanes(&p).unwrap(), 2);
         for bad in [
             "af-xdp:name=w,ifname=v0,mode=fast",
             "af-xdp:name=w,ifname=v0,zerocopy=maybe",
             "af-xdp:name=w,ifname=v0,rx_hash=sometimes",
             "af-xdp:name=w,ifname=v0,queues=0",
+            "af-xdp:name=w,ifname=v0,lanes=0",
+            "af-xdp:name=w,ifname=v0,lanes=65",
+            "af-xdp:name=w,ifname=v0,lanes=many",
         ] {
             let p = parse_port_spec(bad).unwrap();
             assert!(check_port(&p).is_err(), "{bad}");

@@ -10,8 +10,8 @@
 
 use super::config::{
     check_port, egress_of, fmt_mac, host_io, io_name, kernel_egress, parse_mac, parse_port_spec,
-    port_policy, spec_value, vlan_mode, vxlan_config, xdp_config, xdp_egress, FileConfig,
-    PortConfig,
+    port_policy, spec_value, vlan_mode, vxlan_config, xdp_config, xdp_egress, xdp_lanes,
+    FileConfig, PortConfig,
 };
 use crate::ctl::{self, PortInfo, Reply};
 use crate::error::{io, usage, Result};
@@ -259,10 +259,14 @@ impl Runtime {
                 let cfg = xdp_config(p)?.ok_or_else(not)?;
                 let egress = xdp_egress(p)?.ok_or_else(not)?;
                 let dev = pvnet_dataplane::xdp::XdpDev::open(&cfg)
-                    .map_err(io(format!("port {name}: AF_XDP")))?;
-                let detail = format!("{}, egress {}", dev.describe(), egress_text(&egress));
+                    .map_err(io(format!("port {name}: AF_XDP")))?
+                    .with_lanes(xdp_lanes(p)?);
+                let mut detail = format!("{}, egress {}", dev.describe(), egress_text(&egress));
                 info!(port = %name, ifname = %ifname, mode = dev.mode().name(), zerocopy = dev.zerocopy(), "AF_XDP sockets bound");
-                self.dp.add_host(id, HostPort::AfXdp(dev));
+                let workers = self.dp.add_host(id, HostPort::AfXdp(dev));
+                if workers > 1 {
+                    detail.push_str(&format!(", {workers} lanes (a worker each)"));
+                }
                 if egress.queue.is_some() {
                     self.dp.set_egress(id, egress);
                 }

@@ -498,18 +498,31 @@ impl AsRawFd for Xsk {
     }
 }
 
-/// An interface taken through `AF_XDP`: its program attached, a socket per queue. Field order
-/// is drop order: the link goes first (the program leaves the interface), then the sockets.
+/// The interface's program, attached, and its socket map: shared by the lanes of a port
+/// ([`XdpDev::into_lanes`]), the program leaving the interface with the last of them. Field
+/// order is drop order: the link goes first (the program leaves the interface), then the
+/// program and the map.
 #[derive(Debug)]
-pub struct XdpDev {
+struct Attached {
     _link: Link,
     _prog: Prog,
     _map: XskMap,
-    /// One socket per queue, queue `k` at index `k`.
-    pub queues: Vec<Xsk>,
     name: String,
     mode: Mode,
     hash: bool,
+}
+
+/// An interface taken through `AF_XDP`: its program attached, a socket per queue (or, for
+/// one lane of a port spread over workers, per queue of that lane). Field order is drop
+/// order: the attachment goes first (the program leaves the interface if this was its last
+/// holder), then the sockets.
+#[derive(Debug)]
+pub struct XdpDev {
+    attached: std::sync::Arc<Attached>,
+    /// Its sockets; the interface queue of each is its [`Xsk::queue`].
+    pub queues: Vec<Xsk>,
+    /// Most workers its queues may be spread over (0: as many as queues and workers allow).
+    lanes: u32,
 }
 
 impl XdpDev {
@@ -565,30 +578,71 @@ impl XdpDev {
             queues.push(x);
         }
         Ok(Self {
-            _link: link,
-            _prog: prog,
-            _map: map,
+            attached: std::sync::Arc::new(Attached {
+                _link: link,
+                _prog: prog,
+                _map: map,
+                name: name.to_string(),
+                mode,
+                hash,
+            }),
             queues,
-            name: name.to_string(),
-            mode,
-            hash,
+            lanes: 0,
         })
+    }
+
+    /// At most `n` lanes for this port's queues when it runs on several workers (0: as many
+    /// as its queues and the workers allow; 1: every queue on one worker).
+    #[must_use]
+    pub fn with_lanes(mut self, n: u32) -> Self {
+        self.lanes = n;
+        self
+    }
+
+    /// How many lanes its queues make on `workers` workers: one per worker, at most one per
+    /// queue, at most what [`Self::with_lanes`] allows.
+    pub fn lanes_on(&self, workers: usize) -> usize {
+        let cap = match self.lanes {
+            0 => usize::MAX,
+            n => n as usize,
+        };
+        self.queues.len().min(workers).min(cap).max(1)
+    }
+
+    /// Splits the sockets into `n` lanes, queue `q` (the `q`-th socket) to lane `q mod n`,
+    /// each lane a device of its own that shares the program and map. The program leaves
+    /// the interface when the last lane is dropped; until then, frames for the queues of a
+    /// lane already dropped go on to the kernel's stack (`XDP_PASS`: the kernel takes a
+    /// closed socket out of the map).
+    pub fn into_lanes(self, n: usize) -> Vec<XdpDev> {
+        let n = n.clamp(1, self.queues.len().max(1));
+        let mut lanes: Vec<XdpDev> = (0..n)
+            .map(|_| XdpDev {
+                attached: self.attached.clone(),
+                queues: Vec::new(),
+                lanes: self.lanes,
+            })
+            .collect();
+        for (q, x) in self.queues.into_iter().enumerate() {
+            lanes[q % n].queues.push(x);
+        }
+        lanes
     }
 
     /// Whether the program puts each frame's RX hash in front of it ([`bpf::META_LEN`] bytes:
     /// the hash, zero where the driver had none for that frame, then its type).
     pub fn rx_hash(&self) -> bool {
-        self.hash
+        self.attached.hash
     }
 
     /// The interface.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.attached.name
     }
 
     /// The XDP mode in use.
     pub fn mode(&self) -> Mode {
-        self.mode
+        self.attached.mode
     }
 
     /// Whether the sockets run zero-copy.
@@ -607,15 +661,15 @@ impl XdpDev {
         let n = self.queues.len();
         format!(
             "{}, XDP {}, {}{}{}, {n} queue{}",
-            self.name,
-            self.mode.name(),
+            self.name(),
+            self.mode().name(),
             if self.zerocopy() { "zero-copy" } else { "copy" },
             if self.multi_buffer() {
                 ", multi-buffer"
             } else {
                 ""
             },
-            if self.hash { ", rx-hash" } else { "" },
+            if self.rx_hash() { ", rx-hash" } else { "" },
             if n == 1 { "" } else { "s" }
         )
     }
