@@ -97,12 +97,12 @@ impl Ring {
 }
 
 impl Ring {
-    /// Reads published records from `head` on (up to `tail`), at most `room`, all of one
-    /// origin (the port they entered the switch on): each one's segment, its length and
-    /// header word, and the index past it. Returns how many, where reading stopped, and
-    /// their origin.
-    #[inline]
-    fn read_burst<'a>(
+    /// Reads published records from `head` on (up to `tail`), at most `room`, with
+    /// `BY_ORIGIN` all of one origin (the port they entered the switch on): each one's
+    /// segment, its length and header word, and the index past it. Returns how many, where
+    /// reading stopped, and their origin (0 without `BY_ORIGIN`).
+    #[inline(always)]
+    fn read_burst<'a, const BY_ORIGIN: bool>(
         &'a self,
         (head, tail): (usize, usize),
         room: usize,
@@ -122,14 +122,13 @@ impl Ring {
                 continue;
             }
             // SAFETY: as above; the record's header.
-            let (word, from) = unsafe {
-                (
-                    base.add(off + 4).cast::<u32>().read(),
-                    base.add(off + 8).cast::<u32>().read(),
-                )
-            };
-            if *origin.get_or_insert(from) != from {
-                break;
+            let word = unsafe { base.add(off + 4).cast::<u32>().read() };
+            if BY_ORIGIN {
+                // SAFETY: as above.
+                let from = unsafe { base.add(off + 8).cast::<u32>().read() };
+                if *origin.get_or_insert(from) != from {
+                    break;
+                }
             }
             // SAFETY: the record's bytes lie within the ring (our allocation, alive as long
             // as `self`), published, and stay the consumer's until its head moves past them,
@@ -254,6 +253,9 @@ pub struct TrunkPort {
     id: PortId,
     /// The shard at its other end.
     peer: usize,
+    /// Bursts are cut where the records' origin changes, and the switch is told each
+    /// burst's ([`Ingress::origin`]): only while some port is spread over shards.
+    by_origin: bool,
     stats: Arc<PortStats>,
     to: Producer,
     from: Consumer,
@@ -282,6 +284,7 @@ impl TrunkPort {
         Self {
             id,
             peer,
+            by_origin: false,
             stats,
             to,
             from,
@@ -306,6 +309,12 @@ impl TrunkPort {
         self.peer
     }
 
+    /// Whether received bursts go by origin (some port is spread over shards: the switch
+    /// needs each packet's).
+    pub(crate) fn set_by_origin(&mut self, on: bool) {
+        self.by_origin = on;
+    }
+
     /// The packets offered from now on entered the switch on port `port` (each record
     /// carries it to the other shard).
     #[inline]
@@ -314,38 +323,10 @@ impl TrunkPort {
     }
 }
 
-impl super::Port for TrunkPort {
-    fn id(&self) -> PortId {
-        self.id
-    }
-
-    #[inline]
-    fn caps(&self) -> Caps {
-        // Metadata passes as it is: the other shard fits it to the port it goes to.
-        Caps {
-            receives: true,
-            offloads: RX_OFFLOADS,
-            ..Caps::default()
-        }
-    }
-
-    fn tx_stats(&self) -> &PortStats {
-        &self.stats
-    }
-
-    fn egress(&mut self) -> Option<&mut Egress> {
-        Some(&mut self.egress)
-    }
-
-    fn backlogged(&self) -> bool {
-        self.egress.backlogged()
-    }
-
-    /// Hands out published records, in order, in bursts; gives back the space of those
-    /// taken once each burst is committed. (Out of line: kept out of the other ports'
-    /// dispatch, which it would otherwise outgrow.)
-    #[inline(never)]
-    fn rx_burst(&mut self, max: usize, _now: Instant, to: &mut impl Ingress) -> usize {
+impl TrunkPort {
+    /// [`super::Port::rx_burst`], each burst of one origin with `BY_ORIGIN`.
+    #[inline(always)]
+    fn rx<const BY_ORIGIN: bool>(&mut self, max: usize, to: &mut impl Ingress) -> usize {
         let r = &*self.from.ring;
         let tail = r.tail.0.load(Ordering::Acquire);
         let mut head = self.from.head;
@@ -354,7 +335,7 @@ impl super::Port for TrunkPort {
             let mut segs: [Seg<'_>; MAX_BURST] = std::array::from_fn(|_| Seg::from_mut(&mut []));
             let mut ends = [0usize; MAX_BURST];
             let mut lens = [(0u32, 0u32); MAX_BURST];
-            let (n, at, origin) = r.read_burst(
+            let (n, at, origin) = r.read_burst::<BY_ORIGIN>(
                 (head, tail),
                 MAX_BURST.min(max - work),
                 &mut segs,
@@ -385,7 +366,9 @@ impl super::Port for TrunkPort {
                 good += 1;
             }
             let taken = if good > 0 {
-                to.origin(origin);
+                if BY_ORIGIN {
+                    to.origin(origin);
+                }
                 to.burst(&pkts[..good], &self.stats)
             } else {
                 0
@@ -421,6 +404,46 @@ impl super::Port for TrunkPort {
             self.worked = true;
         }
         work
+    }
+}
+
+impl super::Port for TrunkPort {
+    fn id(&self) -> PortId {
+        self.id
+    }
+
+    #[inline]
+    fn caps(&self) -> Caps {
+        // Metadata passes as it is: the other shard fits it to the port it goes to.
+        Caps {
+            receives: true,
+            offloads: RX_OFFLOADS,
+            ..Caps::default()
+        }
+    }
+
+    fn tx_stats(&self) -> &PortStats {
+        &self.stats
+    }
+
+    fn egress(&mut self) -> Option<&mut Egress> {
+        Some(&mut self.egress)
+    }
+
+    fn backlogged(&self) -> bool {
+        self.egress.backlogged()
+    }
+
+    /// Hands out published records, in order, in bursts; gives back the space of those
+    /// taken once each burst is committed. (Out of line: kept out of the other ports'
+    /// dispatch, which it would otherwise outgrow.)
+    #[inline(never)]
+    fn rx_burst(&mut self, max: usize, _now: Instant, to: &mut impl Ingress) -> usize {
+        if self.by_origin {
+            self.rx::<true>(max, to)
+        } else {
+            self.rx::<false>(max, to)
+        }
     }
 
     fn tx_begin(&mut self, _now: Instant, _hint: usize) -> bool {

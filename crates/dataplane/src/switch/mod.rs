@@ -158,9 +158,15 @@ impl Fabric {
         }
     }
 
-    /// Port `port` has lanes on the shards of `mask` (0: none, it is not spread).
+    /// Port `port` has lanes on the shards of `mask` (0: none, it is not spread). The
+    /// shard's trunks must then hand out bursts by origin ([`crate::port::trunk`]).
     pub(crate) fn set_lanes(&mut self, port: PortId, mask: u64) {
         self.lanes.set(port, mask);
+    }
+
+    /// Whether some port is spread over shards.
+    pub(crate) fn spread(&self) -> bool {
+        !self.lanes.is_empty()
     }
 
     /// Gives port `port` its VLAN settings (None: none, VLAN 0 untagged). What was learned

@@ -1597,8 +1597,13 @@ fn a_port_spread_over_shards_gets_each_frame_once_and_learns_at_the_local_lane()
             (switch(), vec![p1, l1, trunk(100, 0, at1)]),
         ];
         if lanes {
-            for (f, _) in &mut shards {
+            for (f, ports) in &mut shards {
                 f.set_lanes(7, 0b11);
+                for p in ports.iter_mut() {
+                    if let AnyPort::Trunk(t) = p {
+                        t.set_by_origin(true);
+                    }
+                }
             }
         }
         let now = Instant::now();

@@ -471,7 +471,7 @@ impl Shard {
                     let _ = reply.send(());
                 }
                 Cmd::AddHost(id, lane, h) => self.add_host(id, lane, *h),
-                Cmd::Lanes(id, mask) => self.fabric.set_lanes(id, mask),
+                Cmd::Lanes(id, mask) => self.set_lanes(id, mask),
                 Cmd::Forget(id, reply) => {
                     self.remove(id);
                     self.egress.remove(&id);
@@ -563,20 +563,34 @@ impl Shard {
         }
     }
 
+    /// Port `id` has lanes on the shards of `mask` (0: none): the fabric's rules, and the
+    /// trunks cut their bursts by origin while any port is spread.
+    fn set_lanes(&mut self, id: PortId, mask: u64) {
+        self.fabric.set_lanes(id, mask);
+        let spread = self.fabric.spread();
+        for p in &mut self.ports {
+            if let AnyPort::Trunk(t) = p {
+                t.set_by_origin(spread);
+            }
+        }
+    }
+
     /// This shard's end of the trunk to shard `t.peer`, a port of its own.
     fn add_trunk(&mut self, t: TrunkEnd) {
         let id = trunk_id(self.index, t.peer);
         let stats = self.pair_stats(id, 0).swap_remove(0);
         stats.up.store(1, Ordering::Relaxed);
         info!(shard = self.index, peer = t.peer, "trunk to shard up");
-        self.add(AnyPort::Trunk(TrunkPort::new(
+        let mut end = TrunkPort::new(
             (id, t.peer),
             stats,
             t.ring,
             t.peer_wake,
             t.peer_asleep,
             self.wake,
-        )));
+        );
+        end.set_by_origin(self.fabric.spread());
+        self.add(AnyPort::Trunk(end));
     }
 
     /// Hands a vhost-user port over for shard `to`, between rounds (every batch of it is
