@@ -8,7 +8,8 @@
         switch's CPU ns (every thread)
     bench_lanes.py summary RESULTS OUT
         the table: each round's runs side by side, the ratio lanes=auto against lanes=1 in the
-        same round when both runs were in one c2c state, and the medians per state
+        same round (in parentheses when the c2c probes around the two runs were not all in one
+        state), and the medians per state of the rounds that were
 """
 
 import statistics
@@ -55,11 +56,13 @@ def summary(lines):
         rm, rc = m2 / max(m1, 1e-9), c2 / max(c1, 1e-9)
         if st != "mixed":
             ratios.setdefault(st, []).append((rm, rc))
-        out.append(
-            "| %s | %s | %.3f | %.3f | %s | %.0f | %.0f | %s |"
-            % (rnd, st, m1, m2, "%.2fx" % rm if st != "mixed" else "-", c1, c2, "%.2fx" % rc if st != "mixed" else "-")
-        )
+        # A round whose probes disagree: its ratio shown in parentheses, left out of the medians.
+        fmt = "%.2fx" if st != "mixed" else "(%.2fx)"
+        out.append("| %s | %s | %.3f | %.3f | %s | %.0f | %.0f | %s |" % (rnd, st, m1, m2, fmt % rm, c1, c2, fmt % rc))
     out.append("")
+    mixed = [r for r in out[2:] if "| mixed |" in r]
+    if mixed:
+        out.append("%d round(s) with c2c probes in more than one state: not in the medians." % len(mixed))
     for st, rs in sorted(ratios.items()):
         out.append(
             "Median in the %s state (%d rounds): lanes=auto %.2fx the packets per second of lanes=1, at %.2fx its CPU per packet."

@@ -32,6 +32,7 @@ def test_summary_pairs_runs_by_round_within_one_state():
     out = bl.summary(lines)
     assert "| 1 | fast | 1.000 | 1.500 | 1.50x | 1000 | 900 | 0.90x |" in out
     assert "| 2 | slow | 0.500 | 1.000 | 2.00x | 2000 | 1000 | 0.50x |" in out
-    assert "| 3 | mixed | 1.000 | 9.000 | - | 1000 | 1 | - |" in out
+    assert "| 3 | mixed | 1.000 | 9.000 | (9.00x) | 1000 | 1 | (0.00x) |" in out
+    assert "1 round(s) with c2c probes in more than one state: not in the medians." in out
     assert any(x.startswith("Median in the fast state (1 rounds): lanes=auto 1.50x") for x in out)
     assert any(x.startswith("Median in the slow state (1 rounds): lanes=auto 2.00x") for x in out)
