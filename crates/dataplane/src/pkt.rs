@@ -217,6 +217,49 @@ pub fn frame_fits_mtu(frame_len: u32, hdr: &VnetHdr, mtu: u16) -> bool {
         || hdr.gso_type & !VnetHdr::GSO_ECN != VnetHdr::GSO_NONE
 }
 
+/// The virtio-net header of a packet whose frame grows (`insert`) or shrinks by a tag:
+/// `csum_start` (where checksumming starts, from the frame's start) and a GSO packet's
+/// `hdr_len` (its headers' length) move by 4 bytes. None if they point into the bytes that
+/// go (a header no sender makes).
+pub(crate) fn moved(h: &VnetHdr, insert: bool) -> Option<VnetHdr> {
+    let mv = |x: u16| {
+        if insert {
+            x.checked_add(4)
+        } else {
+            x.checked_sub(4).filter(|&y| y >= 12)
+        }
+    };
+    let mut h = *h;
+    if h.flags & VnetHdr::F_NEEDS_CSUM != 0 {
+        h.csum_start = mv(h.csum_start)?;
+    }
+    if h.gso_type != VnetHdr::GSO_NONE && h.hdr_len != 0 {
+        h.hdr_len = mv(h.hdr_len)?;
+    }
+    Some(h)
+}
+
+/// Puts back the tag the kernel took out of a frame it handed over (an `AF_PACKET` socket
+/// gives it beside the frame, in its auxiliary data): `buf[..len]` is a virtio-net header of
+/// `HDR_LEN` bytes, then the frame. The bytes after the frame's addresses move 4 on, the tag
+/// (`tpid`, `tci`) goes between, and the header's offsets move with them ([`moved`]).
+/// Returns the new length; None if `buf` has no room for it, the frame has no addresses, or
+/// the header cannot move (no sender makes such a header).
+pub(crate) fn put_back(buf: &mut [u8], len: usize, tpid: u16, tci: u16) -> Option<usize> {
+    let hl = HDR_LEN as usize;
+    let addrs = hl + MACS as usize;
+    let tag = 4;
+    if len < addrs || len + tag > buf.len() {
+        return None;
+    }
+    let h = moved(&VnetHdr::parse(&buf[..hl])?, true)?;
+    buf.copy_within(addrs..len, addrs + tag);
+    buf[addrs..addrs + 2].copy_from_slice(&tpid.to_be_bytes());
+    buf[addrs + 2..addrs + tag].copy_from_slice(&tci.to_be_bytes());
+    h.write(&mut buf[..hl]);
+    Some(len + tag)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +267,39 @@ mod tests {
     /// `read_head` over a chain whose header sits alone in its segment (how DPDK and Linux chain a
     /// packet: two fixed-size reads), over one whose first segment ends inside the addresses
     /// (gathered), and over one too short to hold them.
+    #[test]
+    fn a_tag_the_kernel_took_out_goes_back_behind_the_addresses() {
+        let hl = HDR_LEN as usize;
+        let mut buf = vec![0u8; 200];
+        let h = VnetHdr {
+            flags: VnetHdr::F_NEEDS_CSUM,
+            gso_type: VnetHdr::GSO_TCPV4,
+            hdr_len: 54,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+            num_buffers: 0,
+        };
+        h.write(&mut buf[..hl]);
+        let frame: Vec<u8> = (0..100u8).collect();
+        buf[hl..hl + 100].copy_from_slice(&frame);
+        let n = put_back(&mut buf, hl + 100, 0x8100, 0x2000 | 10).expect("room");
+        assert_eq!(n, hl + 104);
+        assert_eq!(&buf[hl..hl + 12], &frame[..12], "the addresses stay");
+        assert_eq!(
+            &buf[hl + 12..hl + 16],
+            &[0x81, 0x00, 0x20, 10],
+            "then the tag"
+        );
+        assert_eq!(&buf[hl + 16..n], &frame[12..], "then the rest");
+        let g = VnetHdr::parse(&buf[..hl]).expect("header");
+        assert_eq!((g.csum_start, g.hdr_len, g.gso_size), (38, 58, 1448));
+        // No room for 4 more bytes, or no addresses: left as it is.
+        let mut full = vec![0u8; hl + 100];
+        assert_eq!(put_back(&mut full, hl + 100, 0x8100, 10), None);
+        assert_eq!(put_back(&mut buf, hl + 6, 0x8100, 10), None);
+    }
+
     #[test]
     fn read_head_takes_the_addresses_from_the_segment_after_the_header() {
         let macs: [u8; 12] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];

@@ -24,11 +24,11 @@
 use super::mtu::MtuWatch;
 use super::{offer_each, Ingress, Lease, RX_OFFLOADS};
 use crate::egress::{Egress, EgressConfig, HoldPolicy};
-use crate::pkt::{read_head, Caps, Pkt, PortId, Staged, TxOut, EMPTY, MACS, MAX_MERGE};
+use crate::pkt::{put_back, read_head, Caps, Pkt, PortId, Staged, TxOut, EMPTY, MACS, MAX_MERGE};
 use crate::poll::plan::Settle;
 use crate::poll::{Every, Idle};
 use crate::stats::{bump, DropReason, PortStats};
-use crate::sys::packet::PacketSock;
+use crate::sys::packet::{vlan_of, Ctrl, PacketSock, Tag};
 use crate::sys::tap::{Tap, RECV_BUF_LEN};
 use crate::sys::uring::Batch;
 use pvnet_net::HDR_LEN;
@@ -71,11 +71,22 @@ pub enum HostDev {
 }
 
 impl HostDev {
+    /// Reads one frame into `buf` and puts back the VLAN tag the kernel took out of it (an
+    /// `AF_PACKET` socket's; a tap's frames keep theirs). Returns its length (0: a tag that
+    /// found no room, counted as invalid by the caller).
     fn recv(&self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
         match self {
             HostDev::Tap(t) => t.recv(buf),
-            HostDev::Packet(p) => p.recv(buf),
+            HostDev::Packet(p) => Ok(p.recv(buf)?.map(|(n, tag)| match tag {
+                Some((tpid, tci)) => put_back(buf, n, tpid, tci).unwrap_or(0),
+                None => n,
+            })),
         }
+    }
+
+    /// Whether it is an `AF_PACKET` socket (its reads take control messages: a VLAN tag).
+    fn is_packet(&self) -> bool {
+        matches!(self, HostDev::Packet(_))
     }
 
     fn send_iovecs(&self, iov: &[libc::iovec]) -> std::io::Result<Option<usize>> {
@@ -197,6 +208,15 @@ struct Uring {
     large: bool,
     /// Bytes the first chain of a large read holds (a packet within it: small again).
     first: u32,
+    /// Each read's `msghdr`, iovec (a read into the port's own buffer) and control buffer,
+    /// for an `AF_PACKET` socket's reads (`recvmsg`: a frame's VLAN tag comes beside it);
+    /// never reallocated.
+    msgs: Vec<libc::msghdr>,
+    miov: Vec<libc::iovec>,
+    ctrl: Vec<Ctrl>,
+    /// The VLAN tag the kernel took out of each read's frame, to be put back before it is
+    /// handed out.
+    tags: [Option<Tag>; RX_BUFS],
 }
 
 // SAFETY: the raw pointers in `iov` point at packet memory only between a queued write and
@@ -242,7 +262,60 @@ impl Uring {
             lent: [0; RX_BUFS],
             large: false,
             first: 0,
+            // SAFETY: all-zero is a valid `msghdr` (set before each read).
+            msgs: vec![unsafe { std::mem::zeroed() }; RX_BUFS],
+            miov: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                };
+                RX_BUFS
+            ],
+            ctrl: vec![Ctrl::default(); RX_BUFS],
+            tags: [None; RX_BUFS],
         })
+    }
+
+    /// Queues read `i` from `fd` into the `n` iovecs at `iov`: a `recvmsg` with its control
+    /// buffer for an `AF_PACKET` socket (`packet`), else a `readv`. False if the batch is
+    /// full.
+    ///
+    /// # Safety
+    ///
+    /// As [`Batch::readv`]: the iovecs and the memory they describe stay valid and untouched
+    /// until the next `complete`.
+    unsafe fn queue_read(
+        &mut self,
+        fd: i32,
+        packet: bool,
+        i: usize,
+        iov: *mut libc::iovec,
+        n: usize,
+    ) -> bool {
+        if !packet {
+            // SAFETY: the caller's.
+            return unsafe {
+                self.batch
+                    .readv(fd, std::slice::from_raw_parts(iov, n), i as u64)
+            };
+        }
+        self.msgs[i] = self.ctrl[i].msghdr(iov, n);
+        let msg = std::ptr::from_mut(&mut self.msgs[i]);
+        // SAFETY: `msgs[i]` and `ctrl[i]` live in vectors never reallocated; the iovecs are
+        // the caller's.
+        unsafe { self.batch.recvmsg(fd, msg, i as u64) }
+    }
+
+    /// Notes the VLAN tag of each of the first `k` reads (`res`: their results) that the
+    /// kernel took out of its frame.
+    fn note_tags(&mut self, packet: bool, res: &[i32]) {
+        for (i, &r) in res.iter().enumerate() {
+            self.tags[i] = if packet && r > 0 {
+                vlan_of(&self.ctrl[i], self.msgs[i].msg_controllen)
+            } else {
+                None
+            };
+        }
     }
 }
 
@@ -759,6 +832,7 @@ impl KernelPort {
     /// Returns the packets completed in place and whether the kernel had no more.
     fn look_uring(&mut self, max: usize, to: &mut impl Ingress) -> std::io::Result<(usize, bool)> {
         let (fd, id, direct) = (self.fd(), self.id, self.direct);
+        let packet = self.dev.is_packet();
         let Some(u) = self.uring.as_deref_mut() else {
             return Ok((0, false));
         };
@@ -769,31 +843,44 @@ impl KernelPort {
             None
         };
         match lease {
-            Some(lease) => direct_look(u, fd, k, lease, &self.stats, id),
-            None => plain_look(u, fd, k, &self.stats, id).map(|gone| (0, gone)),
+            Some(lease) => direct_look(u, (fd, packet), k, lease, &self.stats, id),
+            None => plain_look(u, (fd, packet), k, &self.stats, id).map(|gone| (0, gone)),
         }
     }
 }
 
 /// Submits up to `k` reads into the port's own buffers and waits for them; what they read
-/// waits in `ready`. Returns whether the kernel had no more.
+/// waits in `ready`. Returns whether the kernel had no more. (`packet`: `fd` is an
+/// `AF_PACKET` socket, read with `recvmsg` for the VLAN tags it takes out.)
 fn plain_look(
     u: &mut Uring,
-    fd: i32,
+    (fd, packet): (i32, bool),
     k: usize,
     stats: &PortStats,
     id: PortId,
 ) -> std::io::Result<bool> {
     for i in 0..k {
         let buf = u.rx[i * RECV_BUF_LEN..].as_mut_ptr();
-        let len = u32::try_from(RECV_BUF_LEN).unwrap_or(u32::MAX);
-        // SAFETY: buffer `i` is `RECV_BUF_LEN` bytes of `u.rx`, untouched until the
-        // `complete` below returns (no packet is ready, so none points into it).
-        if !unsafe { u.batch.read(fd, buf, len, i as u64) } {
+        let queued = if packet {
+            u.miov[i] = libc::iovec {
+                iov_base: buf.cast(),
+                iov_len: RECV_BUF_LEN,
+            };
+            let iov = std::ptr::from_mut(&mut u.miov[i]);
+            // SAFETY: as below; `miov[i]` lives in a vector never reallocated.
+            unsafe { u.queue_read(fd, true, i, iov, 1) }
+        } else {
+            let len = u32::try_from(RECV_BUF_LEN).unwrap_or(u32::MAX);
+            // SAFETY: buffer `i` is `RECV_BUF_LEN` bytes of `u.rx`, untouched until the
+            // `complete` below returns (no packet is ready, so none points into it).
+            unsafe { u.batch.read(fd, buf, len, i as u64) }
+        };
+        if !queued {
             break;
         }
     }
     let res = complete_reads(u, stats)?;
+    u.note_tags(packet, &res);
     let mut drained = false;
     for (i, &r) in res.iter().enumerate().take(k) {
         match usize::try_from(r) {
@@ -818,7 +905,7 @@ fn plain_look(
 /// either way.
 fn direct_look(
     u: &mut Uring,
-    fd: i32,
+    (fd, packet): (i32, bool),
     k: usize,
     lease: impl Lease,
     stats: &PortStats,
@@ -840,13 +927,14 @@ fn direct_look(
         };
         let segs = (i * per..(i + 1) * per).flat_map(|c| lease.chain(c));
         let (n, inchain) = lend_iovecs(segs, buf, iov);
+        let iov = iov.as_mut_ptr();
         u.lent[i] = inchain;
-        // SAFETY: the iovecs point into the lent chains of read `i` (the receiver's memory,
-        // mapped while the shard holds its ring, which it does for this whole call; the
-        // chains are popped for this batch, so neither the frontend nor another sender
-        // writes them) and into buffer `i` of `u.rx`, untouched until the `complete` below
-        // returns (no packet is ready, so none points into it).
-        if !unsafe { u.batch.readv(fd, &iov[..n], i as u64) } {
+        // SAFETY: the iovecs (in `u.riov`, never reallocated) point into the lent chains of
+        // read `i` (the receiver's memory, mapped while the shard holds its ring, which it
+        // does for this whole call; the chains are popped for this batch, so neither the
+        // frontend nor another sender writes them) and into buffer `i` of `u.rx`, untouched
+        // until the `complete` below returns (no packet is ready, so none points into it).
+        if !unsafe { u.queue_read(fd, packet, i, iov, n) } {
             break;
         }
     }
@@ -857,6 +945,7 @@ fn direct_look(
             return Err(e);
         }
     };
+    u.note_tags(packet, &res);
     let (n, gone) = direct_frames(u, &res[..k], per, lease, stats, id);
     u.reads = ((n + u.ready.len()) * 2).clamp(1, RX_BUFS);
     Ok((n, gone))
@@ -877,6 +966,14 @@ fn complete_reads(u: &mut Uring, stats: &PortStats) -> std::io::Result<[i32; RX_
 /// Hands out up to `max` of the packets read (`u.ready`), in bursts of valid packets; a short
 /// one is dropped in its place. Returns the packets taken.
 fn hand_out(u: &mut Uring, max: usize, to: &mut impl Ingress, stats: &PortStats) -> usize {
+    // The VLAN tags the kernel took out go back in first (once: taken); a frame with no room
+    // for its tag becomes empty, dropped below as invalid.
+    for e in &mut u.ready {
+        if let Some((tpid, tci)) = u.tags[e.0].take() {
+            let buf = &mut u.rx[e.0 * RECV_BUF_LEN..(e.0 + 1) * RECV_BUF_LEN];
+            e.1 = put_back(buf, e.1, tpid, tci).unwrap_or(0);
+        }
+    }
     let mut done = 0;
     while done < max && !u.ready.is_empty() {
         let mut segs: [Seg<'_>; RX_BUFS] = std::array::from_fn(|_| Seg::from_mut(&mut []));
@@ -1013,7 +1110,9 @@ fn direct_frames(
         } else if per > 1 && len <= u.first {
             u.large = false;
         }
-        if in_place && len <= u.lent[i] && len >= HDR_LEN + MACS {
+        // A frame whose VLAN tag the kernel took out is not one the frontend may get as it
+        // is: copied out, its tag put back.
+        if in_place && u.tags[i].is_none() && len <= u.lent[i] && len >= HDR_LEN + MACS {
             // Completed packets are gone from the front: this one's chain is the next.
             let head = read_head(lease.chain(0), HDR_LEN);
             if let Some((hdr, macs)) = head {

@@ -192,7 +192,7 @@ fn run(tag: &str, tap: bool, qdisc: Qdisc, secs: f64) -> Run {
         // Not a busy loop: the suite's other tests measure CPU load (a round every ~50 us is
         // still well ahead of the line's 82 us per frame).
         std::thread::sleep(Duration::from_micros(20));
-        while let Ok(Some(n)) = seen.recv(&mut buf) {
+        while let Ok(Some((n, _))) = seen.recv(&mut buf) {
             match classify(&buf[..n]) {
                 (Some(s), _) if s == seq => {
                     if let Some(t) = asked.take() {

@@ -16,7 +16,7 @@
 //! `csum_start` and a GSO packet's `hdr_len` count from the frame's start, so they move by
 //! the tag's 4 bytes.
 
-use crate::pkt::Pkt;
+use crate::pkt::{moved, Pkt};
 use pvnet_net::VnetHdr;
 use std::fmt;
 use std::str::FromStr;
@@ -442,28 +442,6 @@ pub(crate) fn egress(side: Side<'_>, word: u16) -> Option<Act> {
         (false, true) => Act::Strip,
         _ => Act::Pass,
     })
-}
-
-/// The virtio-net header of a packet whose frame grows (`insert`) or shrinks by a tag:
-/// `csum_start` (where checksumming starts, from the frame's start) and a GSO packet's
-/// `hdr_len` (its headers' length) move by 4 bytes. None if they point into the bytes that
-/// go (a header no sender makes).
-fn moved(h: &VnetHdr, insert: bool) -> Option<VnetHdr> {
-    let mv = |x: u16| {
-        if insert {
-            x.checked_add(4)
-        } else {
-            x.checked_sub(4).filter(|&y| y >= 12)
-        }
-    };
-    let mut h = *h;
-    if h.flags & VnetHdr::F_NEEDS_CSUM != 0 {
-        h.csum_start = mv(h.csum_start)?;
-    }
-    if h.gso_type != VnetHdr::GSO_NONE && h.hdr_len != 0 {
-        h.hdr_len = mv(h.hdr_len)?;
-    }
-    Some(h)
 }
 
 /// Appends to `out` (from `*n` on) segments over bytes `from..to` of `segs`; false if they

@@ -90,6 +90,9 @@ pub fn open(name: &str) -> io::Result<PacketSock> {
         &one,
         "PACKET_IGNORE_OUTGOING",
     )?;
+    // The kernel takes a received frame's VLAN tag out of its data before a packet socket
+    // sees it (`skb_vlan_untag`): it comes beside the frame, to be put back ([`vlan_of`]).
+    setopt(fd.as_raw_fd(), libc::PACKET_AUXDATA, &one, "PACKET_AUXDATA")?;
     let ifindex = libc::c_int::try_from(index).unwrap_or(0);
     // SAFETY: all-zero is a valid `sockaddr_ll`; the fields that matter are set below.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -178,9 +181,28 @@ impl PacketSock {
         Ok(u64::from(st.tp_drops))
     }
 
-    /// Reads one frame (header first); `Ok(None)` when none is queued.
-    pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        crate::sys::tap::read_fd(self.fd.as_raw_fd(), buf)
+    /// Reads one frame (header first) and the VLAN tag the kernel took out of it, if it
+    /// had one (see [`vlan_of`]); `Ok(None)` when none is queued.
+    pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(usize, Option<Tag>)>> {
+        let mut ctrl = Ctrl::default();
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut msg = ctrl.msghdr(&mut iov, 1);
+        loop {
+            // SAFETY: `msg` describes `buf` (exclusively borrowed) and `ctrl`'s buffer, both
+            // live for the call; the kernel writes at most their lengths.
+            let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+            match usize::try_from(n) {
+                Ok(n) => return Ok(Some((n, vlan_of(&ctrl, msg.msg_controllen)))),
+                Err(_) => match io::Error::last_os_error() {
+                    e if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                    e if e.kind() == io::ErrorKind::Interrupted => continue,
+                    e => return Err(e),
+                },
+            }
+        }
     }
 
     /// Sends one frame gathered from `iov` (header first) out of the interface; `Ok(None)`
@@ -188,6 +210,74 @@ impl PacketSock {
     pub(crate) fn send_iovecs(&self, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
         crate::sys::tap::writev_fd(self.fd.as_raw_fd(), iov)
     }
+}
+
+/// A VLAN tag taken out of a received frame: its TPID and TCI.
+pub(crate) type Tag = (u16, u16);
+
+/// Room for a received frame's control messages (its `PACKET_AUXDATA`: a 16-byte header and
+/// 20 bytes of `tpacket_auxdata`, padded).
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(8))]
+pub(crate) struct Ctrl([u8; 64]);
+
+impl Default for Ctrl {
+    fn default() -> Self {
+        Self([0; 64])
+    }
+}
+
+impl Ctrl {
+    /// A `msghdr` for a read into the `n` iovecs at `iov` with this control buffer (which
+    /// must not move while the read is in flight).
+    pub(crate) fn msghdr(&mut self, iov: *mut libc::iovec, n: usize) -> libc::msghdr {
+        // SAFETY: all-zero is a valid `msghdr` (no name, no flags); the fields that matter
+        // are set below.
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = iov;
+        m.msg_iovlen = n;
+        m.msg_control = self.0.as_mut_ptr().cast();
+        m.msg_controllen = self.0.len();
+        m
+    }
+}
+
+/// `tpacket_auxdata.tp_status`: the VLAN fields are valid (`TP_STATUS_VLAN_VALID`), and the
+/// TPID is too (`TP_STATUS_VLAN_TPID_VALID`; without it, 802.1Q).
+const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
+
+/// The VLAN tag the kernel took out of a received frame, from the read's control messages
+/// (`len` bytes of `ctrl`): its `PACKET_AUXDATA` with `TP_STATUS_VLAN_VALID`. None if the
+/// frame had none.
+pub(crate) fn vlan_of(ctrl: &Ctrl, len: usize) -> Option<Tag> {
+    const HDR: usize = 16; // cmsghdr: len (8), level (4), type (4)
+    let c = &ctrl.0[..len.min(ctrl.0.len())];
+    let u16_at = |b: &[u8], i: usize| u16::from_ne_bytes([b[i], b[i + 1]]);
+    let mut off = 0;
+    while off + HDR <= c.len() {
+        let l = usize::try_from(u64::from_ne_bytes(c[off..off + 8].try_into().ok()?)).ok()?;
+        let level = i32::from_ne_bytes(c[off + 8..off + 12].try_into().ok()?);
+        let kind = i32::from_ne_bytes(c[off + 12..off + 16].try_into().ok()?);
+        if l < HDR || off + l > c.len() {
+            return None;
+        }
+        if level == libc::SOL_PACKET && kind == libc::PACKET_AUXDATA && l >= HDR + 20 {
+            let a = &c[off + HDR..off + l];
+            let status = u32::from_ne_bytes(a[..4].try_into().ok()?);
+            if status & TP_STATUS_VLAN_VALID == 0 {
+                return None;
+            }
+            let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 {
+                u16_at(a, 18)
+            } else {
+                0x8100
+            };
+            return Some((tpid, u16_at(a, 16)));
+        }
+        off += l.next_multiple_of(8);
+    }
+    None
 }
 
 impl AsRawFd for PacketSock {

@@ -98,6 +98,21 @@ impl Batch {
         self.push(&e)
     }
 
+    /// Queues a `recvmsg` from socket `fd` into what `msg` describes, tagged `user`. False if
+    /// the batch is full.
+    ///
+    /// # Safety
+    ///
+    /// `msg`, its iovecs, the memory they describe and its control buffer must stay valid,
+    /// and not otherwise accessed, until the next [`complete`](Self::complete) returns.
+    pub(crate) unsafe fn recvmsg(&mut self, fd: RawFd, msg: *mut libc::msghdr, user: u64) -> bool {
+        let e = opcode::RecvMsg::new(types::Fd(fd), msg)
+            .flags(libc::MSG_DONTWAIT as u32)
+            .build()
+            .user_data(user);
+        self.push(&e)
+    }
+
     fn push(&mut self, e: &io_uring::squeue::Entry) -> bool {
         // SAFETY: the entry's buffers are the caller's to keep valid until `complete` (see
         // `writev`, `read` and `readv`), which drains every completion before returning.

@@ -613,7 +613,7 @@ fn transmit_spreads_flows_over_queues(port: &mut AnyPort, b: &str) {
         && Instant::now() < deadline
     {
         for (s, seen) in socks.iter().zip(&mut flows) {
-            while let Ok(Some(n)) = s.recv(&mut buf) {
+            while let Ok(Some((n, _))) = s.recv(&mut buf) {
                 // Behind the socket's virtio-net header.
                 let f = &buf[HDR_LEN as usize..n];
                 if f.len() >= 42 && f[23] == 17 && f[30..34] == [10, 214, 61, 1] {
