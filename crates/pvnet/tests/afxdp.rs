@@ -467,3 +467,69 @@ fn an_af_xdp_port_spread_over_workers_carries_each_frame_once() {
     }
     assert!(sw.alive(), "the switch runs on");
 }
+
+/// An `af-packet` trunk port (VLANs 10 and 20, no native VLAN) on a veth: frames the far end
+/// sends tagged reach the sink of their VLAN, each once, although the kernel takes every
+/// received tag out of the frame before a packet socket sees it (the port puts it back from
+/// `PACKET_AUXDATA`). Before that fix, every one was dropped as `vlan_filtered`.
+#[test]
+fn an_af_packet_trunk_port_keeps_the_tags_the_kernel_took_out() {
+    use std::os::fd::AsRawFd;
+    private_netns();
+    let id = std::process::id() % 10000;
+    let xk = format!("pvt{id}k");
+    veth(&xk, None, "10.218.0.1/24");
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{xk}b/disable_ipv6"), "1");
+    let dir = TestDir::new("aftag");
+    let c = dir.sock("ctl");
+    let trunk = format!("af-packet:name=a,ifname={xk}a,trunk=10,20");
+    let mut sw = Proc::spawn(
+        "switch",
+        &[
+            "switch",
+            "--port",
+            &trunk,
+            "--port",
+            "sink:name=s10,vlan=10",
+            "--port",
+            "sink:name=s20,vlan=20",
+            "--ctl-socket",
+            c.to_str().expect("utf-8"),
+        ],
+        &[("PVNET_LOG", "info")],
+    );
+    wait_socket(&mut sw, &c);
+    let wire = probe_socket(&format!("{xk}b"));
+    for (vid, n) in [(10u8, 50), (20, 30)] {
+        let mut f = [0u8; 64];
+        f[..6].fill(0xff);
+        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0x5e, vid]);
+        f[12..16].copy_from_slice(&[0x81, 0x00, 0x00, vid]);
+        f[16..18].copy_from_slice(&PROBE.to_be_bytes());
+        for _ in 0..n {
+            // SAFETY: a valid buffer of its length.
+            let w = unsafe { libc::send(wire.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
+            assert_eq!(w, 64, "send: {}", std::io::Error::last_os_error());
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let took = |ports: &serde_json::Value, name: &str| {
+        port_named(ports, name)["counters"]["tx_packets"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    loop {
+        let (_, ports) = ctl_json(&c, &["ports"]);
+        let got = (took(&ports, "s10"), took(&ports, "s20"));
+        if got == (50, 30) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sinks took {got:?} of (50, 30): {ports}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(sw.alive());
+}
