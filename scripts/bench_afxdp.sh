@@ -70,9 +70,6 @@ ipn link set pvbbr up; ipn link set pvs0 up; ipn link set pvs0p up
 
 # snap SOCKET : "tx_packets rx_packets syscalls busy_ns" of port t and the workers.
 snap() { "$BIN" ctl --ctl-socket "$1" --json 2>/dev/null | python3 "$PYLIB/bench_afxdp.py" snap t; }
-# cpu_ns PID : CPU time of all the process's threads, nanoseconds (0 once it is gone).
-cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
-wait_sock() { local i; for i in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no control socket $1"; }
 
 case "$SRC" in
   af-xdp) SRCPORT="af-xdp:name=t,ifname=pvs0,mode=native" ;;

@@ -41,8 +41,6 @@ ipn() { ip -n "$HNS" "$@"; }
 ipn link add pvl0 numtxqueues 2 numrxqueues 2 type veth peer name pvl0p numtxqueues 2 numrxqueues 2
 ipn link set pvl0 up; ipn link set pvl0p up
 FAR=02:00:00:00:00:99
-cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
-wait_sock() { local i; for i in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no control socket $1"; }
 snap() { "$BIN" ctl --ctl-socket "$1" --json 2>/dev/null | python3 "$PYLIB/bench_lanes.py" snap w; }
 # learn : a frame from the far host's address, in through the veth (the switch learns where it is).
 learn() {

@@ -74,11 +74,8 @@ kernel_down() { ip -n "$NSB" link del vx0 2> /dev/null || true; }
 
 # snap SOCKET PORT : "rx_packets tx_packets drops" of PORT.
 snap() { "$BIN" ctl --ctl-socket "$1" --json 2>/dev/null | python3 "$PYLIB/bench_overlay.py" snap "$2"; }
-# cpu_ns PID : CPU time of all the process's threads, nanoseconds (0 once it is gone).
-cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
 # sys_ns : both CPUs' busy time since boot, nanoseconds (everything but idle and iowait).
 sys_ns() { awk -v hz="$(getconf CLK_TCK)" '/^cpu /{printf "%.0f", ($2+$3+$4+$7+$8+$9) * 1e9 / hz}' /proc/stat; }
-wait_sock() { for _ in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no control socket $1"; }
 
 VXA="vxlan:name=t,local=10.240.0.1,remote=10.240.0.2,vni=1"
 VXB="vxlan:name=t,local=10.240.0.2,remote=10.240.0.1,vni=1"

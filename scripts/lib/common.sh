@@ -315,6 +315,10 @@ wait_quiet() {
     sleep 0.5
   done
 }
+# cpu_ns PID : CPU time of all the process's threads, nanoseconds (0 once it is gone).
+cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
+# wait_sock PATH : waits (<= 10 s) for a control socket to appear, or dies.
+wait_sock() { local i; for i in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no control socket $1"; }
 # child_pid PID: the single child of a `timeout` wrapper (the process we measure).
 child_pid() { local c; c=$(cat "/proc/$1/task/$1/children" 2>/dev/null); echo "${c%% *}"; }
 # split_qemu PID : QEMU's main-loop thread (tid == pid) to CPU1, the TCG vCPU thread(s) on CPU0.
