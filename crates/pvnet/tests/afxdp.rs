@@ -75,6 +75,35 @@ fn link_show(dev: &str) -> String {
     String::from_utf8_lossy(&run(&["ip", "link", "show", "dev", dev]).stdout).into_owned()
 }
 
+/// Waits (<= 2 s) for `dev`'s XDP program to leave it (a port deleted: the kernel lets go of
+/// the link a moment after the close).
+fn wait_no_program(dev: &str) {
+    let gone = Instant::now() + Duration::from_secs(2);
+    while link_show(dev).contains("xdp") {
+        assert!(Instant::now() < gone, "program left: {}", link_show(dev));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Ping both ways between this namespace (`near`) and namespace `ns` (`far`), then iperf3
+/// (TCP and UDP, both ways) against a server at `far`.
+fn ping_and_iperf3_both_ways(ns: &str, near: &str, far: &str) {
+    ok(&["ping", "-c", "3", "-i", "0.2", "-W", "2", far]);
+    ok(&[
+        "ip", "netns", "exec", ns, "ping", "-c", "3", "-i", "0.2", "-W", "2", near,
+    ]);
+    let mut server = Command::new("ip")
+        .args(["netns", "exec", ns, "iperf3", "-s", "-B", far])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("iperf3 server");
+    std::thread::sleep(Duration::from_millis(500));
+    common::iperf3_both_ways(far);
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
 #[test]
 fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
     private_netns();
@@ -122,34 +151,8 @@ fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
     assert!(link_show(&format!("{x0}a")).contains("xdp "));
     assert!(link_show(&format!("{x1}a")).contains("xdpgeneric"));
 
-    // Ping both ways through the switch.
-    ok(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "10.215.0.2"]);
-    ok(&[
-        "ip",
-        "netns",
-        "exec",
-        &far.0,
-        "ping",
-        "-c",
-        "3",
-        "-i",
-        "0.2",
-        "-W",
-        "2",
-        "10.215.0.1",
-    ]);
-
-    // iperf3, TCP and UDP, both ways (-R: the server sends).
-    let mut server = Command::new("ip")
-        .args(["netns", "exec", &far.0, "iperf3", "-s", "-B", "10.215.0.2"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("iperf3 server");
-    std::thread::sleep(Duration::from_millis(500));
-    common::iperf3_both_ways("10.215.0.2");
-    let _ = server.kill();
-    let _ = server.wait();
+    // Ping, and iperf3 TCP and UDP, both ways through the switch.
+    ping_and_iperf3_both_ways(&far.0, "10.215.0.1", "10.215.0.2");
 
     // A port added and removed at runtime: its program comes and goes with it.
     veth(&x2, None, "10.216.0.1/24");
@@ -166,11 +169,7 @@ fn af_xdp_ports_carry_ping_and_iperf3_and_come_and_go() {
     assert!(added, "port added again: {v}");
     let (deleted, v) = ctl_json(&c, &["port", "del", "p2"]);
     assert!(deleted, "port del: {v}");
-    let gone = Instant::now() + Duration::from_secs(2);
-    while link_show(&x2a).contains("xdp") {
-        assert!(Instant::now() < gone, "program left: {}", link_show(&x2a));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_no_program(&x2a);
 
     // The interface under p1 goes away: p1 goes down once it is sent something, the switch
     // and p0 run on.
@@ -295,15 +294,25 @@ fn probe_socket(ifname: &str) -> std::os::fd::OwnedFd {
 
 /// Sends `n` broadcast frames of the test's ethertype, from source address `src`.
 fn send_probes(fd: &std::os::fd::OwnedFd, src: u8, n: usize) {
-    use std::os::fd::AsRawFd;
     let mut f = [0u8; 60];
     f[..6].fill(0xff);
     f[6..12].copy_from_slice(&[2, 0, 0, 0, 0x5e, src]);
     f[12..14].copy_from_slice(&PROBE.to_be_bytes());
+    send_frames(fd, &f, n);
+}
+
+/// Sends frame `f` `n` times on `fd`, 200 us apart.
+fn send_frames(fd: &std::os::fd::OwnedFd, f: &[u8], n: usize) {
+    use std::os::fd::AsRawFd;
     for _ in 0..n {
         // SAFETY: a valid buffer of its length.
         let w = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
-        assert_eq!(w, 60, "send: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            usize::try_from(w).ok(),
+            Some(f.len()),
+            "send: {}",
+            std::io::Error::last_os_error()
+        );
         std::thread::sleep(Duration::from_micros(200));
     }
 }
@@ -427,44 +436,12 @@ fn an_af_xdp_port_spread_over_workers_carries_each_frame_once() {
     assert_eq!(counted, 100, "each broadcast once on the wire");
 
     // Ping and iperf3 both ways.
-    ok(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "10.217.0.2"]);
-    ok(&[
-        "ip",
-        "netns",
-        "exec",
-        &far.0,
-        "ping",
-        "-c",
-        "3",
-        "-i",
-        "0.2",
-        "-W",
-        "2",
-        "10.217.0.1",
-    ]);
-    let mut server = Command::new("ip")
-        .args(["netns", "exec", &far.0, "iperf3", "-s", "-B", "10.217.0.2"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("iperf3 server");
-    std::thread::sleep(Duration::from_millis(500));
-    common::iperf3_both_ways("10.217.0.2");
-    let _ = server.kill();
-    let _ = server.wait();
+    ping_and_iperf3_both_ways(&far.0, "10.217.0.1", "10.217.0.2");
 
     // Removed: both lanes go, and the program with the last of them.
     let (deleted, v) = ctl_json(&c, &["port", "del", "wire"]);
     assert!(deleted, "port del: {v}");
-    let gone = Instant::now() + Duration::from_secs(2);
-    while link_show(&format!("{xw}a")).contains("xdp") {
-        assert!(
-            Instant::now() < gone,
-            "program left: {}",
-            link_show(&format!("{xw}a"))
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_no_program(&format!("{xw}a"));
     assert!(sw.alive(), "the switch runs on");
 }
 
@@ -474,7 +451,6 @@ fn an_af_xdp_port_spread_over_workers_carries_each_frame_once() {
 /// `PACKET_AUXDATA`). Before that fix, every one was dropped as `vlan_filtered`.
 #[test]
 fn an_af_packet_trunk_port_keeps_the_tags_the_kernel_took_out() {
-    use std::os::fd::AsRawFd;
     private_netns();
     let id = std::process::id() % 10000;
     let xk = format!("pvt{id}k");
@@ -506,12 +482,7 @@ fn an_af_packet_trunk_port_keeps_the_tags_the_kernel_took_out() {
         f[6..12].copy_from_slice(&[2, 0, 0, 0, 0x5e, vid]);
         f[12..16].copy_from_slice(&[0x81, 0x00, 0x00, vid]);
         f[16..18].copy_from_slice(&PROBE.to_be_bytes());
-        for _ in 0..n {
-            // SAFETY: a valid buffer of its length.
-            let w = unsafe { libc::send(wire.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
-            assert_eq!(w, 64, "send: {}", std::io::Error::last_os_error());
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        send_frames(&wire, &f, n);
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     let took = |ports: &serde_json::Value, name: &str| {

@@ -926,13 +926,9 @@ impl Ingress for Cx<'_, '_> {
     /// local lane of that port, its sources are learned there ([`Lanes`]).
     #[inline]
     fn origin(&mut self, port: PortId) {
-        self.learn_at = self.sid;
-        if self.peer.is_some()
-            && self.f.lanes.on(port, self.peer.unwrap_or(usize::MAX))
-            && index_of(self.others.before, self.others.after, port).is_some()
-        {
-            self.learn_at = port;
-        }
+        let local_lane = self.peer.is_some_and(|s| self.f.lanes.on(port, s))
+            && index_of(self.others.before, self.others.after, port).is_some();
+        self.learn_at = if local_lane { port } else { self.sid };
     }
 
     fn has_receiver(&self) -> bool {

@@ -644,11 +644,12 @@ impl Dataplane {
     ///
     /// [`XdpDev::lanes_on`]: crate::sys::xdp::XdpDev::lanes_on
     pub fn add_host(&self, id: PortId, port: HostPort) -> usize {
+        let lanes = match &port {
+            HostPort::AfXdp(dev) if self.ports_move() => dev.lanes_on(self.shards.len().min(64)),
+            _ => 1,
+        };
         let port = match port {
-            HostPort::AfXdp(dev) if self.ports_move() && dev.lanes_on(self.shards.len()) > 1 => {
-                let n = dev.lanes_on(self.shards.len().min(64));
-                return self.add_lanes(id, dev.into_lanes(n));
-            }
+            HostPort::AfXdp(dev) if lanes > 1 => return self.add_lanes(id, dev.into_lanes(lanes)),
             p => p,
         };
         self.placement().hosts.insert(id);
