@@ -18,6 +18,8 @@
 #   xdp-native   af-xdp:ifname=pvs0p,mode=native   (the veth driver's XDP hook)
 #   xdp-native-hash  the same with rx_hash=true: the program asks the driver for each
 #                frame's RX hash (XDP metadata; a veth computes it in software)
+#   xdp-native-novlan  the same with rx_vlan=false: the plain program (no metadata; a VLAN
+#                tag carried beside a frame is lost)
 #   xdp-generic  af-xdp:ifname=pvs0p,mode=generic  (XDP after the socket buffer is built)
 #   af-packet    af-packet:ifname=pvs0p,io=uring
 #   tap          tap pvb1, bridged with pvs0p (the kernel forwards into the tap)
@@ -91,6 +93,7 @@ for r in $(seq 1 "$ROUNDS"); do
       case "$cfg" in
         xdp-native) pb="af-xdp:name=t,ifname=pvs0p,mode=native" ;;
         xdp-native-hash) pb="af-xdp:name=t,ifname=pvs0p,mode=native,rx_hash=true" ;;
+        xdp-native-novlan) pb="af-xdp:name=t,ifname=pvs0p,mode=native,rx_vlan=false" ;;
         xdp-generic) pb="af-xdp:name=t,ifname=pvs0p,mode=generic" ;;
         af-packet) pb="af-packet:name=t,ifname=pvs0p,io=uring" ;;
         tap) pb="tap:name=t,ifname=pvb1,io=uring" ;;

@@ -14,6 +14,7 @@ log() { echo "== $*"; }
 need_apt=()
 command -v cc >/dev/null || need_apt+=(gcc libc6-dev)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
+command -v ethtool >/dev/null || need_apt+=(ethtool)
 if ((${#need_apt[@]})); then
   log "installing ${need_apt[*]}"
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null

@@ -452,19 +452,72 @@ fn an_af_xdp_port_spread_over_workers_carries_each_frame_once() {
 #[test]
 fn an_af_packet_trunk_port_keeps_the_tags_the_kernel_took_out() {
     private_netns();
-    let id = std::process::id() % 10000;
-    let xk = format!("pvt{id}k");
+    let xk = format!("pvt{}k", std::process::id() % 10000);
     veth(&xk, None, "10.218.0.1/24");
     let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{xk}b/disable_ipv6"), "1");
-    let dir = TestDir::new("aftag");
+    trunk_keeps_tags(
+        "aftag",
+        &format!("af-packet:name=a,ifname={xk}a,trunk=10,20"),
+        &format!("{xk}b"),
+    );
+}
+
+/// An `af-xdp` trunk port (native mode) on a veth behind a Linux bridge: the bridge's port
+/// took each frame's tag out of its bytes on receipt (`skb_vlan_untag`) and sends it on with
+/// the tag beside the frame (the veth's transmit VLAN offload), so XDP sees the frame
+/// untagged; the program reads the tag (`bpf_xdp_metadata_rx_vlan_tag`) and the port puts it
+/// back, and each frame reaches the sink of its VLAN once. Before, every one was dropped as
+/// `vlan_filtered`.
+#[test]
+fn an_af_xdp_trunk_port_keeps_the_tags_a_bridge_took_out() {
+    private_netns();
+    let id = std::process::id() % 10000;
+    let (src, wire, br) = (
+        format!("pvt{id}s"),
+        format!("pvt{id}w"),
+        format!("pvt{id}r"),
+    );
+    ok(&["ip", "link", "add", &br, "type", "bridge", "stp_state", "0"]);
+    for v in [&src, &wire] {
+        let (a, b) = (format!("{v}a"), format!("{v}b"));
+        ok(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b]);
+        ok(&["ip", "link", "set", &b, "master", &br]);
+    }
+    for d in [
+        &br,
+        &format!("{src}a"),
+        &format!("{src}b"),
+        &format!("{wire}b"),
+    ] {
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{d}/disable_ipv6"), "1");
+        ok(&["ip", "link", "set", d, "up"]);
+    }
+    let c = trunk_keeps_tags(
+        "xdptag",
+        &format!("af-xdp:name=a,ifname={wire}a,mode=native,trunk=10,20"),
+        &format!("{src}a"),
+    );
+    let (_, ports) = ctl_json(&c.1, &["ports"]);
+    let detail = port_named(&ports, "a")["detail"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(detail.contains("rx-vlan"), "{detail}");
+}
+
+/// `pvnet switch` with `trunk` (a trunk port of VLANs 10 and 20) and a sink in each VLAN; 50
+/// broadcasts tagged 10 and 30 tagged 20 sent into interface `source`, whose frames reach the
+/// trunk's interface: the sinks take exactly 50 and 30. Returns the running switch and its
+/// control socket.
+fn trunk_keeps_tags(tag: &str, trunk: &str, source: &str) -> (Proc, std::path::PathBuf, TestDir) {
+    let dir = TestDir::new(tag);
     let c = dir.sock("ctl");
-    let trunk = format!("af-packet:name=a,ifname={xk}a,trunk=10,20");
     let mut sw = Proc::spawn(
         "switch",
         &[
             "switch",
             "--port",
-            &trunk,
+            trunk,
             "--port",
             "sink:name=s10,vlan=10",
             "--port",
@@ -475,7 +528,7 @@ fn an_af_packet_trunk_port_keeps_the_tags_the_kernel_took_out() {
         &[("PVNET_LOG", "info")],
     );
     wait_socket(&mut sw, &c);
-    let wire = probe_socket(&format!("{xk}b"));
+    let wire = probe_socket(source);
     for (vid, n) in [(10u8, 50), (20, 30)] {
         let mut f = [0u8; 64];
         f[..6].fill(0xff);
@@ -503,4 +556,5 @@ fn an_af_packet_trunk_port_keeps_the_tags_the_kernel_took_out() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(sw.alive());
+    (sw, c, dir)
 }

@@ -83,15 +83,19 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       (sndbuf: SO_SNDBUF, default net.core.wmem_default; the kernel's queue fills when the
       interface's qdisc holds packets, e.g. under a rate limit).
   af-xdp:name=wire,ifname=veth0[,queues=1][,mode=auto|native|generic][,zerocopy=auto|true|false]
-      [,rx_hash=auto|true|false]
+      [,rx_hash=auto|true|false][,rx_vlan=true|false]
       an existing interface through AF_XDP sockets (one per queue, 0..queues) and an XDP
       program pvnet loads and attaches (removed with the port, or when pvnet exits; an
       interface that already has a program is refused). mode=auto: native XDP, else
       generic; `pvnet ctl ports` says which, copy or zero-copy, multi-buffer (jumbo
       frames: the MTU is the interface's, up to 19182 with AF_XDP multi-buffer, 3822
-      without) and rx-hash (native mode, a driver with XDP metadata: each frame's RX hash
-      from the driver steers it, not a hash of its headers; rx_hash=auto: only where the
-      interface has hardware behind it, since a veth's driver would hash in software).
+      without), rx-vlan (native mode, Linux 6.8: a VLAN tag the kernel or the NIC carried
+      beside the frame, as a bridge or a VLAN device over a veth does, or a NIC's receive
+      VLAN offload, is put back in it; in generic mode, or with rx_vlan=false, it is lost)
+      and rx-hash (native
+      mode, a driver with XDP metadata: each frame's RX hash from the driver steers it, not
+      a hash of its headers; rx_hash=auto: only where the interface has hardware behind it,
+      since a veth's driver would hash in software).
       No offloads: checksums
       and GSO packets sent to it are completed in software (sw_csum, sw_gso). Needs root
       (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md). XDP

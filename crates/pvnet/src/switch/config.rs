@@ -197,6 +197,10 @@ pub(crate) enum PortConfig {
         /// behind it), true or false.
         #[serde(default = "auto", deserialize_with = "bool_or_str")]
         rx_hash: String,
+        /// Put back the VLAN tag the kernel or the NIC carried beside a frame, not in it (XDP
+        /// metadata, native mode): true (the default) or false.
+        #[serde(default = "yes")]
+        rx_vlan: bool,
         /// With several workers: the most workers its queues are spread over, a lane each
         /// (auto: one per worker, at most one per queue; 1: every queue on one worker).
         #[serde(default = "auto", deserialize_with = "u32_or_str")]
@@ -490,6 +494,7 @@ pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::
         mode,
         zerocopy,
         rx_hash,
+        rx_vlan,
         ..
     } = p
     else {
@@ -509,6 +514,7 @@ pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::
             .map_err(|e| usage(format!("port {name}: {e}")))?,
         rx_hash: pvnet_dataplane::xdp::parse_rx_hash(rx_hash)
             .map_err(|e| usage(format!("port {name}: {e}")))?,
+        rx_vlan: *rx_vlan,
     }))
 }
 
@@ -1284,17 +1290,17 @@ mod tests {
         assert_eq!(p.resource().as_deref(), Some("interface v0"));
         let c = xdp_config(&p).unwrap().unwrap();
         assert_eq!(
-            (c.queues, c.mode, c.zerocopy, c.rx_hash),
-            (1, ModeReq::Auto, ZeroCopy::Auto, None)
+            (c.queues, c.mode, c.zerocopy, c.rx_hash, c.rx_vlan),
+            (1, ModeReq::Auto, ZeroCopy::Auto, None, true)
         );
         let p = parse_port_spec(
-            "af-xdp:name=w,ifname=v0,queues=2,mode=generic,zerocopy=false,rx_hash=false",
+            "af-xdp:name=w,ifname=v0,queues=2,mode=generic,zerocopy=false,rx_hash=false,rx_vlan=false",
         )
         .unwrap();
         let c = xdp_config(&p).unwrap().unwrap();
         assert_eq!(
-            (c.queues, c.mode, c.zerocopy, c.rx_hash),
-            (2, ModeReq::Generic, ZeroCopy::Off, Some(false))
+            (c.queues, c.mode, c.zerocopy, c.rx_hash, c.rx_vlan),
+            (2, ModeReq::Generic, ZeroCopy::Off, Some(false), false)
         );
         assert_eq!(xdp_lanes(&p).unwrap(), 0, "lanes=auto by default");
         let p = parse_port_spec("af-xdp:name=w,ifname=v0,queues=4,lanes=2").unwrap();
@@ -1303,6 +1309,7 @@ mod tests {
             "af-xdp:name=w,ifname=v0,mode=fast",
             "af-xdp:name=w,ifname=v0,zerocopy=maybe",
             "af-xdp:name=w,ifname=v0,rx_hash=sometimes",
+            "af-xdp:name=w,ifname=v0,rx_vlan=auto",
             "af-xdp:name=w,ifname=v0,queues=0",
             "af-xdp:name=w,ifname=v0,lanes=0",
             "af-xdp:name=w,ifname=v0,lanes=65",

@@ -359,7 +359,7 @@ impl AfXdpPort {
     /// and whether some were left waiting.
     fn rx_queue(&mut self, q: usize, max: usize, to: &mut impl Ingress) -> (usize, bool) {
         let stats = &*self.stats;
-        let rx_hash = self.dev.rx_hash();
+        let meta = self.dev.meta();
         let x = &mut self.dev.queues[q];
         let mut done = 0;
         while done < max {
@@ -378,7 +378,14 @@ impl AfXdpPort {
             let (mut m, mut k) = (0, 0u32);
             let mut bad = None;
             while k < n {
-                match gather(base, size, &x.rx, (k, n), &mut segs[k as usize..n as usize]) {
+                match gather(
+                    base,
+                    size,
+                    &x.rx,
+                    (k, n),
+                    meta.vlan,
+                    &mut segs[k as usize..n as usize],
+                ) {
                     Gather::Packet(len, descs, hash) => {
                         let first = [segs[k as usize]];
                         let Some((hdr, macs)) = read_head(&first, HDR_LEN) else {
@@ -393,7 +400,7 @@ impl AfXdpPort {
                             hdr,
                             macs,
                             // The kernel's hash, from the program (0 where it has none).
-                            hash: if rx_hash { hash } else { 0 },
+                            hash: if meta.hash { hash } else { 0 },
                             vlan: 0,
                         };
                         m += 1;
@@ -477,8 +484,8 @@ impl TxQueue {
 
 /// What [`gather`] found at a receive ring's slot.
 enum Gather {
-    /// A whole packet: its frame bytes, its descriptors, and the 4 bytes in front of its
-    /// first frame's metadata (the RX hash where the program put it there).
+    /// A whole packet: its frame bytes (with a tag put back), its descriptors, and the RX
+    /// hash from its metadata (where the program put it there).
     Packet(u32, u32, u32),
     /// Descriptors that are no packet (out of the UMEM, too short, too many): this many.
     Bad(u32),
@@ -488,12 +495,14 @@ enum Gather {
 
 /// Gathers the packet at slot `k` of `rx` (of `n` ready) into `segs`: one descriptor, or a
 /// run of them each marked `XDP_PKT_CONTD` but the last (multi-buffer), at most
-/// [`MAX_FRAGS`]. The first segment gets the virtio-net header in front ([`frame_seg`]).
+/// [`MAX_FRAGS`]. The first segment gets the virtio-net header in front, and the VLAN tag
+/// from the metadata back in if `vlan` ([`frame_seg`]).
 fn gather<'m>(
     base: NonNull<u8>,
     size: usize,
     rx: &crate::sys::xdp::ring::Ring<libc::xdp_desc>,
     (k, n): (u32, u32),
+    vlan: bool,
     segs: &mut [Seg<'m>],
 ) -> Gather {
     let (mut len, mut hash) = (0u32, 0u32);
@@ -503,15 +512,15 @@ fn gather<'m>(
         }
         let d = rx.get(k + c);
         let seg = if c == 0 {
-            frame_seg(base, size, d, &mut hash)
+            frame_seg(base, size, d, vlan, &mut hash)
         } else {
             frag_seg(base, size, d)
         };
         let Some(seg) = seg else {
             return Gather::Bad(c + 1);
         };
+        len += seg.len() - if c == 0 { HDR_LEN } else { 0 };
         segs[c as usize] = seg;
-        len += d.len;
         if d.options & libc::XDP_PKT_CONTD == 0 {
             return if len < MACS + 2 {
                 Gather::Bad(c + 1)
@@ -546,38 +555,55 @@ impl Drop for AfXdpPort {
 
 /// The segment of a received packet's first frame with 12 bytes in front of it for the
 /// virtio-net header (written, all zero: no offload metadata), if the descriptor lies within
-/// one frame of the UMEM with that much headroom (the kernel leaves 256 bytes). The first 4 of
-/// the 8 bytes in front of the frame go to `hash` before the header covers them: the RX hash,
-/// where the program put it there as metadata ([`crate::sys::xdp::bpf::META_LEN`]). Where it
-/// did not, they are zero: the kernel writes nothing in front of a frame but metadata, the
-/// UMEM starts zeroed, and each frame always lands at the same offset, behind the header this
-/// writes.
+/// one frame of the UMEM with that much headroom (the kernel leaves 256 bytes).
+///
+/// The 12 bytes in front of the frame are first read as metadata
+/// ([`crate::sys::xdp::bpf::META_LEN`]): the RX hash goes to `hash`, and, if `vlan`, a VLAN
+/// tag the kernel or the NIC took out of the frame goes back in behind its addresses (the
+/// header and the addresses move 4 bytes to the front, into the headroom: 24 bytes moved
+/// whatever the frame's length). Where the program put no metadata they are zero: the kernel
+/// writes nothing in front of a frame but metadata, the UMEM starts zeroed, and each frame
+/// always lands at the same offset, behind the header this writes.
 #[inline]
 fn frame_seg<'m>(
     base: NonNull<u8>,
     size: usize,
     d: libc::xdp_desc,
+    vlan: bool,
     hash: &mut u32,
 ) -> Option<Seg<'m>> {
+    const TAG: u32 = 4;
     let off = d.addr % u64::from(FRAME);
     let hdr = u64::from(HDR_LEN);
-    if off < hdr
+    if off < hdr + u64::from(TAG)
         || off + u64::from(d.len) > u64::from(FRAME)
         || d.addr + u64::from(d.len) > size as u64
+        || d.len < MACS
         || (d.len < MACS + 2 && d.options & libc::XDP_PKT_CONTD == 0)
     {
         return None;
     }
     let start = usize::try_from(d.addr - hdr).ok()?;
     let len = d.len + HDR_LEN;
-    // SAFETY: `start..start + len` lies within one frame of the UMEM (checked above), a
+    let hl = HDR_LEN as usize;
+    // SAFETY: `start - TAG..start + len` lies within one frame of the UMEM (checked above), a
     // frame the kernel handed over on the receive ring and does not touch until the
     // descriptor is released; the UMEM outlives the burst the segment is used in.
     unsafe {
         let p = base.as_ptr().add(start);
-        let meta = (HDR_LEN - crate::sys::xdp::bpf::META_LEN) as usize;
-        *hash = p.add(meta).cast::<u32>().read_unaligned();
-        std::ptr::write_bytes(p, 0, HDR_LEN as usize);
+        let meta = p.cast::<[u8; 12]>().read();
+        *hash = u32::from_ne_bytes([meta[4], meta[5], meta[6], meta[7]]);
+        let tpid = [meta[0], meta[1]];
+        if vlan && tpid != [0, 0] {
+            let q = p.sub(TAG as usize);
+            std::ptr::copy(p.add(hl), q.add(hl), MACS as usize);
+            let tci = u16::from_ne_bytes([meta[2], meta[3]]).to_be_bytes();
+            let tag = [tpid[0], tpid[1], tci[0], tci[1]];
+            std::ptr::copy_nonoverlapping(tag.as_ptr(), q.add(hl + MACS as usize), TAG as usize);
+            std::ptr::write_bytes(q, 0, hl);
+            return Some(Seg::from_raw(NonNull::new_unchecked(q), len + TAG));
+        }
+        std::ptr::write_bytes(p, 0, hl);
         Some(Seg::from_raw(NonNull::new_unchecked(p), len))
     }
 }

@@ -17,6 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use virtq::Seg;
 
+mod vlan;
+
 /// A veth pair in the thread's private namespace: `<name>a` for pvnet, `<name>b` the kernel's
 /// end with 10.214.`net`.1/24 and a static neighbour .2 (the frames' source); IPv6 off on both
 /// so that the kernel sends nothing of its own. Deleted on drop (the namespace goes with the
@@ -104,11 +106,8 @@ fn kernel_counts(dev: &str) -> (u64, u64) {
 
 fn open(ifname: &str, mode: ModeReq) -> XdpDev {
     XdpDev::open(&XdpConfig {
-        ifname: ifname.into(),
-        queues: 1,
         mode,
-        zerocopy: ZeroCopy::Auto,
-        rx_hash: None,
+        ..XdpConfig::new(ifname)
     })
     .unwrap_or_else(|e| panic!("open AF_XDP on {ifname}: {e}"))
 }
@@ -429,11 +428,8 @@ fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
     let first = open(&veth.a, ModeReq::Native);
     for mode in [ModeReq::Native, ModeReq::Generic, ModeReq::Auto] {
         let e = XdpDev::open(&XdpConfig {
-            ifname: veth.a.clone(),
-            queues: 1,
             mode,
-            zerocopy: ZeroCopy::Auto,
-            rx_hash: None,
+            ..XdpConfig::new(&veth.a)
         })
         .expect_err("a second program must be refused");
         assert!(
@@ -448,23 +444,14 @@ fn af_xdp_refuses_an_interface_with_a_program_and_leaves_it_alone() {
     drop(first);
     assert!(no_program(&veth.a));
     let e = XdpDev::open(&XdpConfig {
-        ifname: veth.a.clone(),
-        queues: 1,
         mode: ModeReq::Generic,
         zerocopy: ZeroCopy::On,
-        rx_hash: None,
+        ..XdpConfig::new(&veth.a)
     })
     .expect_err("zero-copy in generic mode");
     assert!(e.to_string().contains("zero-copy"), "{e}");
     assert!(no_program(&veth.a), "nothing left after a failed open");
-    let e = XdpDev::open(&XdpConfig {
-        ifname: "pvnoifx0".into(),
-        queues: 1,
-        mode: ModeReq::Auto,
-        zerocopy: ZeroCopy::Auto,
-        rx_hash: None,
-    })
-    .expect_err("no such interface");
+    let e = XdpDev::open(&XdpConfig::new("pvnoifx0")).expect_err("no such interface");
     assert!(e.to_string().contains("pvnoifx0"), "{e}");
 }
 
@@ -539,11 +526,9 @@ fn af_xdp_port_takes_every_queue_it_is_given() {
     }
     ip(&["link", "set", &b, "up"]);
     let dev = XdpDev::open(&XdpConfig {
-        ifname: a.clone(),
         queues: 2,
         mode: ModeReq::Native,
-        zerocopy: ZeroCopy::Auto,
-        rx_hash: None,
+        ..XdpConfig::new(&a)
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(dev.describe().ends_with("2 queues"), "{}", dev.describe());
@@ -688,11 +673,9 @@ fn hashes_of_flows(net: u8, port: &mut AnyPort) -> Hashes {
 fn af_xdp_native_mode_carries_the_drivers_rx_hash_per_flow() {
     let (veth, _) = Veth::new("h", 47);
     let dev = XdpDev::open(&XdpConfig {
-        ifname: veth.a.clone(),
-        queues: 1,
         mode: ModeReq::Native,
-        zerocopy: ZeroCopy::Auto,
         rx_hash: Some(true),
+        ..XdpConfig::new(&veth.a)
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(dev.rx_hash(), "{}", dev.describe());
@@ -716,11 +699,9 @@ fn af_xdp_native_mode_carries_the_drivers_rx_hash_per_flow() {
         (ModeReq::Native, None),
     ] {
         let dev = XdpDev::open(&XdpConfig {
-            ifname: veth.a.clone(),
-            queues: 1,
             mode,
-            zerocopy: ZeroCopy::Auto,
             rx_hash,
+            ..XdpConfig::new(&veth.a)
         })
         .unwrap_or_else(|e| panic!("{e}"));
         assert!(!dev.rx_hash(), "{mode:?} {rx_hash:?}: {}", dev.describe());

@@ -12,23 +12,28 @@
 //! exit
 //! ```
 //!
-//! Where the driver can tell the frame's RX hash (XDP metadata, Linux 6.3: a veth, mlx5, ice,
-//! ...), a second form of it asks first, and puts the answer in front of the frame as
-//! metadata the `AF_XDP` socket receives with it:
+//! Where the driver can tell what it knows of a frame beside its bytes (XDP metadata kfuncs: a
+//! veth, mlx5, ice, ...), a second form asks first and puts the answers in front of the frame
+//! as metadata the `AF_XDP` socket receives with it ([`META_LEN`] bytes): the VLAN tag a NIC
+//! or the kernel took out of the frame (`bpf_xdp_metadata_rx_vlan_tag`, Linux 6.8: its TPID
+//! big-endian, then its TCI) and the RX hash and its type (`bpf_xdp_metadata_rx_hash`, 6.3),
+//! each part only where asked for and the kernel has its kfunc:
 //!
 //! ```text
 //! r6 = r1
-//! r2 = -8; call bpf_xdp_adjust_meta          ; helper 54: 8 bytes of metadata
+//! r2 = -12; call bpf_xdp_adjust_meta          ; helper 54: 12 bytes of metadata
 //! if r0 != 0 goto redirect
 //! r2 = ctx->data; r7 = ctx->data_meta
-//! r1 = r7 + 8; if r1 > r2 goto redirect      ; the verifier's bounds check
-//! *(u32 *)(r7 + 0) = 0; *(u32 *)(r7 + 4) = 0 ; no hash unless the driver has one
-//! r1 = r6; r2 = r7; r3 = r7 + 4
-//! call bpf_xdp_metadata_rx_hash              ; a kfunc, by its id in the kernel's BTF
+//! r1 = r7 + 12; if r1 > r2 goto redirect      ; the verifier's bounds check
+//! *(u32 *)(r7 + 0) = 0; ... (r7 + 8) = 0      ; nothing unless the driver tells
+//! r1 = r6; r2 = r7; r3 = r7 + 2
+//! call bpf_xdp_metadata_rx_vlan_tag           ; a kfunc, by its id in the kernel's BTF
+//! r1 = r6; r2 = r7 + 4; r3 = r7 + 8
+//! call bpf_xdp_metadata_rx_hash
 //! redirect: (the five instructions above, ctx in r6)
 //! ```
 //!
-//! A program that calls it must be bound to the device when loaded (`prog_ifindex`,
+//! A program that calls them must be bound to the device when loaded (`prog_ifindex`,
 //! `BPF_F_XDP_DEV_BOUND_ONLY`): the kernel then calls the driver's own function in its place.
 //! It attaches in native mode only.
 //!
@@ -54,8 +59,12 @@ const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
 const BPF_FUNC_XDP_ADJUST_META: i32 = 54;
 /// The kfunc that gives a frame's RX hash (`u32 *hash, enum xdp_rss_hash_type *type`).
 pub const RX_HASH_KFUNC: &str = "bpf_xdp_metadata_rx_hash";
-/// Bytes of metadata the hash program puts in front of a frame: the hash, then its type.
-pub const META_LEN: u32 = 8;
+/// The kfunc that gives the VLAN tag taken out of a frame (`__be16 *tpid, u16 *tci`).
+pub const RX_VLAN_KFUNC: &str = "bpf_xdp_metadata_rx_vlan_tag";
+/// Bytes of metadata the metadata program puts in front of a frame: the VLAN tag's TPID
+/// (big-endian, zero where the frame came with none out of its bytes) and TCI (native order),
+/// the RX hash, its type.
+pub const META_LEN: u32 = 12;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 const BPF_PROG_TYPE_XDP: u32 = 6;
@@ -118,36 +127,51 @@ fn program(map_fd: i32) -> Vec<Insn> {
     redirect(map_fd, 1).to_vec()
 }
 
-/// The program that first puts the RX hash in front of the frame (the module docs), calling
-/// kfunc `kfunc` (its BTF id).
-fn program_hash(map_fd: i32, kfunc: i32) -> Vec<Insn> {
-    // The hash part's length: both of its jumps land right after it.
-    const PART: i16 = 16;
+/// The program that first puts what the driver tells of the frame in front of it (the module
+/// docs), calling the kfuncs by their BTF ids: `vlan` ([`RX_VLAN_KFUNC`]) and `hash`
+/// ([`RX_HASH_KFUNC`]), each where given.
+fn program_meta(map_fd: i32, vlan: Option<i32>, hash: Option<i32>) -> Vec<Insn> {
+    let len = i32::try_from(META_LEN).unwrap_or(0);
     let mut p = vec![
         // BPF_ALU64 | BPF_MOV | BPF_X: r6 = r1
         insn(0xbf, 6, 1, 0, 0),
-        // r2 = -8
-        insn(0xb7, 2, 0, 0, -8),
+        insn(0xb7, 2, 0, 0, -len),
         insn(0x85, 0, 0, 0, BPF_FUNC_XDP_ADJUST_META),
-        // BPF_JMP | BPF_JNE | BPF_K: if r0 != 0 goto redirect
-        insn(0x55, 0, 0, PART - 4, 0),
+        // BPF_JMP | BPF_JNE | BPF_K: if r0 != 0 goto redirect (offset set below)
+        insn(0x55, 0, 0, 0, 0),
         insn(0x61, 2, 6, XDP_MD_DATA, 0),
         insn(0x61, 7, 6, XDP_MD_DATA_META, 0),
         insn(0xbf, 1, 7, 0, 0),
-        // BPF_ALU64 | BPF_ADD | BPF_K: r1 += 8
-        insn(0x07, 1, 0, 0, 8),
-        // BPF_JMP | BPF_JGT | BPF_X: if r1 > r2 goto redirect
-        insn(0x2d, 1, 2, PART - 9, 0),
-        // BPF_ST | BPF_MEM | BPF_W: *(u32 *)(r7 + 0) = 0, *(u32 *)(r7 + 4) = 0
+        // BPF_ALU64 | BPF_ADD | BPF_K: r1 += 12
+        insn(0x07, 1, 0, 0, len),
+        // BPF_JMP | BPF_JGT | BPF_X: if r1 > r2 goto redirect (offset set below)
+        insn(0x2d, 1, 2, 0, 0),
+        // BPF_ST | BPF_MEM | BPF_W: the metadata zeroed
         insn(0x62, 7, 0, 0, 0),
         insn(0x62, 7, 0, 4, 0),
-        insn(0xbf, 1, 6, 0, 0),
-        insn(0xbf, 2, 7, 0, 0),
-        insn(0xbf, 3, 7, 0, 0),
-        insn(0x07, 3, 0, 0, 4),
-        insn(0x85, 0, BPF_PSEUDO_KFUNC_CALL, 0, kfunc),
+        insn(0x62, 7, 0, 8, 0),
     ];
-    debug_assert_eq!(p.len(), PART as usize);
+    // A kfunc call with r2 = r7 + `a`, r3 = r7 + `b`.
+    let call = |p: &mut Vec<Insn>, id: i32, a: i32, b: i32| {
+        p.push(insn(0xbf, 1, 6, 0, 0));
+        for (r, off) in [(2, a), (3, b)] {
+            p.push(insn(0xbf, r, 7, 0, 0));
+            if off != 0 {
+                p.push(insn(0x07, r, 0, 0, off));
+            }
+        }
+        p.push(insn(0x85, 0, BPF_PSEUDO_KFUNC_CALL, 0, id));
+    };
+    if let Some(id) = vlan {
+        call(&mut p, id, 0, 2);
+    }
+    if let Some(id) = hash {
+        call(&mut p, id, 4, 8);
+    }
+    // Both jumps land on the redirect, right after the part.
+    let end = i16::try_from(p.len()).unwrap_or(0);
+    p[3].off = end - 4;
+    p[8].off = end - 9;
     p.extend_from_slice(&redirect(map_fd, 6));
     p
 }
@@ -249,17 +273,43 @@ impl Prog {
         Self::load_insns(&program(map.0.as_raw_fd()), frags, 0)
     }
 
-    /// Loads the program that puts each frame's RX hash in front of it ([`META_LEN`] bytes:
-    /// the hash, then its type, both zero where the driver has none for that frame), bound to
-    /// interface `ifindex`: it attaches there alone, in native mode. Fails where the kernel
-    /// has no BTF, no [`RX_HASH_KFUNC`] or no device-bound programs.
-    pub fn load_hash(map: &XskMap, frags: bool, ifindex: u32) -> io::Result<Self> {
-        let id = super::btf::kfunc_id(RX_HASH_KFUNC)?;
-        let kfunc = i32::try_from(id).map_err(io::Error::other)?;
-        Self::load_insns(&program_hash(map.0.as_raw_fd(), kfunc), frags, ifindex)
+    /// Loads the program that puts what the driver tells of each frame in front of it
+    /// ([`META_LEN`] bytes, zero where it tells nothing): its VLAN tag if `vlan`, its RX hash
+    /// if `hash`, each where the kernel has the kfunc; bound to interface `ifindex`: it
+    /// attaches there alone, in native mode. Returns the program and which parts it has
+    /// (`(vlan, hash)`); fails where the kernel has no BTF, none of the kfuncs asked for, or
+    /// no device-bound programs.
+    pub fn load_meta(
+        map: &XskMap,
+        frags: bool,
+        ifindex: u32,
+        (vlan, hash): (bool, bool),
+    ) -> io::Result<(Self, (bool, bool))> {
+        let id = |want: bool, name: &str| -> io::Result<Option<i32>> {
+            if !want {
+                return Ok(None);
+            }
+            match super::btf::kfunc_id(name) {
+                Ok(id) => i32::try_from(id).map(Some).map_err(io::Error::other),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    tracing::info!("{e}: the XDP program goes without it");
+                    Ok(None)
+                }
+                Err(e) => Err(e),
+            }
+        };
+        let (v, h) = (id(vlan, RX_VLAN_KFUNC)?, id(hash, RX_HASH_KFUNC)?);
+        if v.is_none() && h.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("the kernel has neither {RX_VLAN_KFUNC} nor {RX_HASH_KFUNC} asked for"),
+            ));
+        }
+        let prog = Self::load_insns(&program_meta(map.0.as_raw_fd(), v, h), frags, ifindex)?;
+        Ok((prog, (v.is_some(), h.is_some())))
     }
 
-    /// Loads `insns`; `ifindex` non-zero: bound to that device.
+    /// Loads XDP program `insns`; `ifindex` non-zero: bound to that device.
     fn load_insns(insns: &[Insn], frags: bool, ifindex: u32) -> io::Result<Self> {
         let flags = if frags { BPF_F_XDP_HAS_FRAGS } else { 0 }
             | if ifindex != 0 {
@@ -267,11 +317,17 @@ impl Prog {
             } else {
                 0
             };
+        Self::load_as((BPF_PROG_TYPE_XDP, BPF_XDP), insns, flags, ifindex)
+    }
+
+    /// Loads `insns` as a program of type `kind.0` for attach type `kind.1`, with `flags`
+    /// (`prog_flags`) and `ifindex` (`prog_ifindex`).
+    fn load_as(kind: (u32, u32), insns: &[Insn], flags: u32, ifindex: u32) -> io::Result<Self> {
         let license = c"GPL";
         let mut log = vec![0u8; 64 * 1024];
         let load = |log: &mut [u8], level: u32| {
             let mut a = Attr::new()
-                .u32(0, BPF_PROG_TYPE_XDP)
+                .u32(0, kind.0)
                 .u32(4, u32::try_from(insns.len()).unwrap_or(0))
                 .u64(8, insns.as_ptr() as u64)
                 .u64(16, license.as_ptr() as u64)
@@ -294,16 +350,14 @@ impl Prog {
                 )
                 .u32(44, flags)
                 .u32(64, ifindex)
-                .u32(68, BPF_XDP);
+                .u32(68, kind.1);
             let name = b"pvnet_xsk";
             a.bytes()[48..48 + name.len()].copy_from_slice(name);
             bpf(BPF_PROG_LOAD, &mut a)
         };
         match load(&mut log, 0) {
             Ok(fd) => Ok(Self(owned(fd))),
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                Err(missing(e, "BPF_PROG_LOAD (XDP)"))
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => Err(missing(e, "BPF_PROG_LOAD")),
             Err(e) => {
                 // Again with the verifier's log, for the message.
                 let _ = load(&mut log, 1);
@@ -311,7 +365,7 @@ impl Prog {
                 let text = String::from_utf8_lossy(&log[..end]);
                 Err(io::Error::new(
                     e.kind(),
-                    format!("BPF_PROG_LOAD (XDP): {e}; verifier: {}", text.trim()),
+                    format!("BPF_PROG_LOAD: {e}; verifier: {}", text.trim()),
                 ))
             }
         }
@@ -355,6 +409,44 @@ impl Link {
     }
 }
 
+/// For tests: a program on an interface's egress (tcx, Linux 6.6) that gives each frame sent
+/// with a socket mark the VLAN tag the mark names (`tpid << 16 | tci`) out of its bytes, in
+/// the socket buffer, as a VLAN device or a bridge over a device with transmit VLAN offload
+/// does (`bpf_skb_vlan_push`): a frame from the other end of a veth then reaches this end's
+/// XDP without its tag. Frames without a mark pass as they are. Gone with the returned link.
+#[cfg(test)]
+pub(crate) fn tag_marked_frames_on_egress(ifindex: u32) -> io::Result<(Prog, Link)> {
+    const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+    const BPF_TCX_EGRESS: u32 = 47;
+    const BPF_FUNC_SKB_VLAN_PUSH: i32 = 18;
+    /// `struct __sk_buff`'s `mark`.
+    const SKB_MARK: i16 = 8;
+    let insns = [
+        insn(0xbf, 6, 1, 0, 0),
+        insn(0x61, 2, 1, SKB_MARK, 0),
+        // if r2 == 0 goto out
+        insn(0x15, 2, 0, 6, 0),
+        insn(0xbf, 3, 2, 0, 0),
+        // BPF_ALU64 | BPF_AND | BPF_K: r3 &= 0xffff (the TCI); r2 >>= 16 (the TPID)
+        insn(0x57, 3, 0, 0, 0xffff),
+        insn(0x77, 2, 0, 0, 16),
+        // BPF_ALU | BPF_END | BPF_TO_BE: r2 = htobe16(r2)
+        insn(0xdc, 2, 0, 0, 16),
+        insn(0xbf, 1, 6, 0, 0),
+        insn(0x85, 0, 0, 0, BPF_FUNC_SKB_VLAN_PUSH),
+        // out: TCX_PASS
+        insn(0xb7, 0, 0, 0, 0),
+        insn(0x95, 0, 0, 0, 0),
+    ];
+    let prog = Prog::load_as((BPF_PROG_TYPE_SCHED_CLS, BPF_TCX_EGRESS), &insns, 0, 0)?;
+    let mut a = Attr::new()
+        .u32(0, u32::try_from(prog.0.as_raw_fd()).unwrap_or(0))
+        .u32(4, ifindex)
+        .u32(8, BPF_TCX_EGRESS);
+    let fd = bpf(BPF_LINK_CREATE, &mut a).map_err(|e| missing(e, "attaching tcx egress"))?;
+    Ok((prog, Link { _fd: owned(fd) }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,19 +477,31 @@ mod tests {
             .collect()
     }
 
-    /// The hash form: both its jumps land on the redirect, which reads the context from r6,
-    /// and the kfunc is called by id.
+    /// The metadata form: both its jumps land on the redirect, which reads the context from
+    /// r6, and each kfunc is called by id with its two pointers into the metadata.
     #[test]
-    fn the_hash_program_jumps_to_the_redirect_and_calls_the_kfunc_by_id() {
-        let p = raw(&program_hash(7, 70_000));
-        assert_eq!(p.len(), 22);
-        // insn 3 (JNE) and insn 8 (JGT): pc + 1 + off = 16.
-        assert_eq!(p[3][0..4], [0x55, 0x00, 12, 0]);
-        assert_eq!(p[8][0..4], [0x2d, 0x21, 7, 0]);
-        // The kfunc call: src_reg 2, imm the id.
-        assert_eq!(p[15], [0x85, 0x20, 0, 0, 0x70, 0x11, 0x01, 0]);
+    fn the_meta_program_jumps_to_the_redirect_and_calls_the_kfuncs_by_id() {
+        let p = raw(&program_meta(7, Some(60_000), Some(70_000)));
+        assert_eq!(p.len(), 29);
+        // insn 3 (JNE) and insn 8 (JGT): pc + 1 + off = 23, the redirect.
+        assert_eq!(p[3][0..4], [0x55, 0x00, 19, 0]);
+        assert_eq!(p[8][0..4], [0x2d, 0x21, 14, 0]);
+        // 12 bytes of metadata asked for, and zeroed.
+        assert_eq!(p[1], [0xb7, 0x02, 0, 0, 0xf4, 0xff, 0xff, 0xff]);
+        assert_eq!(p[11], [0x62, 0x07, 8, 0, 0, 0, 0, 0]);
+        // The VLAN kfunc: r2 = r7, r3 = r7 + 2, src_reg 2, imm its id.
+        assert_eq!(p[13], [0xbf, 0x72, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(p[15], [0x07, 0x03, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(p[16], [0x85, 0x20, 0, 0, 0x60, 0xea, 0, 0]);
+        // The hash kfunc: r2 = r7 + 4, r3 = r7 + 8.
+        assert_eq!(p[19], [0x07, 0x02, 0, 0, 4, 0, 0, 0]);
+        assert_eq!(p[21], [0x07, 0x03, 0, 0, 8, 0, 0, 0]);
+        assert_eq!(p[22], [0x85, 0x20, 0, 0, 0x70, 0x11, 0x01, 0]);
         // The redirect: r2 = *(u32 *)(r6 + 16).
-        assert_eq!(p[16], [0x61, 0x62, 0x10, 0, 0, 0, 0, 0]);
-        assert_eq!(p[21], [0x95, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(p[23], [0x61, 0x62, 0x10, 0, 0, 0, 0, 0]);
+        assert_eq!(p[28], [0x95, 0, 0, 0, 0, 0, 0, 0]);
+        // One part alone: the jumps follow.
+        let v = raw(&program_meta(7, Some(60_000), None));
+        assert_eq!((v.len(), v[3][2], v[8][2]), (23, 13, 8));
     }
 }
