@@ -1309,7 +1309,6 @@ mod tests {
             "af-xdp:name=w,ifname=v0,mode=fast",
             "af-xdp:name=w,ifname=v0,zerocopy=maybe",
             "af-xdp:name=w,ifname=v0,rx_hash=sometimes",
-            "af-xdp:name=w,ifname=v0,rx_vlan=auto",
             "af-xdp:name=w,ifname=v0,queues=0",
             "af-xdp:name=w,ifname=v0,lanes=0",
             "af-xdp:name=w,ifname=v0,lanes=65",
@@ -1322,6 +1321,8 @@ mod tests {
             parse_port_spec("af-xdp:name=w").is_err(),
             "ifname is needed"
         );
+        let e = parse_port_spec("af-xdp:name=w,ifname=v0,rx_vlan=auto").unwrap_err();
+        assert!(e.to_string().contains("rx_vlan"), "{e}");
     }
 
     #[test]
