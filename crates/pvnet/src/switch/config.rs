@@ -987,7 +987,22 @@ pub(crate) fn parse_port_spec(spec: &str) -> Result<PortConfig> {
             }
         }
     }
-    PortConfig::deserialize(toml::Value::Table(t)).map_err(|e| usage(format!("--port {spec}: {e}")))
+    PortConfig::deserialize(toml::Value::Table(t.clone())).map_err(|e| {
+        // The error does not name the key (the kind's fields are read from a buffer): the
+        // key without which the rest is read is the one at fault.
+        let culprit = t.iter().find(|(k, _)| {
+            let mut rest = t.clone();
+            rest.remove(*k);
+            *k != "kind" && PortConfig::deserialize(toml::Value::Table(rest)).is_ok()
+        });
+        match culprit {
+            Some((k, v)) => {
+                let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                usage(format!("--port {spec}: {k}={v}: {e}"))
+            }
+            None => usage(format!("--port {spec}: {e}")),
+        }
+    })
 }
 
 pub(crate) fn parse_mac(s: &str) -> Result<[u8; 6]> {
@@ -1322,7 +1337,7 @@ mod tests {
             "ifname is needed"
         );
         let e = parse_port_spec("af-xdp:name=w,ifname=v0,rx_vlan=auto").unwrap_err();
-        assert!(e.to_string().contains("rx_vlan"), "{e}");
+        assert!(e.to_string().contains("rx_vlan=auto: invalid type"), "{e}");
     }
 
     #[test]
