@@ -8,18 +8,49 @@
 //! (`port::kernel`). It ignores the frames the host itself sends out of the interface
 //! (`PACKET_IGNORE_OUTGOING`: pvnet is the interface's other end, not a sniffer) and puts the
 //! interface in promiscuous mode (a switch port takes every address).
+//!
+//! The kernel takes the VLAN tag of every frame it receives out of the frame's bytes
+//! (`skb_vlan_untag`) before a packet socket sees it, and hands it out only beside the frame
+//! (`PACKET_AUXDATA`, to a `recvmsg`). So two sockets are bound: a classic BPF filter on
+//! whether the frame came with such a tag (`SKF_AD_VLAN_TAG_PRESENT`) gives the untagged
+//! frames to the first, read with plain reads, and the tagged ones to the second, read with
+//! `recvmsg` and their tag ([`vlan_of`]). A flow is tagged or not, so none is reordered; the
+//! first socket alone sends.
 
 use pvnet_net::HDR_LEN;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// A bound `AF_PACKET` socket.
+/// A bound `AF_PACKET` socket: the untagged frames and the writes, and beside it the socket of
+/// the frames that came with a VLAN tag (the module docs).
 #[derive(Debug)]
 pub struct PacketSock {
     fd: OwnedFd,
+    /// The frames the kernel took a VLAN tag out of, each read with its tag.
+    tagged: OwnedFd,
     /// The interface's name.
     name: String,
+}
+
+/// `SKF_AD_OFF + SKF_AD_VLAN_TAG_PRESENT`: a classic BPF program's ancillary load of whether the
+/// kernel took a VLAN tag out of the frame (1) or not (0).
+const VLAN_TAG_PRESENT: u32 = 0xffff_f000 + 48;
+
+/// The classic BPF filter that takes the frames the kernel took a VLAN tag out of (`tagged`),
+/// or the others: `ld vlan_avail; jeq #0, A, B; A: ret; B: ret`.
+fn vlan_filter(tagged: bool) -> [libc::sock_filter; 4] {
+    let (none, some) = if tagged { (0, u32::MAX) } else { (u32::MAX, 0) };
+    let f = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    [
+        // BPF_LD | BPF_W | BPF_ABS
+        f(0x20, 0, 0, VLAN_TAG_PRESENT),
+        // BPF_JMP | BPF_JEQ | BPF_K: no tag -> insn 2, else 3
+        f(0x15, 0, 1, 0),
+        // BPF_RET | BPF_K: the bytes to take (0: none)
+        f(0x06, 0, 0, none),
+        f(0x06, 0, 0, some),
+    ]
 }
 
 fn setopt(fd: RawFd, opt: libc::c_int, val: &impl Sized, what: &str) -> io::Result<()> {
@@ -55,6 +86,103 @@ pub fn open(name: &str) -> io::Result<PacketSock> {
     // Up before the bind: binding to a down interface leaves ENETDOWN pending on the socket
     // (`packet_do_bind`), and the first write would fail with it.
     crate::sys::tap::set_link_up(name, None)?;
+    let ifindex = libc::c_int::try_from(index).unwrap_or(0);
+    let fd = bound(name, ifindex, false)?;
+    let tagged = bound(name, ifindex, true)?;
+    if let Err(e) = fan_out(&fd, &tagged) {
+        // Each frame then passes both sockets' filters: correct, a little dearer.
+        tracing::info!(
+            ifname = name,
+            "no packet fanout ({e}): both sockets see every frame"
+        );
+    }
+    let mreq = libc::packet_mreq {
+        mr_ifindex: ifindex,
+        mr_type: u16::try_from(libc::PACKET_MR_PROMISC).unwrap_or(1),
+        mr_alen: 0,
+        mr_address: [0; 8],
+    };
+    setopt(
+        fd.as_raw_fd(),
+        libc::PACKET_ADD_MEMBERSHIP,
+        &mreq,
+        "promiscuous mode",
+    )?;
+    Ok(PacketSock {
+        fd,
+        tagged,
+        name: name.to_string(),
+    })
+}
+
+/// Joins the two sockets into one fanout group (`PACKET_FANOUT`, a fresh id the kernel picks)
+/// whose classic BPF program (`PACKET_FANOUT_CBPF`, Linux 4.2) sends each frame to one of
+/// them, the first unless the kernel took a VLAN tag out of it: one delivery a frame, where
+/// two sockets on their own would each be handed every frame, the one that does not want it
+/// dropping it only after its filter has run (their filters stay: a frame that came before
+/// the join is still read by the right one).
+fn fan_out(first: &OwnedFd, second: &OwnedFd) -> io::Result<()> {
+    /// linux/if_packet.h
+    const PACKET_FANOUT: libc::c_int = 18;
+    const PACKET_FANOUT_DATA: libc::c_int = 22;
+    const PACKET_FANOUT_CBPF: u32 = 6;
+    const PACKET_FANOUT_FLAG_UNIQUEID: u32 = 0x2000;
+    let mode = (PACKET_FANOUT_CBPF | PACKET_FANOUT_FLAG_UNIQUEID) << 16;
+    setopt(first.as_raw_fd(), PACKET_FANOUT, &mode, "PACKET_FANOUT")?;
+    let mut v: u32 = 0;
+    let mut len = libc::socklen_t::try_from(size_of_val(&v)).unwrap_or(0);
+    // SAFETY: `v` is a live u32 of `len` bytes the kernel writes at most `len` of.
+    let r = unsafe {
+        libc::getsockopt(
+            first.as_raw_fd(),
+            libc::SOL_PACKET,
+            PACKET_FANOUT,
+            std::ptr::from_mut(&mut v).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let join = (PACKET_FANOUT_CBPF << 16) | (v & 0xffff);
+    setopt(
+        second.as_raw_fd(),
+        PACKET_FANOUT,
+        &join,
+        "PACKET_FANOUT (join)",
+    )?;
+    // The member's index: 0 (the first socket) or 1 (the second), by `vlan_avail`.
+    let pick = [
+        libc::sock_filter {
+            code: 0x20,
+            jt: 0,
+            jf: 0,
+            k: VLAN_TAG_PRESENT,
+        },
+        // BPF_RET | BPF_A
+        libc::sock_filter {
+            code: 0x16,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+    ];
+    let prog = libc::sock_fprog {
+        len: u16::try_from(pick.len()).unwrap_or(0),
+        filter: pick.as_ptr().cast_mut(),
+    };
+    setopt(
+        first.as_raw_fd(),
+        PACKET_FANOUT_DATA,
+        &prog,
+        "PACKET_FANOUT_DATA",
+    )
+}
+
+/// A non-blocking `AF_PACKET` socket with the 12-byte vnet header, ignoring the host's own
+/// frames, bound to interface `ifindex` (`name`) for the frames the kernel took a VLAN tag out
+/// of (`tagged`: their tags beside them) or for the others, the filter on before the bind.
+fn bound(name: &str, ifindex: libc::c_int, tagged: bool) -> io::Result<OwnedFd> {
     let proto = u16::try_from(libc::ETH_P_ALL).unwrap_or(3).to_be();
     // SAFETY: plain socket(2); the result is checked before use.
     let raw = unsafe {
@@ -90,10 +218,30 @@ pub fn open(name: &str) -> io::Result<PacketSock> {
         &one,
         "PACKET_IGNORE_OUTGOING",
     )?;
-    // The kernel takes a received frame's VLAN tag out of its data before a packet socket
-    // sees it (`skb_vlan_untag`): it comes beside the frame, to be put back ([`vlan_of`]).
-    setopt(fd.as_raw_fd(), libc::PACKET_AUXDATA, &one, "PACKET_AUXDATA")?;
-    let ifindex = libc::c_int::try_from(index).unwrap_or(0);
+    if tagged {
+        setopt(fd.as_raw_fd(), libc::PACKET_AUXDATA, &one, "PACKET_AUXDATA")?;
+    }
+    let filter = vlan_filter(tagged);
+    let prog = libc::sock_fprog {
+        len: u16::try_from(filter.len()).unwrap_or(0),
+        filter: filter.as_ptr().cast_mut(),
+    };
+    let len = libc::socklen_t::try_from(size_of_val(&prog)).unwrap_or(0);
+    // SAFETY: `prog` and the filter it points at are live for the call; the kernel copies
+    // them.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            std::ptr::from_ref(&prog).cast(),
+            len,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("SO_ATTACH_FILTER: {e}")));
+    }
     // SAFETY: all-zero is a valid `sockaddr_ll`; the fields that matter are set below.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = u16::try_from(libc::AF_PACKET).unwrap_or(17);
@@ -106,22 +254,7 @@ pub fn open(name: &str) -> io::Result<PacketSock> {
         let e = io::Error::last_os_error();
         return Err(io::Error::new(e.kind(), format!("bind to {name}: {e}")));
     }
-    let mreq = libc::packet_mreq {
-        mr_ifindex: ifindex,
-        mr_type: u16::try_from(libc::PACKET_MR_PROMISC).unwrap_or(1),
-        mr_alen: 0,
-        mr_address: [0; 8],
-    };
-    setopt(
-        fd.as_raw_fd(),
-        libc::PACKET_ADD_MEMBERSHIP,
-        &mreq,
-        "promiscuous mode",
-    )?;
-    Ok(PacketSock {
-        fd,
-        name: name.to_string(),
-    })
+    Ok(fd)
 }
 
 impl PacketSock {
@@ -153,37 +286,52 @@ impl PacketSock {
         Ok(())
     }
 
-    /// Frames the kernel dropped for this socket since the last call (its receive queue was
+    /// Frames the kernel dropped for its sockets since the last call (a receive queue was
     /// full): `PACKET_STATISTICS`' `tp_drops`, which the read resets.
     pub(crate) fn drops_since(&self) -> io::Result<u64> {
-        /// linux/if_packet.h
-        const PACKET_STATISTICS: libc::c_int = 6;
-        let mut st = libc::tpacket_stats {
-            tp_packets: 0,
-            tp_drops: 0,
+        Ok(drops_since(self.fd.as_raw_fd())? + drops_since(self.tagged.as_raw_fd())?)
+    }
+
+    /// Whether its two sockets are in one fanout group ([`fan_out`]): the group each is in,
+    /// as the kernel says (`PACKET_FANOUT`: 0 for none).
+    #[cfg(test)]
+    pub(crate) fn fanned(&self) -> bool {
+        let group = |fd: &OwnedFd| {
+            let mut v: u32 = 0;
+            let mut len = libc::socklen_t::try_from(size_of_val(&v)).unwrap_or(0);
+            // SAFETY: `v` is a live u32 of `len` bytes the kernel writes at most `len` of.
+            let r = unsafe {
+                libc::getsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_PACKET,
+                    18,
+                    std::ptr::from_mut(&mut v).cast(),
+                    &mut len,
+                )
+            };
+            if r < 0 {
+                0
+            } else {
+                v
+            }
         };
-        let mut len = libc::socklen_t::try_from(size_of_val(&st)).unwrap_or(0);
-        // SAFETY: `st` is a live `tpacket_stats` of `len` bytes the kernel writes at most
-        // `len` of.
-        let r = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                PACKET_STATISTICS,
-                std::ptr::from_mut(&mut st).cast(),
-                &mut len,
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(e.kind(), format!("PACKET_STATISTICS: {e}")));
-        }
-        Ok(u64::from(st.tp_drops))
+        let (a, b) = (group(&self.fd), group(&self.tagged));
+        a != 0 && a == b
+    }
+
+    /// The socket of the frames that came with a VLAN tag, to read with `recvmsg` and wait
+    /// on.
+    pub(crate) fn tagged_fd(&self) -> RawFd {
+        self.tagged.as_raw_fd()
     }
 
     /// Reads one frame (header first) and the VLAN tag the kernel took out of it, if it
-    /// had one (see [`vlan_of`]); `Ok(None)` when none is queued.
+    /// had one (see [`vlan_of`]): an untagged one if one is queued, else a tagged one;
+    /// `Ok(None)` when none is queued.
     pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(usize, Option<Tag>)>> {
+        if let Some(n) = crate::sys::tap::read_fd(self.fd.as_raw_fd(), buf)? {
+            return Ok(Some((n, None)));
+        }
         let mut ctrl = Ctrl::default();
         let mut iov = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
@@ -193,7 +341,7 @@ impl PacketSock {
         loop {
             // SAFETY: `msg` describes `buf` (exclusively borrowed) and `ctrl`'s buffer, both
             // live for the call; the kernel writes at most their lengths.
-            let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+            let n = unsafe { libc::recvmsg(self.tagged.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
             match usize::try_from(n) {
                 Ok(n) => return Ok(Some((n, vlan_of(&ctrl, msg.msg_controllen)))),
                 Err(_) => match io::Error::last_os_error() {
@@ -284,4 +432,31 @@ impl AsRawFd for PacketSock {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+}
+
+/// `PACKET_STATISTICS`' `tp_drops` of socket `fd` (the read resets it).
+fn drops_since(fd: RawFd) -> io::Result<u64> {
+    /// linux/if_packet.h
+    const PACKET_STATISTICS: libc::c_int = 6;
+    let mut st = libc::tpacket_stats {
+        tp_packets: 0,
+        tp_drops: 0,
+    };
+    let mut len = libc::socklen_t::try_from(size_of_val(&st)).unwrap_or(0);
+    // SAFETY: `st` is a live `tpacket_stats` of `len` bytes the kernel writes at most
+    // `len` of.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_PACKET,
+            PACKET_STATISTICS,
+            std::ptr::from_mut(&mut st).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("PACKET_STATISTICS: {e}")));
+    }
+    Ok(u64::from(st.tp_drops))
 }

@@ -360,7 +360,9 @@ impl Shard {
                 if let Some(&e) = self.egress.get(&id) {
                     p.set_egress(e);
                 }
-                self.epoll.add(p.fd(), token(id, HOST_QUEUE));
+                for fd in p.fds() {
+                    self.epoll.add(fd, token(id, HOST_QUEUE));
+                }
                 AnyPort::Kernel(p)
             }
             HostPort::AfXdp(dev) => {
@@ -401,7 +403,9 @@ impl Shard {
                 // (a lane's own counters: the port's others are its other lanes')
                 p.tx_stats().up.store(0, Ordering::Relaxed);
                 if let AnyPort::Kernel(t) = &p {
-                    self.epoll.remove(t.fd());
+                    for fd in t.fds() {
+                        self.epoll.remove(fd);
+                    }
                 }
                 if let AnyPort::AfXdp(x) = &p {
                     for fd in x.fds() {
