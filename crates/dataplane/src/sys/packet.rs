@@ -73,8 +73,20 @@ fn setopt(fd: RawFd, opt: libc::c_int, val: &impl Sized, what: &str) -> io::Resu
 }
 
 /// Opens a non-blocking `AF_PACKET` socket on interface `name` (which must exist), with the
-/// 12-byte vnet header. Needs `CAP_NET_RAW`. The interface is brought up if it is down.
+/// 12-byte vnet header (and beside it the socket of tagged frames, the two one fanout group:
+/// the module docs). Needs `CAP_NET_RAW`. The interface is brought up if it is down.
 pub fn open(name: &str) -> io::Result<PacketSock> {
+    open_with(name, true)
+}
+
+/// [`open`] with its two sockets in no fanout group, so that a test may put the first in one
+/// of its own.
+#[cfg(test)]
+pub(crate) fn open_unfanned(name: &str) -> io::Result<PacketSock> {
+    open_with(name, false)
+}
+
+fn open_with(name: &str, fanout: bool) -> io::Result<PacketSock> {
     let cname = CString::new(name)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name has a NUL"))?;
     // SAFETY: `cname` is a valid NUL-terminated string for the call.
@@ -89,7 +101,12 @@ pub fn open(name: &str) -> io::Result<PacketSock> {
     let ifindex = libc::c_int::try_from(index).unwrap_or(0);
     let fd = bound(name, ifindex, false)?;
     let tagged = bound(name, ifindex, true)?;
-    if let Err(e) = fan_out(&fd, &tagged) {
+    let joined = if fanout {
+        fan_out(&fd, &tagged)
+    } else {
+        Ok(())
+    };
+    if let Err(e) = joined {
         // Each frame then passes both sockets' filters: correct, a little dearer.
         tracing::info!(
             ifname = name,

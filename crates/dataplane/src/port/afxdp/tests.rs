@@ -561,7 +561,7 @@ fn transmit_spreads_flows_over_queues(port: &mut AnyPort, b: &str) {
     const PACKET_FANOUT: libc::c_int = 18;
     const PACKET_FANOUT_QM: u32 = 5;
     let socks = [0, 1].map(|_| {
-        let s = crate::sys::packet::open(b).unwrap_or_else(|e| panic!("{e}"));
+        let s = crate::sys::packet::open_unfanned(b).unwrap_or_else(|e| panic!("{e}"));
         let v: u32 = 0x4242 | (PACKET_FANOUT_QM << 16);
         // SAFETY: a live u32 for the call; the kernel reads 4 bytes.
         let r = unsafe {
