@@ -41,35 +41,75 @@ const VLAN_TAG_PRESENT: u32 = 0xffff_f000 + 48;
 /// or the others: `ld vlan_avail; jeq #0, A, B; A: ret; B: ret`.
 fn vlan_filter(tagged: bool) -> [libc::sock_filter; 4] {
     let (none, some) = if tagged { (0, u32::MAX) } else { (u32::MAX, 0) };
-    let f = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
     [
         // BPF_LD | BPF_W | BPF_ABS
-        f(0x20, 0, 0, VLAN_TAG_PRESENT),
+        insn(0x20, 0, 0, VLAN_TAG_PRESENT),
         // BPF_JMP | BPF_JEQ | BPF_K: no tag -> insn 2, else 3
-        f(0x15, 0, 1, 0),
+        insn(0x15, 0, 1, 0),
         // BPF_RET | BPF_K: the bytes to take (0: none)
-        f(0x06, 0, 0, none),
-        f(0x06, 0, 0, some),
+        insn(0x06, 0, 0, none),
+        insn(0x06, 0, 0, some),
     ]
 }
 
+/// One classic BPF instruction.
+const fn insn(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// `prog` as the kernel takes a classic BPF program (`struct sock_fprog`), pointing into it.
+fn fprog(prog: &[libc::sock_filter]) -> libc::sock_fprog {
+    libc::sock_fprog {
+        len: u16::try_from(prog.len()).unwrap_or(0),
+        filter: prog.as_ptr().cast_mut(),
+    }
+}
+
+/// `setsockopt(fd, SOL_PACKET, opt, val)`; the error names `what`.
 fn setopt(fd: RawFd, opt: libc::c_int, val: &impl Sized, what: &str) -> io::Result<()> {
+    setopt_at(fd, libc::SOL_PACKET, opt, val, what)
+}
+
+/// `setsockopt(fd, level, opt, val)`; the error names `what`.
+pub(crate) fn setopt_at(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    val: &impl Sized,
+    what: &str,
+) -> io::Result<()> {
     let len = libc::socklen_t::try_from(size_of_val(val)).unwrap_or(0);
-    // SAFETY: `val` is a live value of `len` bytes for the call; the kernel only reads it.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_PACKET,
-            opt,
-            std::ptr::from_ref(val).cast(),
-            len,
-        )
-    };
+    // SAFETY: `val` is a live value of `len` bytes for the call; the kernel only reads it
+    // (a program's instructions, which a `sock_fprog` points at, it copies).
+    let r = unsafe { libc::setsockopt(fd, level, opt, std::ptr::from_ref(val).cast(), len) };
     if r < 0 {
         let e = io::Error::last_os_error();
         return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
     }
     Ok(())
+}
+
+/// linux/if_packet.h
+const PACKET_FANOUT: libc::c_int = 18;
+
+/// The fanout group socket `fd` is in, and its mode (`PACKET_FANOUT`: 0 for none).
+fn fanout_of(fd: RawFd) -> io::Result<u32> {
+    let mut v: u32 = 0;
+    let mut len = libc::socklen_t::try_from(size_of_val(&v)).unwrap_or(0);
+    // SAFETY: `v` is a live u32 of `len` bytes the kernel writes at most `len` of.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_PACKET,
+            PACKET_FANOUT,
+            std::ptr::from_mut(&mut v).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v)
 }
 
 /// Opens a non-blocking `AF_PACKET` socket on interface `name` (which must exist), with the
@@ -140,28 +180,12 @@ fn open_with(name: &str, fanout: bool) -> io::Result<PacketSock> {
 /// the join is still read by the right one).
 fn fan_out(first: &OwnedFd, second: &OwnedFd) -> io::Result<()> {
     /// linux/if_packet.h
-    const PACKET_FANOUT: libc::c_int = 18;
     const PACKET_FANOUT_DATA: libc::c_int = 22;
     const PACKET_FANOUT_CBPF: u32 = 6;
     const PACKET_FANOUT_FLAG_UNIQUEID: u32 = 0x2000;
     let mode = (PACKET_FANOUT_CBPF | PACKET_FANOUT_FLAG_UNIQUEID) << 16;
     setopt(first.as_raw_fd(), PACKET_FANOUT, &mode, "PACKET_FANOUT")?;
-    let mut v: u32 = 0;
-    let mut len = libc::socklen_t::try_from(size_of_val(&v)).unwrap_or(0);
-    // SAFETY: `v` is a live u32 of `len` bytes the kernel writes at most `len` of.
-    let r = unsafe {
-        libc::getsockopt(
-            first.as_raw_fd(),
-            libc::SOL_PACKET,
-            PACKET_FANOUT,
-            std::ptr::from_mut(&mut v).cast(),
-            &mut len,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let join = (PACKET_FANOUT_CBPF << 16) | (v & 0xffff);
+    let join = (PACKET_FANOUT_CBPF << 16) | (fanout_of(first.as_raw_fd())? & 0xffff);
     setopt(
         second.as_raw_fd(),
         PACKET_FANOUT,
@@ -169,25 +193,9 @@ fn fan_out(first: &OwnedFd, second: &OwnedFd) -> io::Result<()> {
         "PACKET_FANOUT (join)",
     )?;
     // The member's index: 0 (the first socket) or 1 (the second), by `vlan_avail`.
-    let pick = [
-        libc::sock_filter {
-            code: 0x20,
-            jt: 0,
-            jf: 0,
-            k: VLAN_TAG_PRESENT,
-        },
-        // BPF_RET | BPF_A
-        libc::sock_filter {
-            code: 0x16,
-            jt: 0,
-            jf: 0,
-            k: 0,
-        },
-    ];
-    let prog = libc::sock_fprog {
-        len: u16::try_from(pick.len()).unwrap_or(0),
-        filter: pick.as_ptr().cast_mut(),
-    };
+    // BPF_LD | BPF_W | BPF_ABS, then BPF_RET | BPF_A
+    let pick = [insn(0x20, 0, 0, VLAN_TAG_PRESENT), insn(0x16, 0, 0, 0)];
+    let prog = fprog(&pick);
     setopt(
         first.as_raw_fd(),
         PACKET_FANOUT_DATA,
@@ -239,26 +247,13 @@ fn bound(name: &str, ifindex: libc::c_int, tagged: bool) -> io::Result<OwnedFd> 
         setopt(fd.as_raw_fd(), libc::PACKET_AUXDATA, &one, "PACKET_AUXDATA")?;
     }
     let filter = vlan_filter(tagged);
-    let prog = libc::sock_fprog {
-        len: u16::try_from(filter.len()).unwrap_or(0),
-        filter: filter.as_ptr().cast_mut(),
-    };
-    let len = libc::socklen_t::try_from(size_of_val(&prog)).unwrap_or(0);
-    // SAFETY: `prog` and the filter it points at are live for the call; the kernel copies
-    // them.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            std::ptr::from_ref(&prog).cast(),
-            len,
-        )
-    };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("SO_ATTACH_FILTER: {e}")));
-    }
+    setopt_at(
+        fd.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_ATTACH_FILTER,
+        &fprog(&filter),
+        "SO_ATTACH_FILTER",
+    )?;
     // SAFETY: all-zero is a valid `sockaddr_ll`; the fields that matter are set below.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = u16::try_from(libc::AF_PACKET).unwrap_or(17);
@@ -285,22 +280,13 @@ impl PacketSock {
     /// and the port's egress decides. `net.core.wmem_default` by default.
     pub(crate) fn set_sndbuf(&self, bytes: u32) -> io::Result<()> {
         let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-        let len = libc::socklen_t::try_from(size_of_val(&v)).unwrap_or(0);
-        // SAFETY: `v` is a live int for the call; the kernel only reads it.
-        let r = unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                std::ptr::from_ref(&v).cast(),
-                len,
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(e.kind(), format!("SO_SNDBUF {bytes}: {e}")));
-        }
-        Ok(())
+        setopt_at(
+            self.fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            &v,
+            &format!("SO_SNDBUF {bytes}"),
+        )
     }
 
     /// Frames the kernel dropped for its sockets since the last call (a receive queue was
@@ -313,25 +299,7 @@ impl PacketSock {
     /// as the kernel says (`PACKET_FANOUT`: 0 for none).
     #[cfg(test)]
     pub(crate) fn fanned(&self) -> bool {
-        let group = |fd: &OwnedFd| {
-            let mut v: u32 = 0;
-            let mut len = libc::socklen_t::try_from(size_of_val(&v)).unwrap_or(0);
-            // SAFETY: `v` is a live u32 of `len` bytes the kernel writes at most `len` of.
-            let r = unsafe {
-                libc::getsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_PACKET,
-                    18,
-                    std::ptr::from_mut(&mut v).cast(),
-                    &mut len,
-                )
-            };
-            if r < 0 {
-                0
-            } else {
-                v
-            }
-        };
+        let group = |fd: &OwnedFd| fanout_of(fd.as_raw_fd()).unwrap_or(0);
         let (a, b) = (group(&self.fd), group(&self.tagged));
         a != 0 && a == b
     }

@@ -563,17 +563,14 @@ fn transmit_spreads_flows_over_queues(port: &mut AnyPort, b: &str) {
     let socks = [0, 1].map(|_| {
         let s = crate::sys::packet::open_unfanned(b).unwrap_or_else(|e| panic!("{e}"));
         let v: u32 = 0x4242 | (PACKET_FANOUT_QM << 16);
-        // SAFETY: a live u32 for the call; the kernel reads 4 bytes.
-        let r = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&s),
-                libc::SOL_PACKET,
-                PACKET_FANOUT,
-                std::ptr::from_ref(&v).cast(),
-                4,
-            )
-        };
-        assert_eq!(r, 0, "PACKET_FANOUT: {}", std::io::Error::last_os_error());
+        crate::sys::packet::setopt_at(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            libc::SOL_PACKET,
+            PACKET_FANOUT,
+            &v,
+            "PACKET_FANOUT",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         s
     });
     let mac = crate::sys::tap::hw_addr(b).unwrap_or_else(|e| panic!("{e}"));

@@ -316,33 +316,34 @@ impl Uring {
     /// none for the others, and queues what `tagged` read behind what is ready. Returns
     /// whether the socket had no more (true without one).
     fn take_tagged(&mut self, res: &[i32], tagged: std::ops::Range<usize>, id: PortId) -> bool {
-        for (i, &r) in res.iter().enumerate() {
-            self.tags[i] = if tagged.contains(&i) && r > 0 {
-                vlan_of(&self.ctrl[i], self.msgs[i].msg_controllen)
-            } else {
-                None
-            };
-        }
         let mut drained = tagged.is_empty();
         let mut got = 0;
         for i in tagged {
-            match usize::try_from(res[i]) {
-                Ok(n) => {
+            match read_len(res[i], id, "packet socket") {
+                Some(n) => {
+                    // (every tag noted is taken when its frame is handed out, and a look
+                    // comes only once all are: no other slot holds one)
+                    self.tags[i] = vlan_of(&self.ctrl[i], self.msgs[i].msg_controllen);
                     self.ready.push_back((i, n));
                     got += 1;
                 }
-                Err(_) => {
-                    drained = true;
-                    if res[i] != -libc::EAGAIN {
-                        let e = std::io::Error::from_raw_os_error(-res[i]);
-                        tracing::warn!(port = id, "packet socket read: {e}");
-                    }
-                }
+                None => drained = true,
             }
         }
         self.treads = (got * 2).clamp(1, RX_BUFS / 2);
         drained
     }
+}
+
+/// Read result `r` as the bytes read; None if it read nothing, an error other than "nothing
+/// queued" (`EAGAIN`) logged as a failed read of `what`.
+fn read_len(r: i32, id: PortId, what: &str) -> Option<usize> {
+    let n = usize::try_from(r).ok();
+    if n.is_none() && r != -libc::EAGAIN {
+        let e = std::io::Error::from_raw_os_error(-r);
+        tracing::warn!(port = id, "{what} read: {e}");
+    }
+    n
 }
 
 /// The kernel's side.

@@ -3,7 +3,7 @@
 //! docs/no-copy.md), and behind them the reads of an `AF_PACKET` port's socket of tagged
 //! frames; then the packets handed out.
 
-use super::{Uring, LARGE_IOV, LEND_IOV, RX_BUFS};
+use super::{read_len, Uring, LARGE_IOV, LEND_IOV, RX_BUFS};
 use crate::pkt::{put_back, read_head, Pkt, PortId, EMPTY, MACS, MAX_MERGE};
 use crate::port::{Ingress, Lease};
 use crate::stats::{bump, DropReason, PortStats};
@@ -34,15 +34,9 @@ pub(super) fn plain_look(
     let res = complete_reads(u, stats)?;
     let mut drained = false;
     for (i, &r) in res.iter().enumerate().take(k) {
-        match usize::try_from(r) {
-            Ok(n) => u.ready.push_back((i, n)),
-            Err(_) => {
-                drained = true;
-                if r != -libc::EAGAIN {
-                    let e = std::io::Error::from_raw_os_error(-r);
-                    tracing::warn!(port = id, "tap read: {e}");
-                }
-            }
+        match read_len(r, id, "tap") {
+            Some(n) => u.ready.push_back((i, n)),
+            None => drained = true,
         }
     }
     u.reads = (u.ready.len() * 2).clamp(1, RX_BUFS);
@@ -254,13 +248,9 @@ fn direct_frames(
     let mut in_place = true;
     let mut drained = false;
     for (i, &r) in res.iter().enumerate() {
-        let Ok(n) = usize::try_from(r) else {
+        let Some(n) = read_len(r, id, "tap") else {
             in_place = false;
             drained = true;
-            if r != -libc::EAGAIN {
-                let e = std::io::Error::from_raw_os_error(-r);
-                tracing::warn!(port = id, "tap read: {e}");
-            }
             continue;
         };
         let len = u32::try_from(n).unwrap_or(u32::MAX);

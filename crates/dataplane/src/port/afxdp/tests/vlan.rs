@@ -31,17 +31,14 @@ fn send_tagged(b: &str) -> Vec<Vec<u8>> {
         fr.extend_from_slice(inline);
         fr.extend_from_slice(&[0x88, 0xb5]);
         fr.extend_from_slice(&[k; 46]);
-        // SAFETY: setsockopt on an open socket with a u32 value that outlives the call.
-        let rc = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_MARK,
-                std::ptr::from_ref(&mark).cast(),
-                4,
-            )
-        };
-        assert_eq!(rc, 0, "SO_MARK: {}", std::io::Error::last_os_error());
+        crate::sys::packet::setopt_at(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MARK,
+            &mark,
+            "SO_MARK",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let hdr = [0u8; HDR_LEN as usize];
         let iov = [
             libc::iovec {
