@@ -558,3 +558,125 @@ fn trunk_keeps_tags(tag: &str, trunk: &str, source: &str) -> (Proc, std::path::P
     assert!(sw.alive());
     (sw, c, dir)
 }
+
+/// Numbered bench frames `first..first + n` (lengths cycling over 60..=1514: every size the
+/// port may lend for), then the end marker counting `first + n`, into interface `fd`'s link,
+/// from source address `src` to `dst`; in bursts of 32, 1 ms apart (the kernel drops what
+/// finds no buffer, and the receiver checks every number).
+fn send_numbered(fd: &std::os::fd::OwnedFd, (src, dst): ([u8; 6], [u8; 6]), first: u64, n: u64) {
+    use pvnet_dataplane::frame::{set_end, set_seq, write_template};
+    let mut f = vec![0u8; 1514];
+    for (k, seq) in (first..first + n).enumerate() {
+        let len = 60 + (k * 97) % (1514 - 60 + 1);
+        write_template(&mut f, len, src, dst);
+        set_seq(&mut f, seq);
+        send_frames_now(fd, &f[..len]);
+        if k % 32 == 31 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    write_template(&mut f, 60, src, dst);
+    set_end(&mut f, first + n);
+    std::thread::sleep(Duration::from_millis(20));
+    send_frames_now(fd, &f[..60]);
+}
+
+fn send_frames_now(fd: &std::os::fd::OwnedFd, f: &[u8]) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid buffer of its length.
+    let w = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
+    assert_eq!(
+        usize::try_from(w).ok(),
+        Some(f.len()),
+        "send: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Direct receive (`direct=true`): `pvnet switch` with a native `af-xdp` port and a vhost-user
+/// frontend (`pvnet frontend --role rx`, buffers of 2048 bytes), 2000 numbered frames of 60 to
+/// 1514 bytes sent into the veth: the frontend takes every one, in order, and the port wrote
+/// every one straight into the frontend's buffers (`rx_direct` = `rx_packets`). The frontend
+/// goes and a second one comes, with memory of its own: the port called the first one's loans
+/// in, rebuilt its socket over the second one's memory, and every frame goes in place again.
+/// With buffers too small to lend (1024 bytes), every frame arrives, copied (`rx_direct` 0).
+#[test]
+fn an_af_xdp_port_receives_straight_into_a_frontends_buffers() {
+    private_netns();
+    let id = std::process::id() % 10000;
+    let name = format!("pvd{id}");
+    veth(&name, None, "10.215.0.1/24");
+    // Nothing of the kernel's own (IPv6 neighbour discovery) among the counted frames.
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}b/disable_ipv6"), "1");
+    ok(&["ip", "link", "set", &format!("{name}a"), "up"]);
+    let dir = TestDir::new("xdpdirect");
+    let (c, vu) = (dir.sock("ctl"), dir.sock("vm"));
+    let mut sw = Proc::spawn(
+        "switch",
+        &[
+            "switch",
+            "--port",
+            &format!("vhost-user:name=vm,socket={}", vu.display()),
+            "--port",
+            &format!("af-xdp:name=wire,ifname={name}a,mode=native,direct=true"),
+            "--ctl-socket",
+            c.to_str().expect("utf-8"),
+        ],
+        &[("PVNET_LOG", "info")],
+    );
+    wait_socket(&mut sw, &vu);
+    wait_socket(&mut sw, &c);
+    let fd = probe_socket(&format!("{name}b"));
+    let macs = ([2, 0, 0, 0, 0x5d, 1], [2, 0, 0, 0, 0x5d, 2]);
+    let wire = || {
+        let (_, ports) = ctl_json(&c, &["ports"]);
+        port_named(&ports, "wire").clone()
+    };
+    let mut seen = (0, 0);
+    for (round, bufs) in ["fixed:2048", "fixed:2048", "fixed:1024"]
+        .iter()
+        .enumerate()
+    {
+        let fe = common::frontend(
+            "frontend",
+            &vu,
+            &["--role", "rx", "--rx-buffers", bufs, "--idle-timeout", "20"],
+        );
+        fe.wait_json("ready", Duration::from_secs(10));
+        if round < 2 {
+            sw.wait_stderr_count(
+                &["sockets rebuilt over the frontend's memory"],
+                round + 1,
+                Duration::from_secs(10),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        send_numbered(&fd, macs, 0, 2000);
+        let mut fe = fe;
+        let fin = fe.finish(Duration::from_secs(30));
+        assert_eq!(fin["data_received"], 2000, "round {round}: {fin}");
+        assert_eq!(fin["seq_errors"], 0, "round {round}: {fin}");
+        assert_eq!(fin["complete"], true, "round {round}: {fin}");
+        let w = wire();
+        let (rx, direct) = (
+            common::u(&w, "/counters/rx_packets"),
+            common::u(&w, "/counters/rx_direct"),
+        );
+        let (n, d) = (rx - seen.0, direct - seen.1);
+        assert_eq!(n, 2001, "round {round}: {w}");
+        if round < 2 {
+            assert_eq!(d, n, "round {round}: every frame in place: {w}");
+        } else {
+            assert_eq!(d, 0, "buffers too small to lend: copied: {w}");
+        }
+        seen = (rx, direct);
+        assert!(w["detail"].as_str().unwrap_or("").contains("direct"), "{w}");
+        if round == 0 {
+            sw.wait_stderr("loans called in", Duration::from_secs(10));
+        }
+    }
+    assert_eq!(common::u(&wire(), "/counters/drops_invalid"), 0);
+    sw.signal(libc::SIGINT);
+    sw.wait_exit(Duration::from_secs(10));
+    wait_no_program(&format!("{name}a"));
+}

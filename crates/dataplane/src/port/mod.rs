@@ -24,6 +24,7 @@
 pub(crate) mod afxdp;
 pub(crate) mod gen;
 pub(crate) mod kernel;
+pub(crate) mod loan;
 pub(crate) mod mtu;
 pub(crate) mod sink;
 pub(crate) mod trunk;
@@ -65,6 +66,38 @@ pub(crate) trait Ingress {
     fn lend(&mut self, want: usize) -> Option<impl Lease> {
         let _ = want;
         None::<NoLease>
+    }
+
+    /// Loans (direct receive across rounds, [`loan`]), for a sender whose device keeps
+    /// buffers until frames arrive (an `AF_XDP` fill ring): the port every packet of the
+    /// sender is expected to go to, as for [`lend`](Self::lend), if it lends now: its id and
+    /// loan generation.
+    fn lender(&mut self) -> Option<(PortId, u32)> {
+        None
+    }
+    /// The memory the lender's loans lie in (start and length of each region in pvnet's
+    /// mapping).
+    fn lender_regions(&mut self) -> Vec<(std::ptr::NonNull<u8>, u64)> {
+        Vec::new()
+    }
+    /// Borrows up to `want` of the lender's receive buffers with at least `room` bytes each
+    /// behind the header, handed to `out` in ring order (one it refuses, false, goes back,
+    /// and the borrowing stops). Returns how many.
+    fn borrow(&mut self, want: usize, room: u32, out: &mut dyn FnMut(loan::Loan) -> bool) -> usize {
+        let _ = (want, room, out);
+        0
+    }
+    /// The device wrote a frame of `len` bytes, addressed `macs`, behind loan `l`'s header:
+    /// routes it, learning its source, and completes the loan in place if it goes to its
+    /// lender. False: nothing was done; the frame takes the usual path ([`burst`](Self::burst),
+    /// copied out of the buffer, which the caller still holds).
+    fn repay(&mut self, l: &loan::Loan, len: u32, macs: &[u8; 12]) -> bool {
+        let _ = (l, len, macs);
+        false
+    }
+    /// Commits what [`repay`](Self::repay) completed: one publish, one call decision.
+    fn settle(&mut self, stats: &PortStats) {
+        let _ = stats;
     }
 }
 

@@ -31,6 +31,7 @@ use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
 use crate::mac::MacTable;
 use crate::pkt::{fits_mtu, frame_fits_mtu, Pkt, PortId, Staged, TxOut, EMPTY, MAX_BURST};
+use crate::port::loan::Loan;
 use crate::port::{AnyPort, Ingress, Lease, Port};
 use crate::stats::{bump, DropReason, PortStats};
 #[cfg(test)]
@@ -961,21 +962,79 @@ impl Ingress for Cx<'_, '_> {
     /// everything the tap carries goes to the guest.) Whether and what the port lends is its
     /// own ([`Port::lend`]).
     fn lend(&mut self, want: usize) -> Option<impl Lease> {
-        if self.tagging {
-            // Its packets are classified (and maybe re-cut) one by one: nothing in place.
-            return None;
-        }
-        let j = match self.fixed {
-            Some(Route::One(j, _)) => j,
-            Some(_) => return None,
-            None => self.expected()?,
-        };
+        let j = self.lends_to()?;
         let now = self.now;
         let n = self.others.get(j)?.lend(now, want)?;
         if !self.f.touched.contains(&j) {
             self.f.touched.push(j);
         }
         (n > 0).then_some(Lent { cx: self, j, n })
+    }
+
+    fn lender(&mut self) -> Option<(PortId, u32)> {
+        let p = self.others.get_ref(self.lends_to()?)?;
+        Some((p.id(), p.lender()?))
+    }
+
+    fn lender_regions(&mut self) -> Vec<(std::ptr::NonNull<u8>, u64)> {
+        self.lends_to()
+            .and_then(|j| self.others.get_ref(j))
+            .map(AnyPort::loan_regions)
+            .unwrap_or_default()
+    }
+
+    fn borrow(&mut self, want: usize, room: u32, out: &mut dyn FnMut(Loan) -> bool) -> usize {
+        self.lends_to()
+            .and_then(|j| self.others.get(j))
+            .map_or(0, |p| p.loan(want, room, out))
+    }
+
+    /// In place when the route is the lender and the frame fits its MTU (an `AF_XDP` frame
+    /// carries no offload metadata).
+    fn repay(&mut self, l: &Loan, len: u32, macs: &[u8; 12]) -> bool {
+        if self.tagging {
+            return false;
+        }
+        let Route::One(k, flooded) = self.route_of(macs) else {
+            return false;
+        };
+        let Some(port) = self.others.get(k).filter(|p| p.id() == l.lender) else {
+            return false;
+        };
+        if port
+            .mtu()
+            .is_some_and(|m| !frame_fits_mtu(len, &VnetHdr::default(), m))
+        {
+            return false;
+        }
+        if !port.repay(l, len) {
+            return false;
+        }
+        if !self.f.touched.contains(&k) {
+            self.f.touched.push(k);
+        }
+        self.flooded += u64::from(flooded);
+        true
+    }
+
+    fn settle(&mut self, stats: &PortStats) {
+        self.commit(stats);
+    }
+}
+
+impl Cx<'_, '_> {
+    /// The port every packet of the sender goes to, where a port may lend it buffers: its
+    /// fixed route, or under learning the only other port that receives. None while its
+    /// packets take the VLAN path (classified, maybe re-cut, one by one).
+    fn lends_to(&self) -> Option<usize> {
+        if self.tagging {
+            return None;
+        }
+        match self.fixed {
+            Some(Route::One(j, _)) => Some(j),
+            Some(_) => None,
+            None => self.expected(),
+        }
     }
 }
 

@@ -395,7 +395,32 @@ impl Shard {
         self.add(port);
     }
 
+    /// Calls in the loans of `lender`'s receive buffers a port of this shard holds (direct
+    /// receive, [`crate::port::loan`]; every loan of every lender if None) and gives them
+    /// back to their lenders: before a lender's ring starts or stops or its memory changes,
+    /// before it goes, and before the holder goes. The holder's sockets are closed first, so
+    /// nothing writes into a buffer after its frontend has it back.
+    fn call_in_loans(&mut self, lender: Option<PortId>, holder: Option<PortId>) {
+        let mut back = Vec::new();
+        for p in &mut self.ports {
+            if let AnyPort::AfXdp(x) = p {
+                if holder.is_none_or(|h| h == x.id()) {
+                    back.extend(x.call_in(lender));
+                }
+            }
+        }
+        for p in &mut self.ports {
+            let id = p.id();
+            let mine: Vec<_> = back.iter().filter(|l| l.lender == id).copied().collect();
+            if !mine.is_empty() {
+                p.unloan(&mine);
+            }
+        }
+    }
+
     fn remove(&mut self, id: PortId) {
+        self.call_in_loans(Some(id), None);
+        self.call_in_loans(None, Some(id));
         self.stop_queues(id);
         for pid in [id, id | BEHIND_SINK, id | BEHIND_GEN] {
             if let Some(i) = self.index_of(pid) {
@@ -444,6 +469,7 @@ impl Shard {
     }
 
     fn stop_queue(&mut self, id: PortId, index: u16) -> Option<u16> {
+        self.call_in_loans(Some(id), None);
         let (base, fd) = self.vhost(id)?.stop(index)?;
         if let Some(fd) = fd {
             self.epoll.remove(fd);
@@ -463,6 +489,7 @@ impl Shard {
                     let _ = reply.send(self.stop_queue(id, index));
                 }
                 Cmd::Mem(id, mem, reply) => {
+                    self.call_in_loans(Some(id), None);
                     if let Some(p) = self.vhost(id) {
                         p.set_mem(&mem);
                     }
@@ -523,6 +550,7 @@ impl Shard {
     /// A started queue of port `id`: its kick joins the epoll set, and its pair gets its
     /// counters if it is the port's first queue of that pair.
     fn start_queue(&mut self, id: PortId, q: StartedQueue) {
+        self.call_in_loans(Some(id), None);
         if let Some(fd) = q.kick.as_ref().map(AsRawFd::as_raw_fd) {
             self.epoll.add(fd, token(id, q.index));
         }
@@ -729,6 +757,15 @@ impl Shard {
         let mut settle = Settle::new();
         for p in &mut self.ports {
             p.idle(now, &mut settle);
+            if let AnyPort::AfXdp(x) = p {
+                // Sockets rebuilt (direct receive): the new ones wake the shard too. (The
+                // old ones left the set when they closed.)
+                if x.take_rebuilt() {
+                    for fd in x.fds() {
+                        self.epoll.add(fd, token(x.id(), HOST_QUEUE));
+                    }
+                }
+            }
         }
         let Plan::Sleep(deadline) = settle.plan() else {
             return None;

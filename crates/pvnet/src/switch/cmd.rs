@@ -83,7 +83,7 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       (sndbuf: SO_SNDBUF, default net.core.wmem_default; the kernel's queue fills when the
       interface's qdisc holds packets, e.g. under a rate limit).
   af-xdp:name=wire,ifname=veth0[,queues=1][,mode=auto|native|generic][,zerocopy=auto|true|false]
-      [,rx_hash=auto|true|false][,rx_vlan=true|false]
+      [,rx_hash=auto|true|false][,rx_vlan=true|false][,direct=false]
       an existing interface through AF_XDP sockets (one per queue, 0..queues) and an XDP
       program pvnet loads and attaches (removed with the port, or when pvnet exits; an
       interface that already has a program is refused). mode=auto: native XDP, else
@@ -96,6 +96,13 @@ PORTS (--port KIND:key=value,... ; repeatable, or [[port]] tables in --config):
       mode, a driver with XDP metadata: each frame's RX hash from the driver steers it, not
       a hash of its headers; rx_hash=auto: only where the interface has hardware behind it,
       since a veth's driver would hash in software).
+      [,direct=true]: where the switch sends every frame of the port to one vhost-user
+      frontend (two ports, or a fixed wiring), the kernel copies each frame straight into
+      that frontend's receive buffers (the sockets' memory is rebuilt over the frontend's
+      when it connects; counted as rx_direct): the hop's one copy is the kernel's. Only for
+      a frontend with one receive ring, 12-byte headers, no IN_ORDER, no IOMMU, whose
+      buffers hold 1804 bytes (DPDK's do; a Linux guest's mergeable ones are smaller and
+      take the copy), and frames of up to 1792 bytes (no multi-buffer). Default false.
       No offloads: checksums
       and GSO packets sent to it are completed in software (sw_csum, sw_gso). Needs root
       (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW) and AF_XDP in the kernel (docs/afxdp.md). XDP

@@ -201,6 +201,11 @@ pub(crate) enum PortConfig {
         /// metadata, native mode): true (the default) or false.
         #[serde(default = "yes")]
         rx_vlan: bool,
+        /// Receive straight into a vhost-user frontend's buffers where the switch sends the
+        /// port's every frame to that frontend (direct receive): the sockets' UMEM takes the
+        /// frontend's memory, and a frame is at most 1792 bytes (no multi-buffer).
+        #[serde(default)]
+        direct: bool,
         /// With several workers: the most workers its queues are spread over, a lane each
         /// (auto: one per worker, at most one per queue; 1: every queue on one worker).
         #[serde(default = "auto", deserialize_with = "u32_or_str")]
@@ -495,6 +500,7 @@ pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::
         zerocopy,
         rx_hash,
         rx_vlan,
+        direct,
         ..
     } = p
     else {
@@ -515,6 +521,7 @@ pub(crate) fn xdp_config(p: &PortConfig) -> Result<Option<pvnet_dataplane::xdp::
         rx_hash: pvnet_dataplane::xdp::parse_rx_hash(rx_hash)
             .map_err(|e| usage(format!("port {name}: {e}")))?,
         rx_vlan: *rx_vlan,
+        direct: *direct,
     }))
 }
 
@@ -1305,17 +1312,17 @@ mod tests {
         assert_eq!(p.resource().as_deref(), Some("interface v0"));
         let c = xdp_config(&p).unwrap().unwrap();
         assert_eq!(
-            (c.queues, c.mode, c.zerocopy, c.rx_hash, c.rx_vlan),
-            (1, ModeReq::Auto, ZeroCopy::Auto, None, true)
+            (c.queues, c.mode, c.zerocopy, c.rx_hash, c.rx_vlan, c.direct),
+            (1, ModeReq::Auto, ZeroCopy::Auto, None, true, false)
         );
         let p = parse_port_spec(
-            "af-xdp:name=w,ifname=v0,queues=2,mode=generic,zerocopy=false,rx_hash=false,rx_vlan=false",
+            "af-xdp:name=w,ifname=v0,queues=2,mode=generic,zerocopy=false,rx_hash=false,rx_vlan=false,direct=true",
         )
         .unwrap();
         let c = xdp_config(&p).unwrap().unwrap();
         assert_eq!(
-            (c.queues, c.mode, c.zerocopy, c.rx_hash, c.rx_vlan),
-            (2, ModeReq::Generic, ZeroCopy::Off, Some(false), false)
+            (c.queues, c.mode, c.zerocopy, c.rx_hash, c.rx_vlan, c.direct),
+            (2, ModeReq::Generic, ZeroCopy::Off, Some(false), false, true)
         );
         assert_eq!(xdp_lanes(&p).unwrap(), 0, "lanes=auto by default");
         let p = parse_port_spec("af-xdp:name=w,ifname=v0,queues=4,lanes=2").unwrap();

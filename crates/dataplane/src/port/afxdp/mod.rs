@@ -47,7 +47,9 @@ use crate::pkt::{read_head, Caps, Pkt, PortId, TxOut, EMPTY, MACS, MAX_BURST};
 use crate::poll::plan::Settle;
 use crate::poll::{Every, Idle};
 use crate::stats::{bump, DropReason, PortStats};
-use crate::sys::xdp::{XdpDev, FRAME, RX_FRAMES, TX_FRAMES};
+use crate::sys::xdp::{
+    data_addr, XdpDev, Xsk, FRAME, LEND_CHUNK, RX_FRAMES, TX_FRAMES, XDP_HEADROOM,
+};
 use pvnet_net::HDR_LEN;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
@@ -68,9 +70,6 @@ const MAX_KICKS: usize = 64;
 /// Most UMEM frames of one packet with multi-buffer (a 9000-byte MTU takes 3 received, 3
 /// sent); the kernel's own bound is 17.
 pub const MAX_FRAGS: u32 = 5;
-
-/// The kernel's headroom in front of each received frame (`XDP_PACKET_HEADROOM`).
-const XDP_HEADROOM: u32 = 256;
 
 /// The port.
 #[derive(Debug)]
@@ -98,6 +97,10 @@ pub struct AfXdpPort {
     now: Instant,
     /// Transmit frames the kernel completed since DQL was last told.
     completed: u32,
+    /// Direct receive into a frontend's buffers, where the device lends ([`direct`]).
+    direct: Option<direct::Direct>,
+    /// Its sockets were rebuilt since the shard last looked ([`Self::take_rebuilt`]).
+    rebuilt: bool,
 }
 
 impl AfXdpPort {
@@ -105,7 +108,12 @@ impl AfXdpPort {
     pub fn new(id: PortId, stats: Arc<PortStats>, dev: XdpDev) -> Self {
         // A received frame's data starts behind the kernel's headroom, in each descriptor.
         let frames = if dev.multi_buffer() { MAX_FRAGS } else { 1 };
-        let most = frames * (FRAME - XDP_HEADROOM) - crate::pkt::MTU_OVERHEAD;
+        let chunk = if dev.lends() { LEND_CHUNK } else { FRAME };
+        let most = frames * (chunk - XDP_HEADROOM) - crate::pkt::MTU_OVERHEAD;
+        let direct = dev.lends().then(|| direct::Direct {
+            mapped: None,
+            socks: dev.queues.iter().map(|_| direct::Lent::new()).collect(),
+        });
         let mtu = MtuWatch::new(dev.name(), most);
         let txq = dev.queues.iter().map(|_| TxQueue::new()).collect();
         Self {
@@ -122,6 +130,8 @@ impl AfXdpPort {
             budget: usize::MAX,
             now: Instant::now(),
             completed: 0,
+            direct,
+            rebuilt: false,
         }
     }
 
@@ -163,6 +173,12 @@ impl AfXdpPort {
     /// The sockets' fds, to wait on them (readable: a receive ring has frames).
     pub fn fds(&self) -> Vec<i32> {
         self.dev.queues.iter().map(AsRawFd::as_raw_fd).collect()
+    }
+
+    /// Whether its sockets were rebuilt (direct receive) since the last call: their fds
+    /// are new.
+    pub(crate) fn take_rebuilt(&mut self) -> bool {
+        std::mem::take(&mut self.rebuilt)
     }
 
     /// The device (its mode, its queues).
@@ -288,7 +304,8 @@ impl AfXdpPort {
     /// ring.
     fn put(&mut self, pkt: &Pkt<'_>) -> TxOut {
         let len = pkt.frame_len();
-        let frames = len.div_ceil(FRAME).max(1);
+        let chunk = self.dev.queues.first().map_or(FRAME, |x| x.umem.chunk());
+        let frames = len.div_ceil(chunk).max(1);
         let most = if self.dev.multi_buffer() {
             MAX_FRAGS
         } else {
@@ -325,10 +342,10 @@ impl AfXdpPort {
             let Some(addr) = t.free.pop() else {
                 return TxOut::NoRoom;
             };
-            let n = (len - at).min(FRAME);
+            let n = (len - at).min(chunk);
             // SAFETY: `addr` is a transmit frame of this UMEM (FRAME bytes within it) that is
             // free: neither on the transmit ring nor in the kernel's hands, so nothing else
-            // reads or writes it; `n` <= FRAME.
+            // reads or writes it; `n` <= chunk <= FRAME.
             let dst = unsafe {
                 std::slice::from_raw_parts_mut(
                     base.as_ptr().add(usize::try_from(addr).unwrap_or(0)),
@@ -355,13 +372,36 @@ impl AfXdpPort {
         TxOut::Sent
     }
 
-    /// Hands out up to `max` packets of queue `q`'s receive ring; returns the packets taken
-    /// and whether some were left waiting.
+    /// Hands out up to `max` packets of queue `q`'s receive ring, frames in own frames and
+    /// in loans (direct receive) in turn; returns the packets taken and whether some were
+    /// left waiting.
     fn rx_queue(&mut self, q: usize, max: usize, to: &mut impl Ingress) -> (usize, bool) {
+        let mut done = 0;
+        loop {
+            let (k, left, lent) = self.rx_own(q, max - done, to);
+            done += k;
+            if left || !lent {
+                return (done, left);
+            }
+            let (k, wait) = self.take_lent(q, max - done, to);
+            done += k;
+            if wait || k == 0 || done >= max {
+                return (done, wait || done >= max);
+            }
+        }
+    }
+
+    /// Hands out up to `max` packets in own frames at the front of queue `q`'s receive ring;
+    /// returns the packets taken, whether some were left waiting, and whether it stopped at
+    /// a frame in a loan.
+    fn rx_own(&mut self, q: usize, max: usize, to: &mut impl Ingress) -> (usize, bool, bool) {
         let stats = &*self.stats;
         let meta = self.dev.meta();
         let x = &mut self.dev.queues[q];
+        let mut lent = self.direct.as_mut().and_then(|d| d.socks.get_mut(q));
+        let own = lent.as_ref().map_or(usize::MAX, |_| x.umem.own_len());
         let mut done = 0;
+        let mut at_loan = false;
         while done < max {
             // Descriptors: a packet is one, or with multi-buffer up to MAX_FRAGS.
             let want = u32::try_from((max - done).min(MAX_BURST)).unwrap_or(0);
@@ -379,8 +419,7 @@ impl AfXdpPort {
             let mut bad = None;
             while k < n {
                 match gather(
-                    base,
-                    size,
+                    (base, size, own),
                     &x.rx,
                     (k, n),
                     meta.vlan,
@@ -412,6 +451,10 @@ impl AfXdpPort {
                     }
                     // The rest of a packet is past `want`: the next batch.
                     Gather::Partial => break,
+                    Gather::Lent => {
+                        at_loan = true;
+                        break;
+                    }
                 }
             }
             for (p, &(k, c)) in pkts.iter_mut().zip(spans.iter()).take(m) {
@@ -434,14 +477,38 @@ impl AfXdpPort {
                     used = descs;
                     done += 1;
                 }
-                None if m == 0 => return (done, true),
+                None if m == 0 => return (done, !at_loan, at_loan),
                 _ => {}
             }
             done += taken;
-            // The slots' frames go back to the kernel (the fill ring holds every receive
-            // frame, so it has room), then the slots (our reads of them are done).
+            give_back(x, lent.as_deref_mut(), used, stats);
+            if taken < m {
+                return (done, true, false);
+            }
+            if at_loan {
+                return (done, false, true);
+            }
+        }
+        (done, false, false)
+    }
+}
+
+/// Gives the own frames of the first `used` slots of `x`'s receive ring back: to the kernel
+/// (the fill ring holds every receive frame, so it has room), or with direct receive to the
+/// spare ones (the fill ring takes them back while loans are short), then the slots (our
+/// reads of them are done).
+fn give_back(x: &mut Xsk, lent: Option<&mut direct::Lent>, used: u32, stats: &PortStats) {
+    match lent {
+        Some(l) => {
             for d in 0..used {
-                x.fill.push(x.rx.get(d).addr & !u64::from(FRAME - 1));
+                l.own_back(data_addr(x.rx.get(d).addr) & !u64::from(FRAME - 1));
+            }
+            x.rx.release(used);
+        }
+        None => {
+            for d in 0..used {
+                x.fill
+                    .push(data_addr(x.rx.get(d).addr) & !u64::from(FRAME - 1));
             }
             x.rx.release(used);
             x.fill.submit();
@@ -449,11 +516,7 @@ impl AfXdpPort {
                 bump(&stats.syscalls, 1);
                 let _ = x.kick_rx();
             }
-            if taken < m {
-                return (done, true);
-            }
         }
-        (done, false)
     }
 }
 
@@ -489,6 +552,8 @@ enum Gather {
     Packet(u32, u32, u32),
     /// Descriptors that are no packet (out of the UMEM, too short, too many): this many.
     Bad(u32),
+    /// A frame in a loan (direct receive): [`AfXdpPort::take_lent`]'s.
+    Lent,
     /// Its last descriptor is not among those ready yet.
     Partial,
 }
@@ -498,8 +563,7 @@ enum Gather {
 /// [`MAX_FRAGS`]. The first segment gets the virtio-net header in front, and the VLAN tag
 /// from the metadata back in if `vlan` ([`frame_seg`]).
 fn gather<'m>(
-    base: NonNull<u8>,
-    size: usize,
+    (base, size, own): (NonNull<u8>, usize, usize),
     rx: &crate::sys::xdp::ring::Ring<libc::xdp_desc>,
     (k, n): (u32, u32),
     vlan: bool,
@@ -511,6 +575,9 @@ fn gather<'m>(
             return Gather::Partial;
         }
         let d = rx.get(k + c);
+        if c == 0 && data_addr(d.addr) >= own as u64 {
+            return Gather::Lent;
+        }
         let seg = if c == 0 {
             frame_seg(base, size, d, vlan, &mut hash)
         } else {
@@ -573,17 +640,18 @@ fn frame_seg<'m>(
     hash: &mut u32,
 ) -> Option<Seg<'m>> {
     const TAG: u32 = 4;
-    let off = d.addr % u64::from(FRAME);
+    let addr = data_addr(d.addr);
+    let off = addr % u64::from(FRAME);
     let hdr = u64::from(HDR_LEN);
     if off < hdr + u64::from(TAG)
         || off + u64::from(d.len) > u64::from(FRAME)
-        || d.addr + u64::from(d.len) > size as u64
+        || addr + u64::from(d.len) > size as u64
         || d.len < MACS
         || (d.len < MACS + 2 && d.options & libc::XDP_PKT_CONTD == 0)
     {
         return None;
     }
-    let start = usize::try_from(d.addr - hdr).ok()?;
+    let start = usize::try_from(addr - hdr).ok()?;
     let len = d.len + HDR_LEN;
     let hl = HDR_LEN as usize;
     // SAFETY: `start - TAG..start + len` lies within one frame of the UMEM (checked above), a
@@ -612,11 +680,12 @@ fn frame_seg<'m>(
 /// one frame of the UMEM.
 #[inline]
 fn frag_seg<'m>(base: NonNull<u8>, size: usize, d: libc::xdp_desc) -> Option<Seg<'m>> {
-    let off = d.addr % u64::from(FRAME);
-    if off + u64::from(d.len) > u64::from(FRAME) || d.addr + u64::from(d.len) > size as u64 {
+    let addr = data_addr(d.addr);
+    let off = addr % u64::from(FRAME);
+    if off + u64::from(d.len) > u64::from(FRAME) || addr + u64::from(d.len) > size as u64 {
         return None;
     }
-    let start = usize::try_from(d.addr).ok()?;
+    let start = usize::try_from(addr).ok()?;
     // SAFETY: as for `frame_seg`: within one frame the kernel handed over and does not touch
     // until the descriptor is released.
     unsafe {
@@ -656,12 +725,18 @@ impl super::Port for AfXdpPort {
 
     #[inline(never)]
     fn rx_burst(&mut self, max: usize, _now: Instant, to: &mut impl Ingress) -> usize {
+        if self.direct.is_some() {
+            self.direct_round(to);
+        }
         let n = self.dev.queues.len();
         let mut done = 0;
         self.left = false;
         for i in 0..n {
             let q = (self.next + i) % n;
             let (k, left) = self.rx_queue(q, max - done, to);
+            if self.direct.is_some() {
+                self.refill(q, k, to);
+            }
             done += k;
             if left {
                 self.left = true;
@@ -714,7 +789,8 @@ impl super::Port for AfXdpPort {
             self.stats.dql_limit.store(u64::from(l), Ordering::Relaxed);
         }
         let unsent = self.txq.iter().any(|t| t.unsent);
-        if self.left || unsent || self.egress.blocked() {
+        let lending = self.direct.as_ref().is_some_and(direct::Direct::topping_up);
+        if self.left || unsent || self.egress.blocked() || lending {
             settle.idle(Idle::Poll);
         }
     }
@@ -732,6 +808,8 @@ impl super::Port for AfXdpPort {
 
     fn event(&mut self, _token: u16) {}
 }
+
+mod direct;
 
 #[cfg(test)]
 mod tests;

@@ -29,6 +29,8 @@ impl VhostPort {
             steer: [0; MAX_STEER],
             nsteer: 0,
             tx_now: Instant::now(),
+            loan_gen: 0,
+            loaned: 0,
         }
     }
 
@@ -48,6 +50,7 @@ impl VhostPort {
 
     /// Installs a started queue (its pair's counters were added first: `add_pairs`).
     pub fn start(&mut self, q: StartedQueue) {
+        self.new_loan_generation();
         let pair = QueueIndex(q.index).pair();
         if pair >= self.qps.len() {
             tracing::warn!(
@@ -126,6 +129,7 @@ impl VhostPort {
     /// Takes a queue back; returns its next avail index (what `GET_VRING_BASE` answers) and
     /// its kick fd's number (to leave the epoll set).
     pub(crate) fn stop(&mut self, index: u16) -> Option<(u16, Option<i32>)> {
+        self.new_loan_generation();
         let q = QueueIndex(index);
         let qp = self.qps.get_mut(q.pair())?.as_mut()?;
         let slot = if q.is_rx() {
@@ -152,6 +156,7 @@ impl VhostPort {
     /// grant that does not cover the miss is asked again after the retry interval, and the
     /// bound holds).
     pub(crate) fn set_mem(&mut self, mem: &Arc<MemTable>) {
+        self.new_loan_generation();
         let (id, now) = (self.id, Instant::now());
         for qp in self.qps.iter_mut().flatten() {
             for s in [&mut qp.rx, &mut qp.tx].into_iter().flatten() {

@@ -1,10 +1,13 @@
 //! Direct receive (docs/no-copy.md): a kernel port reads packets straight into the chains of
-//! this frontend's open receive batch, which are then completed in place.
+//! this frontend's open receive batch, which are then completed in place; an `AF_XDP` port's
+//! kernel writes frames into chains lent to it across rounds (loans, docs/afxdp.md).
 
 use super::rx::{deliver, Delivered, RxSide};
-use super::{QueuePair, VhostPort};
+use super::{QueuePair, QueueSlot, VhostPort};
+use crate::port::loan::Loan;
 use crate::port::Port;
-use pvnet_net::HDR_LEN;
+use pvnet_net::{HDR_LEN, NUM_BUFFERS_OFF};
+use std::ptr::NonNull;
 use std::time::Instant;
 use virtq::Seg;
 
@@ -84,5 +87,196 @@ impl RxSide<'_> {
                 false
             }
         }
+    }
+}
+
+/// Loans (direct receive across rounds, [`crate::port::loan`]).
+impl VhostPort {
+    /// The pair whose receive buffers it lends across rounds, if it does now: 12-byte
+    /// headers, one receive ring running (its flow is not known before the frame is
+    /// written), no `VIRTIO_F_IN_ORDER` (a loan completes when its frame comes, not in the
+    /// order the ring gave it), no IOTLB (its buffers' addresses could be revoked under the
+    /// device) and no dirty log (the device's writes would go unmarked), nothing waiting in
+    /// its egress queue (what waits needs the buffers first).
+    fn lending_pair(&self) -> Option<usize> {
+        use pvnet_vhost::features::VIRTIO_F_IN_ORDER;
+        if self.hdr_len != HDR_LEN || self.features & VIRTIO_F_IN_ORDER != 0 {
+            return None;
+        }
+        let mut running = self
+            .qps
+            .iter()
+            .enumerate()
+            .filter(|(_, qp)| qp.as_ref().is_some_and(QueuePair::rx_runs));
+        let (k, qp) = running.next()?;
+        if running.next().is_some() {
+            return None;
+        }
+        let qp = qp.as_ref()?;
+        let rx = qp.rx.as_ref()?;
+        (rx.live && !rx.q.logging() && !rx.q.mem().is_granted() && !qp.out.egress.backlogged())
+            .then_some(k)
+    }
+
+    /// Its loan generation if it lends now: it changes whenever a ring starts or stops or
+    /// the memory changes, and a loan of another generation is void.
+    pub(crate) fn lender(&self) -> Option<u32> {
+        self.lending_pair().map(|_| self.loan_gen)
+    }
+
+    /// The memory its loans lie in (its shared regions: start and length in pvnet's mapping).
+    pub(crate) fn loan_regions(&self) -> Vec<(NonNull<u8>, u64)> {
+        self.lending_pair()
+            .and_then(|k| self.qps[k].as_ref()?.rx.as_ref())
+            .map(|rx| {
+                rx.q.mem()
+                    .shared_ranges()
+                    .into_iter()
+                    .map(|(p, len, _)| (p, len))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Lends up to `want` receive buffers (never more than 7/8 of its ring at once, so that
+    /// what reaches it another way finds buffers), each with at least `room` bytes behind
+    /// the header in the chain's first piece, to `out`, in ring order; stops at the first
+    /// chain that has less, or that `out` refuses (given back: it takes the usual path).
+    /// Only between bursts (no receive batch open). Returns how many.
+    pub(crate) fn loan(
+        &mut self,
+        want: usize,
+        room: u32,
+        out: &mut dyn FnMut(Loan) -> bool,
+    ) -> usize {
+        let Some(k) = self.lending_pair() else {
+            return 0;
+        };
+        let (id, gen, hdr) = (self.id, self.loan_gen, self.hdr_len);
+        let Some(qp) = self.qps[k].as_mut() else {
+            return 0;
+        };
+        let Some(rx) = QueueSlot::usable(&mut qp.rx) else {
+            return 0;
+        };
+        if qp.out.open {
+            return 0;
+        }
+        let size = usize::from(rx.q.size());
+        let cap = size - size / 8;
+        let want = want.min(cap.saturating_sub(self.loaned));
+        if want == 0 {
+            return 0;
+        }
+        let avail = match rx.q.available() {
+            Ok(n) => usize::from(n),
+            Err(e) => {
+                rx.fail(id, &qp.stats, e);
+                return 0;
+            }
+        };
+        let mut n = 0;
+        while n < want.min(avail) {
+            let c = match rx.q.pop() {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(e) => {
+                    rx.fail(id, &qp.stats, e);
+                    break;
+                }
+            };
+            let loan =
+                rx.q.writable(&c)
+                    .first()
+                    .filter(|s| s.len() >= hdr.saturating_add(room))
+                    .and_then(|s| {
+                        Some(Loan {
+                            lender: id,
+                            gen,
+                            pair: u16::try_from(k).ok()?,
+                            head: c.head,
+                            buf: NonNull::new(s.as_ptr())?,
+                            room: s.len() - hdr,
+                        })
+                    });
+            if !loan.is_some_and(&mut *out) {
+                rx.q.unpop(1);
+                break;
+            }
+            n += 1;
+        }
+        self.loaned += n;
+        n
+    }
+
+    /// Completes loan `l`: the device wrote a frame of `len` bytes behind its header. The
+    /// header is written (no offload, `num_buffers` 1) and the used entry pushed; published
+    /// and counted at the commit. False, nothing done, if the loan is void (its generation
+    /// past) or the ring does not run.
+    pub(crate) fn repay(&mut self, l: &Loan, len: u32) -> bool {
+        if l.gen != self.loan_gen || len > l.room {
+            return false;
+        }
+        let Some(qp) = self
+            .qps
+            .get_mut(usize::from(l.pair))
+            .and_then(Option::as_mut)
+        else {
+            return false;
+        };
+        let Some(rx) = QueueSlot::usable(&mut qp.rx) else {
+            return false;
+        };
+        let mut h = [0u8; HDR_LEN as usize];
+        h[NUM_BUFFERS_OFF as usize] = 1;
+        // SAFETY: the loan's buffer is a chain of this generation's ring, popped and not yet
+        // used, with at least `HDR_LEN + room` bytes in pvnet's mapping of the frontend's
+        // memory (checked when it was lent), which this generation's table keeps mapped.
+        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), l.buf.as_ptr(), h.len()) };
+        rx.q.push_used(l.head, HDR_LEN + len);
+        qp.repaid[0] += 1;
+        qp.repaid[1] += u64::from(len);
+        self.loaned = self.loaned.saturating_sub(1);
+        true
+    }
+
+    /// Takes loans back unused (the device let go of them without a frame: its socket
+    /// closed): each completed empty (a used entry of length 0, which a driver drops as a
+    /// short packet and posts again), and published. Loans of a past generation are only
+    /// forgotten (their ring is gone).
+    pub(crate) fn unloan(&mut self, loans: &[Loan]) {
+        let mut back = 0u64;
+        for l in loans.iter().filter(|l| l.gen == self.loan_gen) {
+            let Some(qp) = self
+                .qps
+                .get_mut(usize::from(l.pair))
+                .and_then(Option::as_mut)
+            else {
+                continue;
+            };
+            if let Some(rx) = QueueSlot::usable(&mut qp.rx) {
+                rx.q.push_used(l.head, 0);
+                back += 1;
+            }
+        }
+        self.loaned = self.loaned.saturating_sub(loans.len());
+        if back > 0 {
+            for qp in self.qps.iter_mut().flatten() {
+                if let Some(rx) = QueueSlot::usable(&mut qp.rx) {
+                    rx.publish(&qp.stats);
+                }
+            }
+            tracing::info!(
+                port = self.id,
+                buffers = back,
+                "lent receive buffers called in: given back empty"
+            );
+        }
+    }
+
+    /// A ring started or stopped or the memory changed: every loan out is void.
+    pub(super) fn new_loan_generation(&mut self) {
+        self.loan_gen = self.loan_gen.wrapping_add(1);
+        self.loaned = 0;
     }
 }

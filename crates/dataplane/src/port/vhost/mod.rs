@@ -105,6 +105,9 @@ pub struct VhostPort {
     /// When the open transmit batch began (a steered ring's batch opens when the burst's
     /// packets for it are known).
     pub(super) tx_now: Instant,
+    /// Loans: their generation (a loan of another is void) and how many are out.
+    pub(super) loan_gen: u32,
+    pub(super) loaned: usize,
 }
 
 impl VhostPort {

@@ -5,7 +5,7 @@ use super::rx::{RxBatch, RxState};
 use super::QueueSlot;
 use crate::egress::{Egress, EgressConfig};
 use crate::pkt::PortId;
-use crate::stats::{DropReason, PortStats};
+use crate::stats::{bump, DropReason, PortStats};
 use std::sync::Arc;
 use std::time::Instant;
 use virtq::Chain;
@@ -26,6 +26,9 @@ pub(crate) struct QueuePair {
     pub(super) chains: Vec<Chain>,
     /// The shard waits on the receive ring (packets waited for its buffers last round).
     pub(super) rx_wanted: bool,
+    /// Loans completed since the last commit: packets, frame bytes (published and counted
+    /// at the commit).
+    pub(super) repaid: [u64; 2],
 }
 
 impl QueuePair {
@@ -61,6 +64,7 @@ impl QueuePair {
             },
             chains: Vec::with_capacity(256),
             rx_wanted: false,
+            repaid: [0; 2],
         }
     }
 
@@ -82,10 +86,18 @@ impl QueuePair {
         self.out.reserve(rx, id, &self.stats, want, now)
     }
 
-    /// Publishes the open receive batch and counts what it delivered.
+    /// Publishes the open receive batch and the loans completed, and counts what they
+    /// delivered.
     pub(super) fn commit(&mut self) {
         if let Some(rx) = self.rx.as_mut() {
             self.out.commit(rx, &self.stats);
+            if self.repaid[0] > 0 {
+                let [n, bytes] = std::mem::take(&mut self.repaid);
+                rx.worked = true;
+                rx.publish(&self.stats);
+                bump(&self.stats.tx_packets, n);
+                bump(&self.stats.tx_bytes, bytes);
+            }
         }
     }
 }

@@ -49,6 +49,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 /// `prog_flags`: the XDP program takes multi-buffer frames (Linux 5.18).
 const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
@@ -258,6 +259,21 @@ impl XskMap {
         bpf(BPF_MAP_UPDATE_ELEM, &mut a)
             .map(|_| ())
             .map_err(|e| missing(e, "BPF_MAP_UPDATE_ELEM (XSKMAP)"))
+    }
+
+    /// Takes queue `queue`'s socket out: its frames go on to the kernel's stack (`XDP_PASS`)
+    /// until another is set. Already empty is no error.
+    pub fn delete(&self, queue: u32) -> io::Result<()> {
+        let key = queue;
+        let mut a = Attr::new()
+            .u32(0, u32::try_from(self.0.as_raw_fd()).unwrap_or(0))
+            .u64(8, std::ptr::from_ref(&key) as u64);
+        match bpf(BPF_MAP_DELETE_ELEM, &mut a) {
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                Err(missing(e, "BPF_MAP_DELETE_ELEM (XSKMAP)"))
+            }
+            _ => Ok(()),
+        }
     }
 }
 

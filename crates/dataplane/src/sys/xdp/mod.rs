@@ -31,6 +31,7 @@
 pub mod bpf;
 mod btf;
 pub mod ring;
+mod umem;
 
 use bpf::{Link, Prog, XskMap, XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE};
 use ring::Ring;
@@ -39,6 +40,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
+pub use umem::{data_addr, fill_addr, Umem, LEND_CHUNK, XDP_HEADROOM};
 
 /// Bytes of one UMEM frame (a chunk): one page.
 pub const FRAME: u32 = 4096;
@@ -176,6 +178,11 @@ pub struct XdpConfig {
     /// bridge or a VLAN device sending through a veth, and a NIC with receive VLAN offload,
     /// carry tags that way, and without it they are lost.
     pub rx_vlan: bool,
+    /// Receive straight into a vhost-user frontend's buffers where the switch sends every
+    /// frame to one frontend (direct receive): the sockets' UMEM takes the frontend's memory
+    /// behind pvnet's own frames (unaligned chunks of [`LEND_CHUNK`] bytes: a frame of up to
+    /// 1792 bytes per descriptor), and the kernel's copy is the hop's only one.
+    pub direct: bool,
 }
 
 impl XdpConfig {
@@ -189,93 +196,8 @@ impl XdpConfig {
             zerocopy: ZeroCopy::Auto,
             rx_hash: None,
             rx_vlan: true,
+            direct: false,
         }
-    }
-}
-
-/// The packet memory a socket registered: `RX_FRAMES + TX_FRAMES` frames, receive frames
-/// first.
-#[derive(Debug)]
-pub struct Umem {
-    base: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is the Umem's alone (unmapped on drop); it moves with its port to one
-// shard, which alone touches it.
-unsafe impl Send for Umem {}
-
-impl Umem {
-    fn new(frames: u32) -> io::Result<Self> {
-        let len = frames as usize * FRAME as usize;
-        // SAFETY: a fresh private anonymous mapping; checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(
-                e.kind(),
-                format!("UMEM of {len} bytes: {e}"),
-            ));
-        }
-        let base = NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap: null"))?;
-        Ok(Self { base, len })
-    }
-
-    /// Registers it with socket `s` (`XDP_UMEM_REG`): aligned chunks of [`FRAME`] bytes.
-    fn register(&self, s: RawFd) -> io::Result<()> {
-        let reg = libc::xdp_umem_reg {
-            addr: self.base.as_ptr() as u64,
-            len: self.len as u64,
-            chunk_size: FRAME,
-            headroom: 0,
-            flags: 0,
-            tx_metadata_len: 0,
-        };
-        setopt(s, libc::XDP_UMEM_REG, &reg, "XDP_UMEM_REG").map_err(|e| {
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENOBUFS | libc::ENOMEM | libc::EPERM)
-            ) {
-                io::Error::new(
-                    e.kind(),
-                    format!("{e} (locked memory: needs CAP_IPC_LOCK or a higher ulimit -l)"),
-                )
-            } else {
-                e
-            }
-        })
-    }
-
-    /// The start of the memory.
-    pub fn base(&self) -> NonNull<u8> {
-        self.base
-    }
-
-    /// Its length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it is empty (never).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Drop for Umem {
-    fn drop(&mut self) {
-        // SAFETY: our mapping, made in `new`; the socket that registered it is closed first
-        // (field order of `Xsk`), and the kernel holds its own page references until then.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 
@@ -300,6 +222,10 @@ pub struct Xsk {
     pub zerocopy: bool,
     /// Bound with `XDP_USE_SG`: a packet may span several frames (multi-buffer).
     pub sg: bool,
+    /// The interface and the bind flags asked for (`XDP_COPY` or `XDP_ZEROCOPY`), to bind
+    /// again ([`XdpDev::rebuild`]).
+    ifindex: u32,
+    flags: u16,
 }
 
 fn err(e: io::Error, what: &str) -> io::Error {
@@ -340,9 +266,15 @@ impl Xsk {
     /// UMEM frame comes and goes as several descriptors, each but the last marked
     /// `XDP_PKT_CONTD`), falling back to one frame per packet where the driver or the mode
     /// has no multi-buffer (a fresh socket: a failed bind leaves one half set up).
-    fn open_sg(ifindex: u32, queue: u32, flags: u16, sg: bool) -> io::Result<Self> {
+    fn open_sg(
+        ifindex: u32,
+        queue: u32,
+        flags: u16,
+        sg: bool,
+        umem: &dyn Fn() -> io::Result<Umem>,
+    ) -> io::Result<Self> {
         if sg {
-            match Self::open(ifindex, queue, flags | libc::XDP_USE_SG) {
+            match Self::open(ifindex, queue, flags | libc::XDP_USE_SG, umem()?) {
                 Ok(mut x) => {
                     x.sg = true;
                     return Ok(x);
@@ -352,13 +284,13 @@ impl Xsk {
                 }
             }
         }
-        Self::open(ifindex, queue, flags)
+        Self::open(ifindex, queue, flags, umem()?)
     }
 
-    /// A socket on queue `queue` of interface `ifindex`, its UMEM registered, its rings
+    /// A socket on queue `queue` of interface `ifindex`, `umem` registered, its rings
     /// mapped, every receive frame on the fill ring, bound with `flags` (`XDP_COPY` or
     /// `XDP_ZEROCOPY`, with `XDP_USE_NEED_WAKEUP`).
-    fn open(ifindex: u32, queue: u32, flags: u16) -> io::Result<Self> {
+    fn open(ifindex: u32, queue: u32, flags: u16, umem: Umem) -> io::Result<Self> {
         // SAFETY: plain socket(2); the result is checked before use.
         let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
@@ -378,7 +310,6 @@ impl Xsk {
         // SAFETY: `raw` is a socket we just opened and own alone.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let s = fd.as_raw_fd();
-        let umem = Umem::new(RX_FRAMES + TX_FRAMES)?;
         umem.register(s)?;
         let size: libc::c_int = libc::c_int::try_from(RING).unwrap_or(1024);
         setopt(s, libc::XDP_UMEM_FILL_RING, &size, "XDP_UMEM_FILL_RING")?;
@@ -412,12 +343,17 @@ impl Xsk {
             queue,
             zerocopy: false,
             sg: false,
+            ifindex,
+            flags: flags & !libc::XDP_USE_SG,
         };
-        let n = x.fill.free(RX_FRAMES).min(RX_FRAMES);
-        for k in 0..n {
-            x.fill.push(u64::from(k) * u64::from(FRAME));
+        if !x.umem.lends() {
+            // A UMEM that lends has its fill ring kept by its port (loans first).
+            let n = x.fill.free(RX_FRAMES).min(RX_FRAMES);
+            for k in 0..n {
+                x.fill.push(u64::from(k) * u64::from(FRAME));
+            }
+            x.fill.submit();
         }
-        x.fill.submit();
         let sa = libc::sockaddr_xdp {
             sxdp_family: u16::try_from(libc::AF_XDP).unwrap_or(44),
             sxdp_flags: flags | libc::XDP_USE_NEED_WAKEUP,
@@ -526,7 +462,7 @@ impl AsRawFd for Xsk {
 struct Attached {
     _link: Link,
     _prog: Prog,
-    _map: XskMap,
+    map: XskMap,
     name: String,
     mode: Mode,
     meta: Meta,
@@ -584,24 +520,36 @@ impl XdpDev {
                 format!("{name}: zero-copy needs native XDP mode (runs in generic mode)"),
             ));
         }
+        let lend = cfg.direct;
+        // A frame spread over several lent buffers would not be one virtio packet: with
+        // direct receive a frame is one descriptor (up to a chunk less the headroom).
+        let frags = frags && !lend;
+        let umem = move || {
+            if lend {
+                Umem::lending(RX_FRAMES + TX_FRAMES, &[])
+            } else {
+                Umem::new(RX_FRAMES + TX_FRAMES)
+            }
+        };
         let mut queues = Vec::new();
         for q in 0..cfg.queues {
             let x = match (mode, cfg.zerocopy) {
-                (Mode::Native, ZeroCopy::On) => Xsk::open_sg(ifindex, q, libc::XDP_ZEROCOPY, frags)
-                    .map_err(|e| {
+                (Mode::Native, ZeroCopy::On) => {
+                    Xsk::open_sg(ifindex, q, libc::XDP_ZEROCOPY, frags, &umem).map_err(|e| {
                         err(
                             e,
                             &format!("{name}: zero-copy (the driver may not support it)"),
                         )
-                    })?,
+                    })?
+                }
                 (Mode::Native, ZeroCopy::Auto) => {
                     // A failed zero-copy bind leaves the socket half set up: a fresh one.
-                    match Xsk::open_sg(ifindex, q, libc::XDP_ZEROCOPY, frags) {
+                    match Xsk::open_sg(ifindex, q, libc::XDP_ZEROCOPY, frags, &umem) {
                         Ok(x) => x,
-                        Err(_) => Xsk::open_sg(ifindex, q, libc::XDP_COPY, frags)?,
+                        Err(_) => Xsk::open_sg(ifindex, q, libc::XDP_COPY, frags, &umem)?,
                     }
                 }
-                _ => Xsk::open_sg(ifindex, q, libc::XDP_COPY, frags)?,
+                _ => Xsk::open_sg(ifindex, q, libc::XDP_COPY, frags, &umem)?,
             };
             map.set(q, x.as_raw_fd())?;
             queues.push(x);
@@ -610,7 +558,7 @@ impl XdpDev {
             attached: std::sync::Arc::new(Attached {
                 _link: link,
                 _prog: prog,
-                _map: map,
+                map,
                 name: name.to_string(),
                 mode,
                 meta,
@@ -658,6 +606,39 @@ impl XdpDev {
         lanes
     }
 
+    /// Replaces socket `i` by a fresh one on the same queue, bound as it was, whose UMEM has
+    /// `regions` (a frontend's memory as pvnet maps it) behind the own frames: what direct
+    /// receive lends from. Its frames go to the kernel's stack from the moment the old
+    /// socket leaves the map until the new one is in it. The old socket is closed before the
+    /// new one binds (a queue takes one socket): when this returns, the kernel writes into
+    /// nothing the old one's fill ring held. What was on the old rings is gone: the caller
+    /// takes what it wants first. If the new socket cannot be had with the regions, it is
+    /// bound without them; if not at all, the error, and the device has one socket fewer.
+    pub fn rebuild(&mut self, i: usize, regions: &[(NonNull<u8>, u64)]) -> io::Result<()> {
+        let Some(old) = self.queues.get(i) else {
+            return Err(io::ErrorKind::NotFound.into());
+        };
+        let (q, ifindex, flags, sg) = (old.queue, old.ifindex, old.flags, old.sg);
+        self.attached.map.delete(q)?;
+        drop(self.queues.remove(i));
+        let x = Xsk::open_sg(ifindex, q, flags, sg, &|| {
+            Umem::lending(RX_FRAMES + TX_FRAMES, regions)
+        })
+        .or_else(|e| {
+            tracing::warn!(
+                ifname = self.name(),
+                queue = q,
+                "AF_XDP socket over the frontend's memory: {e}: without it (one copy)"
+            );
+            Xsk::open_sg(ifindex, q, flags, sg, &|| {
+                Umem::lending(RX_FRAMES + TX_FRAMES, &[])
+            })
+        })?;
+        self.attached.map.set(q, x.as_raw_fd())?;
+        self.queues.insert(i, x);
+        Ok(())
+    }
+
     /// What the program puts in front of each frame ([`bpf::META_LEN`] bytes; all zero
     /// where it puts nothing).
     pub fn meta(&self) -> Meta {
@@ -685,6 +666,11 @@ impl XdpDev {
         self.queues.iter().all(|q| q.zerocopy)
     }
 
+    /// Whether its sockets' UMEMs lend (direct receive: [`XdpConfig::direct`]).
+    pub fn lends(&self) -> bool {
+        self.queues.iter().all(|q| q.umem.lends())
+    }
+
     /// Whether every socket takes multi-buffer packets (`XDP_USE_SG`): frames larger than a
     /// UMEM frame, as jumbo frames are.
     pub fn multi_buffer(&self) -> bool {
@@ -695,10 +681,11 @@ impl XdpDev {
     pub fn describe(&self) -> String {
         let n = self.queues.len();
         format!(
-            "{}, XDP {}, {}{}{}{}, {n} queue{}",
+            "{}, XDP {}, {}{}{}{}{}, {n} queue{}",
             self.name(),
             self.mode().name(),
             if self.zerocopy() { "zero-copy" } else { "copy" },
+            if self.lends() { ", direct" } else { "" },
             if self.multi_buffer() {
                 ", multi-buffer"
             } else {
