@@ -23,6 +23,13 @@
 #   xdp-generic  af-xdp:ifname=pvs0p,mode=generic  (XDP after the socket buffer is built)
 #   af-packet    af-packet:ifname=pvs0p,io=uring
 #   tap          tap pvb1, bridged with pvs0p (the kernel forwards into the tap)
+#   xdp-vm       xdp-native into a vhost-user frontend instead of the sink (FE=dpdk: DPDK
+#                testpmd net_virtio_user rxonly, in_order=0, FE_QS=1024 descriptors, its
+#                forwarder on CPU FE_CPU=0, beside the source; FE=pvnet: `pvnet frontend --role
+#                drop`, buffers of 2048 bytes, on CPU FE_CPU; FE_CPU=1: beside the receiving
+#                switch instead): the switch copies each frame into it
+#   xdp-vm-direct  the same with direct=true: the kernel copies each frame straight into the
+#                frontend's buffers (compared with xdp-vm; "in place" is rx_direct's share)
 # Per run: the core-to-core state (`pvnet limits` probed before and after; the summary
 # compares receivers only within one state), B's rx_packets per second over the measured window, B's CPU time over it (all its
 # threads, /proc/<pid>/task/*/schedstat) per packet, its worker's busy time per packet (the
@@ -41,7 +48,8 @@
 # Usage: scripts/bench_afxdp.sh   Env: ROUNDS=3 DUR=5 (measured s) WARM=1 SIZES="64 1500"
 #        CFGS="xdp-native xdp-generic af-packet tap" SRC=af-xdp|af-packet|xdp-live NAPI_CPU=
 #        POLICY=adaptive (the receiving switch's --policy; busy: it never sleeps, so the
-#        kernel never wakes it)
+#        kernel never wakes it) PPS= (SRC=xdp-live paced to that many frames a second: room
+#        on CPU 0 for a frontend beside it)
 #        DOC=docs/afxdp.md (section between the bench:afxdp markers; DOC= to skip)
 # Wall time: ~(DUR + WARM + 3) s per run: ~5 min with the defaults.
 set -euo pipefail
@@ -49,15 +57,20 @@ source "$(dirname "$0")/lib/common.sh"
 need_root
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-5}"; WARM="${WARM:-1}"; SIZES="${SIZES:-64 1500}"
 CFGS="${CFGS:-xdp-native xdp-generic af-packet tap}"; SRC="${SRC:-af-xdp}"; POLICY="${POLICY:-adaptive}"
+FE="${FE:-dpdk}"; FE_QS="${FE_QS:-1024}"; FE_CPU="${FE_CPU:-0}"
 DOC="${DOC-$PVNET_ROOT/docs/afxdp.md}"
 build_pvnet
 B="$WORK/afxdp"; rm -rf "$B"; mkdir -p "$B"
 cp "$PVNET_BIN" "$B/pvnet"; BIN="$B/pvnet"
 RES="$B/results.txt"; : > "$RES"
-apid=; bpid=
+apid=; bpid=; fpid=
+FE_PREFIX=pvnet_afxdp_$$_fe
 cleanup() {
   [ -n "$apid" ] && stop_pid "$apid" INT
+  [ -n "$fpid" ] && stop_pid "$fpid" INT
+  testpmd_kill_all 2>/dev/null
   [ -n "$bpid" ] && stop_pid "$bpid" INT
+  hugepage_cleanup "$FE_PREFIX" 2>/dev/null
   netns_cleanup   # the veths, the bridge and the tap go with it (and any XDP program)
   return 0
 }
@@ -86,10 +99,33 @@ src_sent() {
   else local a; read -r a _ _ _ < <(snap "$B/ctl.a.$1"); echo "$a"; fi
 }
 
+# start_frontend SOCK TAG : the vhost-user receiver of the xdp-vm configurations, on CPU FE_CPU.
+start_frontend() {
+  if [ "$FE" = dpdk ]; then
+    testpmd_start fe "$B/fe.$2.log" $((DUR + WARM + 30)) -l "$FE_CPU,$((1 - FE_CPU))" --main-lcore "$((1 - FE_CPU))" \
+      --socket-mem 512 --single-file-segments \
+      --file-prefix "$FE_PREFIX" --no-pci --vdev "net_virtio_user0,path=$1,queues=1,queue_size=$FE_QS,in_order=0" \
+      -- --nb-cores=1 --total-num-mbufs=32768 --rxd="$FE_QS" --txd="$FE_QS" -i --forward-mode=rxonly
+    wait_for 30 grep -q 'testpmd> ' "$B/fe.$2.log" || die "testpmd did not start ($B/fe.$2.log)"
+    tp fe start
+  else
+    "$BIN" frontend --socket "$1" --role drop --cpu "$FE_CPU" --rx-buffers fixed:2048 --queue-size "$FE_QS" \
+      --secs $((DUR + WARM + 20)) --idle-timeout 60 > "$B/fe.$2.json" 2> "$B/fe.$2.log" &
+    fpid=$!
+    wait_for 10 grep -q '"ready"' "$B/fe.$2.json" || die "pvnet frontend did not connect ($B/fe.$2.log)"
+  fi
+}
+stop_frontend() {
+  if [ "$FE" = dpdk ]; then
+    [ -n "${TP_PID[fe]:-}" ] && { testpmd_quit fe 20 || log "testpmd did not quit cleanly"; hugepage_cleanup "$FE_PREFIX"; }
+  elif [ -n "$fpid" ]; then stop_pid "$fpid" INT; wait "$fpid" 2>/dev/null || true; fpid=; fi
+}
+
 for r in $(seq 1 "$ROUNDS"); do
   for size in $SIZES; do
     for cfg in $CFGS; do
       tag="$cfg-$size-$r"
+      recv="sink:name=s"
       case "$cfg" in
         xdp-native) pb="af-xdp:name=t,ifname=pvs0p,mode=native" ;;
         xdp-native-hash) pb="af-xdp:name=t,ifname=pvs0p,mode=native,rx_hash=true" ;;
@@ -97,13 +133,16 @@ for r in $(seq 1 "$ROUNDS"); do
         xdp-generic) pb="af-xdp:name=t,ifname=pvs0p,mode=generic" ;;
         af-packet) pb="af-packet:name=t,ifname=pvs0p,io=uring" ;;
         tap) pb="tap:name=t,ifname=pvb1,io=uring" ;;
+        xdp-vm) pb="af-xdp:name=t,ifname=pvs0p,mode=native"; recv="vhost-user:name=s,socket=$B/vu.$tag.sock" ;;
+        xdp-vm-direct) pb="af-xdp:name=t,ifname=pvs0p,mode=native,direct=true"; recv="vhost-user:name=s,socket=$B/vu.$tag.sock" ;;
         *) die "unknown receiver $cfg" ;;
       esac
       if [ "$cfg" = tap ]; then ipn link set pvs0p master pvbbr; else ipn link set pvs0p nomaster; fi
-      NO_COLOR=1 PVNET_LOG=info ip netns exec "$HNS" "$BIN" switch --port "$pb" --port sink:name=s --cpu 1 --policy "$POLICY" \
-        --ctl-socket "$B/ctl.b.$tag" --secs $((DUR + WARM + 8)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
+      NO_COLOR=1 PVNET_LOG=info ip netns exec "$HNS" "$BIN" switch --port "$pb" --port "$recv" --cpu 1 --policy "$POLICY" \
+        --ctl-socket "$B/ctl.b.$tag" --secs $((DUR + WARM + 12)) > "$B/b.$tag.json" 2> "$B/b.$tag.log" &
       bpid=$!
       wait_sock "$B/ctl.b.$tag"
+      case "$recv" in vhost-user:*) start_frontend "$B/vu.$tag.sock" "$tag" ;; esac
       cb=$(c2c_ns)
       # pvs0p's NAPI threads (made again when a port attaches its XDP program) on NAPI_CPU.
       if [ -z "$SRCPORT" ] && [ -n "${NAPI_CPU:-}" ]; then
@@ -116,23 +155,24 @@ for r in $(seq 1 "$ROUNDS"); do
         apid=$!
         wait_sock "$B/ctl.a.$tag"
       else
-        ip netns exec "$HNS" taskset -c 0 python3 "$PYLIB/xdp_live.py" pvs0 $((DUR + WARM + 7)) "$size" \
+        ip netns exec "$HNS" taskset -c 0 python3 "$PYLIB/xdp_live.py" pvs0 $((DUR + WARM + 7)) "$size" ${PPS:-} \
           > "$B/a.$tag.log" 2>&1 &
         apid=$!
       fi
       sleep "$WARM"; sleep 0.5
       c0=$(cpu_ns "$bpid"); d0=$(cpu_ns "$apid")
-      a0=$(src_sent "$tag"); read -r _ b0 s0 w0 k0 < <(snap "$B/ctl.b.$tag")
+      a0=$(src_sent "$tag"); read -r _ b0 s0 w0 k0 r0 e0 < <(snap "$B/ctl.b.$tag")
       t0=$(date +%s.%N); sleep "$DUR"; t1=$(date +%s.%N)
       c1=$(cpu_ns "$bpid"); d1=$(cpu_ns "$apid")
-      a1=$(src_sent "$tag"); read -r _ b1 s1 w1 k1 < <(snap "$B/ctl.b.$tag")
+      a1=$(src_sent "$tag"); read -r _ b1 s1 w1 k1 r1 e1 < <(snap "$B/ctl.b.$tag")
       # The source first: what it sends while the receiver stops would count as the kernel's drops.
       kill -INT "$apid" 2>/dev/null || true; wait "$apid" || true; apid=
+      stop_frontend
       kill -INT "$bpid" 2>/dev/null || true; wait "$bpid" || true; bpid=
       ca=$(c2c_ns)
       grep -ho "the kernel's own counts.*" "$B/b.$tag.log" | sed 's/^/  /' || true
       line=$(python3 "$PYLIB/bench_afxdp.py" result "$cfg" "$size" "$r" "$cb/$ca" "$t0" "$t1" "$a0" "$a1" "$b0" "$b1" \
-        "$s0" "$s1" "$c0" "$c1" "$d0" "$d1" "$w0" "$w1" "$k0" "$k1")
+        "$s0" "$s1" "$c0" "$c1" "$d0" "$d1" "$w0" "$w1" "$k0" "$k1" "$r0" "$r1" "$e0" "$e1")
       echo "$line" | tee -a "$RES"
       [ "$b1" -gt "$b0" ] || { log "no packets received in run $tag: see $B/b.$tag.log"; exit 1; }
     done

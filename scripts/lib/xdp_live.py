@@ -2,7 +2,7 @@
 """A traffic source with no socket buffer: XDP frames made in the kernel and redirected into a
 veth, the way an XDP program forwards from a NIC (scripts/bench_afxdp.sh SRC=xdp-live).
 
-    xdp_live.py IFNAME SECONDS FRAME_LEN
+    xdp_live.py IFNAME SECONDS FRAME_LEN [PPS]
         loads a four-instruction XDP program, `return bpf_redirect(IFINDEX, 0)`, and runs it
         with BPF_PROG_TEST_RUN in live-frames mode (BPF_F_TEST_XDP_LIVE_FRAMES, Linux 5.18+):
         the kernel makes each frame in a page pool and sends it through the interface's
@@ -10,6 +10,8 @@ veth, the way an XDP program forwards from a NIC (scripts/bench_afxdp.sh SRC=xdp
         peer's receive ring as an XDP frame (the peer needs its NAPI: an XDP program, or GRO
         on) and the peer's XDP program, or the stack, takes it from there. Prints one line,
         `XDPLIVE frames=N secs=S`: the frames the program ran on (each one redirected).
+        With PPS, paced to that many frames a second (runs of 256, each when it is due):
+        a source that leaves a receiver sharing its CPU room to run.
 
 The frame: broadcast destination, source 02:00:00:00:00:09, EtherType 0x88b5 (local
 experimental), zero payload, FRAME_LEN bytes (no FCS). Runs on the calling CPU (pin it with
@@ -112,16 +114,21 @@ def run(prog, data, repeat):
 
 
 def main(argv):
-    if len(argv) != 4:
+    if len(argv) not in (4, 5):
         sys.exit(__doc__)
     ifname, secs, flen = argv[1], float(argv[2]), int(argv[3])
+    pps = float(argv[4]) if len(argv) == 5 else 0.0
     prog = load(socket.if_nametoindex(ifname))
     data = frame(flen)
-    repeat = 1 << 16
+    repeat = 256 if pps > 0 else 1 << 16
     frames = 0
     t0 = time.monotonic()
     try:
         while time.monotonic() - t0 < secs:
+            if pps > 0:
+                wait = t0 + frames / pps - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
             run(prog, data, repeat)
             frames += repeat
     except (InterruptedError, KeyboardInterrupt):

@@ -31,5 +31,5 @@ mod rxpool;
 pub use eventfd::{Notifier, Stop};
 pub use fault::generation as fault_generation;
 pub use iotlb::BackendChannel;
-pub use mmap::{table_faulted, Mapping};
+pub use mmap::{table_faulted, table_views, Mapping, View};
 pub use ratelimit::PeerLog;

@@ -16,7 +16,9 @@ pub struct Mapping {
     lead: usize,
     /// SIGBUS guard slot (see [`crate::fault`]).
     slot: usize,
-    _file: File,
+    /// The file offset of `base`.
+    offset: u64,
+    file: File,
 }
 
 // SAFETY: a mapping is just address space; who may touch it is governed by the MemTable.
@@ -74,7 +76,8 @@ impl Mapping {
             map_len,
             lead: usize::try_from(lead).unwrap_or(0),
             slot,
-            _file: file,
+            offset: offset - lead,
+            file,
         })
     }
 
@@ -132,6 +135,40 @@ pub(crate) fn map_regions(regions: Vec<PeerRegion>) -> io::Result<Arc<MemTable>>
     let t = unsafe { MemTable::new(&specs, Box::new(maps)) }
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     Ok(Arc::new(t))
+}
+
+/// One mapping of a peer's memory, to be mapped again elsewhere: a device that must see the
+/// memory as one range (an `AF_XDP` UMEM over a frontend's buffers) maps each file again, back
+/// to back. Valid while the memory table it came from lives.
+#[derive(Debug, Clone, Copy)]
+pub struct View {
+    /// The mapping's first byte in this process (page-aligned).
+    pub base: NonNull<u8>,
+    /// Its length.
+    pub len: usize,
+    /// The file it maps (the table's own descriptor: not to be closed).
+    pub fd: std::os::fd::RawFd,
+    /// The file offset of `base`.
+    pub offset: u64,
+}
+
+// SAFETY: an address, a length and a descriptor number, for mapping the same file again.
+unsafe impl Send for View {}
+
+/// The mappings behind a memory table built from a peer's regions ([`map_regions`]), in
+/// region order; None for another table (an IOTLB snapshot, one with a dirty log).
+pub fn table_views(mem: &MemTable) -> Option<Vec<View>> {
+    let maps = mem.owner().downcast_ref::<Vec<Mapping>>()?;
+    Some(
+        maps.iter()
+            .map(|m| View {
+                base: m.base,
+                len: m.map_len,
+                fd: m.file.as_raw_fd(),
+                offset: m.offset,
+            })
+            .collect(),
+    )
 }
 
 /// True if any mapping behind `mem` faulted (the peer shrank its file).

@@ -36,23 +36,34 @@ pub(crate) struct Loan {
     pub room: u32,
 }
 
+/// Whether the port a sender's packets all go to lends its receive buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lending {
+    /// It lends: its id and loan generation.
+    Yes(PortId, u32),
+    /// It would, but not now: packets wait in its egress queue for its buffers, and go first.
+    Later,
+    /// Not at all (no one port, or a frontend that cannot lend).
+    No,
+}
+
 // SAFETY: a loan is an address and a length in a frontend's shared memory; it moves only
 // with the port holding it, within one shard, and is used only while its generation holds.
 unsafe impl Send for Loan {}
 
 impl AnyPort {
-    /// Its loan generation, if it lends now ([`VhostPort::lender`]).
-    pub(crate) fn lender(&self) -> Option<u32> {
+    /// Whether it lends now ([`VhostPort::lender`]).
+    pub(crate) fn lender(&self) -> Lending {
         match self {
             AnyPort::Vhost(p) => p.lender(),
-            _ => None,
+            _ => Lending::No,
         }
     }
 
-    /// The memory its loans lie in ([`VhostPort::loan_regions`]).
-    pub(crate) fn loan_regions(&self) -> Vec<(NonNull<u8>, u64)> {
+    /// The memory its loans lie in ([`VhostPort::loan_memory`]).
+    pub(crate) fn loan_memory(&self) -> Vec<pvnet_vhost::View> {
         match self {
-            AnyPort::Vhost(p) => p.loan_regions(),
+            AnyPort::Vhost(p) => p.loan_memory(),
             _ => Vec::new(),
         }
     }

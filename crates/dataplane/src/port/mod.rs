@@ -70,14 +70,13 @@ pub(crate) trait Ingress {
 
     /// Loans (direct receive across rounds, [`loan`]), for a sender whose device keeps
     /// buffers until frames arrive (an `AF_XDP` fill ring): the port every packet of the
-    /// sender is expected to go to, as for [`lend`](Self::lend), if it lends now: its id and
-    /// loan generation.
-    fn lender(&mut self) -> Option<(PortId, u32)> {
-        None
+    /// sender is expected to go to, as for [`lend`](Self::lend): whether it lends now, and
+    /// if so its id and loan generation.
+    fn lender(&mut self) -> loan::Lending {
+        loan::Lending::No
     }
-    /// The memory the lender's loans lie in (start and length of each region in pvnet's
-    /// mapping).
-    fn lender_regions(&mut self) -> Vec<(std::ptr::NonNull<u8>, u64)> {
+    /// The memory the lender's loans lie in (pvnet's mappings of it, to map again).
+    fn lender_memory(&mut self) -> Vec<pvnet_vhost::View> {
         Vec::new()
     }
     /// Borrows up to `want` of the lender's receive buffers with at least `room` bytes each

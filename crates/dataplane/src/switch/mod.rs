@@ -31,7 +31,7 @@ use crate::egress::drain::backpressure;
 use crate::egress::{Backpressure, Offer};
 use crate::mac::MacTable;
 use crate::pkt::{fits_mtu, frame_fits_mtu, Pkt, PortId, Staged, TxOut, EMPTY, MAX_BURST};
-use crate::port::loan::Loan;
+use crate::port::loan::{Lending, Loan};
 use crate::port::{AnyPort, Ingress, Lease, Port};
 use crate::stats::{bump, DropReason, PortStats};
 #[cfg(test)]
@@ -971,15 +971,16 @@ impl Ingress for Cx<'_, '_> {
         (n > 0).then_some(Lent { cx: self, j, n })
     }
 
-    fn lender(&mut self) -> Option<(PortId, u32)> {
-        let p = self.others.get_ref(self.lends_to()?)?;
-        Some((p.id(), p.lender()?))
-    }
-
-    fn lender_regions(&mut self) -> Vec<(std::ptr::NonNull<u8>, u64)> {
+    fn lender(&mut self) -> Lending {
         self.lends_to()
             .and_then(|j| self.others.get_ref(j))
-            .map(AnyPort::loan_regions)
+            .map_or(Lending::No, AnyPort::lender)
+    }
+
+    fn lender_memory(&mut self) -> Vec<pvnet_vhost::View> {
+        self.lends_to()
+            .and_then(|j| self.others.get_ref(j))
+            .map(AnyPort::loan_memory)
             .unwrap_or_default()
     }
 

@@ -10,11 +10,15 @@
 //! written and the loan completed in place (`rx_direct`); if not, the frame is copied out
 //! the usual way and the buffer goes back on the fill ring.
 //!
-//! Own frames go on the fill ring while loans are short (fewer than [`SHORT`]: up to [`OWN`]
-//! of them; every own frame while nothing lends), so that the kernel always has somewhere
-//! to put a frame and the port is woken to borrow again; once consumed, an own frame goes
-//! back only while loans are short. While loans are being topped up the port asks to be
-//! polled ([`Direct::topping_up`]).
+//! A few own frames go on the fill ring while loans are short (fewer than [`SHORT`]: up to
+//! [`FLOOR`]), so that the port is woken to borrow again; what else arrives while the
+//! frontend gives no buffers back the kernel drops (`kernel_drops`), as a NIC without
+//! descriptors does, instead of the switch taking it only to queue it for buffers that are
+//! not there. While the frontend's egress queue holds packets (which go first) nothing is
+//! lent or completed in place. Where the switch sends the port's frames to more than one
+//! port, or to one that cannot lend, every own frame goes on the fill ring: one copy, as
+//! without direct receive. While loans are being topped up the port asks to be polled
+//! ([`Direct::topping_up`]).
 //!
 //! The shard calls the loans in before the lender's ring stops or restarts or its memory
 //! changes, and when this port goes: the sockets are rebuilt without the frontend's memory
@@ -23,27 +27,24 @@
 
 use super::AfXdpPort;
 use crate::pkt::{read_head, Pkt, PortId, MACS};
-use crate::port::loan::Loan;
+use crate::port::loan::{Lending, Loan};
 use crate::port::Ingress;
 use crate::stats::{bump, DropReason};
 use crate::sys::xdp::XDP_HEADROOM;
 use crate::sys::xdp::{data_addr, fill_addr, Meta, Xsk, FRAME, LEND_CHUNK, RX_FRAMES};
 use pvnet_net::HDR_LEN;
 use std::collections::VecDeque;
-use std::ptr::NonNull;
+use pvnet_vhost::View;
 use virtq::Seg;
 
 /// Most loans on one socket's fill ring.
-const LOANS: u32 = 256;
+const LOANS: u32 = 1024;
 
-/// Loans on a fill ring below which own frames go on it too ([`OWN`] of them): the
-/// frontend has given back too few buffers for what arrives, and what the kernel finds no
-/// frame for is dropped.
-const SHORT: usize = 32;
+/// Loans on a fill ring below which own frames go on it too (up to [`FLOOR`] of them).
+const SHORT: usize = 64;
 
-/// Own frames on the fill ring while loans are short: what a burst the frontend cannot keep
-/// up with is received into (and copied from), as without direct receive.
-const OWN: usize = 256;
+/// Own frames on the fill ring while loans are short.
+const FLOOR: usize = 32;
 
 /// Bytes a lent buffer must hold behind its header: all the kernel may write there.
 const ROOM: u32 = LEND_CHUNK - XDP_HEADROOM;
@@ -124,9 +125,10 @@ impl AfXdpPort {
         let Some(d) = self.direct.as_ref() else {
             return;
         };
-        let Some(now) = to.lender() else {
+        let Lending::Yes(id, gen) = to.lender() else {
             return;
         };
+        let now = (id, gen);
         if d.mapped == Some(now) {
             return;
         }
@@ -139,8 +141,8 @@ impl AfXdpPort {
                 "loans of another lender still out: forgotten"
             );
         }
-        let regions = to.lender_regions();
-        self.remap(&regions);
+        let views = to.lender_memory();
+        self.remap(&views);
         if let Some(d) = self.direct.as_mut() {
             d.mapped = Some(now);
         }
@@ -148,20 +150,21 @@ impl AfXdpPort {
         tracing::info!(
             port = self.id,
             lender = now.0,
-            regions = regions.len(),
+            mappings = views.len(),
             direct = mapped,
             "AF_XDP sockets rebuilt over the frontend's memory"
         );
     }
 
-    /// Rebuilds every socket with `regions` behind its own frames (none: its own memory
+    /// Rebuilds every socket with `views` behind its own frames (none: its own memory
     /// only); everything its rings held is dropped. A socket that cannot be had again takes
     /// the port down.
-    fn remap(&mut self, regions: &[(NonNull<u8>, u64)]) {
+    fn remap(&mut self, views: &[View]) {
         self.rebuilt = true;
         let mut i = 0;
         while i < self.dev.queues.len() {
-            match self.dev.rebuild(i, regions) {
+            self.closed_drops += super::closing(self.id, &self.dev.queues[i]);
+            match self.dev.rebuild(i, views) {
                 Ok(()) => {
                     self.txq[i] = super::TxQueue::new();
                     if let Some(d) = self.direct.as_mut() {
@@ -212,13 +215,17 @@ impl AfXdpPort {
         let (Some(d), Some(x)) = (self.direct.as_mut(), self.dev.queues.get_mut(q)) else {
             return;
         };
-        let lends = d.mapped.is_some() && x.umem.has_regions();
         let Some(s) = d.socks.get_mut(q) else {
             return;
         };
         let own_out = RX_FRAMES as usize - s.spare.len();
         let mut free = x.fill.free(RX_FRAMES + LOANS) as usize;
-        if lends && to.lender().is_some_and(|l| Some(l) == d.mapped) {
+        let lending = match to.lender() {
+            _ if d.mapped.is_none() || !x.umem.has_regions() => Lending::No,
+            Lending::Yes(id, gen) if Some((id, gen)) != d.mapped => Lending::Later,
+            l => l,
+        };
+        if let Lending::Yes(..) = lending {
             let want = (LOANS as usize).saturating_sub(s.loans.len()).min(free);
             let (fill, umem, loans) = (&mut x.fill, &x.umem, &mut s.loans);
             let n = to.borrow(want, ROOM, &mut |l| {
@@ -238,12 +245,15 @@ impl AfXdpPort {
         } else {
             s.busy = false;
         }
-        let want_own = if !lends {
-            s.spare.len()
-        } else if s.loans.len() < SHORT {
-            OWN.saturating_sub(own_out)
-        } else {
-            0
+        let want_own = match lending {
+            // One copy, as without direct receive: every own frame.
+            Lending::No => s.spare.len(),
+            // The frontend gives back too few buffers (or its queue waits for them): a few
+            // own frames, so that the port is woken and borrows again; the rest of what
+            // comes meanwhile the kernel drops, as a NIC without descriptors does, rather
+            // than the switch taking it only to queue it for buffers that are not there.
+            _ if s.loans.len() < SHORT => FLOOR.saturating_sub(own_out),
+            _ => 0,
         };
         for _ in 0..want_own.min(free) {
             let Some(f) = s.spare.pop() else { break };

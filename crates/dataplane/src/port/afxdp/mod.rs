@@ -101,6 +101,8 @@ pub struct AfXdpPort {
     direct: Option<direct::Direct>,
     /// Its sockets were rebuilt since the shard last looked ([`Self::take_rebuilt`]).
     rebuilt: bool,
+    /// What the kernel dropped on sockets closed by a rebuild (counted on in `kernel_drops`).
+    closed_drops: u64,
 }
 
 impl AfXdpPort {
@@ -132,6 +134,7 @@ impl AfXdpPort {
             completed: 0,
             direct,
             rebuilt: false,
+            closed_drops: 0,
         }
     }
 
@@ -202,7 +205,9 @@ impl AfXdpPort {
             .filter_map(|x| x.kernel_stats().ok())
             .map(|k| k.rx_dropped + k.rx_ring_full)
             .sum();
-        self.stats.kernel_drops.store(n, Ordering::Relaxed);
+        self.stats
+            .kernel_drops
+            .store(n + self.closed_drops, Ordering::Relaxed);
     }
 
     /// The interface went away: said once, the port marked down.
@@ -604,20 +609,28 @@ impl Drop for AfXdpPort {
     /// empty: `XDP_STATISTICS`), socket by socket (the port's `kernel_drops` has their sum).
     fn drop(&mut self) {
         for x in &self.dev.queues {
-            if let Ok(k) = x.kernel_stats() {
-                tracing::info!(
-                    port = self.id,
-                    queue = x.queue,
-                    rx_dropped = k.rx_dropped,
-                    rx_ring_full = k.rx_ring_full,
-                    fill_ring_empty = k.rx_fill_ring_empty_descs,
-                    rx_invalid = k.rx_invalid_descs,
-                    tx_invalid = k.tx_invalid_descs,
-                    "AF_XDP socket closed: the kernel's own counts"
-                );
-            }
+            closing(self.id, x);
         }
     }
+}
+
+/// Logs what the kernel counted on socket `x` of port `id`, which closes; returns its drops
+/// (`rx_dropped + rx_ring_full`).
+fn closing(id: PortId, x: &Xsk) -> u64 {
+    let Ok(k) = x.kernel_stats() else {
+        return 0;
+    };
+    tracing::info!(
+        port = id,
+        queue = x.queue,
+        rx_dropped = k.rx_dropped,
+        rx_ring_full = k.rx_ring_full,
+        fill_ring_empty = k.rx_fill_ring_empty_descs,
+        rx_invalid = k.rx_invalid_descs,
+        tx_invalid = k.tx_invalid_descs,
+        "AF_XDP socket closed: the kernel's own counts"
+    );
+    k.rx_dropped + k.rx_ring_full
 }
 
 /// The segment of a received packet's first frame with 12 bytes in front of it for the

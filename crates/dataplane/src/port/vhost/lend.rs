@@ -4,7 +4,7 @@
 
 use super::rx::{deliver, Delivered, RxSide};
 use super::{QueuePair, QueueSlot, VhostPort};
-use crate::port::loan::Loan;
+use crate::port::loan::{Lending, Loan};
 use crate::port::Port;
 use pvnet_net::{HDR_LEN, NUM_BUFFERS_OFF};
 use std::ptr::NonNull;
@@ -96,8 +96,8 @@ impl VhostPort {
     /// headers, one receive ring running (its flow is not known before the frame is
     /// written), no `VIRTIO_F_IN_ORDER` (a loan completes when its frame comes, not in the
     /// order the ring gave it), no IOTLB (its buffers' addresses could be revoked under the
-    /// device) and no dirty log (the device's writes would go unmarked), nothing waiting in
-    /// its egress queue (what waits needs the buffers first).
+    /// device) and no dirty log (the device's writes would go unmarked). (It lends now only
+    /// if nothing waits in that pair's egress queue: [`lender`](Self::lender).)
     fn lending_pair(&self) -> Option<usize> {
         use pvnet_vhost::features::VIRTIO_F_IN_ORDER;
         if self.hdr_len != HDR_LEN || self.features & VIRTIO_F_IN_ORDER != 0 {
@@ -114,27 +114,33 @@ impl VhostPort {
         }
         let qp = qp.as_ref()?;
         let rx = qp.rx.as_ref()?;
-        (rx.live && !rx.q.logging() && !rx.q.mem().is_granted() && !qp.out.egress.backlogged())
-            .then_some(k)
+        (rx.live && !rx.q.logging() && !rx.q.mem().is_granted()).then_some(k)
     }
 
-    /// Its loan generation if it lends now: it changes whenever a ring starts or stops or
-    /// the memory changes, and a loan of another generation is void.
-    pub(crate) fn lender(&self) -> Option<u32> {
-        self.lending_pair().map(|_| self.loan_gen)
+    /// Whether the pair's egress queue holds packets: they wait for its buffers and go
+    /// first, so nothing is lent or completed in place meanwhile (a frame in place would
+    /// overtake them).
+    fn lending_waits(&self, k: usize) -> bool {
+        self.qps[k]
+            .as_ref()
+            .is_some_and(|qp| qp.out.egress.backlogged())
     }
 
-    /// The memory its loans lie in (its shared regions: start and length in pvnet's mapping).
-    pub(crate) fn loan_regions(&self) -> Vec<(NonNull<u8>, u64)> {
+    /// Whether it lends now, and its loan generation: it changes whenever a ring starts or
+    /// stops or the memory changes, and a loan of another generation is void.
+    pub(crate) fn lender(&self) -> Lending {
+        match self.lending_pair() {
+            None => Lending::No,
+            Some(k) if self.lending_waits(k) => Lending::Later,
+            Some(_) => Lending::Yes(self.id, self.loan_gen),
+        }
+    }
+
+    /// The memory its loans lie in (pvnet's mappings of the frontend's files, to map again).
+    pub(crate) fn loan_memory(&self) -> Vec<pvnet_vhost::View> {
         self.lending_pair()
             .and_then(|k| self.qps[k].as_ref()?.rx.as_ref())
-            .map(|rx| {
-                rx.q.mem()
-                    .shared_ranges()
-                    .into_iter()
-                    .map(|(p, len, _)| (p, len))
-                    .collect()
-            })
+            .and_then(|rx| pvnet_vhost::table_views(rx.q.mem()))
             .unwrap_or_default()
     }
 
@@ -149,7 +155,7 @@ impl VhostPort {
         room: u32,
         out: &mut dyn FnMut(Loan) -> bool,
     ) -> usize {
-        let Some(k) = self.lending_pair() else {
+        let Some(k) = self.lending_pair().filter(|&k| !self.lending_waits(k)) else {
             return 0;
         };
         let (id, gen, hdr) = (self.id, self.loan_gen, self.hdr_len);
@@ -212,9 +218,10 @@ impl VhostPort {
     /// Completes loan `l`: the device wrote a frame of `len` bytes behind its header. The
     /// header is written (no offload, `num_buffers` 1) and the used entry pushed; published
     /// and counted at the commit. False, nothing done, if the loan is void (its generation
-    /// past) or the ring does not run.
+    /// past), the ring does not run, or packets wait in the egress queue (the frame goes
+    /// behind them).
     pub(crate) fn repay(&mut self, l: &Loan, len: u32) -> bool {
-        if l.gen != self.loan_gen || len > l.room {
+        if l.gen != self.loan_gen || len > l.room || self.lending_waits(usize::from(l.pair)) {
             return false;
         }
         let Some(qp) = self

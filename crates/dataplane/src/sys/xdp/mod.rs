@@ -38,7 +38,6 @@ use ring::Ring;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 pub use umem::{data_addr, fill_addr, Umem, LEND_CHUNK, XDP_HEADROOM};
 
@@ -607,14 +606,14 @@ impl XdpDev {
     }
 
     /// Replaces socket `i` by a fresh one on the same queue, bound as it was, whose UMEM has
-    /// `regions` (a frontend's memory as pvnet maps it) behind the own frames: what direct
+    /// `views` (a frontend's memory as pvnet maps it) behind the own frames: what direct
     /// receive lends from. Its frames go to the kernel's stack from the moment the old
     /// socket leaves the map until the new one is in it. The old socket is closed before the
     /// new one binds (a queue takes one socket): when this returns, the kernel writes into
     /// nothing the old one's fill ring held. What was on the old rings is gone: the caller
-    /// takes what it wants first. If the new socket cannot be had with the regions, it is
+    /// takes what it wants first. If the new socket cannot be had with the views, it is
     /// bound without them; if not at all, the error, and the device has one socket fewer.
-    pub fn rebuild(&mut self, i: usize, regions: &[(NonNull<u8>, u64)]) -> io::Result<()> {
+    pub fn rebuild(&mut self, i: usize, views: &[pvnet_vhost::View]) -> io::Result<()> {
         let Some(old) = self.queues.get(i) else {
             return Err(io::ErrorKind::NotFound.into());
         };
@@ -622,7 +621,7 @@ impl XdpDev {
         self.attached.map.delete(q)?;
         drop(self.queues.remove(i));
         let x = Xsk::open_sg(ifindex, q, flags, sg, &|| {
-            Umem::lending(RX_FRAMES + TX_FRAMES, regions)
+            Umem::lending(RX_FRAMES + TX_FRAMES, views)
         })
         .or_else(|e| {
             tracing::warn!(

@@ -4,10 +4,10 @@
 //! `XDP_UMEM_REG` takes one contiguous range of the process's address space and pins all of
 //! it. A frontend's memory comes as several regions, each mapped on its own where its
 //! vhost-user message put it; so the UMEM is a reservation holding the port's own frames
-//! first and then each region again, back to back: a second view of the same pages
-//! (`mremap` with an old size of 0 makes a new mapping of a shared mapping's pages, no file
-//! needed). What the kernel writes through the UMEM is what the frontend reads through its
-//! own mapping.
+//! first and then each region's file mapped again, back to back ([`View`]: a second view of
+//! the same pages, each on a boundary of the file's page size, 2 MiB for a hugetlbfs file;
+//! a gap a boundary leaves is filled with anonymous memory). What the kernel writes through
+//! the UMEM is what the frontend reads through its own mapping.
 //!
 //! A UMEM that lends is registered in unaligned chunk mode (`XDP_UMEM_UNALIGNED_CHUNK_FLAG`):
 //! a fill-ring address is taken as it is, not rounded down to a chunk, so a frontend's buffer
@@ -18,6 +18,7 @@
 //! in its low 48 bits and the frame's offset from it in the top 16 ([`data_addr`]).
 
 use super::{setopt, FRAME};
+use pvnet_vhost::View;
 use std::io;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
@@ -41,14 +42,26 @@ pub fn fill_addr(addr: u64) -> u64 {
     addr & libc::XSK_UNALIGNED_BUF_ADDR_MASK
 }
 
-/// One region of a frontend's memory as the UMEM sees it.
+/// One mapping of a frontend's memory as the UMEM sees it.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
-    /// Its first byte in the frontend's own mapping (pvnet's view through the memory table).
+    /// Its first byte in pvnet's own mapping of it (through the memory table).
     host: usize,
     len: usize,
     /// Its first byte's offset in the UMEM.
     at: u64,
+}
+
+/// The page size of the file behind `fd` (2 MiB for a hugetlbfs file): a mapping of it
+/// starts on such a boundary.
+fn page_of(fd: RawFd) -> io::Result<usize> {
+    // SAFETY: all-zero is a valid `stat`; fstat writes it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live `stat` for the call.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(st.st_blksize).unwrap_or(4096).max(4096))
 }
 
 /// The packet memory of one socket: `frames` own frames of [`FRAME`] bytes (receive frames
@@ -82,42 +95,81 @@ impl Umem {
         Self::build(frames, None)
     }
 
-    /// `frames` own frames, then each of `regions` (a frontend's memory as pvnet maps it:
-    /// start and length, each start page-aligned), in unaligned chunk mode with chunks of
-    /// [`LEND_CHUNK`] bytes. With no region it is a port's own memory only, ready to lend
-    /// once it is rebuilt with the frontend's.
-    pub(super) fn lending(frames: u32, regions: &[(NonNull<u8>, u64)]) -> io::Result<Self> {
-        Self::build(frames, Some(regions))
+    /// `frames` own frames, then each of `views` (a frontend's memory as pvnet maps it),
+    /// in unaligned chunk mode with chunks of [`LEND_CHUNK`] bytes. With no view it is a
+    /// port's own memory only, ready to lend once it is rebuilt with the frontend's.
+    pub(super) fn lending(frames: u32, views: &[View]) -> io::Result<Self> {
+        Self::build(frames, Some(views))
     }
 
-    fn build(frames: u32, lend: Option<&[(NonNull<u8>, u64)]>) -> io::Result<Self> {
+    fn build(frames: u32, lend: Option<&[View]>) -> io::Result<Self> {
         let own = frames as usize * FRAME as usize;
-        let page = 4096usize;
-        let mut slots = Vec::new();
-        let mut len = own;
-        for &(host, n) in lend.unwrap_or(&[]) {
-            let host = host.as_ptr() as usize;
-            let n = usize::try_from(n).map_err(|_| io::ErrorKind::InvalidInput)?;
-            if !host.is_multiple_of(page) {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("a frontend region at {host:#x} does not start on a page"),
-                ));
-            }
+        // Where each view goes: on a boundary of its file's page size.
+        let (mut slots, mut pages, mut len, mut align) = (Vec::new(), Vec::new(), own, 4096);
+        for v in lend.unwrap_or(&[]) {
+            let page = page_of(v.fd)?;
+            let at = len.div_ceil(page) * page;
             slots.push(Slot {
-                host,
-                len: n,
-                at: len as u64,
+                host: v.base.as_ptr() as usize,
+                len: v.len,
+                at: at as u64,
             });
-            len = len
-                .checked_add(n.div_ceil(page) * page)
+            pages.push(page);
+            align = align.max(page);
+            len = at
+                .checked_add(v.len.div_ceil(page) * page)
                 .ok_or(io::ErrorKind::InvalidInput)?;
         }
+        let u = Self::reserve(len, align, own, lend.is_some(), slots)?;
+        let at = |off: usize| {
+            // SAFETY: `off` lies within the reservation (checked by the caller's layout).
+            unsafe { u.base.as_ptr().add(off) }.cast::<libc::c_void>()
+        };
+        let fixed = |off: usize, n: usize, prot_flags: (libc::c_int, libc::c_int), fd, fo| {
+            // SAFETY: `off..off + n` lies within our own reservation, replaced (MAP_FIXED) by
+            // a mapping of our own: anonymous memory or a frontend's file the caller holds
+            // open for the call.
+            let q = unsafe { libc::mmap(at(off), n, prot_flags.0, prot_flags.1, fd, fo) };
+            if q == at(off) {
+                Ok(())
+            } else {
+                Err(mmap_err("UMEM", n))
+            }
+        };
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
+        fixed(0, own, (rw, anon | libc::MAP_POPULATE), -1, 0)?;
+        let mut end = own;
+        for ((s, v), page) in u.slots.iter().zip(lend.unwrap_or(&[])).zip(&pages) {
+            let off = usize::try_from(s.at).map_err(|_| io::ErrorKind::InvalidInput)?;
+            if off > end {
+                // The gap a page boundary left: pinned with the rest, so it must be memory.
+                fixed(end, off - end, (rw, anon), -1, 0)?;
+            }
+            let n = v.len.div_ceil(*page) * page;
+            let fo = libc::off_t::try_from(v.offset).map_err(|_| io::ErrorKind::InvalidInput)?;
+            fixed(off, n, (rw, libc::MAP_SHARED | libc::MAP_FIXED), v.fd, fo).map_err(|e| {
+                io::Error::new(e.kind(), format!("the frontend's memory again: {e}"))
+            })?;
+            end = off + n;
+        }
+        Ok(u)
+    }
+
+    /// A reservation of `len` bytes on an `align` boundary (nothing mapped in it yet).
+    fn reserve(
+        len: usize,
+        align: usize,
+        own: usize,
+        lends: bool,
+        slots: Vec<Slot>,
+    ) -> io::Result<Self> {
+        let whole = len + align;
         // SAFETY: a fresh reservation chosen by the kernel; checked below.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                whole,
                 libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
@@ -127,55 +179,27 @@ impl Umem {
         if p == libc::MAP_FAILED {
             return Err(mmap_err("UMEM", len));
         }
-        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap: null"))?;
-        // From here the reservation is unmapped on any error (drop).
-        let u = Self {
+        let start = p as usize;
+        let aligned = start.div_ceil(align) * align;
+        // SAFETY: the parts of our own reservation in front of and behind the aligned range.
+        unsafe {
+            if aligned > start {
+                libc::munmap(p, aligned - start);
+            }
+            let tail = start + whole - (aligned + len);
+            if tail > 0 {
+                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+            }
+        }
+        let base = NonNull::new(aligned as *mut u8).ok_or_else(|| io::Error::other("mmap: null"))?;
+        Ok(Self {
             base,
             len,
             own,
-            chunk: if lend.is_some() { LEND_CHUNK } else { FRAME },
-            unaligned: lend.is_some(),
+            chunk: if lends { LEND_CHUNK } else { FRAME },
+            unaligned: lends,
             slots,
-        };
-        // SAFETY: the first `own` bytes of our own reservation, replaced by a fresh private
-        // anonymous mapping (MAP_FIXED within what we reserved).
-        let q = unsafe {
-            libc::mmap(
-                p,
-                own,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if q != p {
-            return Err(mmap_err("UMEM", own));
-        }
-        for s in &u.slots {
-            let at = usize::try_from(s.at).map_err(|_| io::ErrorKind::InvalidInput)?;
-            let n = s.len.div_ceil(page) * page;
-            // SAFETY: `s.host` is the page-aligned start of a shared mapping the caller
-            // holds for the Umem's life; an old size of 0 makes a second mapping of its
-            // pages, placed (MREMAP_FIXED) on our own reservation at `at..at + n`.
-            let r = unsafe {
-                libc::mremap(
-                    s.host as *mut libc::c_void,
-                    0,
-                    n,
-                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                    base.as_ptr().add(at).cast::<libc::c_void>(),
-                )
-            };
-            // SAFETY: `at` lies within the reservation.
-            if r != unsafe { base.as_ptr().add(at) }.cast() {
-                return Err(mmap_err(
-                    "a second view of the frontend's memory (mremap)",
-                    n,
-                ));
-            }
-        }
-        Ok(u)
+        })
     }
 
     /// Registers it with socket `s` (`XDP_UMEM_REG`).
