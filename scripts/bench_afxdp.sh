@@ -48,7 +48,7 @@
 # Usage: scripts/bench_afxdp.sh   Env: ROUNDS=3 DUR=5 (measured s) WARM=1 SIZES="64 1500"
 #        CFGS="xdp-native xdp-generic af-packet tap" SRC=af-xdp|af-packet|xdp-live NAPI_CPU=
 #        POLICY=adaptive (the receiving switch's --policy; busy: it never sleeps, so the
-#        kernel never wakes it) PPS= (SRC=xdp-live paced to that many frames a second: room
+#        kernel never wakes it) PPS= (the source paced to that many frames a second: room
 #        on CPU 0 for a frontend beside it)
 #        DOC=docs/afxdp.md (section between the bench:afxdp markers; DOC= to skip)
 # Wall time: ~(DUR + WARM + 3) s per run: ~5 min with the defaults.
@@ -150,7 +150,7 @@ for r in $(seq 1 "$ROUNDS"); do
       fi
       if [ "$cfg" = tap ]; then ipn link set pvb1 master pvbbr; fi
       if [ -n "$SRCPORT" ]; then
-        ip netns exec "$HNS" "$BIN" switch --port "$SRCPORT" --port "gen:name=g,delay=0.5,frame_len=$size" --cpu 0 \
+        ip netns exec "$HNS" "$BIN" switch --port "$SRCPORT" --port "gen:name=g,delay=0.5,frame_len=$size${PPS:+,rate=$PPS}" --cpu 0 \
           --ctl-socket "$B/ctl.a.$tag" --secs $((DUR + WARM + 7)) > "$B/a.$tag.json" 2> "$B/a.$tag.log" &
         apid=$!
         wait_sock "$B/ctl.a.$tag"

@@ -31,10 +31,10 @@ use crate::port::loan::{Lending, Loan};
 use crate::port::Ingress;
 use crate::stats::{bump, DropReason};
 use crate::sys::xdp::XDP_HEADROOM;
-use crate::sys::xdp::{data_addr, fill_addr, Meta, Xsk, FRAME, LEND_CHUNK, RX_FRAMES};
+use crate::sys::xdp::{data_addr, fill_addr, Meta, FRAME, LEND_CHUNK, RX_FRAMES};
 use pvnet_net::HDR_LEN;
-use std::collections::VecDeque;
 use pvnet_vhost::View;
+use std::collections::VecDeque;
 use virtq::Seg;
 
 /// Most loans on one socket's fill ring.
@@ -301,7 +301,7 @@ impl AfXdpPort {
                 continue;
             };
             let (fill, loan) = s.loans[pos];
-            let Some(len) = lent_frame(x, &loan, dsc, meta) else {
+            let Some(len) = lent_frame(fill, &loan, dsc, meta) else {
                 bad += 1;
                 s.loans.remove(pos);
                 x.fill.push(fill);
@@ -369,18 +369,17 @@ impl AfXdpPort {
     }
 }
 
-/// The frame the kernel wrote behind loan `l`'s header (descriptor `d`), with a VLAN tag it
-/// carried beside the frame put back in (the rest of the frame moved 4 bytes on: a lent
-/// buffer has nothing of its own in front of its header). Its length, or None if the
-/// descriptor is no frame of this loan (or the tag leaves it no room).
-fn lent_frame(x: &Xsk, l: &Loan, d: libc::xdp_desc, meta: Meta) -> Option<u32> {
+/// The frame the kernel wrote behind loan `l`'s header (descriptor `d`; the loan went on the
+/// fill ring at `fill`), with a VLAN tag it carried beside the frame put back in (the rest of
+/// the frame moved 4 bytes on: a lent buffer has nothing of its own in front of its header).
+/// Its length, or None if the descriptor is no frame of this loan (or the tag leaves it no
+/// room).
+fn lent_frame(fill: u64, l: &Loan, d: libc::xdp_desc, meta: Meta) -> Option<u32> {
     const TAG: u32 = 4;
-    let data = data_addr(d.addr);
-    let end = data.checked_add(u64::from(d.len))?;
-    let at = x.umem.offset_of(l.buf.as_ptr(), HDR_LEN + l.room)?;
     if d.options & libc::XDP_PKT_CONTD != 0
-        || data != at + u64::from(HDR_LEN)
-        || end > at + u64::from(HDR_LEN + l.room)
+        || fill_addr(d.addr) != fill
+        || data_addr(d.addr) != fill + u64::from(XDP_HEADROOM)
+        || d.len > l.room
         || d.len < MACS + 2
     {
         return None;
@@ -411,4 +410,92 @@ fn lent_frame(x: &Xsk, l: &Loan, d: libc::xdp_desc, meta: Meta) -> Option<u32> {
         }
     }
     Some(d.len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{lent_frame, Loan, Meta};
+    use pvnet_net::HDR_LEN;
+    use std::ptr::NonNull;
+
+    /// A loan over `buf` (header first), given at fill address 4096, and the descriptor of a
+    /// `len`-byte frame the kernel wrote behind its headroom there.
+    fn loan(buf: &mut [u8], len: u32) -> (Loan, libc::xdp_desc) {
+        let room = u32::try_from(buf.len()).unwrap() - HDR_LEN;
+        let l = Loan {
+            lender: 0,
+            gen: 0,
+            pair: 0,
+            head: 0,
+            buf: NonNull::new(buf.as_mut_ptr()).unwrap(),
+            room,
+        };
+        let d = libc::xdp_desc {
+            addr: 4096 | (256u64 << 48),
+            len,
+            options: 0,
+        };
+        (l, d)
+    }
+
+    #[test]
+    fn a_lent_frame_gets_back_the_vlan_tag_carried_beside_it_behind_its_addresses() {
+        let frame: Vec<u8> = (0..60u8).collect();
+        let mut buf = vec![0u8; 12 + 70];
+        // The metadata the program put in the header's place: TPID (big-endian), TCI.
+        buf[..2].copy_from_slice(&0x88a8u16.to_be_bytes());
+        buf[2..4].copy_from_slice(&0x2005u16.to_ne_bytes());
+        buf[12..72].copy_from_slice(&frame);
+        let (l, d) = loan(&mut buf, 60);
+        let vlan = Meta {
+            vlan: true,
+            hash: false,
+        };
+        assert_eq!(lent_frame(4096, &l, d, vlan), Some(64));
+        let mut want = frame[..12].to_vec();
+        want.extend_from_slice(&[0x88, 0xa8, 0x20, 0x05]);
+        want.extend_from_slice(&frame[12..]);
+        assert_eq!(&buf[12..76], &want[..]);
+
+        // No tag, or not asked for: as it came.
+        let mut buf = vec![0u8; 12 + 70];
+        buf[12..72].copy_from_slice(&frame);
+        let (l, d) = loan(&mut buf, 60);
+        assert_eq!(lent_frame(4096, &l, d, vlan), Some(60));
+        assert_eq!(&buf[12..72], &frame[..]);
+    }
+
+    #[test]
+    fn a_descriptor_that_is_not_the_loans_frame_is_refused() {
+        let mut buf = vec![0u8; 12 + 64];
+        buf[..2].copy_from_slice(&0x8100u16.to_be_bytes());
+        let vlan = Meta {
+            vlan: true,
+            hash: false,
+        };
+        let (l, d) = loan(&mut buf, 62);
+        // The tag would not fit behind the header.
+        assert_eq!(lent_frame(4096, &l, d, vlan), None);
+        assert_eq!(lent_frame(4096, &l, d, Meta::default()), Some(62));
+        // Another fill address, another offset, too long, continued, too short.
+        assert_eq!(lent_frame(8192, &l, d, Meta::default()), None);
+        let moved = libc::xdp_desc {
+            addr: 4096 | (300u64 << 48),
+            ..d
+        };
+        assert_eq!(lent_frame(4096, &l, moved, Meta::default()), None);
+        assert_eq!(
+            lent_frame(4096, &l, libc::xdp_desc { len: 65, ..d }, Meta::default()),
+            None
+        );
+        let contd = libc::xdp_desc {
+            options: libc::XDP_PKT_CONTD,
+            ..d
+        };
+        assert_eq!(lent_frame(4096, &l, contd, Meta::default()), None);
+        assert_eq!(
+            lent_frame(4096, &l, libc::xdp_desc { len: 13, ..d }, Meta::default()),
+            None
+        );
+    }
 }

@@ -191,7 +191,8 @@ impl Umem {
                 libc::munmap((aligned + len) as *mut libc::c_void, tail);
             }
         }
-        let base = NonNull::new(aligned as *mut u8).ok_or_else(|| io::Error::other("mmap: null"))?;
+        let base =
+            NonNull::new(aligned as *mut u8).ok_or_else(|| io::Error::other("mmap: null"))?;
         Ok(Self {
             base,
             len,
