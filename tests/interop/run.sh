@@ -96,6 +96,15 @@
 #   guest_mtu_afxdp       guest_mtu with the host's port an AF_XDP port on a veth (MTU 9100 both
 #                         ends) to a second namespace holding 10.77.0.1: the same checks, the
 #                         jumbo frames through AF_XDP multi-buffer (the port says so).
+#   dpdk_afxdp_direct     testpmd net_virtio_user rxonly (in_order=0, 1024 descriptors) the only
+#                         frontend of a switch whose other port is a native af-xdp port with
+#                         direct=true on a veth: after 100 datagrams of warm-up (the first
+#                         few land in the port's own frames, put on its fill ring before the
+#                         frontend's buffers came), 4000 UDP datagrams sent at the veth in runs
+#                         of 100 reach testpmd, every one written by the kernel straight into
+#                         its buffers (rx_direct grows by 4000, as rx_packets does; testpmd's
+#                         RX == the port's rx_packets); at testpmd's exit the loans are called
+#                         in and given back.
 #   guest_vlan            the vm port a trunk of VLANs 10 and 20, the tap an access port of 10:
 #                         the guest's 802.1Q subinterfaces (8021q), ping and TCP both ways in
 #                         VLAN 10, no ARP answer in VLAN 20 or untagged, untagged frames
@@ -363,6 +372,56 @@ dpdk_case() {   # dpdk_case NAME ROLE FWD [QUEUE_PAIRS [VDEV_OPTIONS]]
     [ "${pv_tx:-0}" -gt 0 ] || { fail "$name" "pvnet generated nothing"; return; }
     [ "$tp_rx" = "$pv_tx" ] || { fail "$name" "testpmd RX $tp_rx != pvnet tx_packets $pv_tx"; return; }
   fi
+  pass "$name"
+}
+
+# Direct receive into DPDK's buffers (docs/afxdp.md): see the case list above.
+dpdk_afxdp_direct() {
+  local name="$1" t0 tag tplog; t0=$(date +%s.%N); tag="$name"; tplog="$D/$tag.testpmd.log"
+  local free; free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
+  [ "$free" -ge 256 ] || { fail "$name" "only $free free 2 MiB hugepages (testpmd needs 256)"; return; }
+  host_ns "$name"
+  ip -n "$HNS" link add pvxda type veth peer name pvxdb
+  hx sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+  ip -n "$HNS" link set pvxda up; ip -n "$HNS" link set pvxdb up
+  ip -n "$HNS" addr add 10.77.0.1/24 dev pvxdb
+  ip -n "$HNS" neigh replace 10.77.0.2 lladdr 02:00:00:00:77:02 dev pvxdb
+  switch_start "$tag" --port "vhost-user:name=fe,socket=$D/$tag.sock" \
+    --port "af-xdp:name=wire,ifname=pvxda,mode=native,direct=true" && wait_for 5 test -S "$D/$tag.sock" \
+    || { fail "$name" "pvnet switch did not start (log: $D/$tag.pvnet.log)"; host_ns_done; return; }
+  testpmd_start fe "$tplog" 60 -l 0,1 --main-lcore 1 --socket-mem 512 --single-file-segments \
+    --file-prefix "$FE_PREFIX" --no-pci --vdev "net_virtio_user0,path=$D/$tag.sock,queues=1,queue_size=1024,in_order=0" \
+    -- --nb-cores=1 --total-num-mbufs=32768 --rxd=1024 --txd=1024 -i --forward-mode=rxonly
+  if ! wait_for 30 grep -q 'testpmd> ' "$tplog"; then
+    testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish; host_ns_done
+    fail "$name" "testpmd did not reach its prompt"; return
+  fi
+  tp fe start
+  wait_for 10 grep -q "rebuilt over the frontend's memory" "$D/$tag.pvnet.log" \
+    || { testpmd_quit fe 5; hugepage_cleanup "$FE_PREFIX"; fe_finish; host_ns_done
+         fail "$name" "the af-xdp port did not map the frontend's memory"; return; }
+  hx python3 "$PYLIB/udp_send.py" 10.77.0.2 22 100 > /dev/null; sleep 0.5
+  local rx0 dr0 rx1 dr1 i
+  rx0=$(ctl_port "$tag" wire rx_packets); dr0=$(ctl_port "$tag" wire rx_direct)
+  for i in $(seq 40); do hx python3 "$PYLIB/udp_send.py" 10.77.0.2 22 100 > /dev/null; done
+  sleep 1
+  rx1=$(ctl_port "$tag" wire rx_packets); dr1=$(ctl_port "$tag" wire rx_direct)
+  testpmd_quit fe 20; local tprc=$?
+  hugepage_cleanup "$FE_PREFIX"
+  fe_finish; local berc=$?
+  host_ns_done
+  local tp_rx pv_tx rx dr
+  tp_rx=$(tp_last "$tplog" RX-packets); pv_tx=$(sw_final "$tag" fe tx_packets)
+  rx=$(sw_final "$tag" wire rx_packets); dr=$(sw_final "$tag" wire rx_direct)
+  info "$name: features acked: $(acked_features "$D/$tag.pvnet.log") | wire rx_packets=$rx rx_direct=$dr (the 4000: $((rx1 - rx0)) taken, $((dr1 - dr0)) in place) | fe tx_packets=$pv_tx | testpmd RX-packets=$tp_rx ($(elapsed "$t0"))"
+  local perr; perr=$(pvnet_error "$tag")
+  [ -z "$perr" ] || { fail "$name" "pvnet: $perr"; return; }
+  [ "$tprc" = 0 ] || { fail "$name" "testpmd did not quit cleanly (status $tprc)"; return; }
+  [ "$berc" = 0 ] || { fail "$name" "pvnet switch did not report (status $berc)"; return; }
+  [ "$rx" = 4100 ] || { fail "$name" "the af-xdp port took $rx of 4100"; return; }
+  [ $((rx1 - rx0)) = 4000 ] && [ $((dr1 - dr0)) = 4000 ] || { fail "$name" "of the 4000, $((rx1 - rx0)) taken, $((dr1 - dr0)) in place"; return; }
+  [ "$pv_tx" = "$rx" ] && [ "$tp_rx" = "$rx" ] || { fail "$name" "fe tx_packets $pv_tx, testpmd RX $tp_rx, of $rx"; return; }
+  plain_log "$D/$tag.pvnet.log" | grep -q "loans called in" || { fail "$name" "the loans were not called in at testpmd's exit"; return; }
   pass "$name"
 }
 
@@ -1300,7 +1359,7 @@ guest_migrate() {
 # ---- run ----------------------------------------------------------------------------------------
 ALL_CASES=(dpdk_txonly_to_sink dpdk_rxonly_from_gen dpdk_two_pairs_one_used dpdk_two_frontends dpdk_multiqueue dpdk_workers
   dpdk_packed_txonly_to_sink dpdk_packed_rxonly_from_gen dpdk_chains_to_sink dpdk_packed_chains_to_sink
-  dpdk_jumbo_from_gen dpdk_packed_jumbo_from_gen dpdk_killed_leaves_nothing dpdk_vlan
+  dpdk_jumbo_from_gen dpdk_packed_jumbo_from_gen dpdk_killed_leaves_nothing dpdk_vlan dpdk_afxdp_direct
   pvnet_packed_to_dpdk_vhost dpdk_vhost_to_pvnet_packed guest_pktgen_to_sink guest_rx_from_gen guest_tap guest_tap_packed
   guest_tap_viommu guest_tap_viommu_lazy guest_mq guest_mq_moves dpdk_server_restart guest_restart guest_migrate guest_mtu guest_vlan
   guest_vxlan guest_mtu_afxdp)
@@ -1353,6 +1412,7 @@ for c in "${CASES[@]}"; do
     dpdk_packed_jumbo_from_gen) GEN_LEN=9000 TP_ARGS="$JUMBO_RX" dpdk_case "$c" gen rxonly 1 ",packed_vq=1,mrg_rxbuf=1" ;;
     dpdk_killed_leaves_nothing) dpdk_killed_leaves_nothing "$c" ;;
     dpdk_vlan)            dpdk_vlan "$c" ;;
+    dpdk_afxdp_direct)    dpdk_afxdp_direct "$c" ;;
     dpdk_vhost_to_pvnet_packed)  dpdk_vhost_packed_case "$c" rx ;;
     pvnet_packed_to_dpdk_vhost)  dpdk_vhost_packed_case "$c" tx ;;
     guest_pktgen_to_sink) guest_case "$c" sink ;;
