@@ -119,6 +119,7 @@ stop_frontend() {
   if [ "$FE" = dpdk ]; then
     [ -n "${TP_PID[fe]:-}" ] && { testpmd_quit fe 20 || log "testpmd did not quit cleanly"; hugepage_cleanup "$FE_PREFIX"; }
   elif [ -n "$fpid" ]; then stop_pid "$fpid" INT; wait "$fpid" 2>/dev/null || true; fpid=; fi
+  return 0   # (none for the sink receivers)
 }
 
 for r in $(seq 1 "$ROUNDS"); do
