@@ -30,8 +30,9 @@ use crate::pkt::{read_head, Pkt, PortId, MACS};
 use crate::port::loan::{Lending, Loan};
 use crate::port::Ingress;
 use crate::stats::{bump, DropReason};
-use crate::sys::xdp::XDP_HEADROOM;
-use crate::sys::xdp::{data_addr, fill_addr, Meta, FRAME, LEND_CHUNK, RX_FRAMES};
+use crate::sys::xdp::{
+    data_addr, fill_addr, Meta, FRAME, LEND_CHUNK, RX_FRAMES, TX_FRAMES, XDP_HEADROOM,
+};
 use pvnet_net::HDR_LEN;
 use pvnet_vhost::View;
 use std::collections::VecDeque;
@@ -164,6 +165,9 @@ impl AfXdpPort {
         let mut i = 0;
         while i < self.dev.queues.len() {
             self.closed_drops += super::closing(self.id, &self.dev.queues[i]);
+            // Its transmit frames in flight are gone with it: completed, for DQL.
+            let out = TX_FRAMES as usize - self.txq[i].free.len();
+            self.completed = self.completed.wrapping_add(u32::try_from(out).unwrap_or(0));
             match self.dev.rebuild(i, views) {
                 Ok(()) => {
                     self.txq[i] = super::TxQueue::new();

@@ -121,8 +121,9 @@ impl VhostPort {
     /// first, so nothing is lent or completed in place meanwhile (a frame in place would
     /// overtake them).
     fn lending_waits(&self, k: usize) -> bool {
-        self.qps[k]
-            .as_ref()
+        self.qps
+            .get(k)
+            .and_then(Option::as_ref)
             .is_some_and(|qp| qp.out.egress.backlogged())
     }
 
