@@ -303,16 +303,8 @@ fn send_probes(fd: &std::os::fd::OwnedFd, src: u8, n: usize) {
 
 /// Sends frame `f` `n` times on `fd`, 200 us apart.
 fn send_frames(fd: &std::os::fd::OwnedFd, f: &[u8], n: usize) {
-    use std::os::fd::AsRawFd;
     for _ in 0..n {
-        // SAFETY: a valid buffer of its length.
-        let w = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
-        assert_eq!(
-            usize::try_from(w).ok(),
-            Some(f.len()),
-            "send: {}",
-            std::io::Error::last_os_error()
-        );
+        send_frame(fd, f);
         std::thread::sleep(Duration::from_micros(200));
     }
 }
@@ -570,7 +562,7 @@ fn send_numbered(fd: &std::os::fd::OwnedFd, (src, dst): ([u8; 6], [u8; 6]), firs
         let len = 60 + (k * 97) % (1514 - 60 + 1);
         write_template(&mut f, len, src, dst);
         set_seq(&mut f, seq);
-        send_frames_now(fd, &f[..len]);
+        send_frame(fd, &f[..len]);
         if k % 32 == 31 {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -578,10 +570,11 @@ fn send_numbered(fd: &std::os::fd::OwnedFd, (src, dst): ([u8; 6], [u8; 6]), firs
     write_template(&mut f, 60, src, dst);
     set_end(&mut f, first + n);
     std::thread::sleep(Duration::from_millis(20));
-    send_frames_now(fd, &f[..60]);
+    send_frame(fd, &f[..60]);
 }
 
-fn send_frames_now(fd: &std::os::fd::OwnedFd, f: &[u8]) {
+/// Sends frame `f` once on `fd`.
+fn send_frame(fd: &std::os::fd::OwnedFd, f: &[u8]) {
     use std::os::fd::AsRawFd;
     // SAFETY: a valid buffer of its length.
     let w = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };

@@ -990,25 +990,55 @@ impl Ingress for Cx<'_, '_> {
             .map_or(0, |p| p.loan(want, room, out))
     }
 
-    /// In place when the route is the lender and the frame fits its MTU (an `AF_XDP` frame
-    /// carries no offload metadata).
+    /// In place as a lent chain is ([`Cx::in_place`]), the route being the lender (an
+    /// `AF_XDP` frame carries no offload metadata).
     fn repay(&mut self, l: &Loan, len: u32, macs: &[u8; 12]) -> bool {
         if self.tagging {
             return false;
         }
+        let to = |_: usize, p: &AnyPort| p.id() == l.lender;
+        self.in_place(len, &VnetHdr::default(), macs, to, |p| p.repay(l, len))
+    }
+
+    fn settle(&mut self, stats: &PortStats) {
+        self.commit(stats);
+    }
+}
+
+impl Cx<'_, '_> {
+    /// A packet a device wrote into a port's lent buffer (`frame_len` bytes of frame,
+    /// decoded as `hdr` and `macs`): routes it, learning its source, and completes it there
+    /// with `fill` if its route is that port alone (`to`, by index and port), the header can
+    /// pass as it is (no metadata, or metadata the port negotiated: no software checksum or
+    /// segmentation to do) and the frame fits the port's MTU (too big, the usual path drops
+    /// it and counts it). False: nothing was completed.
+    fn in_place(
+        &mut self,
+        frame_len: u32,
+        hdr: &VnetHdr,
+        macs: &[u8; 12],
+        to: impl Fn(usize, &AnyPort) -> bool,
+        fill: impl FnOnce(&mut AnyPort) -> bool,
+    ) -> bool {
         let Route::One(k, flooded) = self.route_of(macs) else {
             return false;
         };
-        let Some(port) = self.others.get(k).filter(|p| p.id() == l.lender) else {
+        let Some(port) = self.others.get(k).filter(|p| to(k, p)) else {
             return false;
         };
+        if hdr.flags != 0 || hdr.gso_type != VnetHdr::GSO_NONE {
+            let offloads = port.caps().offloads;
+            if offloads & VIRTIO_NET_F_GUEST_CSUM == 0 || fit(hdr, offloads) != Fit::Pass {
+                return false;
+            }
+        }
         if port
             .mtu()
-            .is_some_and(|m| !frame_fits_mtu(len, &VnetHdr::default(), m))
+            .is_some_and(|m| !frame_fits_mtu(frame_len, hdr, m))
         {
             return false;
         }
-        if !port.repay(l, len) {
+        if !fill(port) {
             return false;
         }
         if !self.f.touched.contains(&k) {
@@ -1018,12 +1048,6 @@ impl Ingress for Cx<'_, '_> {
         true
     }
 
-    fn settle(&mut self, stats: &PortStats) {
-        self.commit(stats);
-    }
-}
-
-impl Cx<'_, '_> {
     /// The port every packet of the sender goes to, where a port may lend it buffers: its
     /// fixed route, or under learning the only other port that receives. None while its
     /// packets take the VLAN path (classified, maybe re-cut, one by one).
@@ -1055,34 +1079,12 @@ impl Lease for Lent<'_, '_, '_> {
         self.cx.others.get_ref(self.j).map_or(&[], |p| p.lent(k))
     }
 
-    /// In place when the route is the lending port, the header can pass as it is (no
-    /// metadata, or metadata it negotiated: no software checksum or segmentation to do) and
-    /// the frame fits the port's MTU.
+    /// In place when the route is the lending port ([`Cx::in_place`]).
     fn take(&mut self, len: u32, hdr: &VnetHdr, macs: &[u8; 12]) -> bool {
-        let Route::One(k, flooded) = self.cx.route_of(macs) else {
-            return false;
-        };
-        let Some(port) = self.cx.others.get(self.j).filter(|_| k == self.j) else {
-            return false;
-        };
-        if hdr.flags != 0 || hdr.gso_type != VnetHdr::GSO_NONE {
-            let offloads = port.caps().offloads;
-            if offloads & VIRTIO_NET_F_GUEST_CSUM == 0 || fit(hdr, offloads) != Fit::Pass {
-                return false;
-            }
-        }
-        // Too big for the port: the usual path drops it and counts it.
-        if port
-            .mtu()
-            .is_some_and(|m| !frame_fits_mtu(len.saturating_sub(HDR_LEN), hdr, m))
-        {
-            return false;
-        }
-        if !port.fill_lent(len) {
-            return false;
-        }
-        self.cx.flooded += u64::from(flooded);
-        true
+        let j = self.j;
+        let frame = len.saturating_sub(HDR_LEN);
+        let to = |k: usize, _: &AnyPort| k == j;
+        self.cx.in_place(frame, hdr, macs, to, |p| p.fill_lent(len))
     }
 
     fn close(self, stats: &PortStats) {

@@ -30,6 +30,7 @@ use crate::pkt::{read_head, Pkt, PortId, MACS};
 use crate::port::loan::{Lending, Loan};
 use crate::port::Ingress;
 use crate::stats::{bump, DropReason};
+use crate::sys::xdp::ring::Ring;
 use crate::sys::xdp::{
     data_addr, fill_addr, Meta, FRAME, LEND_CHUNK, RX_FRAMES, TX_FRAMES, XDP_HEADROOM,
 };
@@ -107,6 +108,15 @@ impl Lent {
         self.loans.iter().position(|l| l.0 == fill)
     }
 
+    /// Loan `pos`'s buffer, its frame handed on (or refused), back on the fill ring: the
+    /// newest loan now.
+    fn lend_again(&mut self, pos: usize, fill: &mut Ring<u64>) {
+        if let Some(l) = self.loans.remove(pos) {
+            fill.push(l.0);
+            self.loans.push_back(l);
+        }
+    }
+
     /// An own frame the kernel handed back: spare (the fill ring gets it back at
     /// [`refill`] if loans are short).
     pub(super) fn own_back(&mut self, frame: u64) {
@@ -119,19 +129,22 @@ impl Lent {
 }
 
 impl AfXdpPort {
-    /// At the start of a round: if the switch's lender is not the one the sockets map,
-    /// rebuilds them over its memory. A lender that does not lend this round (its egress
-    /// queue backed up, another port appeared) changes nothing: the loans out stay.
-    pub(super) fn direct_round(&mut self, to: &mut impl Ingress) {
+    /// At the start of a round: asks the switch whether the port its frames go to lends
+    /// (the round's answer, for [`refill`](Self::refill)), and if it is not the lender the
+    /// sockets map, rebuilds them over its memory. A lender that does not lend this round
+    /// (its egress queue backed up, another port appeared) changes nothing: the loans out
+    /// stay.
+    pub(super) fn direct_round(&mut self, to: &mut impl Ingress) -> Lending {
+        let lending = to.lender();
         let Some(d) = self.direct.as_ref() else {
-            return;
+            return lending;
         };
-        let Lending::Yes(id, gen) = to.lender() else {
-            return;
+        let Lending::Yes(id, gen) = lending else {
+            return lending;
         };
         let now = (id, gen);
         if d.mapped == Some(now) {
-            return;
+            return lending;
         }
         let left: usize = d.socks.iter().map(|s| s.loans.len()).sum();
         if left > 0 {
@@ -155,6 +168,7 @@ impl AfXdpPort {
             direct = mapped,
             "AF_XDP sockets rebuilt over the frontend's memory"
         );
+        lending
     }
 
     /// Rebuilds every socket with `views` behind its own frames (none: its own memory
@@ -214,8 +228,14 @@ impl AfXdpPort {
 
     /// Tops up socket `q`'s fill ring: the lender's buffers first (up to [`LOANS`]), then
     /// own frames while loans are short (all of them while nothing lends). `took`: the
-    /// frames the round took from it.
-    pub(super) fn refill(&mut self, q: usize, took: usize, to: &mut impl Ingress) {
+    /// frames the round took from it; `lending`: the round's answer ([`Self::direct_round`]).
+    pub(super) fn refill(
+        &mut self,
+        q: usize,
+        took: usize,
+        lending: Lending,
+        to: &mut impl Ingress,
+    ) {
         let (Some(d), Some(x)) = (self.direct.as_mut(), self.dev.queues.get_mut(q)) else {
             return;
         };
@@ -224,7 +244,7 @@ impl AfXdpPort {
         };
         let own_out = RX_FRAMES as usize - s.spare.len();
         let mut free = x.fill.free(RX_FRAMES + LOANS) as usize;
-        let lending = match to.lender() {
+        let lending = match lending {
             _ if d.mapped.is_none() || !x.umem.has_regions() => Lending::No,
             Lending::Yes(id, gen) if Some((id, gen)) != d.mapped => Lending::Later,
             l => l,
@@ -307,9 +327,7 @@ impl AfXdpPort {
             let (fill, loan) = s.loans[pos];
             let Some(len) = lent_frame(fill, &loan, dsc, meta) else {
                 bad += 1;
-                s.loans.remove(pos);
-                x.fill.push(fill);
-                s.loans.push_back((fill, loan));
+                s.lend_again(pos, &mut x.fill);
                 k += 1;
                 continue;
             };
@@ -353,9 +371,7 @@ impl AfXdpPort {
             }
             copied += 1;
             bytes += u64::from(len);
-            s.loans.remove(pos);
-            x.fill.push(fill);
-            s.loans.push_back((fill, loan));
+            s.lend_again(pos, &mut x.fill);
             k += 1;
         }
         if k > 0 {

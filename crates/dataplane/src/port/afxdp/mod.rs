@@ -40,6 +40,7 @@
 //! ports`), and the switch drops what it is sent as `port_down`. The rest of the switch runs
 //! on.
 
+use super::loan::Lending;
 use super::mtu::MtuWatch;
 use super::{offer_each, Ingress};
 use crate::egress::{Egress, EgressConfig, HoldPolicy};
@@ -738,9 +739,10 @@ impl super::Port for AfXdpPort {
 
     #[inline(never)]
     fn rx_burst(&mut self, max: usize, _now: Instant, to: &mut impl Ingress) -> usize {
-        if self.direct.is_some() {
-            self.direct_round(to);
-        }
+        let lending = match self.direct {
+            Some(_) => self.direct_round(to),
+            None => Lending::No,
+        };
         let n = self.dev.queues.len();
         let mut done = 0;
         self.left = false;
@@ -748,7 +750,7 @@ impl super::Port for AfXdpPort {
             let q = (self.next + i) % n;
             let (k, left) = self.rx_queue(q, max - done, to);
             if self.direct.is_some() {
-                self.refill(q, k, to);
+                self.refill(q, k, lending, to);
             }
             done += k;
             if left {
